@@ -1,0 +1,386 @@
+//! Types and pure logic shared by xlb's XDP programs and its userspace.
+//!
+//! Every map key and value is `#[repr(C)]` with explicit padding, no `bool`,
+//! enum, `Option` or `usize`, and a compile-time size check, so the kernel
+//! and userspace agree on every byte. Network-order fields say so.
+//!
+//! When a layout here changes, bump [`LAYOUT_VERSION`]: the daemon refuses to
+//! adopt pinned maps written by another layout.
+#![no_std]
+
+pub mod hash;
+
+pub use hash::{flow_hash, siphash13};
+
+/// Version of every pinned map layout below. Stored in [`Globals::layout_version`]
+/// and in the pin directory; a daemon refuses pinned state of another version.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Maximum number of VIPs. VIP ids index the Maglev ring array and the
+/// per-VIP counters; 64 VIPs × 2 halves × 65537 slots × 4 B = 32 MiB of ring
+/// at the default table size (Katran's default is 512 VIPs).
+pub const MAX_VIPS: u32 = 64;
+
+/// Maximum number of backends across all VIPs; backend ids index `BACKENDS`
+/// and the per-backend counters. Id 0 is reserved as "no backend".
+pub const MAX_BACKENDS: u32 = 4096;
+
+/// Default Maglev table size: a prime (Maglev needs a prime so every
+/// permutation visits every slot), and ≥ 100 × backends keeps the disruption
+/// and imbalance of a 655-backend VIP within 1 % (Maglev paper, §5.3).
+pub const DEFAULT_TABLE_SIZE: u32 = 65_537;
+
+/// Default conntrack capacity (entries); ≈ 112 MiB of kernel memory at
+/// ~112 B per entry (40 B key + 16 B value + the LRU hash element header).
+pub const DEFAULT_CT_SIZE: u32 = 1_048_576;
+
+/// Default idle time after which a UDP conntrack entry is ignored (30 s, the
+/// kernel's `nf_conntrack_udp_timeout`).
+pub const DEFAULT_UDP_TIMEOUT_NS: u64 = 30_000_000_000;
+
+/// Conntrack `last_seen_ns` is refreshed at most this often per entry, so an
+/// established flow does not write its entry (and bounce the cache line
+/// between CPUs) on every packet.
+pub const CT_TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
+
+/// Address families as stored in keys (not the kernel's AF_* values, to keep
+/// them one byte and obviously ours).
+pub const FAMILY_V4: u8 = 4;
+pub const FAMILY_V6: u8 = 6;
+
+/// IANA protocol numbers.
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_IPIP: u8 = 4;
+pub const PROTO_IPV6: u8 = 41;
+
+/// Outer header sizes added by `dsr-ipip`.
+pub const IPIP4_OVERHEAD: u32 = 20;
+pub const IPIP6_OVERHEAD: u32 = 40;
+
+/// Hop limit / TTL of the outer header of an encapsulated packet.
+pub const ENCAP_TTL: u8 = 64;
+
+/// Forwarding modes ([`VipInfo::mode`]).
+pub const MODE_DSR_IPIP: u8 = 1;
+pub const MODE_DSR_L2: u8 = 2;
+
+/// Policy for flows whose backend is down ([`VipInfo::down_policy`]).
+/// `rehash`: pick again from the table, so the client reaches a live backend
+/// (which answers RST) and reconnects at once.
+pub const DOWN_POLICY_REHASH: u8 = 0;
+/// `keep`: keep sending to the recorded backend.
+pub const DOWN_POLICY_KEEP: u8 = 1;
+
+/// Backend states ([`BackendInfo::state`]), written by the daemon.
+/// `up`: in the table, takes new flows.
+pub const BACKEND_UP: u8 = 1;
+/// `draining`: out of the table; existing flows continue.
+pub const BACKEND_DRAINING: u8 = 2;
+/// `down`: out of the table; existing flows follow the VIP's down policy.
+pub const BACKEND_DOWN: u8 = 3;
+
+/// Map names. The kernel keeps 15 bytes of a map name; aya truncates silently,
+/// so each is at most 15 (checked below).
+pub const MAP_VIPS: &str = "XLB_VIPS";
+pub const MAP_VIP_ADDRS: &str = "XLB_VIP_ADDRS";
+pub const MAP_RING: &str = "XLB_RING";
+pub const MAP_BACKENDS: &str = "XLB_BACKENDS";
+pub const MAP_CT: &str = "XLB_CT";
+pub const MAP_GLOBALS: &str = "XLB_GLOBALS";
+pub const MAP_STATS: &str = "XLB_STATS";
+pub const MAP_VIP_STATS: &str = "XLB_VIP_STATS";
+pub const MAP_BE_STATS: &str = "XLB_BE_STATS";
+pub const MAP_DECAP_ADDRS: &str = "XLB_DECAP_ADDR";
+pub const MAP_DECAP_STATS: &str = "XLB_DECAP_STAT";
+
+const _: () = {
+    let names = [
+        MAP_VIPS,
+        MAP_VIP_ADDRS,
+        MAP_RING,
+        MAP_BACKENDS,
+        MAP_CT,
+        MAP_GLOBALS,
+        MAP_STATS,
+        MAP_VIP_STATS,
+        MAP_BE_STATS,
+        MAP_DECAP_ADDRS,
+        MAP_DECAP_STATS,
+    ];
+    let mut i = 0;
+    while i < names.len() {
+        assert!(names[i].len() <= 15, "map name longer than the kernel keeps");
+        i += 1;
+    }
+};
+
+/// Program names (the `#[xdp]` function names in lb-ebpf).
+pub const PROG_LB: &str = "xlb_lb";
+pub const PROG_DECAP: &str = "xlb_decap";
+pub const PROG_MINIMAL: &str = "xlb_minimal";
+
+/// An address as stored in keys: IPv4 in the first 4 bytes, the rest zero;
+/// IPv6 in all 16. Network byte order, exactly as on the wire.
+pub type Addr = [u8; 16];
+
+/// Key of `XLB_VIPS`: one VIP service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct VipKey {
+    /// VIP address, network byte order (see [`Addr`]).
+    pub addr: Addr,
+    /// VIP port, network byte order.
+    pub port: u16,
+    /// [`PROTO_TCP`] or [`PROTO_UDP`].
+    pub proto: u8,
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u8,
+}
+const _: () = assert!(core::mem::size_of::<VipKey>() == 20);
+
+/// Value of `XLB_VIPS`. The daemon replaces the whole value (a hash map
+/// update swaps the element under RCU, so readers see the old or the new
+/// value, never a mix): flipping `active` is how a new table goes live.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipInfo {
+    /// Index of this VIP: selects its ring halves and counters. < [`MAX_VIPS`].
+    pub vip_id: u32,
+    /// Maglev table size of this VIP (a prime ≤ the ring stride). 0 = no table
+    /// yet: new flows are dropped with `DropNoBackend`.
+    pub table_size: u32,
+    /// Which half of the double-buffered ring is live: 0 or 1.
+    pub active: u32,
+    /// [`MODE_DSR_IPIP`] or [`MODE_DSR_L2`].
+    pub mode: u8,
+    /// [`DOWN_POLICY_REHASH`] or [`DOWN_POLICY_KEEP`].
+    pub down_policy: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<VipInfo>() == 16);
+
+/// Key of `XLB_VIP_ADDRS`: every address that carries at least one VIP, so a
+/// malformed packet to a VIP address can be told from traffic that is not ours.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct VipAddrKey {
+    /// Network byte order (see [`Addr`]).
+    pub addr: Addr,
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<VipAddrKey>() == 20);
+
+/// Value of `XLB_BACKENDS`, indexed by backend id (0 = none).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendInfo {
+    /// Backend address, network byte order (see [`Addr`]).
+    pub addr: Addr,
+    /// Bumped by the daemon each time this id is given to another backend, so
+    /// a conntrack entry made for the previous holder is recognised as stale.
+    pub generation: u32,
+    /// [`BACKEND_UP`], [`BACKEND_DRAINING`] or [`BACKEND_DOWN`]; 0 = unused id.
+    pub state: u8,
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<BackendInfo>() == 24);
+
+/// Key of `XLB_CT` (and the input of the flow hash): a 5-tuple as seen from
+/// the client, client → VIP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    /// Client address, network byte order (see [`Addr`]).
+    pub src: Addr,
+    /// VIP address, network byte order (see [`Addr`]).
+    pub dst: Addr,
+    /// Client port, network byte order.
+    pub sport: u16,
+    /// VIP port, network byte order.
+    pub dport: u16,
+    /// [`PROTO_TCP`] or [`PROTO_UDP`].
+    pub proto: u8,
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
+
+/// Value of `XLB_CT`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtEntry {
+    /// Backend id chosen for this flow.
+    pub backend_id: u32,
+    /// [`BackendInfo::generation`] when the flow was assigned.
+    pub generation: u32,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC, ns) of the last packet, refreshed
+    /// at most every [`CT_TOUCH_INTERVAL_NS`].
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<CtEntry>() == 16);
+
+/// The single value of `XLB_GLOBALS` (an array of one), written by the daemon
+/// before it attaches the program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Globals {
+    /// [`LAYOUT_VERSION`] of the daemon that created the maps.
+    pub layout_version: u32,
+    /// Slots reserved per ring half: the largest table size allowed.
+    pub ring_stride: u32,
+    /// The flow hash key (SipHash-1-3, 128 bits). Secret: whoever knows it can
+    /// aim flows at one backend. Random on first start, or set so several
+    /// nodes agree.
+    pub hash_key: [u64; 2],
+    /// UDP conntrack idle timeout, ns. 0 = never expires.
+    pub udp_timeout_ns: u64,
+    /// Outer source address of IPv4-in-IPv4 packets, network byte order.
+    pub encap_src_v4: [u8; 4],
+    pub _pad: [u8; 4],
+    /// Outer source address of IPv6-in-IPv6 packets, network byte order.
+    pub encap_src_v6: Addr,
+}
+const _: () = assert!(core::mem::size_of::<Globals>() == 56);
+
+/// Per-VIP and per-backend counters (`XLB_VIP_STATS`, `XLB_BE_STATS`),
+/// per CPU; sum them in userspace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrafficStats {
+    /// Packets forwarded.
+    pub packets: u64,
+    /// Bytes forwarded (frame length as received, before encapsulation).
+    pub bytes: u64,
+    /// Flows assigned a backend from the table (SYNs, misses, rehashes).
+    pub new_flows: u64,
+}
+const _: () = assert!(core::mem::size_of::<TrafficStats>() == 24);
+
+/// Global counters (`XLB_STATS`, per-CPU array indexed by `Stat as u32`).
+/// Every outcome that is not a forward has its own reason.
+macro_rules! stats {
+    ($($(#[doc = $doc:literal])* $name:ident = $label:literal,)*) => {
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Stat { $($(#[doc = $doc])* $name,)* }
+
+        impl Stat {
+            pub const ALL: &'static [Stat] = &[$(Stat::$name,)*];
+            /// Stable snake_case name, used in metrics and `--json` output.
+            pub const fn label(self) -> &'static str {
+                match self { $(Stat::$name => $label,)* }
+            }
+        }
+    };
+}
+
+stats! {
+    /// Forwarded with `XDP_TX` (same interface).
+    FwdTx = "fwd_tx",
+    /// Forwarded with `bpf_redirect` (another interface).
+    FwdRedirect = "fwd_redirect",
+    /// Conntrack entry found and used.
+    CtHit = "ct_hit",
+    /// No conntrack entry for a non-SYN packet: fell back to the table.
+    CtMiss = "ct_miss",
+    /// Conntrack entries written (new or re-picked flows).
+    CtInsert = "ct_insert",
+    /// Conntrack insert failed (map full of pinned entries; packet still forwarded).
+    CtInsertFail = "ct_insert_fail",
+    /// Entry pointed at a recycled backend id (generation mismatch): re-picked.
+    CtStale = "ct_stale",
+    /// UDP entry idle longer than the timeout: re-picked.
+    CtUdpExpired = "ct_udp_expired",
+    /// Flow of a down backend re-picked from the table (policy `rehash`).
+    DownRehash = "down_rehash",
+    /// Flow of a down backend kept on it (policy `keep`).
+    DownKeep = "down_keep",
+    /// Not IPv4/IPv6 (ARP, LLDP, ...): passed.
+    PassNotIp = "pass_not_ip",
+    /// IP but not to a VIP address/port/protocol: passed.
+    PassNotVip = "pass_not_vip",
+    /// Frame ends inside the Ethernet/VLAN header: passed (not provably ours).
+    PassTruncatedL2 = "pass_truncated_l2",
+    /// Frame ends inside the IP header before the destination: passed.
+    PassTruncatedL3 = "pass_truncated_l3",
+    /// More than one VLAN tag (QinQ): passed, unsupported.
+    PassQinQ = "pass_qinq",
+    /// IPv6 with an extension header before TCP/UDP, to a VIP address: passed
+    /// to the host stack, as Katran does.
+    PassIpv6Ext = "pass_ipv6_ext",
+    /// To a VIP address: IPv4 header length field < 5, or version mismatch.
+    DropBadIhl = "drop_bad_ihl",
+    /// To a VIP address: IP total/payload length disagrees with the frame.
+    DropBadLength = "drop_bad_length",
+    /// To a VIP address: IPv4 options present.
+    DropIpOptions = "drop_ip_options",
+    /// To a VIP address: IPv4 or IPv6 fragment.
+    DropFragment = "drop_fragment",
+    /// To a VIP address: TCP/UDP header truncated or TCP data offset invalid.
+    DropBadL4 = "drop_bad_l4",
+    /// To a VIP: no backend is up (empty table).
+    DropNoBackend = "drop_no_backend",
+    /// To a VIP: the backend has no route or neighbour (`bpf_fib_lookup`
+    /// failed); the daemon's probes keep neighbours resolved.
+    DropNoRoute = "drop_no_route",
+    /// To a VIP: the encapsulated packet would exceed the egress MTU.
+    DropTooBig = "drop_too_big",
+    /// `bpf_xdp_adjust_head` failed (no headroom).
+    DropNoHeadroom = "drop_no_headroom",
+    /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
+    Aborted = "aborted",
+}
+
+/// Number of entries in `XLB_STATS`.
+pub const STATS_LEN: u32 = Stat::ALL.len() as u32;
+
+/// Decapsulator counters (`XLB_DECAP_STAT`, per-CPU array).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecapStat {
+    /// IPIP / IP6IP6 to one of our addresses: outer header stripped.
+    Decap = 0,
+    /// Anything else: passed untouched.
+    Pass = 1,
+    /// Tunnel packet to us whose inner header is truncated: dropped.
+    DropMalformed = 2,
+}
+pub const DECAP_STATS_LEN: u32 = 3;
+
+/// Key of `XLB_DECAP_ADDR`: an outer destination the decapsulator accepts.
+pub type DecapAddrKey = VipAddrKey;
+
+impl FlowKey {
+    /// Slot of this flow in a Maglev table of `table_size` slots.
+    #[inline(always)]
+    pub fn slot(&self, key: &[u64; 2], table_size: u32) -> u32 {
+        (flow_hash(key, self) % table_size as u64) as u32
+    }
+}
+
+/// Ring index of `slot` in half `half` of VIP `vip_id`'s table.
+#[inline(always)]
+pub fn ring_index(vip_id: u32, half: u32, stride: u32, slot: u32) -> u32 {
+    (vip_id * 2 + half) * stride + slot
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: each is repr(C), Copy, and every byte pattern is a valid value
+    // (integers and byte arrays only, padding explicit).
+    unsafe impl aya::Pod for VipKey {}
+    unsafe impl aya::Pod for VipInfo {}
+    unsafe impl aya::Pod for VipAddrKey {}
+    unsafe impl aya::Pod for BackendInfo {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for CtEntry {}
+    unsafe impl aya::Pod for Globals {}
+    unsafe impl aya::Pod for TrafficStats {}
+}

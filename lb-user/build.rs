@@ -1,0 +1,42 @@
+use std::{env, fs, path::PathBuf};
+
+use anyhow::{Context as _, anyhow};
+use aya_build::Toolchain;
+
+/// The object files `lb-ebpf` produces (one per `[[bin]]`), embedded by the
+/// loader with `include_bytes_aligned!`.
+const EBPF_BINS: &[&str] = &["xlb"];
+
+fn main() -> anyhow::Result<()> {
+    let skip = env::var_os("AYA_BUILD_SKIP")
+        .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+    if skip {
+        // Editors, `cargo check` and unit tests work without the eBPF
+        // toolchain: embed empty objects; loading then fails with a message
+        // that says how this binary was built.
+        println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
+        let out_dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
+        for bin in EBPF_BINS {
+            fs::write(out_dir.join(bin), []).with_context(|| format!("writing empty {bin}"))?;
+        }
+        return Ok(());
+    }
+    let cargo_metadata::Metadata { packages, .. } = cargo_metadata::MetadataCommand::new()
+        .no_deps()
+        .exec()
+        .context("MetadataCommand::exec")?;
+    let ebpf_package = packages
+        .into_iter()
+        .find(|cargo_metadata::Package { name, .. }| name.as_str() == "lb-ebpf")
+        .ok_or_else(|| anyhow!("lb-ebpf package not found"))?;
+    let cargo_metadata::Package { name, manifest_path, .. } = ebpf_package;
+    let ebpf_package = aya_build::Package {
+        name: name.as_str(),
+        root_dir: manifest_path
+            .parent()
+            .ok_or_else(|| anyhow!("no parent for {manifest_path}"))?
+            .as_str(),
+        ..Default::default()
+    };
+    aya_build::build_ebpf([ebpf_package], Toolchain::default())
+}

@@ -1,0 +1,5 @@
+//! xlb userspace: configuration, Maglev, health checking, map access, the
+//! daemon, its control socket and the CLI.
+pub mod config;
+pub mod health;
+pub mod maglev;
