@@ -8,8 +8,8 @@ use aya_build::Toolchain;
 const EBPF_BINS: &[&str] = &["xlb"];
 
 fn main() -> anyhow::Result<()> {
-    let skip = env::var_os("AYA_BUILD_SKIP")
-        .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+    let skip =
+        env::var_os("AYA_BUILD_SKIP").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     if skip {
         // Editors, `cargo check` and unit tests work without the eBPF
         // toolchain: embed empty objects; loading then fails with a message
@@ -29,7 +29,11 @@ fn main() -> anyhow::Result<()> {
         .into_iter()
         .find(|cargo_metadata::Package { name, .. }| name.as_str() == "lb-ebpf")
         .ok_or_else(|| anyhow!("lb-ebpf package not found"))?;
-    let cargo_metadata::Package { name, manifest_path, .. } = ebpf_package;
+    let cargo_metadata::Package {
+        name,
+        manifest_path,
+        ..
+    } = ebpf_package;
     let ebpf_package = aya_build::Package {
         name: name.as_str(),
         root_dir: manifest_path

@@ -1,0 +1,16 @@
+//! xlb's test lab: a namespaced network with a client, an LB host and
+//! backends ([`topology`]), a backend HTTP server with switchable faults
+//! ([`backend`], binary `xlb-backend`) and a load client that records every
+//! request's outcome ([`client`], binary `xlb-client`).
+//!
+//! The lab does not depend on the rest of xlb: whoever holds the eBPF object
+//! attaches programs to the interfaces the topology names.
+
+pub mod backend;
+pub mod client;
+pub mod http;
+pub mod topology;
+
+pub use backend::{BackendHandle, BackendOptions, BackendStats, Fault, serve};
+pub use client::{LoadOptions, Outcome, Report, run_load};
+pub use topology::{Lab, LabConfig, LabError};

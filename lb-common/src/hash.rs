@@ -152,20 +152,33 @@ mod tests {
             ),
         ];
         for (name, key, flow) in cases {
-            assert_eq!(flow_hash(&key, &flow), reference(&key, &key_bytes(&flow)), "{name}");
+            assert_eq!(
+                flow_hash(&key, &flow),
+                reference(&key, &key_bytes(&flow)),
+                "{name}"
+            );
         }
     }
 
     #[test]
     fn key_changes_the_hash() {
-        let flow = FlowKey { sport: 1234, ..FlowKey::default() };
+        let flow = FlowKey {
+            sport: 1234,
+            ..FlowKey::default()
+        };
         assert_ne!(flow_hash(&[1, 2], &flow), flow_hash(&[1, 3], &flow));
     }
 
     #[test]
     fn ports_change_the_hash() {
-        let a = FlowKey { sport: 1, ..FlowKey::default() };
-        let b = FlowKey { sport: 2, ..FlowKey::default() };
+        let a = FlowKey {
+            sport: 1,
+            ..FlowKey::default()
+        };
+        let b = FlowKey {
+            sport: 2,
+            ..FlowKey::default()
+        };
         assert_ne!(flow_hash(&[7, 7], &a), flow_hash(&[7, 7], &b));
     }
 }

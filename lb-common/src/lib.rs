@@ -30,8 +30,8 @@ pub const MAX_BACKENDS: u32 = 4096;
 /// and imbalance of a 655-backend VIP within 1 % (Maglev paper, §5.3).
 pub const DEFAULT_TABLE_SIZE: u32 = 65_537;
 
-/// Default conntrack capacity (entries); ≈ 112 MiB of kernel memory at
-/// ~112 B per entry (40 B key + 16 B value + the LRU hash element header).
+/// Default conntrack capacity (entries); ≈ 120 MiB of kernel memory at
+/// ~120 B per entry (40 B key + 24 B value + the LRU hash element header).
 pub const DEFAULT_CT_SIZE: u32 = 1_048_576;
 
 /// Default idle time after which a UDP conntrack entry is ignored (30 s, the
@@ -83,6 +83,8 @@ pub const BACKEND_DOWN: u8 = 3;
 /// Map names. The kernel keeps 15 bytes of a map name; aya truncates silently,
 /// so each is at most 15 (checked below).
 pub const MAP_VIPS: &str = "XLB_VIPS";
+pub const MAP_VIP_INFO: &str = "XLB_VIP_INFO";
+pub const MAP_VIP_PORTS: &str = "XLB_VIP_PORTS";
 pub const MAP_VIP_ADDRS: &str = "XLB_VIP_ADDRS";
 pub const MAP_RING: &str = "XLB_RING";
 pub const MAP_BACKENDS: &str = "XLB_BACKENDS";
@@ -91,12 +93,15 @@ pub const MAP_GLOBALS: &str = "XLB_GLOBALS";
 pub const MAP_STATS: &str = "XLB_STATS";
 pub const MAP_VIP_STATS: &str = "XLB_VIP_STATS";
 pub const MAP_BE_STATS: &str = "XLB_BE_STATS";
+pub const MAP_NEXTHOP: &str = "XLB_NEXTHOP";
 pub const MAP_DECAP_ADDRS: &str = "XLB_DECAP_ADDR";
 pub const MAP_DECAP_STATS: &str = "XLB_DECAP_STAT";
 
 const _: () = {
     let names = [
         MAP_VIPS,
+        MAP_VIP_INFO,
+        MAP_VIP_PORTS,
         MAP_VIP_ADDRS,
         MAP_RING,
         MAP_BACKENDS,
@@ -105,12 +110,16 @@ const _: () = {
         MAP_STATS,
         MAP_VIP_STATS,
         MAP_BE_STATS,
+        MAP_NEXTHOP,
         MAP_DECAP_ADDRS,
         MAP_DECAP_STATS,
     ];
     let mut i = 0;
     while i < names.len() {
-        assert!(names[i].len() <= 15, "map name longer than the kernel keeps");
+        assert!(
+            names[i].len() <= 15,
+            "map name longer than the kernel keeps"
+        );
         i += 1;
     }
 };
@@ -119,13 +128,16 @@ const _: () = {
 pub const PROG_LB: &str = "xlb_lb";
 pub const PROG_DECAP: &str = "xlb_decap";
 pub const PROG_MINIMAL: &str = "xlb_minimal";
+pub const PROG_PASS: &str = "xlb_pass";
 
 /// An address as stored in keys: IPv4 in the first 4 bytes, the rest zero;
 /// IPv6 in all 16. Network byte order, exactly as on the wire.
 pub type Addr = [u8; 16];
 
 /// Key of `XLB_VIPS`: one VIP service.
-#[repr(C)]
+// Aligned so building one on the BPF stack is a few word stores, not a
+// byte-wise memset call.
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct VipKey {
     /// VIP address, network byte order (see [`Addr`]).
@@ -139,20 +151,22 @@ pub struct VipKey {
 }
 const _: () = assert!(core::mem::size_of::<VipKey>() == 20);
 
-/// Value of `XLB_VIPS`. The daemon replaces the whole value (a hash map
-/// update swaps the element under RCU, so readers see the old or the new
-/// value, never a mix): flipping `active` is how a new table goes live.
+/// Value of `XLB_VIP_INFO`, indexed by VIP id (`XLB_VIPS` maps a VIP's
+/// address, port and protocol to its id). Flipping `active` is how a new table
+/// goes live; `table_size` and `active` share the first 8 bytes so that one
+/// update changes both together.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipInfo {
-    /// Index of this VIP: selects its ring halves and counters. < [`MAX_VIPS`].
-    pub vip_id: u32,
     /// Maglev table size of this VIP (a prime ≤ the ring stride). 0 = no table
     /// yet: new flows are dropped with `DropNoBackend`.
     pub table_size: u32,
     /// Which half of the double-buffered ring is live: 0 or 1.
     pub active: u32,
-    /// [`MODE_DSR_IPIP`] or [`MODE_DSR_L2`].
+    /// Index of this VIP: selects its ring halves and counters. < [`MAX_VIPS`].
+    pub vip_id: u32,
+    /// [`MODE_DSR_IPIP`] or [`MODE_DSR_L2`]; 0 = no VIP has this id (its
+    /// conntrack entries are stale).
     pub mode: u8,
     /// [`DOWN_POLICY_REHASH`] or [`DOWN_POLICY_KEEP`].
     pub down_policy: u8,
@@ -162,7 +176,9 @@ const _: () = assert!(core::mem::size_of::<VipInfo>() == 16);
 
 /// Key of `XLB_VIP_ADDRS`: every address that carries at least one VIP, so a
 /// malformed packet to a VIP address can be told from traffic that is not ours.
-#[repr(C)]
+// Aligned so building one on the BPF stack is a few word stores, not a
+// byte-wise memset call.
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct VipAddrKey {
     /// Network byte order (see [`Addr`]).
@@ -192,7 +208,9 @@ const _: () = assert!(core::mem::size_of::<BackendInfo>() == 24);
 
 /// Key of `XLB_CT` (and the input of the flow hash): a 5-tuple as seen from
 /// the client, client → VIP.
-#[repr(C)]
+// Aligned so building one on the BPF stack is a few word stores, not a
+// byte-wise memset call.
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FlowKey {
     /// Client address, network byte order (see [`Addr`]).
@@ -219,11 +237,23 @@ pub struct CtEntry {
     pub backend_id: u32,
     /// [`BackendInfo::generation`] when the flow was assigned.
     pub generation: u32,
-    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC, ns) of the last packet, refreshed
-    /// at most every [`CT_TOUCH_INTERVAL_NS`].
+    /// VIP id of the flow: a hit needs no VIP lookup.
+    pub vip_id: u32,
+    pub _pad: u32,
+    /// `bpf_ktime_get_coarse_ns()` (CLOCK_MONOTONIC_COARSE, ns) of the last
+    /// packet, refreshed at most every [`CT_TOUCH_INTERVAL_NS`].
     pub last_seen_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<CtEntry>() == 16);
+const _: () = assert!(core::mem::size_of::<CtEntry>() == 24);
+
+/// Entries of `XLB_VIP_PORTS`: one per (TCP|UDP, port).
+pub const PORT_INDEX_LEN: u32 = 2 * 65_536;
+
+/// Index of (`proto`, `port` in host order) in `XLB_VIP_PORTS`.
+#[inline(always)]
+pub fn port_index(proto: u8, port: u16) -> u32 {
+    (if proto == PROTO_UDP { 65_536 } else { 0 }) + port as u32
+}
 
 /// The single value of `XLB_GLOBALS` (an array of one), written by the daemon
 /// before it attaches the program.
@@ -240,13 +270,41 @@ pub struct Globals {
     pub hash_key: [u64; 2],
     /// UDP conntrack idle timeout, ns. 0 = never expires.
     pub udp_timeout_ns: u64,
-    /// Outer source address of IPv4-in-IPv4 packets, network byte order.
-    pub encap_src_v4: [u8; 4],
-    pub _pad: [u8; 4],
+    /// Outer source address of IPv4-in-IPv4 packets, network byte order, in
+    /// the first 4 bytes (see [`Addr`]).
+    pub encap_src_v4: Addr,
     /// Outer source address of IPv6-in-IPv6 packets, network byte order.
     pub encap_src_v6: Addr,
 }
-const _: () = assert!(core::mem::size_of::<Globals>() == 56);
+const _: () = assert!(core::mem::size_of::<Globals>() == 64);
+
+/// Value of `XLB_NEXTHOP` (per-CPU array indexed by backend id): the last
+/// `bpf_fib_lookup` answer towards the backend, reused until `expires_ns`, so
+/// the route and neighbour lookup (the most expensive step of forwarding)
+/// runs about once a second per backend and CPU instead of per packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NextHop {
+    /// Next-hop (or backend, on-link) MAC.
+    pub dmac: [u8; 6],
+    /// MAC of the egress interface.
+    pub smac: [u8; 6],
+    /// Egress interface.
+    pub ifindex: u32,
+    /// Egress MTU, bytes of IP packet.
+    pub mtu: u32,
+    /// [`BackendInfo::generation`] + 1 of the backend this was resolved for
+    /// (0 = empty), so a recycled id never uses its predecessor's answer.
+    pub generation_plus_one: u32,
+    pub _pad: [u8; 4],
+    /// `bpf_ktime_get_ns()` after which the answer is looked up again.
+    pub expires_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<NextHop>() == 40);
+
+/// How long a cached next hop is trusted: a changed neighbour (a backend
+/// replaced behind the same address) is picked up within this time.
+pub const NEXTHOP_TTL_NS: u64 = 1_000_000_000;
 
 /// Per-VIP and per-backend counters (`XLB_VIP_STATS`, `XLB_BE_STATS`),
 /// per CPU; sum them in userspace.
@@ -267,7 +325,7 @@ const _: () = assert!(core::mem::size_of::<TrafficStats>() == 24);
 macro_rules! stats {
     ($($(#[doc = $doc:literal])* $name:ident = $label:literal,)*) => {
         #[repr(u32)]
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum Stat { $($(#[doc = $doc])* $name,)* }
 
         impl Stat {
@@ -383,4 +441,5 @@ mod pod {
     unsafe impl aya::Pod for CtEntry {}
     unsafe impl aya::Pod for Globals {}
     unsafe impl aya::Pod for TrafficStats {}
+    unsafe impl aya::Pod for NextHop {}
 }

@@ -1,0 +1,18 @@
+//! Shared pieces of xlb's integration tests and benchmarks: network namespace
+//! guards, a packet builder, and a harness that runs the XDP programs through
+//! `BPF_PROG_TEST_RUN` inside a namespace of its own.
+
+pub mod harness;
+pub mod netns;
+pub mod packet;
+
+/// Whether this process may load BPF programs and create namespaces. Tests
+/// that need it fail with a clear message otherwise (`cargo xtask test` runs
+/// them as root), rather than silently passing.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test loads XDP programs and creates network namespaces: run it as root \
+         (`cargo xtask test` does)"
+    );
+}

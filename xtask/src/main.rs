@@ -1,1 +1,155 @@
-fn main() {}
+//! `cargo xtask`: xlb's developer tasks (aliased in `.cargo/config.toml`).
+
+mod bench;
+mod build_cmd;
+mod run;
+mod setup;
+mod test;
+mod util;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Developer tasks for xlb: `cargo xtask <COMMAND>`.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Install what building and testing needs, when missing: nightly's
+    /// rust-src, stable's rustfmt and clippy, LLVM 22 and test tools from
+    /// Debian, bpf-linker 0.13. A second run only checks.
+    Setup,
+    /// Run setup, then build the workspace, including the eBPF object that
+    /// is embedded in `xlb`.
+    Build {
+        /// Build with the release profile.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Run setup, check formatting, run clippy and every test (what CI
+    /// runs). Test binaries run as root, through `sudo -E` if needed.
+    Test {
+        /// Passed on to `cargo test`: a test name filter, `--no-fail-fast`,
+        /// `-- --nocapture`...
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run setup, then build and run the benchmark binaries in release, as
+    /// root (through `sudo -E` if needed).
+    Bench {
+        /// Run only this benchmark binary.
+        #[arg(long, value_name = "NAME")]
+        bin: Option<String>,
+        /// Passed to each benchmark binary.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run setup, build `xlb` in release and run it as root (through
+    /// `sudo -E` if needed), e.g. `cargo xtask run -- --config xlb.toml`.
+    Run {
+        /// Passed to `xlb`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::Setup) && std::env::var_os("AYA_BUILD_SKIP").is_some() {
+        eprintln!("note: ignoring AYA_BUILD_SKIP: this task builds the real eBPF object");
+    }
+    let result = match cli.command {
+        Command::Setup => setup::run(),
+        Command::Build { release } => build_cmd::run(release),
+        Command::Test { args } => test::run(&args),
+        Command::Bench { bin, args } => bench::run(bin.as_deref(), &args),
+        Command::Run { args } => run::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // The error and its causes, without the backtrace that returning
+            // it from main would print under RUST_BACKTRACE=1: these errors
+            // are for users, and each already says where it came from.
+            eprintln!("error: {err}");
+            for cause in err.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_after_the_command_are_passed_on() {
+        let cases: [(&str, &[&str], &[&str]); 4] = [
+            (
+                "filter after --",
+                &["test", "--", "fixtures"],
+                &["fixtures"],
+            ),
+            ("filter without --", &["test", "fixtures"], &["fixtures"]),
+            (
+                "libtest flags after a second --",
+                &["test", "--", "fixtures", "--", "--nocapture"],
+                &["fixtures", "--", "--nocapture"],
+            ),
+            (
+                "cargo flag",
+                &["test", "--no-fail-fast"],
+                &["--no-fail-fast"],
+            ),
+        ];
+        for (name, argv, want) in cases {
+            let cli = Cli::try_parse_from(std::iter::once("xtask").chain(argv.iter().copied()))
+                .unwrap_or_else(|e| panic!("case {name}: {e}"));
+            let Command::Test { args } = cli.command else {
+                panic!("case {name}: not parsed as test");
+            };
+            assert_eq!(args, want, "case {name}");
+        }
+    }
+
+    #[test]
+    fn run_passes_xlb_flags_through() {
+        for argv in [
+            &["run", "--config", "xlb.toml"][..],
+            &["run", "--", "--config", "xlb.toml"][..],
+        ] {
+            let cli =
+                Cli::try_parse_from(std::iter::once("xtask").chain(argv.iter().copied())).unwrap();
+            let Command::Run { args } = cli.command else {
+                panic!("{argv:?}: not parsed as run");
+            };
+            assert_eq!(args, ["--config", "xlb.toml"], "{argv:?}");
+        }
+    }
+
+    #[test]
+    fn bench_takes_bin_before_passed_arguments() {
+        let cli =
+            Cli::try_parse_from(["xtask", "bench", "--bin", "xlb-bench", "--", "--secs", "5"])
+                .unwrap();
+        let Command::Bench { bin, args } = cli.command else {
+            panic!("not parsed as bench");
+        };
+        assert_eq!(bin.as_deref(), Some("xlb-bench"));
+        assert_eq!(args, ["--secs", "5"]);
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
+    }
+}

@@ -27,6 +27,59 @@ pub struct HttpCheck {
     pub body_contains: Option<String>,
 }
 
+/// Why an [`HttpCheck`] cannot be sent as a well-formed HTTP/1.1 request.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HttpCheckError {
+    #[error("method {0:?} is not an HTTP token (letters, digits, !#$%&'*+-.^_`|~)")]
+    Method(String),
+    #[error("path {0:?} must start with '/' and contain only visible ASCII (no spaces)")]
+    Path(String),
+    #[error("host {0:?} must be non-empty visible ASCII (no spaces)")]
+    Host(String),
+    #[error("expect_status is empty: no response could pass")]
+    NoStatus,
+    #[error("expect_status range {0}-{1} is not within 100-599 with low <= high")]
+    StatusRange(u16, u16),
+}
+
+impl HttpCheck {
+    /// Checks that the request can be written without header injection or a
+    /// malformed request line, and that some status can pass. `config` calls
+    /// this at load time; the prober calls it again so a bad spec fails the
+    /// probe (with this text) instead of sending garbage to a backend.
+    pub fn validate(&self) -> Result<(), HttpCheckError> {
+        let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        let is_visible = |b: u8| (0x21..=0x7e).contains(&b);
+        if self.method.is_empty() || !self.method.bytes().all(is_tchar) {
+            return Err(HttpCheckError::Method(self.method.clone()));
+        }
+        if !self.path.starts_with('/') || !self.path.bytes().all(is_visible) {
+            return Err(HttpCheckError::Path(self.path.clone()));
+        }
+        if let Some(host) = &self.host
+            && (host.is_empty() || !host.bytes().all(is_visible))
+        {
+            return Err(HttpCheckError::Host(host.clone()));
+        }
+        if self.expect_status.is_empty() {
+            return Err(HttpCheckError::NoStatus);
+        }
+        for &(lo, hi) in &self.expect_status {
+            if lo < 100 || hi > 599 || lo > hi {
+                return Err(HttpCheckError::StatusRange(lo, hi));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `status` falls in one of the accepted ranges.
+    pub fn accepts(&self, status: u16) -> bool {
+        self.expect_status
+            .iter()
+            .any(|&(lo, hi)| (lo..=hi).contains(&status))
+    }
+}
+
 /// A complete, validated check specification for one backend.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckSpec {
@@ -63,5 +116,115 @@ pub mod defaults {
     pub const JITTER: f64 = 0.1;
     pub const HTTP_METHOD: &str = "GET";
     pub const HTTP_PATH: &str = "/health";
-    pub const EXPECT_STATUS: (u16, u16) = (200, 399);
+    /// 2xx only: a redirect is a failure, as in Envoy. A health endpoint that
+    /// redirects (to a login page, to https) is not answering the check.
+    pub const EXPECT_STATUS: (u16, u16) = (200, 299);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_check_validation() {
+        let base = HttpCheck {
+            method: defaults::HTTP_METHOD.to_owned(),
+            path: defaults::HTTP_PATH.to_owned(),
+            host: None,
+            expect_status: vec![defaults::EXPECT_STATUS],
+            body_contains: None,
+        };
+        let with = |f: fn(&mut HttpCheck)| {
+            let mut check = base.clone();
+            f(&mut check);
+            check
+        };
+        let cases = [
+            ("defaults", base.clone(), Ok(())),
+            (
+                "HEAD with host",
+                with(|c| {
+                    c.method = "HEAD".into();
+                    c.host = Some("api.example:8080".into())
+                }),
+                Ok(()),
+            ),
+            (
+                "several ranges",
+                with(|c| c.expect_status = vec![(200, 204), (418, 418)]),
+                Ok(()),
+            ),
+            (
+                "method with space",
+                with(|c| c.method = "GET /x".into()),
+                Err(HttpCheckError::Method("GET /x".into())),
+            ),
+            (
+                "empty method",
+                with(|c| c.method = String::new()),
+                Err(HttpCheckError::Method(String::new())),
+            ),
+            (
+                "relative path",
+                with(|c| c.path = "health".into()),
+                Err(HttpCheckError::Path("health".into())),
+            ),
+            (
+                "CRLF in path",
+                with(|c| c.path = "/h\r\nX: 1".into()),
+                Err(HttpCheckError::Path("/h\r\nX: 1".into())),
+            ),
+            (
+                "space in host",
+                with(|c| c.host = Some("a b".into())),
+                Err(HttpCheckError::Host("a b".into())),
+            ),
+            (
+                "empty host",
+                with(|c| c.host = Some(String::new())),
+                Err(HttpCheckError::Host(String::new())),
+            ),
+            (
+                "no status",
+                with(|c| c.expect_status = vec![]),
+                Err(HttpCheckError::NoStatus),
+            ),
+            (
+                "inverted range",
+                with(|c| c.expect_status = vec![(299, 200)]),
+                Err(HttpCheckError::StatusRange(299, 200)),
+            ),
+            (
+                "beyond 599",
+                with(|c| c.expect_status = vec![(200, 600)]),
+                Err(HttpCheckError::StatusRange(200, 600)),
+            ),
+        ];
+        for (name, check, want) in cases {
+            assert_eq!(check.validate(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn default_status_excludes_redirects() {
+        let check = HttpCheck {
+            method: "GET".into(),
+            path: "/".into(),
+            host: None,
+            expect_status: vec![defaults::EXPECT_STATUS],
+            body_contains: None,
+        };
+        let cases = [
+            (199, false),
+            (200, true),
+            (204, true),
+            (299, true),
+            (301, false),
+            (302, false),
+            (503, false),
+        ];
+        for (status, accepted) in cases {
+            assert_eq!(check.accepts(status), accepted, "{status}");
+        }
+    }
 }

@@ -1,0 +1,490 @@
+//! Loading xlb's XDP object and typed access to its maps: the one place in
+//! userspace that knows map names and layouts (shared with the kernel through
+//! `lb-common`).
+
+use std::{
+    collections::HashMap as StdHashMap,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray},
+    programs::{ProgramError, Xdp},
+};
+use lb_common::{
+    BackendInfo, CtEntry, DECAP_STATS_LEN, DecapAddrKey, DecapStat, FlowKey, Globals,
+    LAYOUT_VERSION, MAX_VIPS, Stat, TrafficStats, VipAddrKey, VipInfo, VipKey,
+};
+
+/// The compiled XDP object (all programs), embedded at build time.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xlb"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error(
+        "this xlb binary was built with AYA_BUILD_SKIP=1 and embeds no XDP object; \
+         rebuild with `cargo xtask build`"
+    )]
+    NoObject,
+    #[error("loading the XDP object failed: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("XDP program {name}: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("map {name} is missing from the XDP object (build mismatch)")]
+    MissingMap { name: &'static str },
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error(
+        "pinned maps in {dir} have layout version {found}, this xlb uses {expected}: \
+         run `xlb detach` with the xlb version that created them (or remove {dir}) and start again"
+    )]
+    LayoutMismatch {
+        dir: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+    #[error("reading the number of possible CPUs: {0}")]
+    Cpus(std::io::Error),
+    #[error("ring stride {0} is too large: MAX_VIPS × 2 × stride must fit in u32")]
+    StrideTooLarge(u32),
+}
+
+type Result<T, E = DataplaneError> = std::result::Result<T, E>;
+
+fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DataplaneError {
+    move |source| DataplaneError::Map { name, source }
+}
+
+/// How to create (or adopt) the maps.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Conntrack capacity (entries).
+    pub ct_size: u32,
+    /// Ring slots reserved per VIP half: the largest allowed table size.
+    pub ring_stride: u32,
+    /// Pin every map here, adopting maps already pinned there.
+    pub pin_dir: Option<PathBuf>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            ct_size: lb_common::DEFAULT_CT_SIZE,
+            ring_stride: lb_common::DEFAULT_TABLE_SIZE,
+            pin_dir: None,
+        }
+    }
+}
+
+/// Every map of the object, by name. Listed once so pinning, adoption and
+/// `detach` agree.
+pub const MAP_NAMES: &[&str] = &[
+    lb_common::MAP_VIPS,
+    lb_common::MAP_VIP_INFO,
+    lb_common::MAP_VIP_PORTS,
+    lb_common::MAP_VIP_ADDRS,
+    lb_common::MAP_RING,
+    lb_common::MAP_BACKENDS,
+    lb_common::MAP_CT,
+    lb_common::MAP_GLOBALS,
+    lb_common::MAP_STATS,
+    lb_common::MAP_VIP_STATS,
+    lb_common::MAP_BE_STATS,
+    lb_common::MAP_NEXTHOP,
+    lb_common::MAP_DECAP_ADDRS,
+    lb_common::MAP_DECAP_STATS,
+];
+
+/// The loaded object and typed handles to its maps.
+pub struct Dataplane {
+    ebpf: Ebpf,
+    vips: HashMap<MapData, VipKey, u32>,
+    vip_info: Array<MapData, VipInfo>,
+    vip_ports: Array<MapData, u32>,
+    vip_addrs: HashMap<MapData, VipAddrKey, u32>,
+    ring: Array<MapData, u32>,
+    backends: Array<MapData, BackendInfo>,
+    ct: HashMap<MapData, FlowKey, CtEntry>,
+    globals: Array<MapData, Globals>,
+    stats: PerCpuArray<MapData, u64>,
+    vip_stats: PerCpuArray<MapData, TrafficStats>,
+    be_stats: PerCpuArray<MapData, TrafficStats>,
+    decap_addrs: HashMap<MapData, DecapAddrKey, u32>,
+    decap_stats: PerCpuArray<MapData, u64>,
+    ring_stride: u32,
+}
+
+/// Reads the layout version of maps pinned in `dir`, if any are.
+pub fn pinned_layout_version(dir: &Path) -> Result<Option<u32>> {
+    let path = dir.join(lb_common::MAP_GLOBALS);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let data = MapData::from_pin(&path).map_err(map_err(lb_common::MAP_GLOBALS))?;
+    let globals: Array<MapData, Globals> =
+        Array::try_from(Map::Array(data)).map_err(map_err(lb_common::MAP_GLOBALS))?;
+    let g = globals
+        .get(&0, 0)
+        .map_err(map_err(lb_common::MAP_GLOBALS))?;
+    Ok(Some(g.layout_version))
+}
+
+impl Dataplane {
+    /// Loads the object, creating its maps (or adopting pinned ones), and
+    /// loads every program into the kernel (verifier included).
+    pub fn load(opts: &LoadOptions) -> Result<Self> {
+        if OBJECT.is_empty() {
+            return Err(DataplaneError::NoObject);
+        }
+        let ring_entries = MAX_VIPS
+            .checked_mul(2)
+            .and_then(|n| n.checked_mul(opts.ring_stride))
+            .ok_or(DataplaneError::StrideTooLarge(opts.ring_stride))?;
+        if let Some(dir) = &opts.pin_dir
+            && let Some(found) = pinned_layout_version(dir)?
+            && found != LAYOUT_VERSION
+        {
+            return Err(DataplaneError::LayoutMismatch {
+                dir: dir.clone(),
+                found,
+                expected: LAYOUT_VERSION,
+            });
+        }
+        let mut loader = EbpfLoader::new();
+        loader
+            .map_max_entries(lb_common::MAP_RING, ring_entries)
+            .map_max_entries(lb_common::MAP_CT, opts.ct_size);
+        let pins: Vec<(&str, PathBuf)> = match &opts.pin_dir {
+            Some(dir) => MAP_NAMES.iter().map(|n| (*n, dir.join(n))).collect(),
+            None => Vec::new(),
+        };
+        for (name, path) in &pins {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(OBJECT)?;
+        for name in [
+            lb_common::PROG_LB,
+            lb_common::PROG_DECAP,
+            lb_common::PROG_MINIMAL,
+            lb_common::PROG_PASS,
+        ] {
+            let prog: &mut Xdp = ebpf
+                .program_mut(name)
+                .ok_or(DataplaneError::Program {
+                    name,
+                    source: ProgramError::NotLoaded,
+                })?
+                .try_into()
+                .map_err(|source| DataplaneError::Program { name, source })?;
+            prog.load()
+                .map_err(|source| DataplaneError::Program { name, source })?;
+        }
+        // The next-hop cache stays in `ebpf`: only the kernel uses it.
+        let mut take = |name: &'static str| -> Result<Map> {
+            ebpf.take_map(name)
+                .ok_or(DataplaneError::MissingMap { name })
+        };
+        macro_rules! typed {
+            ($name:expr) => {{
+                let name: &'static str = $name;
+                take(name)?.try_into().map_err(map_err(name))?
+            }};
+        }
+        let mut dp = Self {
+            vips: typed!(lb_common::MAP_VIPS),
+            vip_info: typed!(lb_common::MAP_VIP_INFO),
+            vip_ports: typed!(lb_common::MAP_VIP_PORTS),
+            vip_addrs: typed!(lb_common::MAP_VIP_ADDRS),
+            ring: typed!(lb_common::MAP_RING),
+            backends: typed!(lb_common::MAP_BACKENDS),
+            ct: typed!(lb_common::MAP_CT),
+            globals: typed!(lb_common::MAP_GLOBALS),
+            stats: typed!(lb_common::MAP_STATS),
+            vip_stats: typed!(lb_common::MAP_VIP_STATS),
+            be_stats: typed!(lb_common::MAP_BE_STATS),
+            decap_addrs: typed!(lb_common::MAP_DECAP_ADDRS),
+            decap_stats: typed!(lb_common::MAP_DECAP_STATS),
+            ebpf,
+            ring_stride: opts.ring_stride,
+        };
+        // A fresh globals map is all zeroes: stamp layout and stride at once,
+        // so a crash before the daemon finishes still leaves a valid version.
+        let mut g = dp.globals()?;
+        if g.layout_version == 0 {
+            g.layout_version = LAYOUT_VERSION;
+            g.ring_stride = opts.ring_stride;
+            dp.set_globals(&g)?;
+        }
+        Ok(dp)
+    }
+
+    /// A loaded program by name (one of `lb_common::PROG_*`).
+    pub fn program(&mut self, name: &'static str) -> Result<&mut Xdp> {
+        self.ebpf
+            .program_mut(name)
+            .ok_or(DataplaneError::Program {
+                name,
+                source: ProgramError::NotLoaded,
+            })?
+            .try_into()
+            .map_err(|source| DataplaneError::Program { name, source })
+    }
+
+    pub fn ring_stride(&self) -> u32 {
+        self.ring_stride
+    }
+
+    pub fn globals(&self) -> Result<Globals> {
+        self.globals
+            .get(&0, 0)
+            .map_err(map_err(lb_common::MAP_GLOBALS))
+    }
+
+    pub fn set_globals(&mut self, g: &Globals) -> Result<()> {
+        self.globals
+            .set(0, g, 0)
+            .map_err(map_err(lb_common::MAP_GLOBALS))
+    }
+
+    /// The VIP served at `key`, if any.
+    pub fn vip(&self, key: &VipKey) -> Result<Option<VipInfo>> {
+        match self.vips.get(key, 0) {
+            Ok(id) => Ok(Some(self.vip_info(id)?)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(map_err(lb_common::MAP_VIPS)(e)),
+        }
+    }
+
+    pub fn vip_info(&self, vip_id: u32) -> Result<VipInfo> {
+        self.vip_info
+            .get(&vip_id, 0)
+            .map_err(map_err(lb_common::MAP_VIP_INFO))
+    }
+
+    /// All VIPs in the maps.
+    pub fn vip_entries(&self) -> Result<Vec<(VipKey, VipInfo)>> {
+        let ids: Vec<(VipKey, u32)> = self
+            .vips
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err(lb_common::MAP_VIPS))?;
+        ids.into_iter()
+            .map(|(k, id)| Ok((k, self.vip_info(id)?)))
+            .collect()
+    }
+
+    /// Writes a VIP's info (table size, live half, mode, policy). Writing a
+    /// new `active` is how a freshly written table half goes live: the
+    /// kernel reads `table_size` and `active` from one 8-byte word.
+    pub fn set_vip_info(&mut self, info: &VipInfo) -> Result<()> {
+        self.vip_info
+            .set(info.vip_id, info, 0)
+            .map_err(map_err(lb_common::MAP_VIP_INFO))
+    }
+
+    /// Inserts or replaces a VIP: its info, its key → id, its address and port.
+    pub fn set_vip(&mut self, key: &VipKey, info: &VipInfo) -> Result<()> {
+        self.set_vip_info(info)?;
+        let addr = VipAddrKey {
+            addr: key.addr,
+            family: key.family,
+            _pad: [0; 3],
+        };
+        self.vip_addrs
+            .insert(addr, 1, 0)
+            .map_err(map_err(lb_common::MAP_VIP_ADDRS))?;
+        let new = matches!(self.vips.get(key, 0), Err(MapError::KeyNotFound));
+        self.vips
+            .insert(key, info.vip_id, 0)
+            .map_err(map_err(lb_common::MAP_VIPS))?;
+        if new {
+            self.bump_port(key, 1)?;
+        }
+        Ok(())
+    }
+
+    fn bump_port(&mut self, key: &VipKey, delta: i32) -> Result<()> {
+        let idx = lb_common::port_index(key.proto, u16::from_be(key.port));
+        let n = self
+            .vip_ports
+            .get(&idx, 0)
+            .map_err(map_err(lb_common::MAP_VIP_PORTS))?;
+        let n = n.saturating_add_signed(delta);
+        self.vip_ports
+            .set(idx, n, 0)
+            .map_err(map_err(lb_common::MAP_VIP_PORTS))
+    }
+
+    /// Removes a VIP: its key, its info (so its conntrack entries are stale),
+    /// its port count, and its address when no other VIP uses it.
+    pub fn remove_vip(&mut self, key: &VipKey) -> Result<()> {
+        let id = match self.vips.get(key, 0) {
+            Ok(id) => id,
+            Err(MapError::KeyNotFound) => return Ok(()),
+            Err(e) => return Err(map_err(lb_common::MAP_VIPS)(e)),
+        };
+        self.vips
+            .remove(key)
+            .map_err(map_err(lb_common::MAP_VIPS))?;
+        self.set_vip_info(&VipInfo {
+            vip_id: id,
+            ..VipInfo::default()
+        })?;
+        self.bump_port(key, -1)?;
+        let still_used = self
+            .vip_entries()?
+            .iter()
+            .any(|(k, _)| k.addr == key.addr && k.family == key.family);
+        if !still_used {
+            let addr = VipAddrKey {
+                addr: key.addr,
+                family: key.family,
+                _pad: [0; 3],
+            };
+            match self.vip_addrs.remove(&addr) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(lb_common::MAP_VIP_ADDRS)(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads half `half` of VIP `vip_id`'s ring (`len` slots).
+    pub fn ring_half(&self, vip_id: u32, half: u32, len: u32) -> Result<Vec<u32>> {
+        (0..len)
+            .map(|slot| {
+                let idx = lb_common::ring_index(vip_id, half, self.ring_stride, slot);
+                self.ring.get(&idx, 0).map_err(map_err(lb_common::MAP_RING))
+            })
+            .collect()
+    }
+
+    /// Writes `(slot, backend id)` pairs into half `half` of VIP `vip_id`'s ring.
+    pub fn write_ring(&mut self, vip_id: u32, half: u32, slots: &[(u32, u32)]) -> Result<()> {
+        for &(slot, id) in slots {
+            let idx = lb_common::ring_index(vip_id, half, self.ring_stride, slot);
+            self.ring
+                .set(idx, id, 0)
+                .map_err(map_err(lb_common::MAP_RING))?;
+        }
+        Ok(())
+    }
+
+    pub fn backend(&self, id: u32) -> Result<BackendInfo> {
+        self.backends
+            .get(&id, 0)
+            .map_err(map_err(lb_common::MAP_BACKENDS))
+    }
+
+    pub fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<()> {
+        self.backends
+            .set(id, info, 0)
+            .map_err(map_err(lb_common::MAP_BACKENDS))
+    }
+
+    pub fn ct_get(&self, key: &FlowKey) -> Result<Option<CtEntry>> {
+        match self.ct.get(key, 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(map_err(lb_common::MAP_CT)(e)),
+        }
+    }
+
+    pub fn ct_insert(&mut self, key: &FlowKey, entry: &CtEntry) -> Result<()> {
+        self.ct
+            .insert(key, entry, 0)
+            .map_err(map_err(lb_common::MAP_CT))
+    }
+
+    pub fn ct_remove(&mut self, key: &FlowKey) -> Result<()> {
+        match self.ct.remove(key) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err(lb_common::MAP_CT)(e)),
+        }
+    }
+
+    /// Number of conntrack entries (walks the map: for status, not hot paths).
+    pub fn ct_len(&self) -> usize {
+        self.ct.keys().filter(|k| k.is_ok()).count()
+    }
+
+    /// Clears every conntrack entry.
+    pub fn ct_clear(&mut self) -> Result<()> {
+        let keys: Vec<FlowKey> = self.ct.keys().filter_map(|k| k.ok()).collect();
+        for k in keys {
+            self.ct_remove(&k)?;
+        }
+        Ok(())
+    }
+
+    /// Global reason counters, summed over CPUs.
+    pub fn stats(&self) -> Result<StdHashMap<Stat, u64>> {
+        Stat::ALL
+            .iter()
+            .map(|&s| {
+                let v = self
+                    .stats
+                    .get(&(s as u32), 0)
+                    .map_err(map_err(lb_common::MAP_STATS))?;
+                Ok((s, v.iter().sum()))
+            })
+            .collect()
+    }
+
+    pub fn vip_stats(&self, vip_id: u32) -> Result<TrafficStats> {
+        sum_traffic(&self.vip_stats, vip_id).map_err(map_err(lb_common::MAP_VIP_STATS))
+    }
+
+    pub fn backend_stats(&self, id: u32) -> Result<TrafficStats> {
+        sum_traffic(&self.be_stats, id).map_err(map_err(lb_common::MAP_BE_STATS))
+    }
+
+    /// Zeroes a backend's counters (when its id is given to another backend).
+    pub fn reset_backend_stats(&mut self, id: u32) -> Result<()> {
+        let n = aya::util::nr_cpus().map_err(|(_, e)| DataplaneError::Cpus(e))?;
+        let zero = aya::maps::PerCpuValues::try_from(vec![TrafficStats::default(); n])
+            .map_err(DataplaneError::Cpus)?;
+        self.be_stats
+            .set(id, zero, 0)
+            .map_err(map_err(lb_common::MAP_BE_STATS))
+    }
+
+    pub fn add_decap_addr(&mut self, key: &DecapAddrKey) -> Result<()> {
+        self.decap_addrs
+            .insert(key, 1, 0)
+            .map_err(map_err(lb_common::MAP_DECAP_ADDRS))
+    }
+
+    pub fn decap_stats(&self) -> Result<[u64; DECAP_STATS_LEN as usize]> {
+        let mut out = [0u64; DECAP_STATS_LEN as usize];
+        for s in [DecapStat::Decap, DecapStat::Pass, DecapStat::DropMalformed] {
+            let v = self
+                .decap_stats
+                .get(&(s as u32), 0)
+                .map_err(map_err(lb_common::MAP_DECAP_STATS))?;
+            out[s as usize] = v.iter().sum();
+        }
+        Ok(out)
+    }
+}
+
+fn sum_traffic(
+    map: &PerCpuArray<MapData, TrafficStats>,
+    idx: u32,
+) -> Result<TrafficStats, MapError> {
+    let v = map.get(&idx, 0)?;
+    Ok(v.iter().fold(TrafficStats::default(), |a, s| TrafficStats {
+        packets: a.packets + s.packets,
+        bytes: a.bytes + s.bytes,
+        new_flows: a.new_flows + s.new_flows,
+    }))
+}

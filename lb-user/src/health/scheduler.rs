@@ -1,0 +1,592 @@
+//! Runs the probes: one Tokio task per backend, at most `max_concurrent`
+//! probes in flight at once, a [`Report`] after every probe.
+//!
+//! A slow or hostile backend cannot stall the others: each probe is bounded by
+//! its spec's timeout, each backend sleeps and probes in its own task, and the
+//! concurrency permit is held only while probing.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinHandle;
+
+use super::machine::{HealthMachine, HealthSnapshot, HealthState, Transition, initial_delay};
+use super::probe::{ProbeResult, probe};
+use super::spec::CheckSpec;
+
+/// Probes in flight at once unless configured otherwise: enough for 1,000
+/// backends at a 2 s interval even if all of them hang for a 1 s timeout.
+pub const DEFAULT_MAX_CONCURRENT: usize = 256;
+
+/// Reports buffered before backend tasks wait for the receiver.
+const REPORT_QUEUE: usize = 1024;
+
+/// Sent after every probe.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub id: u64,
+    /// The backend address given to [`Scheduler::upsert`].
+    pub addr: SocketAddr,
+    pub result: ProbeResult,
+    /// Set when this probe changed the health state. Log it and update the
+    /// data plane; nothing else is needed.
+    pub transition: Option<Transition>,
+    /// The backend's health after this probe.
+    pub snapshot: HealthSnapshot,
+}
+
+/// The state machines, shared by the scheduler and the backend tasks.
+type Shared = Arc<Mutex<HashMap<u64, Entry>>>;
+
+struct Entry {
+    /// Which task may update this entry: an aborted task may still be
+    /// finishing a poll on another thread, and must not write stale results.
+    generation: u64,
+    machine: HealthMachine,
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, HashMap<u64, Entry>> {
+    // Every critical section leaves the map consistent, so a panic in
+    // another holder does not make the data unusable.
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A read-only handle on every backend's health, for the control socket.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct HealthView {
+    shared: Shared,
+}
+
+impl HealthView {
+    pub fn snapshot(&self) -> HashMap<u64, HealthSnapshot> {
+        lock(&self.shared)
+            .iter()
+            .map(|(&id, entry)| (id, entry.machine.snapshot()))
+            .collect()
+    }
+
+    pub fn get(&self, id: u64) -> Option<HealthSnapshot> {
+        lock(&self.shared)
+            .get(&id)
+            .map(|entry| entry.machine.snapshot())
+    }
+}
+
+struct Task {
+    addr: SocketAddr,
+    spec: CheckSpec,
+    handle: JoinHandle<()>,
+}
+
+/// Owns the backend tasks. Dropping it stops them all.
+pub struct Scheduler {
+    semaphore: Arc<Semaphore>,
+    tx: mpsc::Sender<Report>,
+    shared: Shared,
+    tasks: HashMap<u64, Task>,
+    next_generation: u64,
+}
+
+impl Scheduler {
+    /// A scheduler running at most `max_concurrent` probes at once (0 counts
+    /// as 1), and the receiver of its reports. If the receiver is dropped,
+    /// probing goes on and snapshots stay current.
+    pub fn new(max_concurrent: usize) -> (Self, mpsc::Receiver<Report>) {
+        let (tx, rx) = mpsc::channel(REPORT_QUEUE);
+        let scheduler = Self {
+            semaphore: Arc::new(Semaphore::new(max_concurrent.max(1))),
+            tx,
+            shared: Arc::new(Mutex::new(HashMap::new())),
+            tasks: HashMap::new(),
+            next_generation: 0,
+        };
+        (scheduler, rx)
+    }
+
+    /// Adds backend `id` or updates it. `addr` is the backend; probes go to
+    /// `addr.ip():spec.port`. `initial` is the state a new backend starts in:
+    /// `Unknown`, or the state adopted from before a restart.
+    ///
+    /// - Unchanged `addr` and `spec`: nothing happens (no restart, no reset).
+    /// - Changed `spec`: the task restarts with the new spec; the health state,
+    ///   streaks and drain are kept (new `rise`/`fall` apply to them).
+    /// - Changed `addr`: the old health says nothing about the new address, so
+    ///   the state restarts from `initial`; an admin drain is kept.
+    ///
+    /// Must be called within a Tokio runtime.
+    pub fn upsert(&mut self, id: u64, addr: SocketAddr, spec: CheckSpec, initial: HealthState) {
+        let mut addr_changed = false;
+        if let Some(task) = self.tasks.get(&id) {
+            if task.addr == addr && task.spec == spec {
+                return;
+            }
+            addr_changed = task.addr != addr;
+            task.handle.abort();
+        }
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        let now = Instant::now();
+        {
+            let mut map = lock(&self.shared);
+            let fresh = || HealthMachine::adopted(initial, spec.rise, spec.fall, now);
+            match map.get_mut(&id) {
+                Some(entry) => {
+                    entry.generation = generation;
+                    if addr_changed {
+                        let drained = entry.machine.admin_drained();
+                        entry.machine = fresh();
+                        entry.machine.set_admin_drained(drained);
+                    } else {
+                        entry.machine.set_thresholds(spec.rise, spec.fall);
+                    }
+                }
+                None => {
+                    map.insert(
+                        id,
+                        Entry {
+                            generation,
+                            machine: fresh(),
+                        },
+                    );
+                }
+            }
+        }
+        let handle = tokio::spawn(run_backend(BackendTask {
+            id,
+            generation,
+            addr,
+            spec: spec.clone(),
+            shared: Arc::clone(&self.shared),
+            semaphore: Arc::clone(&self.semaphore),
+            tx: self.tx.clone(),
+        }));
+        self.tasks.insert(id, Task { addr, spec, handle });
+    }
+
+    /// Stops probing backend `id` and forgets its health. A report from a
+    /// probe that was finishing may still arrive; ignore unknown ids.
+    pub fn remove(&mut self, id: u64) {
+        if let Some(task) = self.tasks.remove(&id) {
+            task.handle.abort();
+        }
+        lock(&self.shared).remove(&id);
+    }
+
+    /// Drains or undrains backend `id` (health keeps being tracked). Returns
+    /// the new snapshot, or `None` if `id` is unknown.
+    pub fn set_admin_drained(&mut self, id: u64, drained: bool) -> Option<HealthSnapshot> {
+        let mut map = lock(&self.shared);
+        let entry = map.get_mut(&id)?;
+        entry.machine.set_admin_drained(drained);
+        Some(entry.machine.snapshot())
+    }
+
+    /// Every backend's health now.
+    pub fn snapshot(&self) -> HashMap<u64, HealthSnapshot> {
+        self.view().snapshot()
+    }
+
+    /// A handle that reads snapshots without owning the scheduler.
+    pub fn view(&self) -> HealthView {
+        HealthView {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Ids of the backends being probed.
+    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.tasks.keys().copied()
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        for task in self.tasks.values() {
+            task.handle.abort();
+        }
+    }
+}
+
+struct BackendTask {
+    id: u64,
+    generation: u64,
+    addr: SocketAddr,
+    spec: CheckSpec,
+    shared: Shared,
+    semaphore: Arc<Semaphore>,
+    tx: mpsc::Sender<Report>,
+}
+
+async fn run_backend(task: BackendTask) {
+    let BackendTask {
+        id,
+        generation,
+        addr,
+        spec,
+        shared,
+        semaphore,
+        tx,
+    } = task;
+    let target = SocketAddr::new(addr.ip(), spec.port);
+    let first = initial_delay(&spec, &mut rand::thread_rng());
+    tokio::time::sleep(first).await;
+    loop {
+        let result = {
+            // The semaphore is never closed; if it were, stop quietly.
+            let Ok(_permit) = semaphore.acquire().await else {
+                return;
+            };
+            probe(target, &spec).await
+        };
+        let (transition, snapshot, delay) = {
+            let mut map = lock(&shared);
+            let Some(entry) = map.get_mut(&id).filter(|e| e.generation == generation) else {
+                // Removed or restarted while this probe ran.
+                return;
+            };
+            let transition = entry.machine.observe(&result, Instant::now());
+            let delay = entry.machine.next_delay(&spec, &mut rand::thread_rng());
+            (transition, entry.machine.snapshot(), delay)
+        };
+        let report = Report {
+            id,
+            addr,
+            result,
+            transition,
+            snapshot,
+        };
+        // A dropped receiver is not a reason to stop: snapshots stay useful.
+        let _ = tx.send(report).await;
+        // Measured from the end of the probe, so a backend that hangs until
+        // the timeout is never probed back to back.
+        tokio::time::sleep(delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::super::probe::FailReason;
+    use super::super::testutil::{Server, http_spec, silent_listener};
+    use super::*;
+
+    /// A spec that probes every ~50 ms in every state.
+    fn fast_spec(port: u16, timeout: Duration) -> CheckSpec {
+        let every = Duration::from_millis(50);
+        CheckSpec {
+            interval: every,
+            fast_interval: every,
+            down_interval: every,
+            rise: 2,
+            fall: 2,
+            ..http_spec(port, timeout)
+        }
+    }
+
+    /// Receives reports until `until` returns true, for at most `limit`.
+    async fn recv_until(
+        rx: &mut mpsc::Receiver<Report>,
+        limit: Duration,
+        mut until: impl FnMut(&Report) -> bool,
+    ) -> Vec<Report> {
+        let mut reports = Vec::new();
+        let deadline = tokio::time::Instant::now() + limit;
+        while let Ok(Some(report)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            let done = until(&report);
+            reports.push(report);
+            if done {
+                break;
+            }
+        }
+        reports
+    }
+
+    /// Every report received within `window`, with its arrival time.
+    async fn collect_for(
+        rx: &mut mpsc::Receiver<Report>,
+        window: Duration,
+    ) -> Vec<(tokio::time::Instant, Report)> {
+        let mut reports = Vec::new();
+        let deadline = tokio::time::Instant::now() + window;
+        while let Ok(Some(report)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            reports.push((tokio::time::Instant::now(), report));
+        }
+        reports
+    }
+
+    fn toggled_server(healthy: Arc<AtomicBool>) -> impl Fn() -> Vec<u8> + Send + Sync + 'static {
+        move || {
+            if healthy.load(Ordering::SeqCst) {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec()
+            } else {
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n".to_vec()
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn failing_backend_goes_down_once() {
+        let healthy = Arc::new(AtomicBool::new(true));
+        let server = Server::start(toggled_server(healthy.clone())).await;
+        let (mut scheduler, mut rx) = Scheduler::new(8);
+        let spec = fast_spec(server.addr.port(), Duration::from_millis(500));
+        scheduler.upsert(1, server.addr, spec, HealthState::Unknown);
+
+        let reports = recv_until(&mut rx, Duration::from_secs(2), |r| r.transition.is_some()).await;
+        let last = reports.last().expect("a report");
+        assert_eq!(
+            last.transition,
+            Some(Transition {
+                from: HealthState::Unknown,
+                to: HealthState::Up,
+                reason: "passed 1 consecutive check".into()
+            })
+        );
+        assert!(last.snapshot.serving);
+
+        healthy.store(false, Ordering::SeqCst);
+        // Down after 2 failures (~100 ms); then keep listening so a second,
+        // spurious transition would be seen.
+        let mut failures_after_down = 0;
+        let reports = recv_until(&mut rx, Duration::from_secs(3), |r| {
+            if r.snapshot.state == HealthState::Down {
+                failures_after_down += 1;
+            }
+            failures_after_down > 5
+        })
+        .await;
+        assert!(
+            failures_after_down > 5,
+            "backend did not stay down: {reports:#?}"
+        );
+        let transitions: Vec<_> = reports
+            .iter()
+            .filter_map(|r| r.transition.clone())
+            .collect();
+        assert_eq!(
+            transitions,
+            vec![Transition {
+                from: HealthState::Up,
+                to: HealthState::Down,
+                reason: "unexpected status 503".into()
+            }]
+        );
+        let down = reports
+            .iter()
+            .find(|r| r.transition.is_some())
+            .expect("transition");
+        assert_eq!(down.snapshot.consecutive_fail, 2, "fall=2");
+        assert!(!down.snapshot.serving);
+        assert_eq!(scheduler.snapshot()[&1].state, HealthState::Down);
+    }
+
+    #[tokio::test]
+    async fn hung_backend_does_not_delay_others() {
+        let hung = silent_listener();
+        let hung_addr = hung.local_addr().expect("local_addr");
+        let server = Server::canned(b"HTTP/1.1 200 OK\r\n\r\n").await;
+        let (mut scheduler, mut rx) = Scheduler::new(4);
+        scheduler.upsert(
+            1,
+            hung_addr,
+            fast_spec(hung_addr.port(), Duration::from_secs(10)),
+            HealthState::Up,
+        );
+        scheduler.upsert(
+            2,
+            server.addr,
+            fast_spec(server.addr.port(), Duration::from_secs(10)),
+            HealthState::Up,
+        );
+
+        let reports = collect_for(&mut rx, Duration::from_secs(1)).await;
+        assert!(
+            reports.iter().all(|(_, r)| r.id == 2),
+            "the hung probe cannot have finished"
+        );
+        let times: Vec<_> = reports.iter().map(|(at, _)| *at).collect();
+        // ~50 ms ± 10 % apart: about 18 in a second.
+        assert!(
+            times.len() >= 10,
+            "only {} reports from the healthy backend",
+            times.len()
+        );
+        let max_gap = times
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .expect("two reports");
+        assert!(
+            max_gap < Duration::from_millis(150),
+            "healthy backend stalled for {max_gap:?}"
+        );
+    }
+
+    /// With one permit, hung probes run one at a time; with three, together.
+    #[tokio::test]
+    async fn concurrency_is_bounded() {
+        let timeout = Duration::from_millis(300);
+        let hung = silent_listener();
+        let addr = hung.local_addr().expect("local_addr");
+        let (mut serial, mut serial_rx) = Scheduler::new(1);
+        let (mut parallel, mut parallel_rx) = Scheduler::new(3);
+        for id in 1..=3 {
+            serial.upsert(
+                id,
+                addr,
+                fast_spec(addr.port(), timeout),
+                HealthState::Unknown,
+            );
+            parallel.upsert(
+                id,
+                addr,
+                fast_spec(addr.port(), timeout),
+                HealthState::Unknown,
+            );
+        }
+        let window = Duration::from_millis(1000);
+        let (serial_reports, parallel_reports) = tokio::join!(
+            collect_for(&mut serial_rx, window),
+            collect_for(&mut parallel_rx, window)
+        );
+        // Serial: probes end at ~300, 600, 900 ms.
+        assert!(
+            (2..=4).contains(&serial_reports.len()),
+            "{} probes finished with 1 permit",
+            serial_reports.len()
+        );
+        // Parallel: three at a time, each backend every ~350 ms.
+        assert!(
+            parallel_reports.len() >= 6,
+            "{} probes finished with 3 permits",
+            parallel_reports.len()
+        );
+        for (_, report) in serial_reports.iter().chain(&parallel_reports) {
+            assert_eq!(
+                report.result.outcome,
+                Err(FailReason::NoResponse { timeout })
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn upsert_remove_drain_and_drop() {
+        let server = Server::canned(b"HTTP/1.1 200 OK\r\n\r\n").await;
+        let (mut scheduler, mut rx) = Scheduler::new(8);
+        let spec = fast_spec(server.addr.port(), Duration::from_millis(500));
+        scheduler.upsert(7, server.addr, spec.clone(), HealthState::Unknown);
+        recv_until(&mut rx, Duration::from_secs(2), |r| {
+            r.snapshot.consecutive_ok >= 3
+        })
+        .await;
+        let before = scheduler.snapshot()[&7].clone();
+        assert_eq!(before.state, HealthState::Up);
+        let task_id = scheduler.tasks[&7].handle.id();
+
+        // Unchanged: same task, state untouched.
+        scheduler.upsert(7, server.addr, spec.clone(), HealthState::Down);
+        assert_eq!(
+            scheduler.tasks[&7].handle.id(),
+            task_id,
+            "unchanged upsert restarted the task"
+        );
+        let after = scheduler.snapshot()[&7].clone();
+        assert_eq!((after.state, after.since), (before.state, before.since));
+        assert!(after.consecutive_ok >= before.consecutive_ok);
+
+        // Changed spec: new task, state kept.
+        let slower = CheckSpec {
+            interval: Duration::from_millis(60),
+            ..spec.clone()
+        };
+        scheduler.upsert(7, server.addr, slower.clone(), HealthState::Down);
+        assert_ne!(
+            scheduler.tasks[&7].handle.id(),
+            task_id,
+            "changed spec kept the old task"
+        );
+        let kept = scheduler.snapshot()[&7].clone();
+        assert_eq!((kept.state, kept.since), (before.state, before.since));
+        let next = recv_until(&mut rx, Duration::from_secs(2), |r| r.id == 7).await;
+        let next = &next.last().expect("a report after the restart").snapshot;
+        assert!(
+            next.consecutive_ok > before.consecutive_ok,
+            "streak was reset"
+        );
+
+        // Drain: not serving, still probed and up.
+        let drained = scheduler.set_admin_drained(7, true).expect("known id");
+        assert!(!drained.serving && drained.admin_drained && drained.state == HealthState::Up);
+        let probed = recv_until(&mut rx, Duration::from_secs(2), |_| true).await;
+        assert!(!probed[0].snapshot.serving && probed[0].snapshot.state == HealthState::Up);
+        assert_eq!(scheduler.set_admin_drained(8, true), None);
+
+        // Remove: forgotten, no more probes.
+        scheduler.remove(7);
+        assert!(scheduler.snapshot().is_empty());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let count = server.requests.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            server.requests.load(Ordering::SeqCst),
+            count,
+            "removed backend still probed"
+        );
+
+        // Drop: tasks stop, the report stream ends.
+        scheduler.upsert(9, server.addr, spec, HealthState::Unknown);
+        recv_until(&mut rx, Duration::from_secs(2), |r| r.id == 9).await;
+        drop(scheduler);
+        let rest = recv_until(&mut rx, Duration::from_secs(2), |_| false).await;
+        assert!(rest.len() <= 2, "{} reports after drop", rest.len());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), rx.recv())
+                .await
+                .is_ok_and(|r| r.is_none()),
+            "report channel still open after the scheduler was dropped"
+        );
+        let count = server.requests.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            server.requests.load(Ordering::SeqCst),
+            count,
+            "probes after drop"
+        );
+    }
+
+    #[tokio::test]
+    async fn changed_address_restarts_health() {
+        let a = Server::canned(b"HTTP/1.1 200 OK\r\n\r\n").await;
+        let b = silent_listener();
+        let b_addr = b.local_addr().expect("local_addr");
+        let (mut scheduler, mut rx) = Scheduler::new(8);
+        scheduler.upsert(
+            1,
+            a.addr,
+            fast_spec(a.addr.port(), Duration::from_millis(300)),
+            HealthState::Unknown,
+        );
+        recv_until(&mut rx, Duration::from_secs(2), |r| r.transition.is_some()).await;
+        assert_eq!(scheduler.snapshot()[&1].state, HealthState::Up);
+        scheduler.upsert(
+            1,
+            b_addr,
+            fast_spec(b_addr.port(), Duration::from_millis(300)),
+            HealthState::Unknown,
+        );
+        assert_eq!(scheduler.snapshot()[&1].state, HealthState::Unknown);
+        let reports = recv_until(&mut rx, Duration::from_secs(2), |r| r.transition.is_some()).await;
+        let last = reports.last().expect("a report");
+        assert_eq!(last.addr, b_addr);
+        assert_eq!(
+            last.transition.as_ref().map(|t| (t.from, t.to)),
+            Some((HealthState::Unknown, HealthState::Down))
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! Local backends on 127.0.0.1 for the prober and scheduler tests, each bound
+//! to port 0 and stopped when dropped. Every wait is bounded.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+use super::spec::{CheckKind, CheckSpec, HttpCheck, defaults};
+
+/// How long a test server waits for a request before giving up on it.
+const REQUEST_WAIT: Duration = Duration::from_secs(5);
+
+/// A spec for the prober: `GET /health`, 2xx, the given timeout.
+pub fn http_spec(port: u16, timeout: Duration) -> CheckSpec {
+    CheckSpec {
+        kind: CheckKind::Http(HttpCheck {
+            method: defaults::HTTP_METHOD.to_owned(),
+            path: defaults::HTTP_PATH.to_owned(),
+            host: None,
+            expect_status: vec![defaults::EXPECT_STATUS],
+            body_contains: None,
+        }),
+        port,
+        interval: defaults::INTERVAL,
+        timeout,
+        rise: defaults::RISE,
+        fall: defaults::FALL,
+        fast_interval: defaults::FAST_INTERVAL,
+        down_interval: defaults::DOWN_INTERVAL,
+        jitter: defaults::JITTER,
+    }
+}
+
+pub fn http_check(spec: &mut CheckSpec) -> &mut HttpCheck {
+    match &mut spec.kind {
+        CheckKind::Http(http) => http,
+        CheckKind::Tcp => panic!("test spec is not an HTTP check"),
+    }
+}
+
+/// Reads a request head (up to the empty line), at most 16 KiB, waiting at
+/// most `REQUEST_WAIT`. `None` if the client closed or sent no complete head.
+pub async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let read = async {
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        true
+    };
+    match tokio::time::timeout(REQUEST_WAIT, read).await {
+        Ok(true) => Some(buf),
+        _ => None,
+    }
+}
+
+/// An HTTP server answering every request with `respond()`, then closing.
+pub struct Server {
+    pub addr: SocketAddr,
+    /// Connections accepted.
+    pub connections: Arc<AtomicUsize>,
+    /// Complete requests read (and answered).
+    pub requests: Arc<AtomicUsize>,
+    /// The last request head received.
+    pub last_request: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    accept_loop: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.accept_loop.abort();
+    }
+}
+
+impl Server {
+    pub async fn start(respond: impl Fn() -> Vec<u8> + Send + Sync + 'static) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local_addr");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let last_request = Arc::new(std::sync::Mutex::new(None));
+        let respond = Arc::new(respond);
+        let accept_loop = tokio::spawn({
+            let (connections, requests, last_request) =
+                (connections.clone(), requests.clone(), last_request.clone());
+            async move {
+                while let Ok((mut stream, _)) = listener.accept().await {
+                    connections.fetch_add(1, Ordering::SeqCst);
+                    let (requests, last_request, respond) =
+                        (requests.clone(), last_request.clone(), respond.clone());
+                    tokio::spawn(async move {
+                        // Reading the whole request first matters: closing a
+                        // socket with unread input sends RST, which could
+                        // destroy the response before the prober reads it.
+                        let Some(request) = read_request(&mut stream).await else {
+                            return;
+                        };
+                        requests.fetch_add(1, Ordering::SeqCst);
+                        *last_request.lock().expect("lock") = Some(request);
+                        let _ = stream.write_all(&respond()).await;
+                        let _ = stream.shutdown().await;
+                    });
+                }
+            }
+        });
+        Self {
+            addr,
+            connections,
+            requests,
+            last_request,
+            accept_loop,
+        }
+    }
+
+    /// Answers every request with the same bytes.
+    pub async fn canned(response: &[u8]) -> Self {
+        let response = response.to_vec();
+        Self::start(move || response.clone()).await
+    }
+}
+
+/// A listening socket that never accepts: the kernel completes handshakes
+/// into its accept queue, nobody reads. A hung application, as the network
+/// sees it.
+pub fn silent_listener() -> std::net::TcpListener {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")
+}
+
+/// An address nothing listens on: bound, then closed.
+pub fn closed_port() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local_addr")
+}

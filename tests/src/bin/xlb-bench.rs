@@ -1,0 +1,231 @@
+//! `cargo xtask bench`: per-packet cost of xlb's XDP program through
+//! `BPF_PROG_TEST_RUN`, next to a minimal program (parse, swap MACs,
+//! `XDP_TX`) measured in the same run. A benchmark, not a test: it prints
+//! figures and checks them against the targets only to say so.
+//!
+//! The test-run trap: in plain mode the kernel reuses one buffer across
+//! repeats, so a program that rewrites a packet sees its own output from the
+//! second repeat on. Two measurements avoid it:
+//! - `repeat` mode uses `dsr-l2`, whose output (the same packet with new
+//!   MACs) takes exactly the same path again, so N repeats measure N
+//!   identical packets;
+//! - `single` mode runs `dsr-ipip` (which encapsulates) one packet per
+//!   syscall, each with a fresh copy, and averages the kernel's own timing;
+//!   the minimal program is measured the same way for its ratio.
+
+use std::time::Duration;
+
+use lb_common::{CtEntry, DOWN_POLICY_REHASH, MODE_DSR_IPIP, MODE_DSR_L2, PROTO_TCP};
+use lb_user::dataplane::LoadOptions;
+use xlb_tests::{
+    harness::{LB_MAC, PEER_MAC, World, in_world},
+    packet::{ACK, Flow, SYN},
+};
+
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+const ROUNDS: usize = 5;
+const REPEAT: u32 = 200_000;
+const SINGLES: u32 = 20_000;
+
+struct Row {
+    name: &'static str,
+    ns: f64,
+    base: f64,
+    target_ns: Option<f64>,
+    target_ratio: Option<f64>,
+}
+
+fn best_of(mut f: impl FnMut() -> anyhow::Result<f64>) -> anyhow::Result<f64> {
+    let mut best = f64::MAX;
+    for _ in 0..ROUNDS {
+        best = best.min(f()?);
+    }
+    Ok(best)
+}
+
+fn repeat_ns(w: &mut World, prog: &'static str, frame: &[u8], want: u32) -> anyhow::Result<f64> {
+    best_of(|| {
+        let (verdict, _, d) = w.run_repeat(prog, frame, REPEAT)?;
+        anyhow::ensure!(verdict == want, "{prog}: verdict {verdict}, want {want}");
+        Ok(d.as_nanos() as f64)
+    })
+}
+
+fn single_ns(
+    w: &mut World,
+    prog: &'static str,
+    frame: &[u8],
+    want: u32,
+    before: &mut dyn FnMut(&mut World) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    best_of(|| {
+        let mut total = Duration::ZERO;
+        for _ in 0..SINGLES {
+            before(w)?;
+            let (verdict, _, d) = w.run_repeat(prog, frame, 1)?;
+            anyhow::ensure!(verdict == want, "{prog}: verdict {verdict}, want {want}");
+            total += d;
+        }
+        Ok(total.as_nanos() as f64 / SINGLES as f64)
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let opts = LoadOptions {
+        ct_size: 65_536,
+        ring_stride: lb_common::DEFAULT_TABLE_SIZE,
+        pin_dir: None,
+    };
+    let rows = in_world("bench", opts, |w| {
+        w.set_globals([0x1234, 0x5678], 30_000_000_000)?;
+        let size = lb_common::DEFAULT_TABLE_SIZE as usize;
+        let table: Vec<u32> = (0..size).map(|i| 1 + (i % 2) as u32).collect();
+        w.add_vip(
+            0,
+            "10.100.0.1",
+            80,
+            PROTO_TCP,
+            MODE_DSR_IPIP,
+            DOWN_POLICY_REHASH,
+            &table,
+        )?;
+        w.add_vip(
+            1,
+            "10.100.0.2",
+            80,
+            PROTO_TCP,
+            MODE_DSR_L2,
+            DOWN_POLICY_REHASH,
+            &table,
+        )?;
+        let l2 = Flow::tcp("192.0.2.1", 40001, "10.100.0.2", 80);
+        let ipip = Flow::tcp("192.0.2.1", 40001, "10.100.0.1", 80);
+        let other = Flow::tcp("192.0.2.1", 40001, "10.0.0.1", 22);
+        let frame = |f: &Flow, flags| f.frame(LB_MAC, PEER_MAC, None, flags, &[0u8; 18]);
+        let now = 0; // refreshed by the program on the first packet
+        for (f, vip_id) in [(&l2, 1), (&ipip, 0)] {
+            w.dp.ct_insert(
+                &f.key(),
+                &CtEntry {
+                    backend_id: 1,
+                    generation: 0,
+                    vip_id,
+                    _pad: 0,
+                    last_seen_ns: now,
+                },
+            )?;
+        }
+        let mut rows = Vec::new();
+        let minimal = repeat_ns(w, lb_common::PROG_MINIMAL, &frame(&l2, ACK), XDP_TX)?;
+        rows.push(Row {
+            name: "minimal (parse, swap MACs, XDP_TX)",
+            ns: minimal,
+            base: minimal,
+            target_ns: None,
+            target_ratio: None,
+        });
+        let est = repeat_ns(w, lb_common::PROG_LB, &frame(&l2, ACK), XDP_TX)?;
+        rows.push(Row {
+            name: "established hit, dsr-l2",
+            ns: est,
+            base: minimal,
+            target_ns: Some(60.0),
+            target_ratio: Some(1.5),
+        });
+        let syn = repeat_ns(w, lb_common::PROG_LB, &frame(&l2, SYN), XDP_TX)?;
+        rows.push(Row {
+            name: "new flow (SYN), dsr-l2",
+            ns: syn,
+            base: minimal,
+            target_ns: Some(300.0),
+            target_ratio: None,
+        });
+        let pass = repeat_ns(w, lb_common::PROG_LB, &frame(&other, SYN), XDP_PASS)?;
+        rows.push(Row {
+            name: "non-VIP pass",
+            ns: pass,
+            base: minimal,
+            target_ns: None,
+            target_ratio: None,
+        });
+
+        let mut nothing = |_: &mut World| Ok(());
+        let minimal1 = single_ns(
+            w,
+            lb_common::PROG_MINIMAL,
+            &frame(&ipip, ACK),
+            XDP_TX,
+            &mut nothing,
+        )?;
+        rows.push(Row {
+            name: "minimal, one packet per run",
+            ns: minimal1,
+            base: minimal1,
+            target_ns: None,
+            target_ratio: None,
+        });
+        let est1 = single_ns(
+            w,
+            lb_common::PROG_LB,
+            &frame(&ipip, ACK),
+            XDP_TX,
+            &mut nothing,
+        )?;
+        rows.push(Row {
+            name: "established hit, dsr-ipip, one per run",
+            ns: est1,
+            base: minimal1,
+            target_ns: None,
+            target_ratio: None,
+        });
+        let syn1 = single_ns(
+            w,
+            lb_common::PROG_LB,
+            &frame(&ipip, SYN),
+            XDP_TX,
+            &mut nothing,
+        )?;
+        rows.push(Row {
+            name: "new flow (SYN), dsr-ipip, one per run",
+            ns: syn1,
+            base: minimal1,
+            target_ns: None,
+            target_ratio: None,
+        });
+        Ok(rows)
+    })?;
+
+    println!(
+        "xlb data-plane benchmark (BPF_PROG_TEST_RUN, best of {ROUNDS}; repeat mode: {REPEAT} packets per run; single mode: {SINGLES} runs)"
+    );
+    println!(
+        "{:<42} {:>9} {:>9} {:>7}  target",
+        "case", "ns/pkt", "baseline", "ratio"
+    );
+    for r in &rows {
+        let ratio = r.ns / r.base;
+        let mut target = Vec::new();
+        let mut met = true;
+        if let Some(t) = r.target_ns {
+            target.push(format!("<= {t} ns"));
+            met &= r.ns <= t;
+        }
+        if let Some(t) = r.target_ratio {
+            target.push(format!("<= {t}x"));
+            met &= ratio <= t;
+        }
+        let verdict = if target.is_empty() {
+            String::new()
+        } else if met {
+            format!("{} met", target.join(", "))
+        } else {
+            format!("{} MISSED", target.join(", "))
+        };
+        println!(
+            "{:<42} {:>9.1} {:>9.1} {:>6.2}x  {}",
+            r.name, r.ns, r.base, ratio, verdict
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,278 @@
+//! Runs xlb's XDP programs through `BPF_PROG_TEST_RUN` inside a namespace of
+//! their own, with a veth whose neighbours are fixed, so `bpf_fib_lookup`
+//! gives known MACs and the expected bytes are exact.
+
+use std::{collections::HashMap, net::IpAddr};
+
+use anyhow::Context as _;
+use aya::programs::{TestRun as _, TestRunOptions};
+use lb_common::{BACKEND_UP, BackendInfo, Globals, Stat, VipInfo, VipKey};
+use lb_user::dataplane::{Dataplane, LoadOptions};
+
+use crate::{
+    netns::NetNs,
+    packet::{Mac, addr16, family},
+};
+
+/// MAC of the LB's test interface `xf0` (the source of everything it sends).
+pub const LB_MAC: Mac = [0x02, 0, 0, 0, 0, 0x01];
+/// MAC of the peer `xf1`; clients' frames arrive addressed to `LB_MAC` from here.
+pub const PEER_MAC: Mac = [0x02, 0, 0, 0, 0, 0x02];
+pub const LB_V4: &str = "10.0.0.1";
+pub const LB_V6: &str = "fd00::1";
+
+/// A backend as the fixtures see it.
+#[derive(Clone, Copy, Debug)]
+pub struct Backend {
+    pub id: u32,
+    pub addr: IpAddr,
+    /// Permanent neighbour entry; `None` = unresolved (no route for XDP).
+    pub mac: Option<Mac>,
+}
+
+/// The fixture world: a namespace with `xf0`/`xf1`, the loaded programs and maps.
+pub struct World {
+    pub dp: Dataplane,
+    pub ifindex: u32,
+    pub backends: Vec<Backend>,
+}
+
+/// Backends every fixture world has (ids 1–5), on the `xf0` subnet.
+pub fn default_backends() -> Vec<Backend> {
+    let b = |id, addr: &str, mac: Option<Mac>| Backend {
+        id,
+        addr: addr.parse().unwrap(),
+        mac,
+    };
+    vec![
+        b(1, "10.0.0.11", Some([0x02, 0, 0, 0, 0x0b, 0x01])),
+        b(2, "10.0.0.12", Some([0x02, 0, 0, 0, 0x0b, 0x02])),
+        b(3, "10.0.0.13", None),
+        b(4, "fd00::11", Some([0x02, 0, 0, 0, 0x0b, 0x04])),
+        b(5, "fd00::12", Some([0x02, 0, 0, 0, 0x0b, 0x05])),
+    ]
+}
+
+fn mac_str(m: &Mac) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Creates a namespace, runs `f` on a thread inside it with a fresh world,
+/// and removes the namespace whatever happens.
+pub fn in_world<T: Send>(
+    tag: &str,
+    opts: LoadOptions,
+    f: impl FnOnce(&mut World) -> anyhow::Result<T> + Send,
+) -> anyhow::Result<T> {
+    crate::require_root();
+    let ns = NetNs::new(tag)?;
+    let backends = default_backends();
+    setup_links(&ns, &backends)?;
+    let ifindex = ns.ifindex("xf0")?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            ns.enter()?;
+            let dp = Dataplane::load(&opts).context("loading the XDP object")?;
+            let mut world = World {
+                dp,
+                ifindex,
+                backends,
+            };
+            world.write_backends()?;
+            f(&mut world)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("fixture thread panicked"))?
+    })
+}
+
+fn setup_links(ns: &NetNs, backends: &[Backend]) -> anyhow::Result<()> {
+    ns.ip(&["link", "add", "xf0", "type", "veth", "peer", "name", "xf1"])?;
+    ns.ip(&[
+        "link",
+        "set",
+        "xf0",
+        "address",
+        &mac_str(&LB_MAC),
+        "mtu",
+        "1500",
+        "up",
+    ])?;
+    ns.ip(&["link", "set", "xf1", "address", &mac_str(&PEER_MAC), "up"])?;
+    ns.ip(&["addr", "add", &format!("{LB_V4}/24"), "dev", "xf0"])?;
+    ns.ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{LB_V6}/64"),
+        "dev",
+        "xf0",
+        "nodad",
+    ])?;
+    // bpf_fib_lookup from XDP answers FWD_DISABLED unless forwarding is on
+    // for the ingress device, even with BPF_FIB_LOOKUP_OUTPUT (checked on
+    // 6.18); the daemon turns it on for its interface the same way.
+    ns.exec(&[
+        "sysctl",
+        "-qw",
+        "net.ipv4.conf.xf0.forwarding=1",
+        "net.ipv6.conf.xf0.forwarding=1",
+    ])?;
+    for b in backends {
+        if let Some(mac) = b.mac {
+            ns.ip(&[
+                "neigh",
+                "add",
+                &b.addr.to_string(),
+                "lladdr",
+                &mac_str(&mac),
+                "dev",
+                "xf0",
+                "nud",
+                "permanent",
+            ])?;
+        }
+    }
+    Ok(())
+}
+
+impl World {
+    /// Writes every backend as up, generation 0.
+    pub fn write_backends(&mut self) -> anyhow::Result<()> {
+        for b in self.backends.clone() {
+            self.set_backend_state(b.id, BACKEND_UP, 0)?;
+        }
+        Ok(())
+    }
+
+    pub fn backend(&self, id: u32) -> Backend {
+        *self
+            .backends
+            .iter()
+            .find(|b| b.id == id)
+            .expect("known backend id")
+    }
+
+    pub fn set_backend_state(&mut self, id: u32, state: u8, generation: u32) -> anyhow::Result<()> {
+        let b = self.backend(id);
+        self.dp.set_backend(
+            id,
+            &BackendInfo {
+                addr: addr16(b.addr),
+                generation,
+                state,
+                family: family(b.addr),
+                _pad: [0; 2],
+            },
+        )?;
+        Ok(())
+    }
+
+    pub fn set_globals(&mut self, hash_key: [u64; 2], udp_timeout_ns: u64) -> anyhow::Result<()> {
+        let g = Globals {
+            layout_version: lb_common::LAYOUT_VERSION,
+            ring_stride: self.dp.ring_stride(),
+            hash_key,
+            udp_timeout_ns,
+            encap_src_v4: addr16(LB_V4.parse().unwrap()),
+            encap_src_v6: addr16(LB_V6.parse().unwrap()),
+        };
+        self.dp.set_globals(&g)?;
+        Ok(())
+    }
+
+    /// Adds a VIP whose live table (half 0) is `table`.
+    #[expect(clippy::too_many_arguments, reason = "fixture tables read best with every field inline")]
+    pub fn add_vip(
+        &mut self,
+        vip_id: u32,
+        addr: &str,
+        port: u16,
+        proto: u8,
+        mode: u8,
+        down_policy: u8,
+        table: &[u32],
+    ) -> anyhow::Result<VipKey> {
+        let a: IpAddr = addr.parse()?;
+        let key = VipKey {
+            addr: addr16(a),
+            port: port.to_be(),
+            proto,
+            family: family(a),
+        };
+        let slots: Vec<(u32, u32)> = table
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| (i as u32, id))
+            .collect();
+        self.dp.write_ring(vip_id, 0, &slots)?;
+        self.dp.set_vip(
+            &key,
+            &VipInfo {
+                vip_id,
+                table_size: table.len() as u32,
+                active: 0,
+                mode,
+                down_policy,
+                _pad: [0; 2],
+            },
+        )?;
+        Ok(key)
+    }
+
+    /// Runs `prog` once on `frame`, arriving on `xf0`.
+    pub fn run(&mut self, prog: &'static str, frame: &[u8]) -> anyhow::Result<(u32, Vec<u8>)> {
+        let (verdict, out, _) = self.run_repeat(prog, frame, 1)?;
+        Ok((verdict, out))
+    }
+
+    /// Runs `prog` `repeat` times in one `BPF_PROG_TEST_RUN`; also returns
+    /// the kernel's mean time per run. The kernel reuses one buffer across
+    /// repeats, so from the second run on the program sees its own output.
+    pub fn run_repeat(
+        &mut self,
+        prog: &'static str,
+        frame: &[u8],
+        repeat: u32,
+    ) -> anyhow::Result<(u32, Vec<u8>, std::time::Duration)> {
+        let ifindex = self.ifindex;
+        let program = self.dp.program(prog)?;
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
+        // rx_queue_index, egress_ifindex. The kernel requires data_end to be
+        // the input length and data/data_meta 0 (net/bpf/test_run.c).
+        let md: [u32; 6] = [0, frame.len() as u32, 0, ifindex, 0, 0];
+        let ctx: Vec<u8> = md.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let mut out = vec![0u8; frame.len() + 256];
+        let res = program
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                repeat,
+                ..Default::default()
+            })
+            .with_context(|| format!("BPF_PROG_TEST_RUN of {prog}"))?;
+        out.truncate(res.data_size_out as usize);
+        Ok((res.return_value, out, res.duration))
+    }
+
+    pub fn stats(&self) -> anyhow::Result<HashMap<Stat, u64>> {
+        Ok(self.dp.stats()?)
+    }
+}
+
+/// Counter changes between two snapshots (only the non-zero ones).
+pub fn stat_delta(before: &HashMap<Stat, u64>, after: &HashMap<Stat, u64>) -> Vec<(Stat, u64)> {
+    let mut d: Vec<(Stat, u64)> = Stat::ALL
+        .iter()
+        .filter_map(|s| {
+            let delta = after.get(s).copied().unwrap_or(0) - before.get(s).copied().unwrap_or(0);
+            (delta != 0).then_some((*s, delta))
+        })
+        .collect();
+    d.sort();
+    d
+}

@@ -1,0 +1,231 @@
+//! A small packet builder for fixtures: written independently of the data
+//! plane, so expected bytes (outer headers, checksums) are computed twice.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use lb_common::{FAMILY_V4, FAMILY_V6, FlowKey, PROTO_TCP, PROTO_UDP};
+
+pub type Mac = [u8; 6];
+
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+pub const ETH_P_ARP: u16 = 0x0806;
+pub const ETH_P_8021Q: u16 = 0x8100;
+pub const ETH_P_8021AD: u16 = 0x88a8;
+
+pub const SYN: u8 = 0x02;
+pub const ACK: u8 = 0x10;
+pub const PSH: u8 = 0x08;
+
+/// A client → VIP 5-tuple.
+#[derive(Clone, Copy, Debug)]
+pub struct Flow {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+}
+
+impl Flow {
+    pub fn tcp(src: &str, sport: u16, dst: &str, dport: u16) -> Self {
+        Self {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            sport,
+            dport,
+            proto: PROTO_TCP,
+        }
+    }
+
+    pub fn udp(src: &str, sport: u16, dst: &str, dport: u16) -> Self {
+        Self {
+            proto: PROTO_UDP,
+            ..Self::tcp(src, sport, dst, dport)
+        }
+    }
+
+    /// The conntrack key / hash input the data plane builds for this flow.
+    pub fn key(&self) -> FlowKey {
+        FlowKey {
+            src: addr16(self.src),
+            dst: addr16(self.dst),
+            sport: self.sport.to_be(),
+            dport: self.dport.to_be(),
+            proto: self.proto,
+            family: family(self.dst),
+            _pad: [0; 2],
+        }
+    }
+
+    /// The L4 header (+ payload): TCP with `flags`, or UDP.
+    pub fn l4(&self, flags: u8, payload: &[u8]) -> Vec<u8> {
+        if self.proto == PROTO_TCP {
+            tcp(self.sport, self.dport, flags, 5, payload)
+        } else {
+            udp(self.sport, self.dport, payload)
+        }
+    }
+
+    /// The IP packet of this flow.
+    pub fn ip(&self, flags: u8, payload: &[u8]) -> Vec<u8> {
+        let l4 = self.l4(flags, payload);
+        ip(self.src, self.dst, self.proto, &l4)
+    }
+
+    /// The whole frame, optionally VLAN-tagged.
+    pub fn frame(
+        &self,
+        dst_mac: Mac,
+        src_mac: Mac,
+        vlan: Option<u16>,
+        flags: u8,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        eth(
+            dst_mac,
+            src_mac,
+            vlan,
+            ethertype(self.dst),
+            &self.ip(flags, payload),
+        )
+    }
+}
+
+pub fn family(a: IpAddr) -> u8 {
+    if a.is_ipv4() { FAMILY_V4 } else { FAMILY_V6 }
+}
+
+pub fn ethertype(a: IpAddr) -> u16 {
+    if a.is_ipv4() { ETH_P_IP } else { ETH_P_IPV6 }
+}
+
+/// An address as the maps store it (IPv4 in the first 4 bytes).
+pub fn addr16(a: IpAddr) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    match a {
+        IpAddr::V4(v4) => out[..4].copy_from_slice(&v4.octets()),
+        IpAddr::V6(v6) => out = v6.octets(),
+    }
+    out
+}
+
+pub fn eth(dst: Mac, src: Mac, vlan: Option<u16>, ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(18 + payload.len());
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    if let Some(id) = vlan {
+        f.extend_from_slice(&ETH_P_8021Q.to_be_bytes());
+        f.extend_from_slice(&(id & 0x0fff).to_be_bytes());
+    }
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// RFC 1071 checksum.
+pub fn csum(bytes: &[u8]) -> u16 {
+    let mut sum: u32 = bytes
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32)
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An IPv4 header (20 bytes, checksummed) followed by `payload`.
+pub fn ipv4(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    proto: u8,
+    tos: u8,
+    ttl: u8,
+    id: u16,
+    payload: &[u8],
+) -> Vec<u8> {
+    let len = (20 + payload.len()) as u16;
+    let mut h = vec![0x45, tos];
+    h.extend_from_slice(&len.to_be_bytes());
+    h.extend_from_slice(&id.to_be_bytes());
+    h.extend_from_slice(&[0, 0, ttl, proto, 0, 0]);
+    h.extend_from_slice(&src.octets());
+    h.extend_from_slice(&dst.octets());
+    let c = csum(&h);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    h.extend_from_slice(payload);
+    h
+}
+
+/// An IPv6 header followed by `payload`.
+pub fn ipv6(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    next: u8,
+    vcf: [u8; 4],
+    hop: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut h = vcf.to_vec();
+    h.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    h.extend_from_slice(&[next, hop]);
+    h.extend_from_slice(&src.octets());
+    h.extend_from_slice(&dst.octets());
+    h.extend_from_slice(payload);
+    h
+}
+
+/// A client packet: IPv4 (tos 0, ttl 64, id 1) or IPv6 (flow label 0x12345).
+pub fn ip(src: IpAddr, dst: IpAddr, proto: u8, payload: &[u8]) -> Vec<u8> {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => ipv4(s, d, proto, 0, 64, 1, payload),
+        (IpAddr::V6(s), IpAddr::V6(d)) => ipv6(s, d, proto, [0x60, 0x01, 0x23, 0x45], 64, payload),
+        _ => panic!("mixed address families"),
+    }
+}
+
+/// A TCP header with data offset `doff` (words; options zero-filled) + payload.
+/// The checksum is left zero: XDP does not verify it and the LB never changes it.
+pub fn tcp(sport: u16, dport: u16, flags: u8, doff: u8, payload: &[u8]) -> Vec<u8> {
+    let mut h = Vec::new();
+    h.extend_from_slice(&sport.to_be_bytes());
+    h.extend_from_slice(&dport.to_be_bytes());
+    h.extend_from_slice(&1000u32.to_be_bytes());
+    h.extend_from_slice(&(if flags & ACK != 0 { 2000u32 } else { 0 }).to_be_bytes());
+    h.push(doff << 4);
+    h.push(flags);
+    h.extend_from_slice(&65535u16.to_be_bytes());
+    h.extend_from_slice(&[0, 0, 0, 0]);
+    h.resize(h.len().max(doff as usize * 4), 0);
+    h.extend_from_slice(payload);
+    h
+}
+
+pub fn udp(sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let mut h = Vec::new();
+    h.extend_from_slice(&sport.to_be_bytes());
+    h.extend_from_slice(&dport.to_be_bytes());
+    h.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    h.extend_from_slice(&[0, 0]);
+    h.extend_from_slice(payload);
+    h
+}
+
+/// What `dsr-ipip` must send: an outer header to `backend` around `inner`
+/// (an IP packet). IPv4 outer: tos copied, id 0, no flags, TTL 64, proto 4.
+/// IPv6 outer: version/class/flow label copied, next header 41, hop limit 64.
+pub fn encap(outer_src: IpAddr, backend: IpAddr, inner: &[u8]) -> Vec<u8> {
+    match (outer_src, backend) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => ipv4(s, d, 4, inner[1], 64, 0, inner),
+        (IpAddr::V6(s), IpAddr::V6(d)) => ipv6(
+            s,
+            d,
+            41,
+            [inner[0], inner[1], inner[2], inner[3]],
+            64,
+            inner,
+        ),
+        _ => panic!("mixed address families"),
+    }
+}

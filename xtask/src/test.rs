@@ -1,0 +1,225 @@
+//! `cargo xtask test`: what CI runs. Formatting, clippy, then every test in
+//! the workspace against the real eBPF object.
+
+use std::{io, process::Stdio};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    setup,
+    util::{self, Root},
+};
+
+/// The crate built only for the BPF target, by `lb-user`'s build script.
+/// Host builds, clippy's workspace pass and `cargo test` leave it out: as a
+/// `no_std` host binary it does not compile ("unwinding panics are not
+/// supported without std") and its test harness does not link.
+pub const EBPF_CRATE: &str = "lb-ebpf";
+
+pub fn run(args: &[String]) -> Result<()> {
+    setup::ensure()?;
+    fmt()?;
+    clippy()?;
+    let counts = cargo_test(args)?;
+    println!("xtask test: formatting, clippy and tests passed");
+    println!("{}", counts.summary());
+    Ok(())
+}
+
+fn fmt() -> Result<()> {
+    util::run(util::cargo().args(["fmt", "--all", "--", "--check"])).context(
+        "formatting differs from rustfmt's (diff above): run `cargo fmt --all` and commit the result",
+    )
+}
+
+fn clippy() -> Result<()> {
+    // Two passes, as aya-template does: one workspace-wide pass would unify
+    // lb-common's features between the eBPF crate and the userspace crates,
+    // pulling `std` (through aya) into the `no_std` eBPF binary. This pass
+    // builds the eBPF object too (lb-user's build script), as a build would.
+    util::run(util::cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--exclude",
+        EBPF_CRATE,
+        "--",
+        "-D",
+        "warnings",
+    ]))
+    .context("clippy found problems in the workspace (see above)")?;
+    // The eBPF crate alone, for the target it is built for, so that clippy
+    // sees exactly the code the kernel gets (aya-template checks it for the
+    // host instead, with `-C panic=abort`). `-Z build-std=core` needs
+    // nightly, as the real build does; `core` is built once into
+    // target/bpfel-unknown-none and reused.
+    util::run(util::cargo().args([
+        "+nightly",
+        "clippy",
+        "--package",
+        EBPF_CRATE,
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+        "--",
+        "-D",
+        "warnings",
+    ]))
+    .with_context(|| format!("clippy found problems in {EBPF_CRATE} (see above)"))
+}
+
+fn cargo_test(args: &[String]) -> Result<TestCounts> {
+    let root = Root::obtain("running the tests (BPF programs, network namespaces)")?;
+    let mut cmd = util::cargo();
+    cmd.arg("test")
+        .args(root.cargo_runner_args())
+        .args(["--workspace", "--exclude", EBPF_CRATE])
+        .args(args);
+    let line = util::render(&cmd);
+    eprintln!("$ {line}");
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("could not start `{line}`"))?;
+    let stdout = child.stdout.take().context("child stdout was not piped")?;
+    let counts = tee_counting(stdout, io::stdout().lock())
+        .with_context(|| format!("reading the output of `{line}`"))?;
+    let status = child
+        .wait()
+        .with_context(|| format!("waiting for `{line}`"))?;
+    if !status.success() {
+        bail!("`{line}` failed ({status}); so far {}", counts.summary());
+    }
+    Ok(counts)
+}
+
+/// Copies `from` to `to` as it arrives (so a slow test shows its name while it
+/// runs) and adds up libtest's `test result:` lines.
+fn tee_counting(mut from: impl io::Read, mut to: impl io::Write) -> io::Result<TestCounts> {
+    let mut counts = TestCounts::default();
+    let mut buf = [0u8; 8192];
+    let mut line = Vec::new();
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        to.write_all(&buf[..n])?;
+        to.flush()?;
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                counts.add_line(&String::from_utf8_lossy(&line));
+                line.clear();
+            } else {
+                line.push(b);
+            }
+        }
+    }
+    counts.add_line(&String::from_utf8_lossy(&line));
+    Ok(counts)
+}
+
+/// Totals over every test binary and doc-test run.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct TestCounts {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl TestCounts {
+    /// Adds `line` if it is libtest's `test result: ok. 3 passed; 0 failed;
+    /// 1 ignored; 0 measured; 0 filtered out; finished in 0.01s`.
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(n) = n.parse::<u64>() else {
+                continue;
+            };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+
+    /// The closing line in the form test reports are read in.
+    fn summary(&self) -> String {
+        format!(
+            "tests: {} passed, {} failed, {} skipped",
+            self.passed, self.failed, self.ignored
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_line_cases() {
+        let cases = [
+            (
+                "passing binary",
+                "test result: ok. 12 passed; 0 failed; 2 ignored; 0 measured; 3 filtered out; finished in 0.31s",
+                TestCounts {
+                    passed: 12,
+                    failed: 0,
+                    ignored: 2,
+                },
+            ),
+            (
+                "failing binary",
+                "test result: FAILED. 4 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.00s",
+                TestCounts {
+                    passed: 4,
+                    failed: 1,
+                    ignored: 0,
+                },
+            ),
+            (
+                "test name line",
+                "test maglev::tests::spread ... ok",
+                TestCounts::default(),
+            ),
+            ("running line", "running 3 tests", TestCounts::default()),
+            ("empty", "", TestCounts::default()),
+        ];
+        for (name, line, want) in cases {
+            let mut counts = TestCounts::default();
+            counts.add_line(line);
+            assert_eq!(counts, want, "case {name}");
+        }
+    }
+
+    #[test]
+    fn tee_copies_everything_and_sums_binaries() {
+        let output = "running 2 tests\ntest a ... ok\ntest b ... ok\n\n\
+                      test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s\n\
+                      running 1 test\n\
+                      test result: FAILED. 0 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.00s";
+        let mut copy = Vec::new();
+        let counts = tee_counting(output.as_bytes(), &mut copy).unwrap();
+        assert_eq!(copy, output.as_bytes(), "output passed through unchanged");
+        assert_eq!(
+            counts,
+            TestCounts {
+                passed: 2,
+                failed: 1,
+                ignored: 1
+            }
+        );
+        assert_eq!(counts.summary(), "tests: 2 passed, 1 failed, 1 skipped");
+    }
+}
