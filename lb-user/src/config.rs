@@ -1391,9 +1391,11 @@ fn resolve_health(layers: &[(&HealthLayer, &str)], port: u16, p: &mut Problems<'
         timeout,
         rise: pick(layers, |l| &l.rise).0.unwrap_or(spec::defaults::RISE),
         fall: pick(layers, |l| &l.fall).0.unwrap_or(spec::defaults::FALL),
+        // Never slower than `interval`: a fast profile (interval 200ms) must
+        // not confirm a failure more slowly than its steady probing.
         fast_interval: pick(layers, |l| &l.fast_interval)
             .0
-            .unwrap_or(spec::defaults::FAST_INTERVAL),
+            .unwrap_or(spec::defaults::FAST_INTERVAL.min(interval)),
         down_interval: pick(layers, |l| &l.down_interval)
             .0
             .unwrap_or(spec::defaults::DOWN_INTERVAL),

@@ -1,1 +1,167 @@
-fn main() {}
+//! `xlb`: the daemon (`xlb run`), the decapsulator (`xlb decap`) and the
+//! operator commands that talk to a running daemon over its control socket.
+//! Parsing and rendering live in `lb_user::cli`; this file does the I/O.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, bail};
+use clap::Parser as _;
+use lb_user::cli::{self, Cli, Command};
+use lb_user::config::{self, Config};
+use lb_user::ctl::{self, Client, Request, Response};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xlb: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Color only for a terminal, and never when `NO_COLOR` is set (no-color.org).
+fn color() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let socket = cli.socket.as_path();
+    match &cli.command {
+        Command::Run { config } => lb_user::daemon::run(config.clone()).await,
+        Command::CheckConfig { file } => check_config(file),
+        Command::Detach { instance, config } => {
+            let instance = match (instance, config) {
+                (Some(name), _) => name.clone(),
+                (None, Some(path)) => {
+                    Config::from_file(path)
+                        .with_context(|| {
+                            format!("reading the instance name from {}", path.display())
+                        })?
+                        .daemon
+                        .instance
+                }
+                (None, None) => config::defaults::INSTANCE.to_owned(),
+            };
+            lb_user::daemon::detach(&instance)
+        }
+        Command::Decap {
+            interface,
+            addresses,
+        } => lb_user::decap::run(interface.clone(), addresses.clone()).await,
+        Command::XdpPass { interface } => lb_user::decap::run_pass(interface.clone()).await,
+        Command::Events {
+            follow: true, json, ..
+        } => {
+            let req = cli
+                .command
+                .request()
+                .context("events is a control request")?;
+            follow_events(socket, &req, *json).await
+        }
+        command => {
+            let req = command
+                .request()
+                .context("every other command is a control request")?;
+            let resp = ctl::request(socket, &req).await?;
+            print_response(command, resp)
+        }
+    }
+}
+
+fn check_config(file: &Path) -> anyhow::Result<()> {
+    match cli::check_config(file) {
+        Ok(report) => emit(&report),
+        Err(errors) => {
+            for problem in &errors.problems {
+                eprintln!("{problem}");
+            }
+            let n = errors.problems.len();
+            bail!(
+                "{}: {n} problem{} in the configuration",
+                file.display(),
+                if n == 1 { "" } else { "s" }
+            )
+        }
+    }
+}
+
+/// Prints the daemon's answer to `command` as text or JSON.
+fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
+    let json = matches!(
+        command,
+        Command::Status { json: true }
+            | Command::Events { json: true, .. }
+            | Command::Explain { json: true, .. }
+    );
+    let text = match resp {
+        Response::Error { message } => bail!("{message}"),
+        Response::Ok { message } => format!("{message}\n"),
+        Response::Status(r) if json => pretty(&r)?,
+        Response::Status(r) => cli::render_status(&r, ctl::now_unix_ms(), color()),
+        Response::Events(events) if json => pretty(&events)?,
+        Response::Events(events) => cli::render_events(&events, color()),
+        Response::Explain(r) if json => pretty(&r)?,
+        Response::Explain(r) => cli::render_explain(&r, color()),
+        Response::Event(e) => bail!(
+            "the daemon answered with a single event (seq {}) instead of a list",
+            e.seq
+        ),
+    };
+    emit(&text)
+}
+
+fn emit(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .context("writing to stdout")
+}
+
+fn pretty<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
+    let mut s = serde_json::to_string_pretty(value).context("encoding JSON")?;
+    s.push('\n');
+    Ok(s)
+}
+
+/// `xlb events --follow`: prints events as they come until the daemon
+/// closes the stream (or the user interrupts).
+async fn follow_events(socket: &Path, req: &Request, json: bool) -> anyhow::Result<()> {
+    let color = color();
+    let mut client = Client::connect(socket).await?;
+    client.send(req).await?;
+    loop {
+        let line = match client.recv().await? {
+            None => bail!("the daemon closed the event stream (it stopped or restarted)"),
+            Some(Response::Event(e)) if json => {
+                serde_json::to_string(&e).context("encoding JSON")?
+            }
+            Some(Response::Event(e)) => cli::render_event(&e, color),
+            Some(Response::Error { message }) => {
+                // E.g. events skipped because we fell behind: worth saying,
+                // not worth stopping for.
+                eprintln!("xlb: {message}");
+                continue;
+            }
+            Some(other) => bail!(
+                "unexpected answer in the event stream: {}",
+                other.to_line().trim_end()
+            ),
+        };
+        let mut out = std::io::stdout().lock();
+        // A closed pipe (`xlb events -f | head`) ends the command quietly.
+        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+            return Ok(());
+        }
+    }
+}

@@ -185,7 +185,10 @@ impl World {
     }
 
     /// Adds a VIP whose live table (half 0) is `table`.
-    #[expect(clippy::too_many_arguments, reason = "fixture tables read best with every field inline")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "fixture tables read best with every field inline"
+    )]
     pub fn add_vip(
         &mut self,
         vip_id: u32,

@@ -22,6 +22,11 @@ const BENCHES: &[Bench] = &[
         package: "xlb-tests",
         bin: "xlb-bench",
     },
+    // Health checking: hung-application detection time, probe CPU cost.
+    Bench {
+        package: "xlb-tests",
+        bin: "xlb-health-bench",
+    },
 ];
 
 /// Runs the benchmark called `only` (all when `None`) with `args` after `--`.

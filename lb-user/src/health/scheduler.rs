@@ -235,6 +235,7 @@ async fn run_backend(task: BackendTask) {
     let first = initial_delay(&spec, &mut rand::thread_rng());
     tokio::time::sleep(first).await;
     loop {
+        let started = tokio::time::Instant::now();
         let result = {
             // The semaphore is never closed; if it were, stop quietly.
             let Ok(_permit) = semaphore.acquire().await else {
@@ -261,9 +262,14 @@ async fn run_backend(task: BackendTask) {
         };
         // A dropped receiver is not a reason to stop: snapshots stay useful.
         let _ = tx.send(report).await;
-        // Measured from the end of the probe, so a backend that hangs until
-        // the timeout is never probed back to back.
-        tokio::time::sleep(delay).await;
+        // Periods run from the start of each probe, so detection takes
+        // fall × interval + timeout, not fall × (interval + timeout). A probe
+        // never overlaps the next: validation keeps timeout ≤ interval, and
+        // a probe that overran (waiting for a permit) is followed by at least
+        // a tenth of the period of rest, so a hung backend is never probed
+        // back to back.
+        let next = (started + delay).max(tokio::time::Instant::now() + delay / 10);
+        tokio::time::sleep_until(next).await;
     }
 }
 

@@ -1,0 +1,1189 @@
+//! The `xlb` command line: arguments (clap derive; the `///` comments are the
+//! help text) and the pure functions that turn protocol answers into what
+//! an operator reads. `main.rs` does the I/O.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, Config, ConfigErrors, Protocol};
+use crate::ctl::{BackendStatus, Event, ExplainReport, Request, StatusReport, VipStatus};
+
+/// xlb: an XDP layer-4 load balancer (Maglev hashing, direct server return).
+#[derive(Debug, Parser)]
+#[command(name = "xlb", version, propagate_version = true)]
+pub struct Cli {
+    /// Control socket of the daemon, for status, events, drain, enable,
+    /// explain and reload.
+    #[arg(
+        long,
+        global = true,
+        env = "XLB_SOCKET",
+        value_name = "PATH",
+        default_value = config::defaults::CONTROL_SOCKET
+    )]
+    pub socket: PathBuf,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, PartialEq, Subcommand)]
+pub enum Command {
+    /// Run the daemon.
+    ///
+    /// Attaches the load balancer to the configured interface, health-checks
+    /// backends, and serves the control socket and metrics. Stopping it leaves
+    /// the data plane forwarding with the last state (`xlb detach` removes it).
+    Run {
+        /// The configuration file.
+        #[arg(long, short, value_name = "FILE")]
+        config: PathBuf,
+    },
+    /// Check a configuration file.
+    ///
+    /// Prints every problem (and exits with 1), or a summary and any warnings.
+    CheckConfig {
+        /// The configuration file.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Show the daemon, its VIPs and their backends.
+    Status {
+        /// Print the daemon's report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show recent events: state changes, table rebuilds, drains, reloads.
+    Events {
+        /// Keep running and print each new event as it happens.
+        #[arg(long, short)]
+        follow: bool,
+        /// Only events after SEQ (the number of the last event you saw).
+        #[arg(long, value_name = "SEQ")]
+        since: Option<u64>,
+        /// Print events as JSON (with --follow, one object per line).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop sending new flows to a backend; established flows continue.
+    ///
+    /// Lasts until `xlb enable`, whatever health checks say.
+    Drain {
+        /// VIP name, as in the configuration.
+        vip: String,
+        /// Backend address: IP:PORT, [IPv6]:PORT, or just the IP.
+        backend: String,
+    },
+    /// Undo `xlb drain`: the backend takes new flows again once healthy.
+    Enable {
+        /// VIP name, as in the configuration.
+        vip: String,
+        /// Backend address: IP:PORT, [IPv6]:PORT, or just the IP.
+        backend: String,
+    },
+    /// Show which backend a flow goes to, and why.
+    Explain {
+        /// tcp or udp.
+        #[arg(value_parser = parse_protocol, value_name = "tcp|udp")]
+        protocol: Protocol,
+        /// The client's address and port, e.g. 192.0.2.10:51234.
+        #[arg(value_parser = parse_endpoint, value_name = "SRC_IP:PORT")]
+        client: SocketAddr,
+        /// The VIP's address and port, e.g. 10.100.0.1:80.
+        #[arg(value_parser = parse_endpoint, value_name = "VIP:PORT")]
+        vip: SocketAddr,
+        /// Print the daemon's report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-read the configuration file and apply the changes (as SIGHUP does).
+    Reload,
+    /// Remove the XDP program and pinned maps that `xlb run` left behind.
+    ///
+    /// Established flows stop being balanced at once. Stop `xlb run` first.
+    Detach {
+        /// Instance name (daemon.instance).
+        #[arg(long, value_name = "NAME", conflicts_with = "config")]
+        instance: Option<String>,
+        /// Take the instance name from this configuration file.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// On a backend: decapsulate dsr-ipip traffic in XDP.
+    ///
+    /// Strips the IPIP / IPv6-in-IPv6 header of packets to this host, so no
+    /// tunnel interface is needed. Runs until stopped.
+    Decap {
+        /// Interface that receives the encapsulated traffic.
+        #[arg(long, short, value_name = "IF")]
+        interface: String,
+        /// Outer destination to accept (repeatable); default: any address
+        /// of this host.
+        #[arg(long = "address", value_name = "ADDR")]
+        addresses: Vec<IpAddr>,
+    },
+    /// Attach an XDP program that passes every packet (for test labs).
+    ///
+    /// veth delivers frames that the other end sent with XDP_TX or a
+    /// redirect only if this end runs an XDP program. Runs until stopped.
+    #[command(name = "xdp-pass", hide = true)]
+    XdpPass {
+        /// Interface to attach to.
+        #[arg(long, short, value_name = "IF")]
+        interface: String,
+    },
+}
+
+impl Command {
+    /// The control request of a client command; `None` for commands that
+    /// do not talk to the daemon.
+    pub fn request(&self) -> Option<Request> {
+        Some(match self {
+            Command::Status { .. } => Request::Status,
+            Command::Events { follow, since, .. } => Request::Events {
+                since_seq: *since,
+                follow: *follow,
+            },
+            Command::Drain { vip, backend } => Request::Drain {
+                vip: vip.clone(),
+                backend: backend.clone(),
+            },
+            Command::Enable { vip, backend } => Request::Enable {
+                vip: vip.clone(),
+                backend: backend.clone(),
+            },
+            Command::Explain {
+                protocol,
+                client,
+                vip,
+                ..
+            } => Request::Explain {
+                protocol: *protocol,
+                client: *client,
+                vip: *vip,
+            },
+            Command::Reload => Request::Reload,
+            Command::Run { .. }
+            | Command::CheckConfig { .. }
+            | Command::Detach { .. }
+            | Command::Decap { .. }
+            | Command::XdpPass { .. } => return None,
+        })
+    }
+}
+
+/// `tcp` or `udp`, any case.
+pub fn parse_protocol(s: &str) -> Result<Protocol, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "tcp" => Ok(Protocol::Tcp),
+        "udp" => Ok(Protocol::Udp),
+        _ if s.contains(':') || s.parse::<IpAddr>().is_ok() => Err(
+            "the protocol comes first: xlb explain tcp|udp SRC_IP:PORT VIP:PORT, \
+             e.g. xlb explain tcp 192.0.2.10:51234 10.100.0.1:80"
+                .to_owned(),
+        ),
+        _ => Err("the protocol is tcp or udp".to_owned()),
+    }
+}
+
+/// `IP:PORT` or `[IPv6]:PORT`, with a message that says what is missing.
+pub fn parse_endpoint(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bare = s
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .unwrap_or(s);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Err(match ip {
+            IpAddr::V4(_) => format!("no port; write IP:PORT, e.g. {ip}:80"),
+            IpAddr::V6(_) => format!("no port; write [IPv6]:PORT, e.g. [{ip}]:80"),
+        });
+    }
+    if let Some((host, port)) = s.rsplit_once(':') {
+        let unbracketed = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+        let ip_ok = unbracketed.unwrap_or(host).parse::<IpAddr>();
+        match ip_ok {
+            Ok(IpAddr::V6(_)) if unbracketed.is_none() => {
+                return Err(format!("put an IPv6 address in brackets: [{host}]:{port}"));
+            }
+            Ok(_) if port.parse::<u16>().is_err() => {
+                return Err(format!("{port:?} is not a port; use 0 to 65535"));
+            }
+            Ok(_) => {}
+            Err(_) => {
+                return Err(format!(
+                    "{host:?} is not an IP address (names are not resolved); \
+                     write IP:PORT, e.g. 192.0.2.10:51234"
+                ));
+            }
+        }
+    }
+    Err("not an address and port; write IP:PORT or [IPv6]:PORT, e.g. 192.0.2.10:51234".to_owned())
+}
+
+/// `xlb check-config`: the report for a valid file, or every problem.
+pub fn check_config(path: &Path) -> Result<String, ConfigErrors> {
+    let config = Config::from_file(path)?;
+    let backends: usize = config.vips.iter().map(|v| v.backends.len()).sum();
+    let mut out = format!(
+        "{}: ok ({}, {})\n",
+        path.display(),
+        plural(config.vips.len(), "VIP"),
+        plural(backends, "backend")
+    );
+    for w in &config.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    Ok(out)
+}
+
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+/// ANSI styles, applied only when printing to a terminal.
+#[derive(Clone, Copy)]
+enum Style {
+    Bold,
+    Dim,
+    Red,
+    Green,
+    Yellow,
+}
+
+fn paint(text: &str, style: Style, color: bool) -> String {
+    if !color || text.is_empty() {
+        return text.to_owned();
+    }
+    let code = match style {
+        Style::Bold => "1",
+        Style::Dim => "2",
+        Style::Red => "31",
+        Style::Green => "32",
+        Style::Yellow => "33",
+    };
+    format!("\x1b[{code}m{text}\x1b[0m")
+}
+
+fn state_style(state: &str) -> Style {
+    match state {
+        "up" => Style::Green,
+        "down" => Style::Red,
+        "draining" => Style::Yellow,
+        _ => Style::Dim,
+    }
+}
+
+/// A table cell: its text and style. Widths count characters, so "µs" and
+/// "→" take one column each.
+struct Cell {
+    text: String,
+    style: Option<Style>,
+}
+
+impl Cell {
+    fn plain(text: impl Into<String>) -> Self {
+        Cell {
+            text: text.into(),
+            style: None,
+        }
+    }
+
+    fn styled(text: impl Into<String>, style: Style) -> Self {
+        Cell {
+            text: text.into(),
+            style: Some(style),
+        }
+    }
+}
+
+/// Lays out rows in columns two spaces apart, each line indented by
+/// `indent`; the last column is not padded.
+fn table(out: &mut String, indent: &str, rows: &[Vec<Cell>], color: bool) {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|cell| cell.text.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in rows {
+        let mut line = indent.to_owned();
+        for (c, cell) in row.iter().enumerate() {
+            let text = match cell.style {
+                Some(style) => paint(&cell.text, style, color),
+                None => cell.text.clone(),
+            };
+            line.push_str(&text);
+            if c + 1 < row.len() {
+                let pad = widths[c] - cell.text.chars().count() + 2;
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+}
+
+/// `xlb status`: the daemon line, nonzero drop counters, then each VIP with
+/// a table of its backends. `now_unix_ms` dates the FOR column.
+pub fn render_status(report: &StatusReport, now_unix_ms: u64, color: bool) -> String {
+    let mut out = String::new();
+    let ct = &report.conntrack;
+    let ct_pct = if ct.capacity > 0 {
+        ct.entries as f64 * 100.0 / ct.capacity as f64
+    } else {
+        0.0
+    };
+    let _ = write!(
+        out,
+        "{} on {} ({} XDP)  up {}  conntrack {}/{} ({ct_pct:.1}%)  config {}",
+        paint(
+            &format!("xlb instance {}", report.instance),
+            Style::Bold,
+            color
+        ),
+        report.interface,
+        report.xdp_mode,
+        span(now_unix_ms.saturating_sub(report.started_unix_ms)),
+        ct.entries,
+        ct.capacity,
+        report.config_path,
+    );
+    if report.adopted {
+        out.push_str(" (adopted pinned state)");
+    }
+    out.push('\n');
+    let drops: Vec<String> = report
+        .counters
+        .iter()
+        .filter(|&(k, &v)| v > 0 && (k.starts_with("drop_") || k == "aborted"))
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    if !drops.is_empty() {
+        let _ = writeln!(
+            out,
+            "{} {}",
+            paint("dropped:", Style::Red, color),
+            drops.join(", ")
+        );
+    }
+    if report.vips.is_empty() {
+        out.push_str("no VIPs configured: all traffic passes to the host\n");
+    }
+
+    // One table for all VIPs, so columns line up across them.
+    let mut rows = vec![
+        [
+            "BACKEND",
+            "STATE",
+            "FOR",
+            "LAST PROBE",
+            "OK/FAIL",
+            "NEW/S",
+            "PKT/S",
+        ]
+        .map(Cell::plain)
+        .into(),
+    ];
+    let mut vip_rows = Vec::new();
+    for vip in &report.vips {
+        vip_rows.push(rows.len());
+        rows.extend(vip.backends.iter().map(|b| backend_row(b, now_unix_ms)));
+    }
+    let mut body = String::new();
+    table(&mut body, "  ", &rows, color);
+    let lines: Vec<&str> = body.lines().collect();
+    for (i, vip) in report.vips.iter().enumerate() {
+        out.push('\n');
+        out.push_str(&vip_line(vip, color));
+        out.push('\n');
+        if vip.backends.is_empty() {
+            out.push_str("  no backends\n");
+            continue;
+        }
+        out.push_str(lines[0]);
+        out.push('\n');
+        for line in &lines[vip_rows[i]..vip_rows[i] + vip.backends.len()] {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn vip_line(vip: &VipStatus, color: bool) -> String {
+    let addr = match vip.address.parse::<IpAddr>() {
+        Ok(IpAddr::V6(_)) => format!("[{}]:{}", vip.address, vip.port),
+        _ => format!("{}:{}", vip.address, vip.port),
+    };
+    let up = format!("{}/{} up", vip.backends_up, vip.backends_total);
+    let up_style = if vip.backends_up == vip.backends_total && vip.backends_total > 0 {
+        Style::Green
+    } else if vip.backends_up == 0 {
+        Style::Red
+    } else {
+        Style::Yellow
+    };
+    let mut line = format!(
+        "{}  {addr}/{}  {}",
+        paint(&format!("VIP {}", vip.name), Style::Bold, color),
+        vip.protocol,
+        vip.mode,
+    );
+    if vip.down_policy != "rehash" {
+        let _ = write!(line, " (down_policy {})", vip.down_policy);
+    }
+    let _ = write!(
+        line,
+        "  {}  table {}  {} pkt/s  {} new/s",
+        paint(&up, up_style, color),
+        vip.table_size,
+        rate(vip.packets_per_sec),
+        rate(vip.new_flows_per_sec),
+    );
+    line
+}
+
+fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
+    let since = if b.since_unix_ms == 0 {
+        "-".to_owned()
+    } else {
+        span(now_unix_ms.saturating_sub(b.since_unix_ms))
+    };
+    let (mut probe, probe_style) = match &b.last_probe {
+        None => ("not probed yet".to_owned(), None),
+        Some(p) if p.ok => {
+            let status = p.status.map(|s| format!(" {s}")).unwrap_or_default();
+            (format!("ok{status} in {}", latency(p.latency_ms)), None)
+        }
+        Some(p) => (p.reason.clone(), Some(Style::Red)),
+    };
+    let mut notes = Vec::new();
+    if b.admin_drained {
+        notes.push("admin drain".to_owned());
+    }
+    if b.weight != 1 {
+        notes.push(format!("weight {}", b.weight));
+    }
+    if !notes.is_empty() {
+        let _ = write!(probe, "  ({})", notes.join(", "));
+    }
+    vec![
+        Cell::plain(b.address.clone()),
+        Cell::styled(b.state.clone(), state_style(&b.state)),
+        Cell::plain(since),
+        Cell {
+            text: probe,
+            style: probe_style,
+        },
+        Cell::plain(format!("{}/{}", b.consecutive_ok, b.consecutive_fail)),
+        Cell::plain(rate(b.new_flows_per_sec)),
+        Cell::plain(rate(b.packets_per_sec)),
+    ]
+}
+
+/// A duration for humans, two units at most: `35s`, `12m4s`, `3h2m`, `2d5h`.
+fn span(ms: u64) -> String {
+    let s = ms / 1000;
+    let (d, h, m, s) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    let two = |a: u64, ua: &str, b: u64, ub: &str| {
+        if b == 0 {
+            format!("{a}{ua}")
+        } else {
+            format!("{a}{ua}{b}{ub}")
+        }
+    };
+    if d > 0 {
+        two(d, "d", h, "h")
+    } else if h > 0 {
+        two(h, "h", m, "m")
+    } else if m > 0 {
+        two(m, "m", s, "s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// A probe latency: `850µs`, `1.2ms`, `35ms`, `1.5s`.
+fn latency(ms: f64) -> String {
+    if ms < 1.0 {
+        format!("{:.0}µs", ms * 1000.0)
+    } else if ms < 10.0 {
+        format!("{ms:.1}ms")
+    } else if ms < 1000.0 {
+        format!("{ms:.0}ms")
+    } else {
+        format!("{:.1}s", ms / 1000.0)
+    }
+}
+
+/// A rate: `0`, `0.4`, `35`, `1.2k`, `3.4M`.
+fn rate(r: f64) -> String {
+    if r <= 0.0 || !r.is_finite() {
+        "0".to_owned()
+    } else if r < 10.0 && r.fract() != 0.0 {
+        format!("{r:.1}")
+    } else if r < 1000.0 {
+        format!("{r:.0}")
+    } else if r < 1e6 {
+        format!("{:.1}k", r / 1e3)
+    } else if r < 1e9 {
+        format!("{:.1}M", r / 1e6)
+    } else {
+        format!("{:.1}G", r / 1e9)
+    }
+}
+
+/// `xlb events`: one line per event.
+pub fn render_events(events: &[Event], color: bool) -> String {
+    events.iter().fold(String::new(), |mut out, e| {
+        out.push_str(&render_event(e, color));
+        out.push('\n');
+        out
+    })
+}
+
+/// One event, e.g. `2026-11-30 00:12:03.120 transition api 10.99.0.12:80
+/// up→down: connected, no HTTP response within 1s (table rebuilt in 0.4 ms,
+/// 1312 slots changed)`.
+pub fn render_event(e: &Event, color: bool) -> String {
+    let mut line = format!(
+        "{} {}",
+        format_utc(e.at_unix_ms),
+        paint(&e.kind, Style::Bold, color)
+    );
+    for part in [&e.vip, &e.backend].into_iter().flatten() {
+        line.push(' ');
+        line.push_str(part);
+    }
+    match (&e.from, &e.to) {
+        (Some(from), Some(to)) => {
+            let _ = write!(
+                line,
+                " {}→{}",
+                paint(from, state_style(from), color),
+                paint(to, state_style(to), color)
+            );
+        }
+        (None, Some(to)) => {
+            let _ = write!(line, " →{}", paint(to, state_style(to), color));
+        }
+        _ => {}
+    }
+    if !e.reason.is_empty() {
+        let _ = write!(line, ": {}", e.reason);
+    }
+    let mut table = Vec::new();
+    if let Some(us) = e.table_build_us {
+        table.push(format!("table rebuilt in {:.1} ms", us as f64 / 1000.0));
+    }
+    if let Some(n) = e.table_slots_changed {
+        table.push(format!("{n} slots changed"));
+    }
+    if !table.is_empty() {
+        let _ = write!(line, " ({})", table.join(", "));
+    }
+    line
+}
+
+/// `xlb explain`.
+pub fn render_explain(r: &ExplainReport, color: bool) -> String {
+    let mut out = format!(
+        "{} {} → {} (vip {})\n",
+        r.protocol, r.client, r.vip, r.vip_name
+    );
+    let backend = match (&r.backend, &r.backend_state) {
+        (Some(b), Some(state)) => format!("{b} ({})", paint(state, state_style(state), color)),
+        (Some(b), None) => b.clone(),
+        (None, _) => paint("none: the packet is dropped", Style::Red, color),
+    };
+    let via = match (r.via.as_str(), r.slot) {
+        ("table", Some(slot)) => format!("table, slot {slot} of {}", r.table_size),
+        (via, Some(slot)) => format!("{via} (table slot {slot} of {})", r.table_size),
+        (via, None) => via.to_owned(),
+    };
+    let rows = vec![
+        vec![Cell::plain("backend"), Cell::plain(backend)],
+        vec![Cell::plain("via"), Cell::plain(via)],
+        vec![Cell::plain("flow hash"), Cell::plain(r.flow_hash.clone())],
+    ];
+    // Colored text is already in the cells; the table only pads.
+    table(&mut out, "  ", &rows, false);
+    let _ = writeln!(out, "  {}", r.detail);
+    out
+}
+
+/// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS.mmm`, UTC.
+pub fn format_utc(ms: u64) -> String {
+    let days = (ms / 86_400_000) as i64;
+    let rem = ms % 86_400_000;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
+}
+
+/// The proleptic Gregorian date of day `z` since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`, http://howardhinnant.github.io/date_algorithms.html).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ctl::tests::{SAMPLE_NOW_MS, sample_event, sample_report};
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("xlb").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn subcommands_parse() {
+        // Keep XLB_SOCKET from the environment out of the expectations.
+        let socket = |cli: &Cli| cli.socket.clone();
+        let cases: Vec<(&str, Vec<&str>, Command)> = vec![
+            (
+                "run",
+                vec!["run", "--config", "/etc/xlb.toml"],
+                Command::Run {
+                    config: "/etc/xlb.toml".into(),
+                },
+            ),
+            (
+                "run -c",
+                vec!["run", "-c", "x.toml"],
+                Command::Run {
+                    config: "x.toml".into(),
+                },
+            ),
+            (
+                "check-config",
+                vec!["check-config", "x.toml"],
+                Command::CheckConfig {
+                    file: "x.toml".into(),
+                },
+            ),
+            ("status", vec!["status"], Command::Status { json: false }),
+            (
+                "status --json",
+                vec!["status", "--json"],
+                Command::Status { json: true },
+            ),
+            (
+                "events",
+                vec!["events"],
+                Command::Events {
+                    follow: false,
+                    since: None,
+                    json: false,
+                },
+            ),
+            (
+                "events all flags",
+                vec!["events", "-f", "--since", "42", "--json"],
+                Command::Events {
+                    follow: true,
+                    since: Some(42),
+                    json: true,
+                },
+            ),
+            (
+                "drain",
+                vec!["drain", "api", "10.99.0.12:80"],
+                Command::Drain {
+                    vip: "api".into(),
+                    backend: "10.99.0.12:80".into(),
+                },
+            ),
+            (
+                "enable v6",
+                vec!["enable", "api", "[fd00::2]:80"],
+                Command::Enable {
+                    vip: "api".into(),
+                    backend: "[fd00::2]:80".into(),
+                },
+            ),
+            (
+                "explain",
+                vec!["explain", "tcp", "192.0.2.10:51234", "10.100.0.1:80"],
+                Command::Explain {
+                    protocol: Protocol::Tcp,
+                    client: "192.0.2.10:51234".parse().unwrap(),
+                    vip: "10.100.0.1:80".parse().unwrap(),
+                    json: false,
+                },
+            ),
+            (
+                "explain udp v6 json",
+                vec![
+                    "explain",
+                    "UDP",
+                    "[2001:db8::1]:5353",
+                    "[2001:db8::100]:53",
+                    "--json",
+                ],
+                Command::Explain {
+                    protocol: Protocol::Udp,
+                    client: "[2001:db8::1]:5353".parse().unwrap(),
+                    vip: "[2001:db8::100]:53".parse().unwrap(),
+                    json: true,
+                },
+            ),
+            ("reload", vec!["reload"], Command::Reload),
+            (
+                "detach",
+                vec!["detach"],
+                Command::Detach {
+                    instance: None,
+                    config: None,
+                },
+            ),
+            (
+                "detach instance",
+                vec!["detach", "--instance", "prod"],
+                Command::Detach {
+                    instance: Some("prod".into()),
+                    config: None,
+                },
+            ),
+            (
+                "detach config",
+                vec!["detach", "--config", "x.toml"],
+                Command::Detach {
+                    instance: None,
+                    config: Some("x.toml".into()),
+                },
+            ),
+            (
+                "decap",
+                vec![
+                    "decap",
+                    "--interface",
+                    "eth0",
+                    "--address",
+                    "10.0.0.5",
+                    "--address",
+                    "fd00::5",
+                ],
+                Command::Decap {
+                    interface: "eth0".into(),
+                    addresses: vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()],
+                },
+            ),
+            (
+                "decap no address",
+                vec!["decap", "-i", "eth1"],
+                Command::Decap {
+                    interface: "eth1".into(),
+                    addresses: vec![],
+                },
+            ),
+        ];
+        for (name, args, want) in cases {
+            let cli = parse(&args).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(cli.command, want, "{name}");
+            let _ = socket(&cli);
+        }
+    }
+
+    #[test]
+    fn socket_flag_is_global() {
+        let cli = parse(&["status", "--socket", "/tmp/x.sock"]).unwrap();
+        assert_eq!(cli.socket, PathBuf::from("/tmp/x.sock"));
+        let cli = parse(&["--socket", "/tmp/y.sock", "reload"]).unwrap();
+        assert_eq!(cli.socket, PathBuf::from("/tmp/y.sock"));
+        if std::env::var_os("XLB_SOCKET").is_none() {
+            assert_eq!(
+                parse(&["status"]).unwrap().socket,
+                PathBuf::from("/run/xlb/xlb.sock")
+            );
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_explained() {
+        let cases: &[(&str, &[&str], &str)] = &[
+            (
+                "protocol missing",
+                &["explain", "192.0.2.10:51234", "10.100.0.1:80"],
+                "the protocol comes first: xlb explain tcp|udp SRC_IP:PORT VIP:PORT",
+            ),
+            (
+                "unknown protocol",
+                &["explain", "sctp", "192.0.2.10:1", "10.0.0.1:80"],
+                "the protocol is tcp or udp",
+            ),
+            (
+                "client without port",
+                &["explain", "tcp", "192.0.2.10", "10.0.0.1:80"],
+                "no port; write IP:PORT, e.g. 192.0.2.10:80",
+            ),
+            (
+                "vip v6 without port",
+                &["explain", "tcp", "192.0.2.10:1", "[fd00::1]"],
+                "no port; write [IPv6]:PORT, e.g. [fd00::1]:80",
+            ),
+            (
+                "v6 without brackets",
+                &["explain", "tcp", "192.0.2.10:1", "fd00::1:99999"],
+                "put an IPv6 address in brackets: [fd00::1]:99999",
+            ),
+            (
+                "port out of range",
+                &["explain", "tcp", "192.0.2.10:70000", "10.0.0.1:80"],
+                "\"70000\" is not a port; use 0 to 65535",
+            ),
+            (
+                "host name",
+                &["explain", "tcp", "client.example:80", "10.0.0.1:80"],
+                "\"client.example\" is not an IP address (names are not resolved)",
+            ),
+            (
+                "garbage",
+                &["explain", "tcp", "nonsense", "10.0.0.1:80"],
+                "not an address and port",
+            ),
+            (
+                "missing vip",
+                &["explain", "tcp", "192.0.2.10:1"],
+                "VIP:PORT",
+            ),
+            ("drain without backend", &["drain", "api"], "<BACKEND>"),
+            (
+                "detach both",
+                &["detach", "--instance", "a", "--config", "b"],
+                "cannot be used with",
+            ),
+            (
+                "bad decap address",
+                &["decap", "-i", "eth0", "--address", "10.0.0.300"],
+                "invalid IP address syntax",
+            ),
+            (
+                "since not a number",
+                &["events", "--since", "last"],
+                "invalid digit",
+            ),
+            ("no command", &[], "Usage"),
+        ];
+        for (name, args, want) in cases {
+            let err = parse(args).expect_err(name).to_string();
+            assert!(err.contains(want), "{name}: {want:?} not in {err}");
+        }
+    }
+
+    #[test]
+    fn requests_of_commands() {
+        let cli = parse(&["events", "--since", "9", "-f"]).unwrap();
+        assert_eq!(
+            cli.command.request(),
+            Some(Request::Events {
+                since_seq: Some(9),
+                follow: true
+            })
+        );
+        let cli = parse(&["explain", "udp", "192.0.2.1:5", "10.0.0.1:53"]).unwrap();
+        assert_eq!(
+            cli.command.request(),
+            Some(Request::Explain {
+                protocol: Protocol::Udp,
+                client: "192.0.2.1:5".parse().unwrap(),
+                vip: "10.0.0.1:53".parse().unwrap(),
+            })
+        );
+        assert_eq!(
+            parse(&["check-config", "x"]).unwrap().command.request(),
+            None
+        );
+    }
+
+    #[test]
+    fn status_text() {
+        let text = render_status(&sample_report(), SAMPLE_NOW_MS, false);
+        let want = "\
+xlb instance default on eth0 (native XDP)  up 3h2m  conntrack 1234/1048576 (0.1%)  config /etc/xlb/xlb.toml (adopted pinned state)
+dropped: aborted 250, drop_bad_ihl 160, drop_bad_l4 200, drop_bad_length 170, drop_fragment 190, drop_ip_options 180, drop_no_backend 210, drop_no_headroom 240, drop_no_route 220, drop_too_big 230
+
+VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
+  BACKEND        STATE     FOR    LAST PROBE                                OK/FAIL  NEW/S  PKT/S
+  10.99.0.11:80  up        12m4s  ok 200 in 1.2ms                           41/0     12     400
+  10.99.0.12:80  down      35s    connected, no HTTP response within 1s     0/7      0      0
+  10.99.0.13:80  draining  2m     ok 200 in 900µs  (admin drain, weight 2)  60/0     0      834
+";
+        assert_eq!(text, want, "got:\n{text}");
+    }
+
+    #[test]
+    fn status_text_edge_cases() {
+        let mut report = sample_report();
+        report.counters.clear();
+        report.adopted = false;
+        let mut empty = report.vips[0].clone();
+        empty.name = "v6".to_owned();
+        empty.address = "2001:db8::100".to_owned();
+        empty.port = 53;
+        empty.protocol = "udp".to_owned();
+        empty.down_policy = "keep".to_owned();
+        empty.backends.clear();
+        empty.backends_up = 0;
+        empty.backends_total = 0;
+        empty.packets_per_sec = 0.4;
+        empty.new_flows_per_sec = 2_500_000.0;
+        report.vips.push(empty);
+        report.vips[0].backends[0].last_probe = None;
+        report.vips[0].backends[0].since_unix_ms = 0;
+        let text = render_status(&report, SAMPLE_NOW_MS, false);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(!lines[0].contains("adopted"), "{text}");
+        assert!(!text.contains("dropped:"), "{text}");
+        assert!(
+            lines.contains(&"VIP v6  [2001:db8::100]:53/udp  dsr-ipip (down_policy keep)  0/0 up  table 65537  0.4 pkt/s  2.5M new/s"),
+            "{text}"
+        );
+        assert!(lines.contains(&"  no backends"), "{text}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("  10.99.0.11:80  up        -    not probed yet   ")),
+            "{text}"
+        );
+        report.vips.clear();
+        let text = render_status(&report, SAMPLE_NOW_MS, false);
+        assert!(
+            text.ends_with("no VIPs configured: all traffic passes to the host\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn status_colors_only_when_asked() {
+        let plain = render_status(&sample_report(), SAMPLE_NOW_MS, false);
+        assert!(!plain.contains('\x1b'));
+        let colored = render_status(&sample_report(), SAMPLE_NOW_MS, true);
+        assert!(colored.contains("\x1b[32mup\x1b[0m"), "{colored}");
+        assert!(colored.contains("\x1b[31mdown\x1b[0m"), "{colored}");
+        assert!(colored.contains("\x1b[33mdraining\x1b[0m"), "{colored}");
+        assert!(colored.contains("\x1b[33m2/3 up\x1b[0m"), "{colored}");
+        // Stripping the codes gives the plain layout back.
+        let stripped = strip_ansi(&colored);
+        assert_eq!(stripped, plain);
+    }
+
+    fn strip_ansi(s: &str) -> String {
+        let mut out = String::new();
+        let mut chars = s.chars();
+        while let Some(c) = chars.next() {
+            if c == '\x1b' {
+                for c in chars.by_ref() {
+                    if c == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn events_text() {
+        let mut e = sample_event(1);
+        e.at_unix_ms = 1_796_000_000_000 + 3_120; // 2026-11-30 00:53:20.000 + 3.12 s
+        let mut table = sample_event(2);
+        table.kind = "table".to_owned();
+        table.backend = None;
+        table.from = None;
+        table.to = None;
+        table.reason = "1 of 3 backends up".to_owned();
+        table.table_build_us = Some(12_345);
+        let mut start = sample_event(3);
+        start.kind = "start".to_owned();
+        start.vip = None;
+        start.backend = None;
+        start.from = None;
+        start.to = None;
+        start.reason = "xlb started on eth0".to_owned();
+        start.table_build_us = None;
+        start.table_slots_changed = None;
+        let text = render_events(&[e, table, start], false);
+        assert_eq!(
+            text,
+            "2026-11-30 00:53:23.120 transition api 10.99.0.12:80 up→down: connected, no HTTP response within 1s (table rebuilt in 0.4 ms, 1312 slots changed)\n\
+             2026-11-30 00:53:20.002 table api: 1 of 3 backends up (table rebuilt in 12.3 ms, 1312 slots changed)\n\
+             2026-11-30 00:53:20.003 start: xlb started on eth0\n"
+        );
+        assert_eq!(render_events(&[], false), "");
+        let colored = render_event(&sample_event(1), true);
+        assert!(
+            colored.contains("\x1b[32mup\x1b[0m→\x1b[31mdown\x1b[0m"),
+            "{colored}"
+        );
+    }
+
+    #[test]
+    fn explain_text() {
+        let r = ExplainReport {
+            protocol: "tcp".to_owned(),
+            client: "192.0.2.10:51234".to_owned(),
+            vip: "10.100.0.1:80".to_owned(),
+            vip_name: "api".to_owned(),
+            backend: Some("10.99.0.11:80".to_owned()),
+            via: "table".to_owned(),
+            slot: Some(4242),
+            table_size: 65537,
+            flow_hash: "0123456789abcdef".to_owned(),
+            backend_state: Some("up".to_owned()),
+            detail: "new flow: flow hash 0123456789abcdef mod 65537 = slot 4242, which holds 10.99.0.11:80".to_owned(),
+        };
+        assert_eq!(
+            render_explain(&r, false),
+            "tcp 192.0.2.10:51234 → 10.100.0.1:80 (vip api)\n\
+             \x20 backend    10.99.0.11:80 (up)\n\
+             \x20 via        table, slot 4242 of 65537\n\
+             \x20 flow hash  0123456789abcdef\n\
+             \x20 new flow: flow hash 0123456789abcdef mod 65537 = slot 4242, which holds 10.99.0.11:80\n"
+        );
+        let ct = ExplainReport {
+            via: "conntrack".to_owned(),
+            ..r.clone()
+        };
+        assert!(
+            render_explain(&ct, false)
+                .contains("  via        conntrack (table slot 4242 of 65537)\n")
+        );
+        let none = ExplainReport {
+            backend: None,
+            backend_state: None,
+            via: "none".to_owned(),
+            ..r
+        };
+        assert!(
+            render_explain(&none, false).contains("  backend    none: the packet is dropped\n")
+        );
+    }
+
+    #[test]
+    fn utc_dates() {
+        let cases = [
+            ("epoch", 0, "1970-01-01 00:00:00.000"),
+            ("leap day", 951_782_400_000 + 1, "2000-02-29 00:00:00.001"),
+            (
+                "end of a leap year",
+                1_735_603_199_999,
+                "2024-12-30 23:59:59.999",
+            ),
+            ("2038", 2_147_483_647_000, "2038-01-19 03:14:07.000"),
+            ("sample", 1_796_000_000_000, "2026-11-30 00:53:20.000"),
+            ("far future", 32_503_680_000_000, "3000-01-01 00:00:00.000"),
+        ];
+        for (name, ms, want) in cases {
+            assert_eq!(format_utc(ms), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn human_numbers() {
+        let spans = [
+            (0, "0s"),
+            (35_000, "35s"),
+            (120_000, "2m"),
+            (724_000, "12m4s"),
+            (3_600_000 * 3 + 120_000, "3h2m"),
+            (86_400_000 * 2 + 3_600_000 * 5 + 59_000, "2d5h"),
+        ];
+        for (ms, want) in spans {
+            assert_eq!(span(ms), want, "{ms}");
+        }
+        let rates = [
+            (0.0, "0"),
+            (-1.0, "0"),
+            (f64::NAN, "0"),
+            (0.4, "0.4"),
+            (3.0, "3"),
+            (35.2, "35"),
+            (999.0, "999"),
+            (1234.0, "1.2k"),
+            (3_400_000.0, "3.4M"),
+            (5e9, "5.0G"),
+        ];
+        for (r, want) in rates {
+            assert_eq!(rate(r), want, "{r}");
+        }
+        let latencies = [
+            (0.9, "900µs"),
+            (1.2, "1.2ms"),
+            (35.4, "35ms"),
+            (1500.0, "1.5s"),
+        ];
+        for (ms, want) in latencies {
+            assert_eq!(latency(ms), want, "{ms}");
+        }
+    }
+
+    #[test]
+    fn check_config_reports() {
+        let dir = std::env::temp_dir().join(format!("xlb-cli-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.toml");
+        std::fs::write(
+            &good,
+            "[daemon]\ninterface = \"eth0\"\n\
+             [[vip]]\nname = \"api\"\naddress = \"10.100.0.1\"\nport = 80\n\
+             [[vip.backend]]\naddress = \"10.99.0.11\"\n[[vip.backend]]\naddress = \"10.99.0.12\"\n\
+             [[vip]]\nname = \"empty\"\naddress = \"10.100.0.2\"\nport = 80\n",
+        )
+        .unwrap();
+        assert_eq!(
+            check_config(&good).unwrap(),
+            format!(
+                "{}: ok (2 VIPs, 2 backends)\nwarning: {}: vip \"empty\" has no backends; it will drop new flows until backends are added\n",
+                good.display(),
+                good.display()
+            )
+        );
+        let bad = dir.join("bad.toml");
+        std::fs::write(
+            &bad,
+            "[daemon]\ninterface = \"eth0\"\n[[vip]]\nname = \"api\"\naddress = \"10.100.0.1\"\nport = 80\ntable_size = 10\n\
+             [[vip.backend]]\naddress = \"10.99.0.11\"\n",
+        )
+        .unwrap();
+        let err = check_config(&bad).unwrap_err();
+        assert_eq!(
+            err.problems,
+            [format!(
+                "{}: vip \"api\": table_size 10 is not prime; use a prime such as 11",
+                bad.display()
+            )]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

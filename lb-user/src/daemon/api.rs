@@ -1,0 +1,913 @@
+//! The running daemon: the main loop, health reports, admin commands,
+//! reload, and the views served over the control socket and metrics.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Context as _;
+use lb_common::{CtEntry, FlowKey, Stat, TrafficStats};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tracing::{error, info, warn};
+
+use super::{
+    model::{self, Backend, Ids, Rebuild, Vip},
+    persist::{self, Saved},
+};
+use crate::{
+    config::{Config, Protocol},
+    ctl::{
+        self, BackendStatus, Event, ExplainReport, ProbeStatus, Request, Response, StatusReport,
+        VipStatus,
+    },
+    dataplane::Dataplane,
+    health::{
+        machine::HealthState,
+        scheduler::{Report, Scheduler},
+    },
+    metrics::{self, LatencyHistogram, MetricsExtra},
+};
+
+/// Events kept for `xlb events`.
+const EVENT_LOG: usize = 1000;
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Converts a monotonic instant to wall-clock milliseconds.
+fn instant_ms(t: Instant) -> u64 {
+    let now = Instant::now();
+    let wall = SystemTime::now();
+    let wall = if t <= now {
+        wall - (now - t)
+    } else {
+        wall + (t - now)
+    };
+    unix_ms(wall)
+}
+
+#[derive(Default, Clone, Copy)]
+struct Rate {
+    last: TrafficStats,
+    pps: f64,
+    nfps: f64,
+}
+
+impl Rate {
+    fn update(&mut self, now: TrafficStats, secs: f64) {
+        if secs > 0.0 {
+            self.pps = now.packets.saturating_sub(self.last.packets) as f64 / secs;
+            self.nfps = now.new_flows.saturating_sub(self.last.new_flows) as f64 / secs;
+        }
+        self.last = now;
+    }
+}
+
+type Call = (Request, oneshot::Sender<Response>);
+
+/// The daemon state, owned by the main loop.
+pub struct Daemon {
+    config_path: PathBuf,
+    cfg: Config,
+    dp: Dataplane,
+    ids: Ids,
+    vips: Vec<Vip>,
+    sched: Option<Scheduler>,
+    reports: Option<mpsc::Receiver<Report>>,
+    events: VecDeque<Event>,
+    next_seq: u64,
+    events_tx: broadcast::Sender<Event>,
+    started: SystemTime,
+    adopted: bool,
+    link_id: u32,
+    vip_rates: HashMap<u32, Rate>,
+    be_rates: HashMap<u32, Rate>,
+    last_sample: Instant,
+    histograms: HashMap<u32, LatencyHistogram>,
+    transitions: HashMap<u32, u64>,
+    /// What the metrics endpoint serves, refreshed every tick.
+    published: Arc<Mutex<(StatusReport, MetricsExtra)>>,
+}
+
+impl Daemon {
+    /// Builds the model, adopting ids, states and tables from a previous run.
+    pub fn new(
+        config_path: PathBuf,
+        cfg: Config,
+        mut dp: Dataplane,
+        saved: Option<Saved>,
+    ) -> anyhow::Result<Self> {
+        let saved = saved.filter(|s| s.layout_version == lb_common::LAYOUT_VERSION);
+        let mut ids = Ids::default();
+        let mut vips = Vec::new();
+        let mut adopted = false;
+        for vcfg in cfg.vips.clone() {
+            let (vip, a) = model::adopt_or_create_vip(&mut dp, &mut ids, vcfg, saved.as_ref())?;
+            adopted |= a;
+            vips.push(vip);
+        }
+        // Pinned entries of VIPs no longer configured: remove them.
+        let keep: Vec<_> = vips.iter().map(|v| v.key).collect();
+        for (key, _) in dp.vip_entries()? {
+            if !keep.contains(&key) {
+                dp.remove_vip(&key)?;
+            }
+        }
+        let events_tx = broadcast::channel(256).0;
+        let mut d = Self {
+            config_path,
+            cfg,
+            dp,
+            ids,
+            vips,
+            sched: None,
+            reports: None,
+            events: VecDeque::new(),
+            next_seq: 1,
+            events_tx,
+            started: SystemTime::now(),
+            adopted,
+            link_id: 0,
+            vip_rates: HashMap::new(),
+            be_rates: HashMap::new(),
+            last_sample: Instant::now(),
+            histograms: HashMap::new(),
+            transitions: HashMap::new(),
+            published: Arc::new(Mutex::new((
+                StatusReport::default(),
+                MetricsExtra::default(),
+            ))),
+        };
+        for vi in 0..d.vips.len() {
+            d.install(vi)?;
+        }
+        Ok(d)
+    }
+
+    /// Writes VIP `vi`'s entries and makes its wanted table live.
+    fn install(&mut self, vi: usize) -> anyhow::Result<Option<Rebuild>> {
+        let vip = &mut self.vips[vi];
+        // A VIP whose live half is unknown gets its table before its entry:
+        // the entry then points at a complete table.
+        let r = if vip.halves[vip.active as usize & 1].is_none() {
+            let want = vip.wanted_table();
+            let writes: Vec<(u32, u32)> = want
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| (i as u32, id))
+                .collect();
+            let t = Instant::now();
+            self.dp.write_ring(vip.id, vip.active, &writes)?;
+            vip.halves[vip.active as usize & 1] = Some(want);
+            model::install_vip(&mut self.dp, vip)?;
+            Some(Rebuild {
+                took: t.elapsed(),
+                slots_changed: writes.len() as u32,
+            })
+        } else {
+            model::install_vip(&mut self.dp, vip)?;
+            model::rebuild(&mut self.dp, vip)?
+        };
+        model::warn_if_empty(vip);
+        Ok(r)
+    }
+
+    /// Records an event for `xlb events` and its followers.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site per event kind, each reads best flat"
+    )]
+    fn event(
+        &mut self,
+        kind: &str,
+        vip: Option<&str>,
+        backend: Option<String>,
+        from: Option<&str>,
+        to: Option<&str>,
+        reason: String,
+        r: Option<Rebuild>,
+    ) {
+        let ev = Event {
+            seq: self.next_seq,
+            at_unix_ms: unix_ms(SystemTime::now()),
+            kind: kind.to_string(),
+            vip: vip.map(str::to_string),
+            backend,
+            from: from.map(str::to_string),
+            to: to.map(str::to_string),
+            reason,
+            table_build_us: r.map(|r| r.took.as_micros() as u64),
+            table_slots_changed: r.map(|r| r.slots_changed),
+        };
+        self.next_seq += 1;
+        if self.events.len() == EVENT_LOG {
+            self.events.pop_front();
+        }
+        self.events.push_back(ev.clone());
+        let _ = self.events_tx.send(ev);
+    }
+
+    fn save(&self) {
+        let path = persist::state_path(&self.cfg.daemon.instance);
+        if let Err(e) = model::to_saved(&self.vips).store(&path) {
+            warn!("{e:#}");
+        }
+    }
+
+    /// Starts probing every backend; adopted states stand until probes say otherwise.
+    fn start_probes(&mut self) {
+        let (mut sched, rx) = Scheduler::new(self.cfg.daemon.probe_concurrency as usize);
+        for v in &self.vips {
+            for b in &v.backends {
+                let mut spec = b.cfg.health.clone();
+                spec.port = b.cfg.health.port;
+                sched.upsert(b.id as u64, b.cfg.socket_addr(), spec, b.health);
+                if b.admin_drained {
+                    sched.set_admin_drained(b.id as u64, true);
+                }
+            }
+        }
+        self.sched = Some(sched);
+        self.reports = Some(rx);
+    }
+
+    /// Applies a probe report: a health transition rewrites the backend state
+    /// and, if table membership changed, the VIP's table.
+    fn on_report(&mut self, r: Report) -> anyhow::Result<()> {
+        let id = r.id as u32;
+        let Some(&(vi, bi)) = model::backend_index(&self.vips).get(&id) else {
+            return Ok(()); // removed while its probe ran
+        };
+        self.histograms
+            .entry(id)
+            .or_default()
+            .observe(r.result.latency);
+        {
+            let b = &mut self.vips[vi].backends[bi];
+            b.snapshot = Some(r.snapshot.clone());
+        }
+        let Some(t) = r.transition else { return Ok(()) };
+        *self.transitions.entry(id).or_default() += 1;
+        let from = self.vips[vi].backends[bi].state_name();
+        {
+            let b = &mut self.vips[vi].backends[bi];
+            b.health = t.to;
+            b.since = Instant::now();
+            let info = b.info();
+            self.dp.set_backend(id, &info)?;
+        }
+        let rebuild = model::rebuild(&mut self.dp, &mut self.vips[vi])?;
+        let vip = &self.vips[vi];
+        let b = &vip.backends[bi];
+        model::log_transition(&vip.cfg.name, b, from, &t.reason, rebuild);
+        model::warn_if_empty(vip);
+        let (name, addr, to) = (
+            vip.cfg.name.clone(),
+            b.cfg.socket_addr().to_string(),
+            b.state_name(),
+        );
+        self.event(
+            "transition",
+            Some(&name),
+            Some(addr),
+            Some(from),
+            Some(to),
+            t.reason,
+            rebuild,
+        );
+        self.save();
+        Ok(())
+    }
+
+    fn set_drain(&mut self, vip: &str, backend: &str, drained: bool) -> anyhow::Result<String> {
+        let (vi, bi) = model::find_backend(&mut self.vips, vip, backend)?;
+        let b = &mut self.vips[vi].backends[bi];
+        if b.admin_drained == drained {
+            return Ok(format!(
+                "{} of vip {vip:?} is already {}",
+                b.cfg.socket_addr(),
+                if drained { "draining" } else { "enabled" }
+            ));
+        }
+        let from = b.state_name();
+        b.admin_drained = drained;
+        b.since = Instant::now();
+        let (id, info) = (b.id, b.info());
+        self.dp.set_backend(id, &info)?;
+        if let Some(s) = self.sched.as_mut() {
+            s.set_admin_drained(id as u64, drained);
+        }
+        let rebuild = model::rebuild(&mut self.dp, &mut self.vips[vi])?;
+        let v = &self.vips[vi];
+        let b = &v.backends[bi];
+        let reason = if drained {
+            "admin drain"
+        } else {
+            "admin enable"
+        };
+        model::log_transition(&v.cfg.name, b, from, reason, rebuild);
+        let (name, addr, to) = (
+            v.cfg.name.clone(),
+            b.cfg.socket_addr().to_string(),
+            b.state_name(),
+        );
+        self.event(
+            "admin",
+            Some(&name),
+            Some(addr.clone()),
+            Some(from),
+            Some(to),
+            reason.to_string(),
+            rebuild,
+        );
+        self.save();
+        Ok(format!("{addr} of vip {name:?}: {from} -> {to}"))
+    }
+
+    /// Re-reads the configuration and applies only what changed. An
+    /// unchanged VIP is not touched at all: same table, same flows.
+    pub fn reload(&mut self) -> anyhow::Result<String> {
+        let new = Config::from_file(&self.config_path).map_err(|e| {
+            anyhow::anyhow!("{e}\nconfiguration rejected: still running the previous one")
+        })?;
+        for w in &new.warnings {
+            warn!("{w}");
+        }
+        let mut notes = Vec::new();
+        let old_d = &self.cfg.daemon;
+        let new_d = &new.daemon;
+        for (what, changed) in [
+            ("interface", old_d.interface != new_d.interface),
+            ("instance", old_d.instance != new_d.instance),
+            (
+                "conntrack_size",
+                old_d.conntrack_size != new_d.conntrack_size,
+            ),
+            (
+                "max_table_size",
+                old_d.max_table_size != new_d.max_table_size,
+            ),
+            ("xdp_mode", old_d.xdp_mode != new_d.xdp_mode),
+            (
+                "control_socket",
+                old_d.control_socket != new_d.control_socket,
+            ),
+            (
+                "metrics_address",
+                old_d.metrics_address != new_d.metrics_address,
+            ),
+        ] {
+            if changed {
+                notes.push(format!(
+                    "daemon.{what} changed: takes effect at the next restart"
+                ));
+            }
+        }
+        if old_d.udp_timeout != new_d.udp_timeout
+            || old_d.hash_seed != new_d.hash_seed
+            || old_d.encap_source_v4 != new_d.encap_source_v4
+            || old_d.encap_source_v6 != new_d.encap_source_v6
+        {
+            let mut d = new_d.clone();
+            d.interface = old_d.interface.clone();
+            super::write_globals(&mut self.dp, &d)?;
+            notes.push("daemon settings updated".to_string());
+        }
+        let (mut added, mut changed, mut removed) = (0, 0, 0);
+        // Removed VIPs.
+        let mut i = 0;
+        while i < self.vips.len() {
+            if new.vip(&self.vips[i].cfg.name).is_none() {
+                let v = self.vips.remove(i);
+                if let Some(s) = self.sched.as_mut() {
+                    for b in &v.backends {
+                        s.remove(b.id as u64);
+                    }
+                }
+                model::remove_vip(&mut self.dp, &mut self.ids, &v)?;
+                info!(vip = %v.cfg.name, "vip removed");
+                removed += 1;
+            } else {
+                i += 1;
+            }
+        }
+        for ncfg in new.vips.iter().cloned() {
+            match self.vips.iter().position(|v| v.cfg.name == ncfg.name) {
+                Some(vi) if self.vips[vi].cfg == ncfg => {} // untouched
+                Some(vi) => {
+                    self.change_vip(vi, ncfg)?;
+                    changed += 1;
+                }
+                None => {
+                    let (vip, _) =
+                        model::adopt_or_create_vip(&mut self.dp, &mut self.ids, ncfg, None)?;
+                    self.vips.push(vip);
+                    let vi = self.vips.len() - 1;
+                    if let Some(s) = self.sched.as_mut() {
+                        for b in &self.vips[vi].backends {
+                            s.upsert(
+                                b.id as u64,
+                                b.cfg.socket_addr(),
+                                b.cfg.health.clone(),
+                                b.health,
+                            );
+                        }
+                    }
+                    self.install(vi)?;
+                    info!(vip = %self.vips[vi].cfg.name, "vip added");
+                    added += 1;
+                }
+            }
+        }
+        // Keep file order.
+        let order: Vec<String> = new.vips.iter().map(|v| v.name.clone()).collect();
+        self.vips
+            .sort_by_key(|v| order.iter().position(|n| *n == v.cfg.name));
+        self.cfg = new;
+        self.save();
+        let summary = format!(
+            "reloaded: {added} VIPs added, {changed} changed, {removed} removed, {} unchanged",
+            self.vips.len() - added - changed
+        );
+        self.event("reload", None, None, None, None, summary.clone(), None);
+        notes.insert(0, summary);
+        Ok(notes.join("\n"))
+    }
+
+    /// Applies a changed VIP configuration: backends kept where address and
+    /// port are the same (with their health), others added or retired.
+    fn change_vip(&mut self, vi: usize, ncfg: crate::config::VipConfig) -> anyhow::Result<()> {
+        let old_key = self.vips[vi].key;
+        let new_key = model::vip_key(&ncfg);
+        if old_key != new_key {
+            self.dp.remove_vip(&old_key)?;
+        }
+        let mut old_backends = std::mem::take(&mut self.vips[vi].backends);
+        let mut backends = Vec::new();
+        for bcfg in ncfg.backends.iter().cloned() {
+            if let Some(pos) = old_backends
+                .iter()
+                .position(|b| b.cfg.socket_addr() == bcfg.socket_addr())
+            {
+                let mut b = old_backends.remove(pos);
+                if b.cfg.health != bcfg.health
+                    && let Some(s) = self.sched.as_mut()
+                {
+                    s.upsert(
+                        b.id as u64,
+                        bcfg.socket_addr(),
+                        bcfg.health.clone(),
+                        b.health,
+                    );
+                }
+                b.cfg = bcfg;
+                backends.push(b);
+            } else {
+                let b = model::new_backend(&mut self.dp, &mut self.ids, bcfg)?;
+                if let Some(s) = self.sched.as_mut() {
+                    s.upsert(
+                        b.id as u64,
+                        b.cfg.socket_addr(),
+                        b.cfg.health.clone(),
+                        b.health,
+                    );
+                }
+                backends.push(b);
+            }
+        }
+        for b in old_backends {
+            if let Some(s) = self.sched.as_mut() {
+                s.remove(b.id as u64);
+            }
+            model::retire_backend(&mut self.dp, &mut self.ids, &b)?;
+        }
+        let vip = &mut self.vips[vi];
+        if vip.cfg.table_size != ncfg.table_size {
+            vip.halves = [None, None];
+        }
+        vip.key = new_key;
+        vip.cfg = ncfg;
+        vip.backends = backends;
+        for b in &vip.backends {
+            self.dp.set_backend(b.id, &b.info())?;
+        }
+        let r = self.install(vi)?;
+        info!(vip = %self.vips[vi].cfg.name, rebuilt = r.is_some(), "vip changed");
+        Ok(())
+    }
+
+    /// `xlb explain`: which backend the data plane would choose, and why.
+    fn explain(
+        &self,
+        protocol: &str,
+        client: SocketAddr,
+        vipaddr: SocketAddr,
+    ) -> anyhow::Result<ExplainReport> {
+        let proto = match protocol {
+            "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            other => anyhow::bail!("protocol {other:?}: use tcp or udp"),
+        };
+        if client.is_ipv4() != vipaddr.is_ipv4() {
+            anyhow::bail!("client {client} and VIP {vipaddr} are of different address families");
+        }
+        let vip = self
+            .vips
+            .iter()
+            .find(|v| {
+                v.cfg.addr == vipaddr.ip()
+                    && v.cfg.port == vipaddr.port()
+                    && v.cfg.protocol == proto
+            })
+            .with_context(|| format!("no VIP serves {vipaddr}/{protocol}"))?;
+        let flow = FlowKey {
+            src: model::addr16(client.ip()),
+            dst: model::addr16(vipaddr.ip()),
+            sport: client.port().to_be(),
+            dport: vipaddr.port().to_be(),
+            proto: proto.as_raw(),
+            family: model::family(client.ip()),
+            _pad: [0; 2],
+        };
+        let g = self.dp.globals()?;
+        let hash = lb_common::flow_hash(&g.hash_key, &flow);
+        let slot = flow.slot(&g.hash_key, vip.cfg.table_size);
+        let by_id = |id: u32| vip.backends.iter().find(|b| b.id == id);
+        let ct: Option<CtEntry> = self.dp.ct_get(&flow)?;
+        let mut report = ExplainReport {
+            protocol: protocol.to_string(),
+            client: client.to_string(),
+            vip: vipaddr.to_string(),
+            vip_name: vip.cfg.name.clone(),
+            backend: None,
+            via: "none".to_string(),
+            slot: Some(slot),
+            table_size: vip.cfg.table_size,
+            flow_hash: format!("{hash:016x}"),
+            backend_state: None,
+            detail: String::new(),
+        };
+        if let Some(e) = ct {
+            let live = self.dp.backend(e.backend_id)?;
+            if let Some(b) = by_id(e.backend_id)
+                && live.generation == e.generation
+                && e.vip_id == vip.id
+                && (b.dp_state() != lb_common::BACKEND_DOWN
+                    || vip.cfg.down_policy == crate::config::DownPolicy::Keep)
+            {
+                report.backend = Some(b.cfg.socket_addr().to_string());
+                report.via = "conntrack".into();
+                report.backend_state = Some(b.state_name().into());
+                report.detail = format!(
+                    "established flow: its conntrack entry holds {} ({}); a SYN would instead take table slot {slot}",
+                    b.cfg.socket_addr(),
+                    b.state_name()
+                );
+                return Ok(report);
+            }
+            report.detail = "its conntrack entry is stale (backend replaced, down with policy rehash, or expired); ".into();
+        }
+        let table = vip.halves[vip.active as usize & 1]
+            .as_deref()
+            .unwrap_or(&[]);
+        match table
+            .get(slot as usize)
+            .copied()
+            .filter(|&id| id != 0)
+            .and_then(by_id)
+        {
+            Some(b) => {
+                report.backend = Some(b.cfg.socket_addr().to_string());
+                report.via = "table".into();
+                report.backend_state = Some(b.state_name().into());
+                report.detail += &format!(
+                    "new flow: flow hash {hash:016x} mod {} = slot {slot}, which holds {}",
+                    vip.cfg.table_size,
+                    b.cfg.socket_addr()
+                );
+            }
+            None => {
+                report.detail += &format!(
+                    "slot {slot} is empty: no backend of vip {:?} is up, the packet is dropped",
+                    vip.cfg.name
+                );
+            }
+        }
+        Ok(report)
+    }
+
+    fn sample(&mut self) {
+        let secs = self.last_sample.elapsed().as_secs_f64();
+        self.last_sample = Instant::now();
+        for v in &self.vips {
+            if let Ok(s) = self.dp.vip_stats(v.id) {
+                self.vip_rates.entry(v.id).or_default().update(s, secs);
+            }
+            for b in &v.backends {
+                if let Ok(s) = self.dp.backend_stats(b.id) {
+                    self.be_rates.entry(b.id).or_default().update(s, secs);
+                }
+            }
+        }
+        let status = self.status();
+        let extra = self.metrics_extra();
+        if let Ok(mut p) = self.published.lock() {
+            *p = (status, extra);
+        }
+    }
+
+    fn metrics_extra(&self) -> MetricsExtra {
+        let mut extra = MetricsExtra::default();
+        for v in &self.vips {
+            for b in &v.backends {
+                let h = self.histograms.get(&b.id).cloned().unwrap_or_default();
+                let t = self.transitions.get(&b.id).copied().unwrap_or(0);
+                extra.per_backend.insert(
+                    (v.cfg.name.clone(), b.cfg.socket_addr().to_string()),
+                    (h, t),
+                );
+            }
+        }
+        extra
+    }
+
+    pub fn status(&self) -> StatusReport {
+        let counters: BTreeMap<String, u64> = self
+            .dp
+            .stats()
+            .map(|m| {
+                Stat::ALL
+                    .iter()
+                    .map(|s| (s.label().to_string(), m.get(s).copied().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let vips = self
+            .vips
+            .iter()
+            .map(|v| {
+                let vr = self.vip_rates.get(&v.id).copied().unwrap_or_default();
+                VipStatus {
+                    name: v.cfg.name.clone(),
+                    address: v.cfg.addr.to_string(),
+                    port: v.cfg.port,
+                    protocol: v.cfg.protocol.to_string(),
+                    mode: v.cfg.mode.to_string(),
+                    down_policy: v.cfg.down_policy.to_string(),
+                    table_size: v.cfg.table_size,
+                    backends_up: v.up_count() as u32,
+                    backends_total: v.backends.len() as u32,
+                    packets_per_sec: vr.pps,
+                    new_flows_per_sec: vr.nfps,
+                    packets: vr.last.packets,
+                    bytes: vr.last.bytes,
+                    new_flows: vr.last.new_flows,
+                    backends: v.backends.iter().map(|b| self.backend_status(b)).collect(),
+                }
+            })
+            .collect();
+        StatusReport {
+            version: ctl::PROTOCOL_VERSION,
+            instance: self.cfg.daemon.instance.clone(),
+            interface: self.cfg.daemon.interface.clone(),
+            xdp_mode: self.cfg.daemon.xdp_mode.to_string(),
+            started_unix_ms: unix_ms(self.started),
+            adopted: self.adopted,
+            config_path: self.config_path.display().to_string(),
+            conntrack: ctl::ConntrackStatus {
+                entries: self.dp.ct_len() as u64,
+                capacity: self.cfg.daemon.conntrack_size as u64,
+            },
+            counters,
+            vips,
+        }
+    }
+
+    fn backend_status(&self, b: &Backend) -> BackendStatus {
+        let r = self.be_rates.get(&b.id).copied().unwrap_or_default();
+        let snap = b.snapshot.as_ref();
+        BackendStatus {
+            address: b.cfg.socket_addr().to_string(),
+            weight: b.cfg.weight,
+            state: b.state_name().to_string(),
+            health: b.health.as_str().to_string(),
+            admin_drained: b.admin_drained,
+            in_table: b.in_table(),
+            since_unix_ms: instant_ms(b.since),
+            last_transition_reason: snap.and_then(|s| s.last_transition_reason.clone()),
+            last_probe: snap.and_then(|s| {
+                let res = s.last_result.as_ref()?;
+                Some(ProbeStatus {
+                    ok: res.outcome.is_ok(),
+                    reason: match &res.outcome {
+                        Ok(ok) => match ok.status {
+                            Some(code) => format!("ok {code}"),
+                            None => "ok".to_string(),
+                        },
+                        Err(e) => e.to_string(),
+                    },
+                    code: match &res.outcome {
+                        Ok(_) => "ok".to_string(),
+                        Err(e) => e.code().to_string(),
+                    },
+                    status: res.outcome.as_ref().ok().and_then(|o| o.status),
+                    latency_ms: res.latency.as_secs_f64() * 1e3,
+                    at_unix_ms: s.last_probe_at.map(instant_ms).unwrap_or(0),
+                })
+            }),
+            consecutive_ok: snap.map(|s| s.consecutive_ok).unwrap_or(0),
+            consecutive_fail: snap.map(|s| s.consecutive_fail).unwrap_or(0),
+            new_flows_per_sec: r.nfps,
+            packets_per_sec: r.pps,
+            packets: r.last.packets,
+            bytes: r.last.bytes,
+            new_flows: r.last.new_flows,
+        }
+    }
+
+    async fn handle(&mut self, req: Request) -> Response {
+        let res: anyhow::Result<Response> = match req {
+            Request::Status => Ok(Response::Status(self.status())),
+            Request::Events { since_seq, .. } => {
+                let since = since_seq.unwrap_or(0);
+                Ok(Response::Events(
+                    self.events
+                        .iter()
+                        .filter(|e| e.seq > since)
+                        .cloned()
+                        .collect(),
+                ))
+            }
+            Request::Explain {
+                protocol,
+                client,
+                vip,
+            } => self
+                .explain(&protocol.to_string(), client, vip)
+                .map(Response::Explain),
+            Request::Drain { vip, backend } => self
+                .set_drain(&vip, &backend, true)
+                .map(|m| Response::Ok { message: m }),
+            Request::Enable { vip, backend } => self
+                .set_drain(&vip, &backend, false)
+                .map(|m| Response::Ok { message: m }),
+            Request::Reload => self.reload().map(|m| Response::Ok { message: m }),
+        };
+        res.unwrap_or_else(|e| Response::Error {
+            message: format!("{e:#}"),
+        })
+    }
+
+    /// Attaches, starts probes, the control socket and metrics, and runs the
+    /// main loop until SIGTERM/SIGINT. On exit nothing is detached: the data
+    /// plane keeps forwarding with the last written state.
+    pub async fn serve(mut self) -> anyhow::Result<()> {
+        let (link_id, adopted_link) = super::attach_lb(&mut self.dp, &self.cfg.daemon)?;
+        self.link_id = link_id;
+        self.adopted |= adopted_link;
+        let vcount = self.vips.len();
+        let bcount: usize = self.vips.iter().map(|v| v.backends.len()).sum();
+        let msg = format!(
+            "xlb started on {} (link {link_id}, {}): {vcount} VIPs, {bcount} backends",
+            self.cfg.daemon.interface,
+            if adopted_link {
+                "adopted the pinned link and maps"
+            } else {
+                "attached"
+            }
+        );
+        info!("{msg}");
+        self.event("start", None, None, None, None, msg, None);
+        self.save();
+        self.start_probes();
+
+        let (call_tx, mut call_rx) = mpsc::channel::<Call>(64);
+        let listener = ctl::bind(
+            &self.cfg.daemon.control_socket,
+            self.cfg.daemon.socket_group.as_deref(),
+        )?;
+        let handler = Arc::new(Bridge {
+            calls: call_tx,
+            events: self.events_tx.clone(),
+        });
+        tokio::spawn(ctl::serve(listener, handler));
+        if let Some(addr) = self.cfg.daemon.metrics_address {
+            let source = Arc::new(Published(self.published.clone()));
+            tokio::spawn(async move {
+                if let Err(e) = metrics::serve(addr, source).await {
+                    error!("metrics on {addr}: {e:#}");
+                }
+            });
+        }
+        self.sample();
+
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut tick = tokio::time::interval(super::TICK);
+        let mut reports = self.reports.take().context("probes not started")?;
+        loop {
+            tokio::select! {
+                Some(r) = reports.recv() => {
+                    if let Err(e) = self.on_report(r) {
+                        error!("applying a health report: {e:#}");
+                    }
+                }
+                Some((req, reply)) = call_rx.recv() => {
+                    let resp = self.handle(req).await;
+                    let _ = reply.send(resp);
+                }
+                _ = hup.recv() => {
+                    match self.reload() {
+                        Ok(m) => info!("SIGHUP: {m}"),
+                        Err(e) => error!("SIGHUP: {e:#}"),
+                    }
+                }
+                _ = tick.tick() => self.sample(),
+                _ = term.recv() => break,
+                _ = tokio::signal::ctrl_c() => break,
+            }
+        }
+        info!(
+            "xlb stopping; the XDP program stays attached with the last state (xlb detach removes it)"
+        );
+        self.save();
+        let _ = std::fs::remove_file(&self.cfg.daemon.control_socket);
+        Ok(())
+    }
+
+    /// The link id of the attached program.
+    pub fn link_id(&self) -> u32 {
+        self.link_id
+    }
+
+    /// Forces a health state (benchmarks): as if a probe had crossed `fall`
+    /// or `rise`. Returns the rebuild, if the table changed.
+    pub fn force_health(
+        &mut self,
+        vip: usize,
+        backend: usize,
+        to: HealthState,
+    ) -> anyhow::Result<Option<Rebuild>> {
+        let b = &mut self.vips[vip].backends[backend];
+        b.health = to;
+        let (id, info) = (b.id, b.info());
+        self.dp.set_backend(id, &info)?;
+        model::rebuild(&mut self.dp, &mut self.vips[vip])
+    }
+
+    pub fn dataplane(&mut self) -> &mut Dataplane {
+        &mut self.dp
+    }
+
+    pub fn vips(&self) -> &[Vip] {
+        &self.vips
+    }
+}
+
+/// The control socket's side: forwards each request to the main loop.
+struct Bridge {
+    calls: mpsc::Sender<Call>,
+    events: broadcast::Sender<Event>,
+}
+
+impl ctl::Handler for Bridge {
+    fn handle(
+        &self,
+        req: Request,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + '_>> {
+        Box::pin(async move {
+            let (tx, rx) = oneshot::channel();
+            if self.calls.send((req, tx)).await.is_err() {
+                return Response::Error {
+                    message: "the daemon is shutting down".into(),
+                };
+            }
+            match tokio::time::timeout(Duration::from_secs(30), rx).await {
+                Ok(Ok(r)) => r,
+                _ => Response::Error {
+                    message: "the daemon did not answer within 30 s".into(),
+                },
+            }
+        })
+    }
+
+    fn subscribe_events(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+}
+
+/// The metrics endpoint's view: refreshed by the main loop every tick.
+struct Published(Arc<Mutex<(StatusReport, MetricsExtra)>>);
+
+impl metrics::MetricsSource for Published {
+    fn snapshot(&self) -> (StatusReport, MetricsExtra) {
+        self.0.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+}

@@ -1,0 +1,302 @@
+//! `xlb run`: the daemon. Loads and attaches the data plane (adopting what a
+//! previous run pinned), probes every backend, rewrites the maps when health
+//! changes, and answers the control socket.
+//!
+//! Everything that touches the maps runs on one task (the main loop); the
+//! control socket and the metrics endpoint talk to it over channels, so no
+//! lock is ever held across a map write and the packet path never waits.
+
+mod api;
+pub mod model;
+pub mod persist;
+
+use std::{
+    fs,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use aya::programs::{
+    XdpMode,
+    links::{FdLink, PinnedLink},
+    xdp::XdpLink,
+};
+use lb_common::{Globals, LAYOUT_VERSION};
+use tracing::{info, warn};
+
+use crate::{
+    config::{Config, DaemonConfig, XdpMode as CfgXdpMode},
+    dataplane::{Dataplane, LoadOptions},
+};
+
+pub use api::Daemon;
+
+/// Capabilities `xlb run` needs, with why.
+const NEEDED_CAPS: &[(u32, &str, &str)] = &[
+    (
+        21,
+        "CAP_SYS_ADMIN",
+        "load BPF programs and pin them in bpffs",
+    ),
+    (
+        12,
+        "CAP_NET_ADMIN",
+        "attach XDP to an interface and set its forwarding sysctl",
+    ),
+];
+
+/// Fails with the missing capabilities named, before anything is touched.
+pub fn check_capabilities() -> anyhow::Result<()> {
+    let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .context("no CapEff line in /proc/self/status")?;
+    let missing: Vec<String> = NEEDED_CAPS
+        .iter()
+        .filter(|(bit, _, _)| eff & (1u64 << bit) == 0)
+        .map(|(_, name, why)| format!("{name} (to {why})"))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "xlb run lacks capabilities: {}; run it as root (e.g. `cargo xtask run -- run --config FILE`) \
+             or grant them with setcap/systemd AmbientCapabilities",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Mounts bpffs at /sys/fs/bpf if it is not there (pins need it).
+fn ensure_bpffs() -> anyhow::Result<()> {
+    if persist::is_bpffs(Path::new("/sys/fs/bpf")) {
+        return Ok(());
+    }
+    nix::mount::mount(
+        Some("bpf"),
+        "/sys/fs/bpf",
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .context("mounting bpffs on /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf)")?;
+    // `ip netns exec` gives its command a private mount namespace with a
+    // fresh /sys: a bpffs mounted there dies with this process, and so would
+    // the pins. Say so; `nsenter --net=/var/run/netns/NAME` keeps the host's.
+    warn!(
+        "mounted bpffs on /sys/fs/bpf; if this process runs in a private mount namespace \
+         (ip netns exec), pinned state vanishes when it exits: start xlb with \
+         `nsenter --net=/var/run/netns/NAME` instead"
+    );
+    Ok(())
+}
+
+/// `bpf_fib_lookup` from XDP answers "forwarding disabled" unless forwarding
+/// is on for the ingress interface (checked on 6.18), so turn it on there,
+/// and only there.
+fn enable_forwarding(iface: &str, v6: bool) -> anyhow::Result<()> {
+    let mut keys = vec![format!("/proc/sys/net/ipv4/conf/{iface}/forwarding")];
+    if v6 {
+        keys.push(format!("/proc/sys/net/ipv6/conf/{iface}/forwarding"));
+    }
+    for k in keys {
+        let cur = fs::read_to_string(&k).with_context(|| format!("reading {k}"))?;
+        if cur.trim() != "1" {
+            fs::write(&k, "1").with_context(|| format!("writing 1 to {k}"))?;
+            info!("set {k} = 1 (bpf_fib_lookup needs it for the XDP interface)");
+        }
+    }
+    Ok(())
+}
+
+/// The interface's first IPv4 and first global IPv6 address.
+fn interface_addrs(iface: &str) -> anyhow::Result<(Option<Ipv4Addr>, Option<Ipv6Addr>)> {
+    let mut v4 = None;
+    let mut v6 = None;
+    for ifa in nix::ifaddrs::getifaddrs().context("getifaddrs")? {
+        if ifa.interface_name != iface {
+            continue;
+        }
+        let Some(addr) = ifa.address else { continue };
+        if let Some(sin) = addr.as_sockaddr_in() {
+            v4.get_or_insert(sin.ip());
+        } else if let Some(sin6) = addr.as_sockaddr_in6() {
+            let ip = sin6.ip();
+            if !ip.is_loopback() && (ip.segments()[0] & 0xffc0) != 0xfe80 {
+                v6.get_or_insert(ip);
+            }
+        }
+    }
+    Ok((v4, v6))
+}
+
+fn to16(a: IpAddr) -> [u8; 16] {
+    model::addr16(a)
+}
+
+/// Writes `Globals`: keeps the pinned hash key unless the configuration sets
+/// one (so a restart never moves flows), else draws a random one.
+fn write_globals(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<()> {
+    let mut g = dp.globals()?;
+    let (v4, v6) = interface_addrs(&d.interface)?;
+    let key = match d.hash_seed {
+        Some(k) => {
+            if g.hash_key != [0, 0] && g.hash_key != k {
+                warn!(
+                    "daemon.hash_seed differs from the pinned hash key: new flows may move to other backends (established ones keep theirs)"
+                );
+            }
+            k
+        }
+        None if g.hash_key != [0, 0] => g.hash_key,
+        None => [rand::random(), rand::random()],
+    };
+    let src4 = d.encap_source_v4.or(v4);
+    let src6 = d.encap_source_v6.or(v6);
+    g = Globals {
+        layout_version: LAYOUT_VERSION,
+        ring_stride: dp.ring_stride(),
+        hash_key: key,
+        udp_timeout_ns: d.udp_timeout.as_nanos() as u64,
+        encap_src_v4: src4.map(|a| to16(IpAddr::V4(a))).unwrap_or_default(),
+        encap_src_v6: src6.map(|a| to16(IpAddr::V6(a))).unwrap_or_default(),
+    };
+    dp.set_globals(&g)?;
+    if src4.is_none() {
+        warn!(interface = %d.interface, "no IPv4 address on the interface and no daemon.encap_source_v4: IPv4 dsr-ipip packets get source 0.0.0.0");
+    }
+    Ok(())
+}
+
+/// Attaches `xlb_lb`: adopts the pinned link if there is one (replacing its
+/// program in place: no detach, no gap), else attaches and pins a new one.
+/// Returns the link id.
+fn attach(dp: &mut Dataplane, d: &DaemonConfig, pin_dir: &Path) -> anyhow::Result<(u32, bool)> {
+    let link_path = pin_dir.join(persist::LINK_PIN);
+    let prog = dp.program(lb_common::PROG_LB)?;
+    if link_path.exists() {
+        let pinned = PinnedLink::from_pin(&link_path)
+            .with_context(|| format!("opening pinned link {}", link_path.display()))?;
+        let fd: FdLink = pinned.into();
+        let id = fd.info().context("reading pinned link info")?.id();
+        let link = XdpLink::try_from(fd).context("pinned link is not an XDP link")?;
+        prog.attach_to_link(link)
+            .context("replacing the program of the pinned XDP link")?;
+        // The kernel holds the link through its pin; our descriptor may go.
+        return Ok((id, true));
+    }
+    let mode = match d.xdp_mode {
+        CfgXdpMode::Native => XdpMode::Driver,
+        CfgXdpMode::Generic => {
+            warn!(interface = %d.interface, "xdp_mode = generic: XDP runs in the skb path, far slower than native; for testing");
+            XdpMode::Skb
+        }
+    };
+    let link_id = prog.attach(&d.interface, mode).with_context(|| {
+        format!(
+            "attaching XDP to {} in {:?} mode (is the interface up and its driver XDP-capable? try xdp_mode = \"generic\")",
+            d.interface, d.xdp_mode
+        )
+    })?;
+    let link = prog.take_link(link_id)?;
+    let fd = FdLink::try_from(link).context(
+        "the kernel attached XDP through netlink, not a BPF link, so it cannot be pinned (kernel ≥ 5.9 needed)",
+    )?;
+    let id = fd.info()?.id();
+    fd.pin(&link_path)
+        .with_context(|| format!("pinning the XDP link at {}", link_path.display()))?;
+    Ok((id, false))
+}
+
+/// `xlb run --config FILE`.
+pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
+    check_capabilities()?;
+    let cfg = Config::from_file(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for w in &cfg.warnings {
+        warn!("{w}");
+    }
+    let daemon = start(config_path, cfg)?;
+    daemon.serve().await
+}
+
+/// Everything up to serving: maps, globals, VIPs, tables, attach.
+pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
+    let d = &cfg.daemon;
+    ensure_bpffs()?;
+    let pin_dir = persist::pin_dir(&d.instance);
+    fs::create_dir_all(&pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
+    let t0 = Instant::now();
+    let mut dp = Dataplane::load(&LoadOptions {
+        ct_size: d.conntrack_size,
+        ring_stride: d.max_table_size,
+        pin_dir: Some(pin_dir.clone()),
+    })?;
+    if dp.ring_stride() != dp.globals()?.ring_stride {
+        bail!(
+            "pinned maps in {} were made for max_table_size {}, the configuration says {}: \
+             run `xlb detach --instance {}` first (this drops established flows) or restore the old value",
+            pin_dir.display(),
+            dp.globals()?.ring_stride,
+            dp.ring_stride(),
+            d.instance
+        );
+    }
+    write_globals(&mut dp, d)?;
+    enable_forwarding(&d.interface, cfg.vips.iter().any(|v| v.addr.is_ipv6()))?;
+    let saved = persist::Saved::load(&persist::state_path(&d.instance))?;
+    let daemon = Daemon::new(config_path, cfg, dp, saved)?;
+    info!(took_ms = t0.elapsed().as_millis() as u64, "maps ready");
+    Ok(daemon)
+}
+
+/// Attaches and returns (link id, adopted).
+pub(crate) fn attach_lb(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<(u32, bool)> {
+    attach(dp, d, &persist::pin_dir(&d.instance))
+}
+
+/// `xlb detach`: removes everything `xlb run` pinned and attached for
+/// `instance`. Established flows stop being balanced at once.
+pub fn detach(instance: &str) -> anyhow::Result<()> {
+    let dir = persist::pin_dir(instance);
+    let mut removed = Vec::new();
+    let link_path = dir.join(persist::LINK_PIN);
+    if link_path.exists() {
+        let pinned = PinnedLink::from_pin(&link_path)
+            .with_context(|| format!("opening {}", link_path.display()))?;
+        // Unpinning drops the last reference once our descriptor closes: the
+        // program leaves the interface.
+        let fd = pinned
+            .unpin()
+            .with_context(|| format!("unpinning {}", link_path.display()))?;
+        drop(fd);
+        removed.push("XDP link".to_string());
+    }
+    if dir.exists() {
+        for entry in fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+            let entry = entry?;
+            fs::remove_file(entry.path())
+                .with_context(|| format!("removing {}", entry.path().display()))?;
+            removed.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        fs::remove_dir(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        // The shared root goes too once no instance is left.
+        let _ = fs::remove_dir(persist::PIN_ROOT);
+    }
+    let state = persist::state_path(instance);
+    if state.exists() {
+        fs::remove_file(&state).with_context(|| format!("removing {}", state.display()))?;
+        removed.push(state.display().to_string());
+    }
+    if removed.is_empty() {
+        println!("xlb instance {instance:?}: nothing pinned, nothing to remove");
+    } else {
+        println!("xlb instance {instance:?}: removed {}", removed.join(", "));
+    }
+    Ok(())
+}
+
+/// How often rates are sampled and the state file is refreshed.
+pub const TICK: Duration = Duration::from_secs(1);

@@ -1,0 +1,464 @@
+//! The daemon's model of VIPs and backends, and every write it makes to the
+//! maps: backend states, Maglev tables (written into the inactive half, then
+//! made live by one `VipInfo` write), VIP entries.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::{IpAddr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use lb_common::{
+    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, FAMILY_V4, FAMILY_V6, MAX_BACKENDS,
+    MAX_VIPS, VipInfo, VipKey,
+};
+use tracing::{info, warn};
+
+use crate::{
+    config::{BackendConfig, VipConfig},
+    dataplane::Dataplane,
+    health::machine::{HealthSnapshot, HealthState},
+    maglev,
+};
+
+use super::persist::{Saved, SavedBackend, SavedHealth};
+
+/// An address as the maps store it.
+pub fn addr16(a: IpAddr) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    match a {
+        IpAddr::V4(v4) => out[..4].copy_from_slice(&v4.octets()),
+        IpAddr::V6(v6) => out = v6.octets(),
+    }
+    out
+}
+
+pub fn family(a: IpAddr) -> u8 {
+    if a.is_ipv4() { FAMILY_V4 } else { FAMILY_V6 }
+}
+
+pub fn vip_key(cfg: &VipConfig) -> VipKey {
+    VipKey {
+        addr: addr16(cfg.addr),
+        port: cfg.port.to_be(),
+        proto: cfg.protocol.as_raw(),
+        family: family(cfg.addr),
+    }
+}
+
+/// One backend of one VIP.
+#[derive(Debug)]
+pub struct Backend {
+    pub cfg: BackendConfig,
+    /// Index in `XLB_BACKENDS`; also the health scheduler's id.
+    pub id: u32,
+    pub generation: u32,
+    pub health: HealthState,
+    pub admin_drained: bool,
+    /// The latest health snapshot from the scheduler (None until its first report).
+    pub snapshot: Option<HealthSnapshot>,
+    /// When the data-plane state last changed (for "time in state").
+    pub since: Instant,
+}
+
+impl Backend {
+    /// What the data plane does with this backend.
+    pub fn dp_state(&self) -> u8 {
+        if self.admin_drained {
+            BACKEND_DRAINING
+        } else {
+            match self.health {
+                HealthState::Up => BACKEND_UP,
+                HealthState::Down => BACKEND_DOWN,
+                // Never probed: no new flows, and no flows to move either.
+                HealthState::Unknown => BACKEND_DRAINING,
+            }
+        }
+    }
+
+    /// Whether the Maglev table includes it.
+    pub fn in_table(&self) -> bool {
+        self.health == HealthState::Up && !self.admin_drained && self.cfg.weight > 0
+    }
+
+    pub fn state_name(&self) -> &'static str {
+        match (self.admin_drained, self.health) {
+            (true, _) => "draining",
+            (false, HealthState::Up) => "up",
+            (false, HealthState::Down) => "down",
+            (false, HealthState::Unknown) => "unknown",
+        }
+    }
+
+    pub fn info(&self) -> BackendInfo {
+        BackendInfo {
+            addr: addr16(self.cfg.addr),
+            generation: self.generation,
+            state: self.dp_state(),
+            family: family(self.cfg.addr),
+            _pad: [0; 2],
+        }
+    }
+}
+
+/// One VIP and its double-buffered table.
+#[derive(Debug)]
+pub struct Vip {
+    pub cfg: VipConfig,
+    pub id: u32,
+    pub key: VipKey,
+    /// Live ring half.
+    pub active: u32,
+    /// What each ring half holds, as far as this process knows (`None`:
+    /// unknown, rewrite it whole before use).
+    pub halves: [Option<Vec<u32>>; 2],
+    pub backends: Vec<Backend>,
+}
+
+impl Vip {
+    pub fn info(&self) -> VipInfo {
+        VipInfo {
+            table_size: self.cfg.table_size,
+            active: self.active,
+            vip_id: self.id,
+            mode: self.cfg.mode.as_raw(),
+            down_policy: self.cfg.down_policy.as_raw(),
+            _pad: [0; 2],
+        }
+    }
+
+    /// The table this VIP should have now.
+    pub fn wanted_table(&self) -> Vec<u32> {
+        let members: Vec<maglev::MaglevBackend> = self
+            .backends
+            .iter()
+            .filter(|b| b.in_table())
+            .map(|b| maglev::MaglevBackend {
+                id: b.id,
+                addr: b.cfg.addr,
+                port: b.cfg.port,
+                weight: b.cfg.weight,
+            })
+            .collect();
+        maglev::build(&members, self.cfg.table_size)
+    }
+
+    pub fn up_count(&self) -> usize {
+        self.backends.iter().filter(|b| b.in_table()).count()
+    }
+}
+
+/// What a table rebuild did.
+#[derive(Clone, Copy, Debug)]
+pub struct Rebuild {
+    pub took: Duration,
+    pub slots_changed: u32,
+}
+
+/// Makes `vip`'s wanted table live: writes the slots that differ into the
+/// inactive half, then flips `active` with one `VipInfo` write. Packets see
+/// either the old table or the new one, never a mix. `None` if the live table
+/// is already the wanted one (nothing written).
+pub fn rebuild(dp: &mut Dataplane, vip: &mut Vip) -> anyhow::Result<Option<Rebuild>> {
+    let start = Instant::now();
+    let want = vip.wanted_table();
+    let live = vip.active as usize & 1;
+    if vip.halves[live].as_deref() == Some(want.as_slice()) {
+        return Ok(None);
+    }
+    let spare = 1 - live;
+    let writes = match &vip.halves[spare] {
+        Some(old) if old.len() == want.len() => maglev::diff(old, &want),
+        _ => want
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| (i as u32, id))
+            .collect(),
+    };
+    dp.write_ring(vip.id, spare as u32, &writes)
+        .with_context(|| format!("vip {:?}: writing table", vip.cfg.name))?;
+    let changed = match &vip.halves[live] {
+        Some(cur) if cur.len() == want.len() => maglev::diff(cur, &want).len() as u32,
+        _ => want.len() as u32,
+    };
+    vip.halves[spare] = Some(want);
+    vip.active = spare as u32;
+    dp.set_vip_info(&vip.info())
+        .with_context(|| format!("vip {:?}: switching tables", vip.cfg.name))?;
+    Ok(Some(Rebuild {
+        took: start.elapsed(),
+        slots_changed: changed,
+    }))
+}
+
+/// Free-list allocation of VIP and backend ids.
+#[derive(Debug, Default)]
+pub struct Ids {
+    used_vips: HashSet<u32>,
+    used_backends: HashSet<u32>,
+}
+
+impl Ids {
+    pub fn take_vip(&mut self, id: u32) {
+        self.used_vips.insert(id);
+    }
+    pub fn take_backend(&mut self, id: u32) {
+        self.used_backends.insert(id);
+    }
+    pub fn alloc_vip(&mut self) -> anyhow::Result<u32> {
+        let id = (0..MAX_VIPS)
+            .find(|i| !self.used_vips.contains(i))
+            .context("no free VIP id: at most lb_common::MAX_VIPS VIPs")?;
+        self.used_vips.insert(id);
+        Ok(id)
+    }
+    /// Backend id 0 means "none" in the ring.
+    pub fn alloc_backend(&mut self) -> anyhow::Result<u32> {
+        let id = (1..MAX_BACKENDS)
+            .find(|i| !self.used_backends.contains(i))
+            .context("no free backend id: at most lb_common::MAX_BACKENDS - 1 backends")?;
+        self.used_backends.insert(id);
+        Ok(id)
+    }
+    pub fn free_vip(&mut self, id: u32) {
+        self.used_vips.remove(&id);
+    }
+    pub fn free_backend(&mut self, id: u32) {
+        self.used_backends.remove(&id);
+    }
+}
+
+/// Brings a backend into service under a fresh id: a new generation, so any
+/// conntrack entry left by a previous holder of the id is stale.
+pub fn new_backend(
+    dp: &mut Dataplane,
+    ids: &mut Ids,
+    cfg: BackendConfig,
+) -> anyhow::Result<Backend> {
+    let id = ids.alloc_backend()?;
+    let old = dp.backend(id)?;
+    let b = Backend {
+        cfg,
+        id,
+        generation: old.generation.wrapping_add(1),
+        health: HealthState::Unknown,
+        admin_drained: false,
+        snapshot: None,
+        since: Instant::now(),
+    };
+    dp.set_backend(id, &b.info())?;
+    dp.reset_backend_stats(id)?;
+    Ok(b)
+}
+
+/// Builds the VIP model from configuration, adopting ids, states and the
+/// live table from a previous run where `saved` and the maps have them.
+pub fn adopt_or_create_vip(
+    dp: &mut Dataplane,
+    ids: &mut Ids,
+    cfg: VipConfig,
+    saved: Option<&Saved>,
+) -> anyhow::Result<(Vip, bool)> {
+    let key = vip_key(&cfg);
+    let saved_id = saved.and_then(|s| s.vips.get(&cfg.name).copied());
+    let pinned = match saved_id {
+        Some(id) => dp.vip(&key)?.filter(|info| info.vip_id == id),
+        None => None,
+    };
+    let mut backends = Vec::new();
+    let mut adopted = false;
+    let (id, active, halves) = match pinned {
+        Some(info) if info.table_size == cfg.table_size => {
+            ids.take_vip(info.vip_id);
+            adopted = true;
+            let live = dp.ring_half(info.vip_id, info.active & 1, info.table_size)?;
+            let mut halves = [None, None];
+            halves[info.active as usize & 1] = Some(live);
+            (info.vip_id, info.active & 1, halves)
+        }
+        Some(info) => {
+            // Same VIP, new table size: keep the id, rewrite both halves.
+            ids.take_vip(info.vip_id);
+            (info.vip_id, info.active & 1, [None, None])
+        }
+        None => (ids.alloc_vip()?, 0, [None, None]),
+    };
+    for bcfg in cfg.backends.clone() {
+        let prev = saved.and_then(|s| {
+            s.backends
+                .iter()
+                .find(|b| b.vip == cfg.name && b.addr == bcfg.socket_addr())
+        });
+        let b = match prev {
+            Some(p) if adopted => {
+                let info = dp.backend(p.id)?;
+                if info.addr == addr16(bcfg.addr) && info.state != 0 {
+                    ids.take_backend(p.id);
+                    let b = Backend {
+                        cfg: bcfg,
+                        id: p.id,
+                        generation: info.generation,
+                        health: match p.health {
+                            SavedHealth::Up => HealthState::Up,
+                            SavedHealth::Down => HealthState::Down,
+                            SavedHealth::Unknown => HealthState::Unknown,
+                        },
+                        admin_drained: p.admin_drained,
+                        snapshot: None,
+                        since: Instant::now(),
+                    };
+                    dp.set_backend(b.id, &b.info())?;
+                    b
+                } else {
+                    new_backend(dp, ids, bcfg)?
+                }
+            }
+            _ => new_backend(dp, ids, bcfg)?,
+        };
+        backends.push(b);
+    }
+    let vip = Vip {
+        cfg,
+        id,
+        key,
+        active,
+        halves,
+        backends,
+    };
+    Ok((vip, adopted))
+}
+
+/// Writes a VIP's entry (key → id, info) to the maps.
+pub fn install_vip(dp: &mut Dataplane, vip: &Vip) -> anyhow::Result<()> {
+    dp.set_vip(&vip.key, &vip.info())
+        .with_context(|| format!("vip {:?}: writing its map entries", vip.cfg.name))
+}
+
+/// Removes a VIP and its backends from the maps and frees their ids.
+pub fn remove_vip(dp: &mut Dataplane, ids: &mut Ids, vip: &Vip) -> anyhow::Result<()> {
+    dp.remove_vip(&vip.key)?;
+    for b in &vip.backends {
+        retire_backend(dp, ids, b)?;
+    }
+    ids.free_vip(vip.id);
+    Ok(())
+}
+
+/// Marks a backend's id unused (state 0): its conntrack entries are stale.
+pub fn retire_backend(dp: &mut Dataplane, ids: &mut Ids, b: &Backend) -> anyhow::Result<()> {
+    let mut info = b.info();
+    info.state = 0;
+    dp.set_backend(b.id, &info)?;
+    ids.free_backend(b.id);
+    Ok(())
+}
+
+/// The state file's view of `vips`.
+pub fn to_saved(vips: &[Vip]) -> Saved {
+    Saved {
+        layout_version: lb_common::LAYOUT_VERSION,
+        vips: vips
+            .iter()
+            .map(|v| (v.cfg.name.clone(), v.id))
+            .collect::<BTreeMap<_, _>>(),
+        backends: vips
+            .iter()
+            .flat_map(|v| {
+                v.backends.iter().map(|b| SavedBackend {
+                    vip: v.cfg.name.clone(),
+                    addr: b.cfg.socket_addr(),
+                    id: b.id,
+                    health: match b.health {
+                        HealthState::Up => SavedHealth::Up,
+                        HealthState::Down => SavedHealth::Down,
+                        HealthState::Unknown => SavedHealth::Unknown,
+                    },
+                    admin_drained: b.admin_drained,
+                })
+            })
+            .collect(),
+    }
+}
+
+/// Finds a backend of VIP `vip_name` by "addr:port" (or just the address).
+pub fn find_backend(
+    vips: &mut [Vip],
+    vip_name: &str,
+    backend: &str,
+) -> anyhow::Result<(usize, usize)> {
+    let vi = vips
+        .iter()
+        .position(|v| v.cfg.name == vip_name)
+        .with_context(|| {
+            let names: Vec<&str> = vips.iter().map(|v| v.cfg.name.as_str()).collect();
+            format!(
+                "no VIP named {vip_name:?}; configured: {}",
+                names.join(", ")
+            )
+        })?;
+    let want_sock: Option<SocketAddr> = backend.parse().ok();
+    let want_ip: Option<IpAddr> = backend.parse().ok();
+    let bi = vips[vi]
+        .backends
+        .iter()
+        .position(|b| Some(b.cfg.socket_addr()) == want_sock || Some(b.cfg.addr) == want_ip)
+        .with_context(|| {
+            let list: Vec<String> = vips[vi]
+                .backends
+                .iter()
+                .map(|b| b.cfg.socket_addr().to_string())
+                .collect();
+            format!(
+                "vip {vip_name:?} has no backend {backend:?}; its backends: {}",
+                list.join(", ")
+            )
+        })?;
+    Ok((vi, bi))
+}
+
+/// Logs a backend state change: one line, with the reason.
+pub fn log_transition(vip: &str, b: &Backend, from: &str, reason: &str, rebuild: Option<Rebuild>) {
+    match rebuild {
+        Some(r) => info!(
+            vip,
+            backend = %b.cfg.socket_addr(),
+            from,
+            to = b.state_name(),
+            reason,
+            table_build_ms = r.took.as_secs_f64() * 1e3,
+            slots_changed = r.slots_changed,
+            "backend {from} -> {}: {reason}; table rebuilt in {:.2} ms ({} slots changed)",
+            b.state_name(),
+            r.took.as_secs_f64() * 1e3,
+            r.slots_changed
+        ),
+        None => info!(
+            vip,
+            backend = %b.cfg.socket_addr(),
+            from,
+            to = b.state_name(),
+            reason,
+            "backend {from} -> {}: {reason}",
+            b.state_name()
+        ),
+    }
+}
+
+/// Warns about VIPs with no backend in their table.
+pub fn warn_if_empty(vip: &Vip) {
+    if vip.up_count() == 0 && !vip.backends.is_empty() {
+        warn!(vip = %vip.cfg.name, "no backend of vip {:?} is up: new flows are dropped", vip.cfg.name);
+    }
+}
+
+/// Index of backends by scheduler id.
+pub fn backend_index(vips: &[Vip]) -> HashMap<u32, (usize, usize)> {
+    let mut m = HashMap::new();
+    for (vi, v) in vips.iter().enumerate() {
+        for (bi, b) in v.backends.iter().enumerate() {
+            m.insert(b.id, (vi, bi));
+        }
+    }
+    m
+}

@@ -1,0 +1,126 @@
+//! What the daemon keeps across restarts besides the pinned maps: which VIP
+//! and backend got which id, and each backend's health and admin state.
+//! The maps hold what the data plane needs; this file holds what only the
+//! daemon needs to carry on where the previous run stopped. Both live in
+//! tmpfs-like places (bpffs, /run), so both vanish together at reboot.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::Write as _,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+/// Root of the pinned objects: `/sys/fs/bpf/xlb/<instance>/`.
+pub const PIN_ROOT: &str = "/sys/fs/bpf/xlb";
+/// Root of the state files: `/run/xlb/state/<instance>.json`.
+pub const STATE_ROOT: &str = "/run/xlb/state";
+/// Name of the pinned XDP link inside the pin directory.
+pub const LINK_PIN: &str = "XLB_LINK";
+
+/// Where pins go: `/sys/fs/bpf/xlb/<instance>/`.
+pub fn pin_dir(instance: &str) -> PathBuf {
+    Path::new(PIN_ROOT).join(instance)
+}
+
+/// Whether `path` is the root of a bpffs mount.
+pub fn is_bpffs(path: &Path) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    nix::sys::statfs::statfs(path).is_ok_and(|st| st.filesystem_type().0 == BPF_FS_MAGIC)
+}
+
+pub fn state_path(instance: &str) -> PathBuf {
+    Path::new(STATE_ROOT).join(format!("{instance}.json"))
+}
+
+/// Health of a backend as remembered between runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SavedHealth {
+    Unknown,
+    Up,
+    Down,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedBackend {
+    pub vip: String,
+    pub addr: SocketAddr,
+    pub id: u32,
+    pub health: SavedHealth,
+    pub admin_drained: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Saved {
+    /// `lb_common::LAYOUT_VERSION` of the maps this describes.
+    pub layout_version: u32,
+    /// VIP name → VIP id.
+    pub vips: BTreeMap<String, u32>,
+    pub backends: Vec<SavedBackend>,
+}
+
+impl Saved {
+    /// Reads the state file; `None` if there is none.
+    pub fn load(path: &Path) -> anyhow::Result<Option<Self>> {
+        match fs::read(path) {
+            Ok(bytes) => {
+                let s = serde_json::from_slice(&bytes).with_context(|| {
+                    format!(
+                        "{}: unreadable state file; remove it (and run `xlb detach`) to start afresh",
+                        path.display()
+                    )
+                })?;
+                Ok(Some(s))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    /// Writes the state file atomically (temporary file, then rename), so a
+    /// crash never leaves half a file.
+    pub fn store(&self, path: &Path) -> anyhow::Result<()> {
+        let dir = path.parent().context("state path has no parent")?;
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let tmp = path.with_extension("json.tmp");
+        let mut f =
+            fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(&serde_json::to_vec_pretty(self)?)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", tmp.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_missing_file() {
+        let dir = std::env::temp_dir().join(format!("xlb-persist-{}", std::process::id()));
+        let path = dir.join("t.json");
+        assert_eq!(Saved::load(&path).unwrap(), None);
+        let s = Saved {
+            layout_version: 1,
+            vips: [("api".to_string(), 3)].into(),
+            backends: vec![SavedBackend {
+                vip: "api".into(),
+                addr: "10.0.0.1:80".parse().unwrap(),
+                id: 7,
+                health: SavedHealth::Down,
+                admin_drained: true,
+            }],
+        };
+        s.store(&path).unwrap();
+        assert_eq!(Saved::load(&path).unwrap(), Some(s));
+        fs::write(&path, b"{not json").unwrap();
+        let err = Saved::load(&path).unwrap_err().to_string();
+        assert!(err.contains("unreadable state file"), "{err}");
+        fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,464 @@
+//! The daemon as an operator meets it, inside a namespace of its own: start,
+//! attach, probe, change states, check the maps; kill -9 and start again
+//! (same link, conntrack and states kept); reload with one VIP changed (the
+//! other VIP's table bytes identical); a pinned layout of another version
+//! refused; detach removes everything.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail, ensure};
+use lb_common::{BACKEND_DOWN, BACKEND_UP, CtEntry, FlowKey};
+use lb_user::dataplane::{Dataplane, LoadOptions};
+use serde_json::Value;
+use xlb_lab::backend::{BackendOptions, Fault};
+use xlb_tests::netns::NetNs;
+
+/// The `xlb` binary next to this test's target directory.
+fn xlb_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir.join("xlb");
+    assert!(
+        bin.exists(),
+        "{} not built: run `cargo build -p lb-user` (cargo xtask test does)",
+        bin.display()
+    );
+    bin
+}
+
+struct Env {
+    ns: NetNs,
+    dir: PathBuf,
+    instance: String,
+    socket: PathBuf,
+    config: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = Command::new(xlb_bin())
+            .args(["detach", "--instance", &self.instance])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+const BACKENDS: [&str; 3] = ["10.0.0.11", "10.0.0.12", "10.0.0.13"];
+
+fn config_text(e: &Env, web_weight: u32) -> String {
+    let mut s = format!(
+        r#"
+[daemon]
+interface = "xd0"
+instance = "{instance}"
+control_socket = "{socket}"
+metrics_address = ""
+conntrack_size = 4096
+max_table_size = 251
+
+[health_check]
+kind = "http"
+path = "/health"
+interval = "200ms"
+fast_interval = "100ms"
+down_interval = "200ms"
+timeout = "150ms"
+rise = 2
+fall = 2
+"#,
+        instance = e.instance,
+        socket = e.socket.display()
+    );
+    for (name, vip, weight) in [("api", "10.100.0.1", 1), ("web", "10.100.0.2", web_weight)] {
+        s += &format!(
+            "\n[[vip]]\nname = \"{name}\"\naddress = \"{vip}\"\nport = 80\ntable_size = 251\n"
+        );
+        for b in BACKENDS {
+            s += &format!("[[vip.backend]]\naddress = \"{b}\"\nweight = {weight}\n");
+        }
+    }
+    s
+}
+
+impl Env {
+    fn new() -> anyhow::Result<Self> {
+        xlb_tests::require_root();
+        let ns = NetNs::new("dmn")?;
+        ns.ip(&["link", "add", "xd0", "type", "veth", "peer", "name", "xd1"])?;
+        ns.ip(&["link", "set", "xd0", "up"])?;
+        ns.ip(&["link", "set", "xd1", "up"])?;
+        ns.ip(&["addr", "add", "10.0.0.1/24", "dev", "xd0"])?;
+        for b in BACKENDS {
+            ns.ip(&["addr", "add", &format!("{b}/32"), "dev", "lo"])?;
+        }
+        let instance = format!("t{}", std::process::id());
+        let dir = std::env::temp_dir().join(format!("xlb-daemon-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("xlb.sock");
+        let config = dir.join("xlb.toml");
+        let e = Env {
+            ns,
+            dir,
+            instance,
+            socket,
+            config,
+            daemon: None,
+        };
+        std::fs::write(&e.config, config_text(&e, 1))?;
+        // Backends: real HTTP servers with fault switches, in the namespace.
+        let ns_name = e.ns.name().to_string();
+        std::thread::spawn(move || {
+            xlb_lab::topology::in_netns(&ns_name, || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let mut handles = Vec::new();
+                    for (i, b) in BACKENDS.iter().enumerate() {
+                        let opts = BackendOptions {
+                            name: format!("b{}", i + 1),
+                            listen: vec![format!("{b}:80").parse().unwrap()],
+                            admin: format!("{b}:9000").parse().unwrap(),
+                        };
+                        handles.push(xlb_lab::backend::serve(opts).await.unwrap());
+                    }
+                    std::future::pending::<()>().await;
+                });
+            })
+        });
+        Ok(e)
+    }
+
+    fn start(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::File::create(self.dir.join(format!(
+            "daemon-{}.log",
+            Instant::now().elapsed().as_nanos()
+        )))?;
+        let child = self
+            .in_ns()
+            .arg(xlb_bin())
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()?;
+        self.daemon = Some(child);
+        wait_for(Duration::from_secs(10), "control socket", || {
+            Ok(self.socket.exists())
+        })
+    }
+
+    /// A command entering only the network namespace. `ip netns exec` also
+    /// gives the command a private mount namespace with a fresh /sys, where
+    /// pins would land in a bpffs nobody else sees and vanish with it.
+    fn in_ns(&self) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/var/run/netns/{}", self.ns.name()));
+        c
+    }
+
+    fn kill9(&mut self) -> anyhow::Result<()> {
+        let mut c = self.daemon.take().context("no daemon")?;
+        c.kill()?; // SIGKILL
+        c.wait()?;
+        Ok(())
+    }
+
+    fn xlb(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(xlb_bin())
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "xlb {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
+    fn status(&self) -> anyhow::Result<Value> {
+        Ok(serde_json::from_str(&self.xlb(&["status", "--json"])?)?)
+    }
+
+    /// State of backend `addr` of VIP `vip` in `xlb status --json`.
+    fn backend_state(&self, vip: &str, addr: &str) -> anyhow::Result<String> {
+        let s = self.status()?;
+        let v = s["vips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == vip)
+            .context("vip")?;
+        let b = v["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["address"] == addr)
+            .context("backend")?;
+        Ok(b["state"].as_str().unwrap().to_string())
+    }
+
+    fn set_fault(&self, backend: &str, fault: Fault) -> anyhow::Result<()> {
+        let admin: SocketAddr = format!("{backend}:9000").parse()?;
+        xlb_lab::topology::in_netns(self.ns.name(), || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(xlb_lab::backend::remote_set_fault(
+                    admin,
+                    fault,
+                    Duration::from_secs(2),
+                ))
+        })??;
+        Ok(())
+    }
+
+    fn pins(&self) -> PathBuf {
+        Path::new("/sys/fs/bpf/xlb").join(&self.instance)
+    }
+
+    /// The pinned maps, opened as the daemon sees them.
+    fn maps(&self) -> anyhow::Result<Dataplane> {
+        Ok(Dataplane::load(&LoadOptions {
+            ct_size: 4096,
+            ring_stride: 251,
+            pin_dir: Some(self.pins()),
+        })?)
+    }
+
+    fn link_id(&self) -> anyhow::Result<u32> {
+        let pinned = aya::programs::links::PinnedLink::from_pin(self.pins().join("XLB_LINK"))?;
+        let fd: aya::programs::links::FdLink = pinned.into();
+        Ok(fd.info()?.id())
+    }
+}
+
+fn wait_for(
+    limit: Duration,
+    what: &str,
+    mut f: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f().unwrap_or(false) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("{what}: not within {limit:?}")
+}
+
+fn vip_key(addr: &str) -> lb_common::VipKey {
+    let a: std::net::Ipv4Addr = addr.parse().unwrap();
+    let mut k = [0u8; 16];
+    k[..4].copy_from_slice(&a.octets());
+    lb_common::VipKey {
+        addr: k,
+        port: 80u16.to_be(),
+        proto: lb_common::PROTO_TCP,
+        family: lb_common::FAMILY_V4,
+    }
+}
+
+/// Both ring halves of a VIP, and which is live.
+fn table(dp: &Dataplane, vip: &str) -> anyhow::Result<(u32, Vec<u32>, Vec<u32>)> {
+    let info = dp.vip(&vip_key(vip))?.context("vip in maps")?;
+    Ok((
+        info.active,
+        dp.ring_half(info.vip_id, 0, info.table_size)?,
+        dp.ring_half(info.vip_id, 1, info.table_size)?,
+    ))
+}
+
+#[test]
+fn daemon_lifecycle() {
+    let mut e = Env::new().unwrap();
+    e.start().unwrap();
+    // Start, attach, probe: every backend up; XDP on xd0.
+    wait_for(Duration::from_secs(10), "all backends up", || {
+        Ok(BACKENDS
+            .iter()
+            .all(|b| e.backend_state("api", &format!("{b}:80")).ok().as_deref() == Some("up")))
+    })
+    .unwrap();
+    let link = e.ns.ip(&["link", "show", "xd0"]).unwrap();
+    assert!(link.contains("xdp"), "XDP attached to xd0: {link}");
+    let link_id = e.link_id().unwrap();
+
+    // Hang backend 2's application: down within fall × interval + timeout
+    // (2 × 200 ms + 150 ms) plus 1 s of margin for scheduling on 2 CPUs.
+    e.set_fault(BACKENDS[1], Fault::Hang).unwrap();
+    let t = Instant::now();
+    wait_for(Duration::from_millis(1550), "backend 2 down", || {
+        Ok(e.backend_state("api", "10.0.0.12:80")? == "down")
+    })
+    .unwrap();
+    println!("hung backend detected after {:?}", t.elapsed());
+    let s = e.status().unwrap();
+    let b2 = &s["vips"][0]["backends"][1];
+    let reason = b2["last_transition_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("connected, no HTTP response within"),
+        "reason: {reason}"
+    );
+
+    // The maps say the same: state DOWN, and the id gone from the live table.
+    let mut dp = e.maps().unwrap();
+    let (active, h0, h1) = table(&dp, "10.100.0.1").unwrap();
+    let live = if active == 0 { &h0 } else { &h1 };
+    let ids: std::collections::BTreeSet<u32> = live.iter().copied().collect();
+    assert_eq!(ids.len(), 2, "two backends in the live table: {ids:?}");
+    let states: Vec<u8> = (1..=6).map(|id| dp.backend(id).unwrap().state).collect();
+    assert_eq!(
+        states.iter().filter(|&&s| s == BACKEND_DOWN).count(),
+        2,
+        "b2 down in both VIPs: {states:?}"
+    );
+    assert_eq!(
+        states.iter().filter(|&&s| s == BACKEND_UP).count(),
+        4,
+        "{states:?}"
+    );
+
+    // A conntrack entry, as an established flow would have.
+    let flow = FlowKey {
+        src: [192, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        dst: vip_key("10.100.0.1").addr,
+        sport: 40000u16.to_be(),
+        dport: 80u16.to_be(),
+        proto: lb_common::PROTO_TCP,
+        family: lb_common::FAMILY_V4,
+        _pad: [0; 2],
+    };
+    let entry = CtEntry {
+        backend_id: *ids.iter().next().unwrap(),
+        generation: 1,
+        vip_id: 0,
+        _pad: 0,
+        last_seen_ns: 1,
+    };
+    dp.ct_insert(&flow, &entry).unwrap();
+    let before = table(&dp, "10.100.0.1").unwrap();
+
+    // kill -9 and start again: same link, conntrack kept, states kept (b2
+    // still down at once, before any probe), table untouched.
+    e.kill9().unwrap();
+    assert!(
+        e.ns.ip(&["link", "show", "xd0"]).unwrap().contains("xdp"),
+        "XDP stays attached while the daemon is dead"
+    );
+    std::fs::remove_file(&e.socket).ok();
+    e.start().unwrap();
+    assert_eq!(
+        e.link_id().unwrap(),
+        link_id,
+        "the pinned link is adopted, not re-created"
+    );
+    let s = e.status().unwrap();
+    assert_eq!(s["adopted"], true);
+    assert_eq!(
+        e.backend_state("api", "10.0.0.12:80").unwrap(),
+        "down",
+        "adopted state stands"
+    );
+    assert_eq!(
+        dp.ct_get(&flow).unwrap(),
+        Some(entry),
+        "conntrack entry kept"
+    );
+    assert_eq!(
+        table(&dp, "10.100.0.1").unwrap(),
+        before,
+        "table not rewritten on restart"
+    );
+
+    // Recover: back up after rise probes.
+    e.set_fault(BACKENDS[1], Fault::None).unwrap();
+    wait_for(Duration::from_secs(3), "backend 2 up again", || {
+        Ok(e.backend_state("api", "10.0.0.12:80")? == "up")
+    })
+    .unwrap();
+
+    // Reload with only "web" changed: "api"'s table bytes and live half stay.
+    let api_before = table(&dp, "10.100.0.1").unwrap();
+    let web_before = table(&dp, "10.100.0.2").unwrap();
+    std::fs::write(&e.config, config_text(&e, 2)).unwrap();
+    let out = e.xlb(&["reload"]).unwrap();
+    assert!(out.contains("1 changed"), "{out}");
+    assert_eq!(
+        table(&dp, "10.100.0.1").unwrap(),
+        api_before,
+        "untouched VIP keeps its table bytes"
+    );
+    let web_after = table(&dp, "10.100.0.2").unwrap();
+    assert_eq!(
+        web_after, web_before,
+        "weights all doubled: same shares, same table"
+    );
+    // An invalid configuration is refused whole; the daemon keeps running.
+    std::fs::write(&e.config, "[daemon]\ninterface = 7\n").unwrap();
+    let out = Command::new(xlb_bin())
+        .arg("--socket")
+        .arg(&e.socket)
+        .arg("reload")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("xlb.toml"), "names the file: {err}");
+    assert_eq!(e.backend_state("api", "10.0.0.11:80").unwrap(), "up");
+
+    // Drain and enable.
+    e.xlb(&["drain", "api", "10.0.0.13:80"]).unwrap();
+    assert_eq!(e.backend_state("api", "10.0.0.13:80").unwrap(), "draining");
+    e.xlb(&["enable", "api", "10.0.0.13:80"]).unwrap();
+    assert_eq!(e.backend_state("api", "10.0.0.13:80").unwrap(), "up");
+
+    // A pinned layout of another version is refused with a clear message.
+    e.kill9().unwrap();
+    std::fs::write(&e.config, config_text(&e, 1)).unwrap();
+    let mut g = dp.globals().unwrap();
+    g.layout_version = 999;
+    dp.set_globals(&g).unwrap();
+    drop(dp);
+    let out = e
+        .in_ns()
+        .arg(xlb_bin())
+        .args(["run", "--config"])
+        .arg(&e.config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a foreign layout must be refused");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("layout version 999"), "{err}");
+
+    // Detach removes everything.
+    let out = Command::new(xlb_bin())
+        .args(["detach", "--instance", &e.instance])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!e.pins().exists(), "pins removed");
+    assert!(
+        !e.ns.ip(&["link", "show", "xd0"]).unwrap().contains("xdp"),
+        "XDP detached"
+    );
+}
