@@ -386,6 +386,57 @@ fn daemon_lifecycle() {
         "table not rewritten on restart"
     );
 
+    // `xlb explain` agrees with the maps: the established flow goes where
+    // its conntrack entry says; a new one to its table slot's backend.
+    let be = dp.backend(entry.backend_id).unwrap();
+    let be_addr = format!(
+        "{}.{}.{}.{}:80",
+        be.addr[0], be.addr[1], be.addr[2], be.addr[3]
+    );
+    let ex: Value = serde_json::from_str(
+        &e.xlb(&[
+            "explain",
+            "tcp",
+            "192.0.2.1:40000",
+            "10.100.0.1:80",
+            "--json",
+        ])
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ex["via"], "conntrack", "{ex}");
+    assert_eq!(ex["backend"], be_addr.as_str(), "{ex}");
+    let ex: Value = serde_json::from_str(
+        &e.xlb(&[
+            "explain",
+            "tcp",
+            "192.0.2.9:40001",
+            "10.100.0.1:80",
+            "--json",
+        ])
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ex["via"], "table", "{ex}");
+    let g = dp.globals().unwrap();
+    let probe = FlowKey {
+        src: [192, 0, 2, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        sport: 40001u16.to_be(),
+        ..flow
+    };
+    let (active, h0, h1) = table(&dp, "10.100.0.1").unwrap();
+    let id = if active == 0 { &h0 } else { &h1 }[probe.slot(&g.hash_key, 251) as usize];
+    let be = dp.backend(id).unwrap();
+    assert_eq!(
+        ex["backend"],
+        format!(
+            "{}.{}.{}.{}:80",
+            be.addr[0], be.addr[1], be.addr[2], be.addr[3]
+        )
+        .as_str(),
+        "{ex}"
+    );
+
     // Recover: back up after rise probes.
     e.set_fault(BACKENDS[1], Fault::None).unwrap();
     wait_for(Duration::from_secs(3), "backend 2 up again", || {
