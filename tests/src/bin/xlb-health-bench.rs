@@ -332,36 +332,34 @@ fn http_spec(f: impl FnOnce(&mut CheckSpec)) -> CheckSpec {
     spec
 }
 
+/// The health check an operator gets from `[health_check]` settings `extra`,
+/// resolved by the real configuration code (so derived defaults such as
+/// `fast_interval` ≤ `interval` apply exactly as in production).
+fn spec_from_config(extra: &str) -> CheckSpec {
+    let text = format!(
+        "[daemon]\ninterface = \"lo\"\n[health_check]\n{extra}\n\
+         [[vip]]\nname = \"bench\"\naddress = \"10.100.0.1\"\nport = 80\n\
+         [[vip.backend]]\naddress = \"10.0.0.1\"\n"
+    );
+    let cfg =
+        lb_user::config::Config::from_str(&text, "bench.toml").expect("bench config is valid");
+    cfg.vips[0].backends[0].health.clone()
+}
+
 fn detection_profiles(quick: bool) -> Vec<Profile> {
-    let fast = |s: &mut CheckSpec| {
-        s.interval = Duration::from_millis(200);
-        s.timeout = Duration::from_millis(100);
-        s.fall = 2;
-    };
     vec![
         Profile {
             name: "default",
-            spec: http_spec(|_| {}),
+            spec: spec_from_config(""),
             reps: if quick { 2 } else { 5 },
-            note: "health::spec::defaults",
+            note: "health::spec::defaults, as a configuration without [health_check] gets them",
         },
         Profile {
             name: "fast",
-            spec: http_spec(fast),
+            spec: spec_from_config("interval = \"200ms\"\nfall = 2\ntimeout = \"100ms\""),
             reps: if quick { 5 } else { 20 },
-            note: "interval 200ms, fall 2, and timeout 100ms (a 1s timeout would dominate a \
-                   200ms interval); fast_interval left at its default, as a config setting \
-                   only those three gets",
-        },
-        Profile {
-            name: "fast, fast_interval 200ms",
-            spec: http_spec(|s| {
-                fast(s);
-                s.fast_interval = Duration::from_millis(200);
-            }),
-            reps: if quick { 5 } else { 20 },
-            note: "the fast profile with fast_interval no longer than interval, so failures \
-                   after the first are confirmed at the interval the targets assume",
+            note: "interval = \"200ms\", fall = 2, timeout = \"100ms\" (a 1s timeout would \
+                   dominate a 200ms interval); everything else resolved by the configuration",
         },
     ]
 }
@@ -374,8 +372,9 @@ struct Bounds {
     jittered: Duration,
     /// This scheduler's own worst case: the first failing probe starts at
     /// most interval × (1 + jitter) after the last passing one; each further
-    /// one `fast_interval × (1 + jitter)` after the previous failure's verdict
-    /// (delays run from the end of a probe). Plus the margin.
+    /// one `fast_interval × (1 + jitter)` after the previous one started
+    /// (periods run from the start of a probe), and the last one's verdict
+    /// comes a timeout later. Plus the margin.
     schedule: Duration,
 }
 
@@ -387,8 +386,8 @@ impl Bounds {
             nominal: spec.interval * fall + spec.timeout + DETECTION_MARGIN,
             jittered: spec.interval.mul_f64(stretch) * fall + spec.timeout + DETECTION_MARGIN,
             schedule: spec.interval.mul_f64(stretch)
+                + spec.fast_interval.max(spec.timeout).mul_f64(stretch) * (fall - 1)
                 + spec.timeout
-                + (spec.fast_interval.mul_f64(stretch) + spec.timeout) * (fall - 1)
                 + DETECTION_MARGIN,
         }
     }
