@@ -416,7 +416,54 @@ pub const DECAP_STATS_LEN: u32 = 3;
 /// Key of `XLB_DECAP_ADDR`: an outer destination the decapsulator accepts.
 pub type DecapAddrKey = VipAddrKey;
 
+/// `addr` as the maps store it (see [`Addr`]).
+pub fn addr16(addr: core::net::IpAddr) -> Addr {
+    let mut out = [0u8; 16];
+    match addr {
+        core::net::IpAddr::V4(v4) => {
+            let o = v4.octets();
+            out[0] = o[0];
+            out[1] = o[1];
+            out[2] = o[2];
+            out[3] = o[3];
+        }
+        core::net::IpAddr::V6(v6) => out = v6.octets(),
+    }
+    out
+}
+
+/// [`FAMILY_V4`] or [`FAMILY_V6`].
+pub fn family_of(addr: core::net::IpAddr) -> u8 {
+    if addr.is_ipv4() { FAMILY_V4 } else { FAMILY_V6 }
+}
+
+impl VipKey {
+    /// The key of the VIP at `addr`:`port` (host order) for `proto`.
+    pub fn new(addr: core::net::IpAddr, port: u16, proto: u8) -> Self {
+        Self {
+            addr: addr16(addr),
+            port: port.to_be(),
+            proto,
+            family: family_of(addr),
+        }
+    }
+}
+
 impl FlowKey {
+    /// The key of a flow from `client` to `vip` (ports in host order), as the
+    /// data plane builds it from a packet.
+    pub fn new(client: core::net::SocketAddr, vip: core::net::SocketAddr, proto: u8) -> Self {
+        Self {
+            src: addr16(client.ip()),
+            dst: addr16(vip.ip()),
+            sport: client.port().to_be(),
+            dport: vip.port().to_be(),
+            proto,
+            family: family_of(vip.ip()),
+            _pad: [0; 2],
+        }
+    }
+
     /// Slot of this flow in a Maglev table of `table_size` slots.
     #[inline(always)]
     pub fn slot(&self, key: &[u64; 2], table_size: u32) -> u32 {

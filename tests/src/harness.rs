@@ -199,13 +199,7 @@ impl World {
         down_policy: u8,
         table: &[u32],
     ) -> anyhow::Result<VipKey> {
-        let a: IpAddr = addr.parse()?;
-        let key = VipKey {
-            addr: addr16(a),
-            port: port.to_be(),
-            proto,
-            family: family(a),
-        };
+        let key = VipKey::new(addr.parse()?, port, proto);
         let slots: Vec<(u32, u32)> = table
             .iter()
             .enumerate()

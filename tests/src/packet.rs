@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use lb_common::{FAMILY_V4, FAMILY_V6, FlowKey, PROTO_TCP, PROTO_UDP};
+use lb_common::{FlowKey, PROTO_TCP, PROTO_UDP};
 
 pub type Mac = [u8; 6];
 
@@ -47,15 +47,11 @@ impl Flow {
 
     /// The conntrack key / hash input the data plane builds for this flow.
     pub fn key(&self) -> FlowKey {
-        FlowKey {
-            src: addr16(self.src),
-            dst: addr16(self.dst),
-            sport: self.sport.to_be(),
-            dport: self.dport.to_be(),
-            proto: self.proto,
-            family: family(self.dst),
-            _pad: [0; 2],
-        }
+        FlowKey::new(
+            std::net::SocketAddr::new(self.src, self.sport),
+            std::net::SocketAddr::new(self.dst, self.dport),
+            self.proto,
+        )
     }
 
     /// The L4 header (+ payload): TCP with `flags`, or UDP.
@@ -92,22 +88,10 @@ impl Flow {
     }
 }
 
-pub fn family(a: IpAddr) -> u8 {
-    if a.is_ipv4() { FAMILY_V4 } else { FAMILY_V6 }
-}
+pub use lb_common::{addr16, family_of as family};
 
 pub fn ethertype(a: IpAddr) -> u16 {
     if a.is_ipv4() { ETH_P_IP } else { ETH_P_IPV6 }
-}
-
-/// An address as the maps store it (IPv4 in the first 4 bytes).
-pub fn addr16(a: IpAddr) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    match a {
-        IpAddr::V4(v4) => out[..4].copy_from_slice(&v4.octets()),
-        IpAddr::V6(v6) => out = v6.octets(),
-    }
-    out
 }
 
 pub fn eth(dst: Mac, src: Mac, vlan: Option<u16>, ethertype: u16, payload: &[u8]) -> Vec<u8> {

@@ -263,15 +263,7 @@ fn wait_for(
 }
 
 fn vip_key(addr: &str) -> lb_common::VipKey {
-    let a: std::net::Ipv4Addr = addr.parse().unwrap();
-    let mut k = [0u8; 16];
-    k[..4].copy_from_slice(&a.octets());
-    lb_common::VipKey {
-        addr: k,
-        port: 80u16.to_be(),
-        proto: lb_common::PROTO_TCP,
-        family: lb_common::FAMILY_V4,
-    }
+    lb_common::VipKey::new(addr.parse().unwrap(), 80, lb_common::PROTO_TCP)
 }
 
 /// Both ring halves of a VIP, and which is live.
@@ -335,15 +327,11 @@ fn daemon_lifecycle() {
     );
 
     // A conntrack entry, as an established flow would have.
-    let flow = FlowKey {
-        src: [192, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        dst: vip_key("10.100.0.1").addr,
-        sport: 40000u16.to_be(),
-        dport: 80u16.to_be(),
-        proto: lb_common::PROTO_TCP,
-        family: lb_common::FAMILY_V4,
-        _pad: [0; 2],
-    };
+    let flow = FlowKey::new(
+        "192.0.2.1:40000".parse().unwrap(),
+        "10.100.0.1:80".parse().unwrap(),
+        lb_common::PROTO_TCP,
+    );
     let entry = CtEntry {
         backend_id: *ids.iter().next().unwrap(),
         generation: 1,
@@ -419,11 +407,11 @@ fn daemon_lifecycle() {
     .unwrap();
     assert_eq!(ex["via"], "table", "{ex}");
     let g = dp.globals().unwrap();
-    let probe = FlowKey {
-        src: [192, 0, 2, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        sport: 40001u16.to_be(),
-        ..flow
-    };
+    let probe = FlowKey::new(
+        "192.0.2.9:40001".parse().unwrap(),
+        "10.100.0.1:80".parse().unwrap(),
+        lb_common::PROTO_TCP,
+    );
     let (active, h0, h1) = table(&dp, "10.100.0.1").unwrap();
     let id = if active == 0 { &h0 } else { &h1 }[probe.slot(&g.hash_key, 251) as usize];
     let be = dp.backend(id).unwrap();

@@ -120,12 +120,7 @@ fn base(w: &mut World) -> anyhow::Result<()> {
 }
 
 fn vip_key(flow: &Flow) -> VipKey {
-    VipKey {
-        addr: addr16(flow.dst),
-        port: flow.dport.to_be(),
-        proto: flow.proto,
-        family: packet::family(flow.dst),
-    }
+    VipKey::new(flow.dst, flow.dport, flow.proto)
 }
 
 /// The backend userspace predicts for `flow` from the live table.

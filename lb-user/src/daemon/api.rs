@@ -527,15 +527,7 @@ impl Daemon {
                     && v.cfg.protocol == proto
             })
             .with_context(|| format!("no VIP serves {vipaddr}/{protocol}"))?;
-        let flow = FlowKey {
-            src: model::addr16(client.ip()),
-            dst: model::addr16(vipaddr.ip()),
-            sport: client.port().to_be(),
-            dport: vipaddr.port().to_be(),
-            proto: proto.as_raw(),
-            family: model::family(client.ip()),
-            _pad: [0; 2],
-        };
+        let flow = FlowKey::new(client, vipaddr, proto.as_raw());
         let g = self.dp.globals()?;
         let hash = lb_common::flow_hash(&g.hash_key, &flow);
         let slot = flow.slot(&g.hash_key, vip.cfg.table_size);

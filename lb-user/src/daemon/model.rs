@@ -10,8 +10,8 @@ use std::{
 
 use anyhow::Context as _;
 use lb_common::{
-    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, FAMILY_V4, FAMILY_V6, MAX_BACKENDS,
-    MAX_VIPS, VipInfo, VipKey,
+    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, MAX_BACKENDS, MAX_VIPS, VipInfo,
+    VipKey,
 };
 use tracing::{info, warn};
 
@@ -24,27 +24,10 @@ use crate::{
 
 use super::persist::{Saved, SavedBackend, SavedHealth};
 
-/// An address as the maps store it.
-pub fn addr16(a: IpAddr) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    match a {
-        IpAddr::V4(v4) => out[..4].copy_from_slice(&v4.octets()),
-        IpAddr::V6(v6) => out = v6.octets(),
-    }
-    out
-}
-
-pub fn family(a: IpAddr) -> u8 {
-    if a.is_ipv4() { FAMILY_V4 } else { FAMILY_V6 }
-}
+pub use lb_common::{addr16, family_of as family};
 
 pub fn vip_key(cfg: &VipConfig) -> VipKey {
-    VipKey {
-        addr: addr16(cfg.addr),
-        port: cfg.port.to_be(),
-        proto: cfg.protocol.as_raw(),
-        family: family(cfg.addr),
-    }
+    VipKey::new(cfg.addr, cfg.port, cfg.protocol.as_raw())
 }
 
 /// One backend of one VIP.
