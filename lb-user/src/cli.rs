@@ -120,8 +120,8 @@ pub enum Command {
         /// Interface that receives the encapsulated traffic.
         #[arg(long, short, value_name = "IF")]
         interface: String,
-        /// Outer destination to accept (repeatable); default: any address
-        /// of this host.
+        /// Outer destination to accept (repeatable); default: every address
+        /// of the interface.
         #[arg(long = "address", value_name = "ADDR")]
         addresses: Vec<IpAddr>,
     },

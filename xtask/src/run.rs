@@ -1,5 +1,5 @@
 //! `cargo xtask run`: build `xlb` in release and run it as root, the way an
-//! operator runs it on a host (`cargo xtask run -- --config xlb.toml`).
+//! operator runs it on a host (`cargo xtask run -- run --config xlb.toml`).
 
 use anyhow::Result;
 

@@ -5,7 +5,10 @@ use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     net::SocketAddr,
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -92,6 +95,8 @@ pub struct Daemon {
     last_sample: Instant,
     histograms: HashMap<u32, LatencyHistogram>,
     transitions: HashMap<u32, u64>,
+    /// Conntrack entries, counted off the main loop (see `count_conntrack`).
+    ct_entries: Arc<AtomicU64>,
     /// What the metrics endpoint serves, refreshed every tick.
     published: Arc<Mutex<(StatusReport, MetricsExtra)>>,
 }
@@ -139,6 +144,7 @@ impl Daemon {
             be_rates: HashMap::new(),
             last_sample: Instant::now(),
             histograms: HashMap::new(),
+            ct_entries: Arc::new(AtomicU64::new(0)),
             transitions: HashMap::new(),
             published: Arc::new(Mutex::new((
                 StatusReport::default(),
@@ -343,6 +349,8 @@ impl Daemon {
         let mut notes = Vec::new();
         let old_d = &self.cfg.daemon;
         let new_d = &new.daemon;
+        // What the pinned state fixes: changing it means `xlb detach` (which
+        // drops established flows) and a fresh start.
         for (what, changed) in [
             ("interface", old_d.interface != new_d.interface),
             ("instance", old_d.instance != new_d.instance),
@@ -355,13 +363,29 @@ impl Daemon {
                 old_d.max_table_size != new_d.max_table_size,
             ),
             ("xdp_mode", old_d.xdp_mode != new_d.xdp_mode),
+        ] {
+            if changed {
+                notes.push(format!(
+                    "daemon.{what} changed: not applied; it is fixed by the pinned state until \
+                     `xlb detach --instance {}` (drops established flows) and a new start",
+                    old_d.instance
+                ));
+            }
+        }
+        // What the running process holds: applied at the next restart.
+        for (what, changed) in [
             (
                 "control_socket",
                 old_d.control_socket != new_d.control_socket,
             ),
+            ("socket_group", old_d.socket_group != new_d.socket_group),
             (
                 "metrics_address",
                 old_d.metrics_address != new_d.metrics_address,
+            ),
+            (
+                "probe_concurrency",
+                old_d.probe_concurrency != new_d.probe_concurrency,
             ),
         ] {
             if changed {
@@ -377,7 +401,7 @@ impl Daemon {
         {
             let mut d = new_d.clone();
             d.interface = old_d.interface.clone();
-            super::write_globals(&mut self.dp, &d)?;
+            super::write_globals(&mut self.dp, &d, &new.vips)?;
             notes.push("daemon settings updated".to_string());
         }
         let (mut added, mut changed, mut removed) = (0, 0, 0);
@@ -430,6 +454,19 @@ impl Daemon {
         let order: Vec<String> = new.vips.iter().map(|v| v.name.clone()).collect();
         self.vips
             .sort_by_key(|v| order.iter().position(|n| *n == v.cfg.name));
+        // Settings not applied live keep their running values, so status
+        // and the state file describe what is really in force.
+        let mut new = new;
+        let old = &self.cfg.daemon;
+        new.daemon.interface = old.interface.clone();
+        new.daemon.instance = old.instance.clone();
+        new.daemon.conntrack_size = old.conntrack_size;
+        new.daemon.max_table_size = old.max_table_size;
+        new.daemon.xdp_mode = old.xdp_mode;
+        new.daemon.control_socket = old.control_socket.clone();
+        new.daemon.socket_group = old.socket_group.clone();
+        new.daemon.metrics_address = old.metrics_address;
+        new.daemon.probe_concurrency = old.probe_concurrency;
         self.cfg = new;
         self.save();
         let summary = format!(
@@ -674,7 +711,7 @@ impl Daemon {
             adopted: self.adopted,
             config_path: self.config_path.display().to_string(),
             conntrack: ctl::ConntrackStatus {
-                entries: self.dp.ct_len() as u64,
+                entries: self.ct_entries.load(Ordering::Relaxed),
                 capacity: self.cfg.daemon.conntrack_size as u64,
             },
             counters,
@@ -798,6 +835,10 @@ impl Daemon {
                 }
             });
         }
+        count_conntrack(
+            super::persist::pin_dir(&self.cfg.daemon.instance).join(lb_common::MAP_CT),
+            self.ct_entries.clone(),
+        );
         self.sample();
 
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
@@ -902,4 +943,42 @@ impl metrics::MetricsSource for Published {
     fn snapshot(&self) -> (StatusReport, MetricsExtra) {
         self.0.lock().map(|p| p.clone()).unwrap_or_default()
     }
+}
+
+/// How often the conntrack table is counted.
+const CT_COUNT_PERIOD: Duration = Duration::from_secs(10);
+
+/// Counts conntrack entries every `CT_COUNT_PERIOD` on a thread of its own:
+/// walking the keys costs one syscall per entry (a million at the default
+/// size), which must never hold up health reports on the main loop. The
+/// thread ends with the process.
+fn count_conntrack(pin: PathBuf, out: Arc<AtomicU64>) {
+    std::thread::spawn(move || {
+        let map = match aya::maps::MapData::from_pin(&pin) {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(
+                    "conntrack fill will not be reported: opening {}: {e}",
+                    pin.display()
+                );
+                return;
+            }
+        };
+        let Ok(ct) =
+            aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(aya::maps::Map::LruHashMap(map))
+        else {
+            warn!(
+                "conntrack fill will not be reported: {} is not the conntrack map",
+                pin.display()
+            );
+            return;
+        };
+        loop {
+            out.store(
+                ct.keys().filter(|k| k.is_ok()).count() as u64,
+                Ordering::Relaxed,
+            );
+            std::thread::sleep(CT_COUNT_PERIOD);
+        }
+    });
 }

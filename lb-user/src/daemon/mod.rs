@@ -27,7 +27,7 @@ use lb_common::{Globals, LAYOUT_VERSION};
 use tracing::{info, warn};
 
 use crate::{
-    config::{Config, DaemonConfig, XdpMode as CfgXdpMode},
+    config::{Config, DaemonConfig, Mode, VipConfig, XdpMode as CfgXdpMode},
     dataplane::{Dataplane, LoadOptions},
 };
 
@@ -139,7 +139,7 @@ fn to16(a: IpAddr) -> [u8; 16] {
 
 /// Writes `Globals`: keeps the pinned hash key unless the configuration sets
 /// one (so a restart never moves flows), else draws a random one.
-fn write_globals(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<()> {
+fn write_globals(dp: &mut Dataplane, d: &DaemonConfig, vips: &[VipConfig]) -> anyhow::Result<()> {
     let mut g = dp.globals()?;
     let (v4, v6) = interface_addrs(&d.interface)?;
     let key = match d.hash_seed {
@@ -165,8 +165,15 @@ fn write_globals(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<()> {
         encap_src_v6: src6.map(|a| to16(IpAddr::V6(a))).unwrap_or_default(),
     };
     dp.set_globals(&g)?;
-    if src4.is_none() {
+    let ipip = |v6: bool| {
+        vips.iter()
+            .any(|v| v.mode == Mode::DsrIpip && v.addr.is_ipv6() == v6)
+    };
+    if src4.is_none() && ipip(false) {
         warn!(interface = %d.interface, "no IPv4 address on the interface and no daemon.encap_source_v4: IPv4 dsr-ipip packets get source 0.0.0.0");
+    }
+    if src6.is_none() && ipip(true) {
+        warn!(interface = %d.interface, "no global IPv6 address on the interface and no daemon.encap_source_v6: IPv6 dsr-ipip packets get source ::");
     }
     Ok(())
 }
@@ -229,6 +236,25 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     let pin_dir = persist::pin_dir(&d.instance);
     fs::create_dir_all(&pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
     let t0 = Instant::now();
+    // aya adopts a pinned map whatever its size: check the one size that a
+    // configuration can change.
+    let ct_pin = pin_dir.join(lb_common::MAP_CT);
+    if ct_pin.exists() {
+        let pinned = aya::maps::MapData::from_pin(&ct_pin)
+            .and_then(|m| m.info())
+            .with_context(|| format!("reading {}", ct_pin.display()))?
+            .max_entries();
+        if pinned != d.conntrack_size {
+            bail!(
+                "pinned conntrack in {} holds {pinned} entries, the configuration says \
+                 conntrack_size = {}: run `xlb detach --instance {}` first (this drops \
+                 established flows) or restore the old value",
+                pin_dir.display(),
+                d.conntrack_size,
+                d.instance
+            );
+        }
+    }
     let mut dp = Dataplane::load(&LoadOptions {
         ct_size: d.conntrack_size,
         ring_stride: d.max_table_size,
@@ -244,7 +270,7 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
             d.instance
         );
     }
-    write_globals(&mut dp, d)?;
+    write_globals(&mut dp, d, &cfg.vips)?;
     enable_forwarding(&d.interface, cfg.vips.iter().any(|v| v.addr.is_ipv6()))?;
     let saved = persist::Saved::load(&persist::state_path(&d.instance))?;
     let daemon = Daemon::new(config_path, cfg, dp, saved)?;

@@ -262,8 +262,10 @@ async fn run_backend(task: BackendTask) {
         };
         // A dropped receiver is not a reason to stop: snapshots stay useful.
         let _ = tx.send(report).await;
-        // Periods run from the start of each probe, so detection takes
-        // fall × interval + timeout, not fall × (interval + timeout). A probe
+        // Periods run from the start of each probe, so a hang is confirmed
+        // within interval + (fall − 1) × max(fast_interval, timeout) +
+        // timeout (fast_interval ≤ interval by default), not fall ×
+        // (interval + timeout). A probe
         // never overlaps the next: validation keeps timeout ≤ interval, and
         // a probe that overran (waiting for a permit) is followed by at least
         // a tenth of the period of rest, so a hung backend is never probed
