@@ -69,8 +69,9 @@ pub mod defaults {
 pub const MAX_WEIGHT: u32 = 1000;
 
 /// Largest `daemon.max_table_size` (the largest prime below 2^20). The ring
-/// is preallocated for every VIP: `MAX_VIPS` × 2 halves × stride × 4 B, i.e.
-/// 512 MiB of kernel memory at this size (32 MiB at the default).
+/// is preallocated for every VIP: `MAX_VIPS` × 2 halves × stride × 8 B (the
+/// kernel stores each 4-byte slot in 8), i.e. 1 GiB of kernel memory at this
+/// size (64 MiB at the default).
 pub const MAX_RING_STRIDE: u32 = 1_048_573;
 
 /// Longest `body_contains`: the prober reads only the first 4 KiB of a body.
@@ -789,7 +790,7 @@ fn validate_daemon(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
             format!(
                 "max_table_size {max_table_size} is too large: the ring would take \
                  {} MiB of kernel memory; use a prime of at most {MAX_RING_STRIDE}",
-                (u64::from(lb_common::MAX_VIPS) * 2 * u64::from(max_table_size) * 4) >> 20
+                (u64::from(lb_common::MAX_VIPS) * 2 * u64::from(max_table_size) * 8) >> 20
             ),
         );
     }
@@ -2185,7 +2186,7 @@ mod tests {
                 "max table size too large",
                 "[daemon]\ninterface = \"eth0\"\nmax_table_size = 2097143\n".to_owned(),
                 vec![
-                    r#"xlb.toml: daemon: max_table_size 2097143 is too large: the ring would take 1023 MiB of kernel memory; use a prime of at most 1048573"#,
+                    r#"xlb.toml: daemon: max_table_size 2097143 is too large: the ring would take 2047 MiB of kernel memory; use a prime of at most 1048573"#,
                 ],
             ),
             (
