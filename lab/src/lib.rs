@@ -4,11 +4,14 @@
 //! request's outcome ([`client`], binary `xlb-client`).
 //!
 //! The lab does not depend on the rest of xlb: whoever holds the eBPF object
-//! attaches programs to the interfaces the topology names.
+//! attaches programs to the interfaces the topology names. [`scenario`] does
+//! that by running the `xlb` binary (given its path) in the lab, for the
+//! end-to-end tests and `cargo xtask lab`/`demo`.
 
 pub mod backend;
 pub mod client;
 pub mod http;
+pub mod scenario;
 pub mod topology;
 
 pub use backend::{BackendHandle, BackendOptions, BackendStats, Fault, serve};

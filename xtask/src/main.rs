@@ -2,6 +2,8 @@
 
 mod bench;
 mod build_cmd;
+mod demo;
+mod lab;
 mod run;
 mod setup;
 mod test;
@@ -51,12 +53,62 @@ enum Command {
         args: Vec<String>,
     },
     /// Run setup, build `xlb` in release and run it as root (through
-    /// `sudo -E` if needed), e.g. `cargo xtask run -- --config xlb.toml`.
+    /// `sudo -E` if needed), e.g. `cargo xtask run -- run --config xlb.toml`.
     Run {
         /// Passed to `xlb`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Bring the namespaced lab (client, LB host, three backends) up with
+    /// xlb running in it and leave it running, or take it down.
+    Lab {
+        #[command(subcommand)]
+        action: LabAction,
+    },
+    /// Show what xlb is for: run setup, build, bring the lab up, hang a
+    /// backend under load and print what the clients saw while xlb took it
+    /// out and back; then tear the lab down. About 35 s after the build.
+    Demo {
+        /// Leave the lab running afterwards (`cargo xtask lab down` removes it).
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum LabAction {
+    /// Build in release, then (re)build the lab and start xlb with a
+    /// generated configuration (VIPs api, api6 and api2); logs and the
+    /// configuration go to target/lab/<PREFIX>/. Running it again replaces
+    /// the lab.
+    Up {
+        /// Namespace prefix: namespaces are <PREFIX>-br, -cl, -lb, -b1..b3.
+        #[arg(long, default_value = xlb_lab::topology::DEFAULT_PREFIX)]
+        prefix: String,
+        /// Forwarding mode of the api and api6 VIPs (api2 gets the other).
+        #[arg(long, default_value = "dsr-ipip", value_parser = parse_mode)]
+        mode: xlb_lab::scenario::Mode,
+        /// Run this configuration instead of the generated one.
+        #[arg(long, value_name = "FILE")]
+        config: Option<std::path::PathBuf>,
+        /// Start everything but `xlb run` (to run the daemon by hand).
+        #[arg(long)]
+        no_daemon: bool,
+        /// Build and run the dev profile (quicker to build) instead of release.
+        #[arg(long)]
+        dev: bool,
+    },
+    /// Stop the lab's processes, detach xlb and remove the namespaces; also
+    /// cleans up after an interrupted `up`.
+    Down {
+        /// Namespace prefix given to `up`.
+        #[arg(long, default_value = xlb_lab::topology::DEFAULT_PREFIX)]
+        prefix: String,
+    },
+}
+
+fn parse_mode(s: &str) -> Result<xlb_lab::scenario::Mode, String> {
+    s.parse()
 }
 
 fn main() -> ExitCode {
@@ -70,6 +122,26 @@ fn main() -> ExitCode {
         Command::Test { args } => test::run(&args),
         Command::Bench { bin, args } => bench::run(bin.as_deref(), &args),
         Command::Run { args } => run::run(&args),
+        Command::Lab {
+            action:
+                LabAction::Up {
+                    prefix,
+                    mode,
+                    config,
+                    no_daemon,
+                    dev,
+                },
+        } => lab::up(&lab::UpArgs {
+            prefix,
+            dev,
+            mode,
+            no_daemon,
+            config,
+        }),
+        Command::Lab {
+            action: LabAction::Down { prefix },
+        } => lab::down(&prefix),
+        Command::Demo { keep } => demo::run(keep),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -145,6 +217,30 @@ mod tests {
         };
         assert_eq!(bin.as_deref(), Some("xlb-bench"));
         assert_eq!(args, ["--secs", "5"]);
+    }
+
+    #[test]
+    fn lab_and_demo_arguments() {
+        let cli = Cli::try_parse_from(["xtask", "lab", "up", "--mode", "dsr-l2", "--prefix", "t1"])
+            .unwrap();
+        let Command::Lab {
+            action: LabAction::Up { prefix, mode, .. },
+        } = cli.command
+        else {
+            panic!("not parsed as lab up");
+        };
+        assert_eq!(
+            (prefix.as_str(), mode),
+            ("t1", xlb_lab::scenario::Mode::DsrL2)
+        );
+        assert!(Cli::try_parse_from(["xtask", "lab", "up", "--mode", "nat"]).is_err());
+        let cli = Cli::try_parse_from(["xtask", "lab", "down"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Lab { action: LabAction::Down { prefix } } if prefix == "xlb"
+        ));
+        let cli = Cli::try_parse_from(["xtask", "demo", "--keep"]).unwrap();
+        assert!(matches!(cli.command, Command::Demo { keep: true }));
     }
 
     #[test]

@@ -20,6 +20,10 @@ pub fn run(args: &[String]) -> Result<()> {
     setup::ensure()?;
     fmt()?;
     clippy()?;
+    // The daemon, lab and end-to-end tests run the `xlb`, `xlb-backend` and
+    // `xlb-client` binaries; `cargo test` alone does not promise to build them.
+    util::run(util::cargo().args(["build", "--workspace", "--exclude", EBPF_CRATE, "--bins"]))
+        .context("building the binaries the integration tests run")?;
     let counts = cargo_test(args)?;
     println!("xtask test: formatting, clippy and tests passed");
     println!("{}", counts.summary());

@@ -1043,10 +1043,11 @@ mod tests {
     fn bounds_of_the_default_profile() {
         let b = Bounds::of(&http_spec(|_| {}));
         // 3 × 2 s + 1 s + 50 ms; 3 × 2.2 s + 1 s + 50 ms;
-        // 2.2 s + 1 s + 2 × (0.55 s + 1 s) + 50 ms.
+        // 2.2 s + 2 × max(0.5 s, 1 s) × 1.1 + 1 s + 50 ms (periods run from
+        // the start of a probe; a failing one lasts the 1 s timeout).
         assert_eq!(b.nominal, Duration::from_millis(7_050));
         assert_eq!(b.jittered.as_millis(), 7_650);
-        assert_eq!(b.schedule.as_millis(), 6_350);
+        assert_eq!(b.schedule.as_millis(), 5_450);
     }
 
     #[test]
