@@ -246,11 +246,12 @@ pub struct VipStatus {
     pub backends_up: u32,
     /// Backends configured.
     pub backends_total: u32,
-    /// Forwarded packets per second, averaged over the last few seconds.
+    /// Forwarded packets per second over the last 1 s sample.
     pub packets_per_sec: f64,
-    /// Flows given a backend from the table per second.
+    /// Flows given a backend from the table per second (last 1 s sample).
     pub new_flows_per_sec: f64,
-    /// Packets forwarded since the maps were created.
+    /// Packets forwarded since the maps were created, read when the status
+    /// was asked for.
     pub packets: u64,
     /// Bytes forwarded (frame length as received).
     pub bytes: u64,
@@ -293,10 +294,9 @@ pub struct BackendStatus {
     pub consecutive_ok: u32,
     /// Consecutive failed probes (0 after a success).
     pub consecutive_fail: u32,
-    /// Flows given to it from the table per second, averaged over the last
-    /// few seconds.
+    /// Flows given to it from the table per second (last 1 s sample).
     pub new_flows_per_sec: f64,
-    /// Packets forwarded to it per second.
+    /// Packets forwarded to it per second (last 1 s sample).
     pub packets_per_sec: f64,
     /// Packets forwarded to it since it was added.
     pub packets: u64,

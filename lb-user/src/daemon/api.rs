@@ -683,6 +683,7 @@ impl Daemon {
             .iter()
             .map(|v| {
                 let vr = self.vip_rates.get(&v.id).copied().unwrap_or_default();
+                let live = self.dp.vip_stats(v.id).unwrap_or(vr.last);
                 VipStatus {
                     name: v.cfg.name.clone(),
                     address: v.cfg.addr.to_string(),
@@ -695,9 +696,9 @@ impl Daemon {
                     backends_total: v.backends.len() as u32,
                     packets_per_sec: vr.pps,
                     new_flows_per_sec: vr.nfps,
-                    packets: vr.last.packets,
-                    bytes: vr.last.bytes,
-                    new_flows: vr.last.new_flows,
+                    packets: live.packets,
+                    bytes: live.bytes,
+                    new_flows: live.new_flows,
                     backends: v.backends.iter().map(|b| self.backend_status(b)).collect(),
                 }
             })
@@ -721,6 +722,8 @@ impl Daemon {
 
     fn backend_status(&self, b: &Backend) -> BackendStatus {
         let r = self.be_rates.get(&b.id).copied().unwrap_or_default();
+        // Totals read now (one lookup), rates from the last 1 s sample.
+        let live = self.dp.backend_stats(b.id).unwrap_or(r.last);
         let snap = b.snapshot.as_ref();
         BackendStatus {
             address: b.cfg.socket_addr().to_string(),
@@ -755,9 +758,9 @@ impl Daemon {
             consecutive_fail: snap.map(|s| s.consecutive_fail).unwrap_or(0),
             new_flows_per_sec: r.nfps,
             packets_per_sec: r.pps,
-            packets: r.last.packets,
-            bytes: r.last.bytes,
-            new_flows: r.last.new_flows,
+            packets: live.packets,
+            bytes: live.bytes,
+            new_flows: live.new_flows,
         }
     }
 
