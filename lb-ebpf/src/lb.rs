@@ -107,15 +107,22 @@ pub fn run(ctx: &XdpContext) -> u32 {
         }
         l3off = ETH_LEN + VLAN_LEN;
     }
+    // One Packet, filled in place by either parser (by-value results of
+    // both would each take stack).
+    let mut pkt = Packet {
+        l3off,
+        ip_len: 0,
+        flow: FlowKey::default(),
+        syn: false,
+    };
     let parsed = match proto {
-        ETH_P_IP => parse_v4(ctx, l3off),
-        ETH_P_IPV6 => parse_v6(ctx, l3off),
+        ETH_P_IP => parse_v4(ctx, &mut pkt),
+        ETH_P_IPV6 => parse_v6(ctx, &mut pkt),
         _ => return pass(Stat::PassNotIp),
     };
-    let pkt = match parsed {
-        Ok(p) => p,
-        Err(verdict) => return verdict,
-    };
+    if let Err(verdict) = parsed {
+        return verdict;
+    }
     // No VIP on this (protocol, port): not ours, decided without a hash
     // lookup, so the host's own traffic pays almost nothing.
     let port = lb_common::port_index(pkt.flow.proto, u16::from_be(pkt.flow.dport));
@@ -204,73 +211,75 @@ fn bad(dst: &[u8; 16], family: u8, why: Stat) -> u32 {
 }
 
 #[inline(always)]
-fn parse_v4(ctx: &XdpContext, l3off: usize) -> Result<Packet, u32> {
+fn parse_v4(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
+    let l3off = pkt.l3off;
     let Some(ip) = ptr_at::<[u8; 20]>(ctx, l3off) else {
         return Err(pass(Stat::PassTruncatedL3));
     };
     // SAFETY: bounds checked by ptr_at; read in place (the stack is 512 B).
     let ip = unsafe { &*ip };
-    let mut dst = [0u8; 16];
-    dst[..4].copy_from_slice(&ip[16..20]);
+    // Written in place into the zeroed, 8-byte aligned key: a local
+    // [u8; 16] would cost a byte-wise memset call in BPF.
+    let flow = &mut pkt.flow;
+    flow.proto = ip[9];
+    flow.family = FAMILY_V4;
+    flow.dst[..4].copy_from_slice(&ip[16..20]);
+    let dst = &flow.dst;
     if ip[0] >> 4 != 4 || ip[0] & 0x0f < 5 {
-        return Err(bad(&dst, FAMILY_V4, Stat::DropBadIhl));
+        return Err(bad(dst, FAMILY_V4, Stat::DropBadIhl));
     }
     if ip[0] & 0x0f != 5 {
-        return Err(bad(&dst, FAMILY_V4, Stat::DropIpOptions));
+        return Err(bad(dst, FAMILY_V4, Stat::DropIpOptions));
     }
     let tot_len = be16([ip[2], ip[3]]) as usize;
     if tot_len < 20 || l3off + tot_len > len(ctx) {
-        return Err(bad(&dst, FAMILY_V4, Stat::DropBadLength));
+        return Err(bad(dst, FAMILY_V4, Stat::DropBadLength));
     }
     // MF flag or a non-zero fragment offset.
     if be16([ip[6], ip[7]]) & 0x3fff != 0 {
-        return Err(bad(&dst, FAMILY_V4, Stat::DropFragment));
+        return Err(bad(dst, FAMILY_V4, Stat::DropFragment));
     }
     let proto = ip[9];
     if proto != PROTO_TCP && proto != PROTO_UDP {
         return Err(pass(Stat::PassNotVip));
     }
-    let mut src = [0u8; 16];
-    src[..4].copy_from_slice(&ip[12..16]);
-    let (sport, dport, syn) = parse_l4(ctx, l3off + 20, tot_len - 20, proto, &dst, FAMILY_V4)?;
-    Ok(Packet {
-        l3off,
-        ip_len: tot_len,
-        flow: FlowKey {
-            src,
-            dst,
-            sport,
-            dport,
-            proto,
-            family: FAMILY_V4,
-            _pad: [0; 2],
-        },
-        syn,
-    })
+    let (sport, dport, syn) = parse_l4(ctx, l3off + 20, tot_len - 20, proto, dst, FAMILY_V4)?;
+    let flow = &mut pkt.flow;
+    flow.src[..4].copy_from_slice(&ip[12..16]);
+    flow.sport = sport;
+    flow.dport = dport;
+    pkt.ip_len = tot_len;
+    pkt.syn = syn;
+    Ok(())
 }
 
 #[inline(always)]
-fn parse_v6(ctx: &XdpContext, l3off: usize) -> Result<Packet, u32> {
+fn parse_v6(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
+    let l3off = pkt.l3off;
     let Some(ip) = ptr_at::<[u8; 40]>(ctx, l3off) else {
         return Err(pass(Stat::PassTruncatedL3));
     };
     // SAFETY: bounds checked by ptr_at; read in place (the stack is 512 B).
     let ip = unsafe { &*ip };
-    let mut dst = [0u8; 16];
-    dst.copy_from_slice(&ip[24..40]);
+    // Written in place, as in `parse_v4`.
+    let flow = &mut pkt.flow;
+    flow.proto = ip[6];
+    flow.family = FAMILY_V6;
+    flow.dst.copy_from_slice(&ip[24..40]);
+    let dst = &flow.dst;
     if ip[0] >> 4 != 6 {
-        return Err(bad(&dst, FAMILY_V6, Stat::DropBadIhl));
+        return Err(bad(dst, FAMILY_V6, Stat::DropBadIhl));
     }
     let payload_len = be16([ip[4], ip[5]]) as usize;
     if l3off + 40 + payload_len > len(ctx) {
-        return Err(bad(&dst, FAMILY_V6, Stat::DropBadLength));
+        return Err(bad(dst, FAMILY_V6, Stat::DropBadLength));
     }
     let next = ip[6];
     if next == IPV6_FRAGMENT {
-        return Err(bad(&dst, FAMILY_V6, Stat::DropFragment));
+        return Err(bad(dst, FAMILY_V6, Stat::DropFragment));
     }
     if IPV6_EXT_HEADERS.contains(&next) {
-        let why = if is_vip_addr(&dst, FAMILY_V6) {
+        let why = if is_vip_addr(dst, FAMILY_V6) {
             Stat::PassIpv6Ext
         } else {
             Stat::PassNotVip
@@ -280,23 +289,14 @@ fn parse_v6(ctx: &XdpContext, l3off: usize) -> Result<Packet, u32> {
     if next != PROTO_TCP && next != PROTO_UDP {
         return Err(pass(Stat::PassNotVip));
     }
-    let mut src = [0u8; 16];
-    src.copy_from_slice(&ip[8..24]);
-    let (sport, dport, syn) = parse_l4(ctx, l3off + 40, payload_len, next, &dst, FAMILY_V6)?;
-    Ok(Packet {
-        l3off,
-        ip_len: 40 + payload_len,
-        flow: FlowKey {
-            src,
-            dst,
-            sport,
-            dport,
-            proto: next,
-            family: FAMILY_V6,
-            _pad: [0; 2],
-        },
-        syn,
-    })
+    let (sport, dport, syn) = parse_l4(ctx, l3off + 40, payload_len, next, dst, FAMILY_V6)?;
+    let flow = &mut pkt.flow;
+    flow.src.copy_from_slice(&ip[8..24]);
+    flow.sport = sport;
+    flow.dport = dport;
+    pkt.ip_len = 40 + payload_len;
+    pkt.syn = syn;
+    Ok(())
 }
 
 /// Ports (network order, as stored in keys) and the SYN bit of the TCP/UDP
