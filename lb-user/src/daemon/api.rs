@@ -800,7 +800,7 @@ impl Daemon {
     /// Attaches, starts probes, the control socket and metrics, and runs the
     /// main loop until SIGTERM/SIGINT. On exit nothing is detached: the data
     /// plane keeps forwarding with the last written state.
-    pub async fn serve(mut self) -> anyhow::Result<()> {
+    pub async fn serve(mut self, listener: tokio::net::UnixListener) -> anyhow::Result<()> {
         let (link_id, adopted_link) = super::attach_lb(&mut self.dp, &self.cfg.daemon)?;
         self.link_id = link_id;
         self.adopted |= adopted_link;
@@ -821,10 +821,6 @@ impl Daemon {
         self.start_probes();
 
         let (call_tx, mut call_rx) = mpsc::channel::<Call>(64);
-        let listener = ctl::bind(
-            &self.cfg.daemon.control_socket,
-            self.cfg.daemon.socket_group.as_deref(),
-        )?;
         let handler = Arc::new(Bridge {
             calls: call_tx,
             events: self.events_tx.clone(),

@@ -225,8 +225,14 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     for w in &cfg.warnings {
         warn!("{w}");
     }
+    // The control socket first: a second daemon for the same socket stops
+    // here, before it touches the maps or the link of the running one.
+    let listener = crate::ctl::bind(
+        &cfg.daemon.control_socket,
+        cfg.daemon.socket_group.as_deref(),
+    )?;
     let daemon = start(config_path, cfg)?;
-    daemon.serve().await
+    daemon.serve(listener).await
 }
 
 /// Everything up to serving: maps, globals, VIPs, tables, attach.
