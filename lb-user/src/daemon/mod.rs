@@ -318,9 +318,12 @@ pub fn detach(instance: &str) -> anyhow::Result<()> {
         let _ = fs::remove_dir(persist::PIN_ROOT);
     }
     let state = persist::state_path(instance);
-    if state.exists() {
-        fs::remove_file(&state).with_context(|| format!("removing {}", state.display()))?;
-        removed.push(state.display().to_string());
+    // The state file, and a temporary one a kill mid-write left behind.
+    for path in [state.clone(), state.with_extension("json.tmp")] {
+        if path.exists() {
+            fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+            removed.push(path.display().to_string());
+        }
     }
     if removed.is_empty() {
         println!("xlb instance {instance:?}: nothing pinned, nothing to remove");
