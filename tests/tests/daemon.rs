@@ -62,7 +62,7 @@ fn config_text(e: &Env, web_weight: u32) -> String {
 interface = "xd0"
 instance = "{instance}"
 control_socket = "{socket}"
-metrics_address = ""
+metrics_address = "127.0.0.1:9813"
 conntrack_size = 4096
 max_table_size = 251
 
@@ -227,6 +227,28 @@ impl Env {
         Ok(())
     }
 
+    /// `GET /metrics` from inside the namespace.
+    fn metrics(&self) -> anyhow::Result<String> {
+        let resp = xlb_lab::topology::in_netns(self.ns.name(), || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(xlb_lab::http::request(
+                    "127.0.0.1:9813".parse().unwrap(),
+                    "GET",
+                    "/metrics",
+                    Duration::from_secs(2),
+                ))
+        })??;
+        ensure!(
+            resp.head.status == 200,
+            "metrics answered {}",
+            resp.head.status
+        );
+        Ok(String::from_utf8(resp.body)?)
+    }
+
     fn pins(&self) -> PathBuf {
         Path::new("/sys/fs/bpf/xlb").join(&self.instance)
     }
@@ -306,6 +328,25 @@ fn daemon_lifecycle() {
     assert!(
         reason.starts_with("connected, no HTTP response within"),
         "reason: {reason}"
+    );
+
+    // So do the metrics (refreshed every second).
+    wait_for(Duration::from_secs(3), "metrics show b2 out", || {
+        let m = e.metrics()?;
+        Ok(
+            m.contains(r#"xlb_backend_up{vip="api",backend="10.0.0.12:80"} 0"#)
+                && m.contains(r#"xlb_backend_up{vip="api",backend="10.0.0.11:80"} 1"#),
+        )
+    })
+    .unwrap();
+    let m = e.metrics().unwrap();
+    assert!(
+        m.contains("xlb_backend_probe_latency_seconds_bucket"),
+        "probe latency histogram"
+    );
+    assert!(
+        m.contains(r#"xlb_packets_total{reason="ct_hit"}"#),
+        "data-plane counters"
     );
 
     // The maps say the same: state DOWN, and the id gone from the live table.
