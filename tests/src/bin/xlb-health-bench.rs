@@ -141,7 +141,7 @@ async fn run(args: Args) -> Result<()> {
     println!("xlb health-check benchmark");
     println!("command:   {}", argv.join(" "));
     println!(
-        "reproduce: AYA_BUILD_SKIP=1 cargo run --release -p xlb-tests --bin xlb-health-bench -- {}",
+        "reproduce: cargo xtask bench --bin xlb-health-bench -- {}",
         shown.join(" ")
     );
     println!("host:      {}", host_description());
@@ -429,7 +429,7 @@ async fn detection(profile: &Profile) -> Result<Vec<Row>> {
     println!(
         "  bounds:  nominal fall×interval+timeout+{} = {}; jitter-adjusted \
          fall×interval×{:.2}+timeout+{} = {} (judged, on the max); this scheduler's worst \
-         case interval×{:.2}+timeout+(fall−1)×(fast_interval×{:.2}+timeout)+{} = {}",
+         case interval×{:.2}+(fall−1)×max(fast_interval, timeout)×{:.2}+timeout+{} = {}",
         Compact(DETECTION_MARGIN),
         Secs(bounds.nominal),
         1.0 + spec.jitter,
