@@ -27,6 +27,11 @@ const BENCHES: &[Bench] = &[
         package: "xlb-tests",
         bin: "xlb-health-bench",
     },
+    // HTTP throughput through xlb in the lab, with wrk, next to no LB.
+    Bench {
+        package: "xlb-tests",
+        bin: "xlb-lab-bench",
+    },
 ];
 
 /// Runs the benchmark called `only` (all when `None`) with `args` after `--`.
