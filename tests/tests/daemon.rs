@@ -318,7 +318,8 @@ fn daemon_lifecycle() {
     e.set_fault(BACKENDS[1], Fault::Hang).unwrap();
     let t = Instant::now();
     wait_for(Duration::from_millis(1550), "backend 2 down", || {
-        Ok(e.backend_state("api", "10.0.0.12:80")? == "down")
+        Ok(e.backend_state("api", "10.0.0.12:80")? == "down"
+            && e.backend_state("web", "10.0.0.12:80")? == "down")
     })
     .unwrap();
     println!("hung backend detected after {:?}", t.elapsed());
@@ -468,8 +469,11 @@ fn daemon_lifecycle() {
 
     // Recover: back up after rise probes.
     e.set_fault(BACKENDS[1], Fault::None).unwrap();
+    // In both VIPs (each has its own probes), so no table changes under the
+    // reload below.
     wait_for(Duration::from_secs(3), "backend 2 up again", || {
-        Ok(e.backend_state("api", "10.0.0.12:80")? == "up")
+        Ok(e.backend_state("api", "10.0.0.12:80")? == "up"
+            && e.backend_state("web", "10.0.0.12:80")? == "up")
     })
     .unwrap();
 
