@@ -331,6 +331,27 @@ fn daemon_lifecycle() {
         "reason: {reason}"
     );
 
+    // The event log has the transition, with its reason and the rebuild.
+    let events: Value = serde_json::from_str(&e.xlb(&["events", "--json"]).unwrap()).unwrap();
+    let down = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|ev| ev["kind"] == "transition" && ev["vip"] == "api" && ev["to"] == "down")
+        .expect("a transition event for api's backend 2");
+    assert_eq!(down["backend"], "10.0.0.12:80");
+    assert!(
+        down["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("connected, no HTTP response"),
+        "{down}"
+    );
+    assert!(
+        down["table_build_us"].is_u64(),
+        "the table rebuild is timed: {down}"
+    );
+
     // So do the metrics (refreshed every second).
     wait_for(Duration::from_secs(3), "metrics show b2 out", || {
         let m = e.metrics()?;

@@ -426,7 +426,8 @@ impl Daemon {
             match self.vips.iter().position(|v| v.cfg.name == ncfg.name) {
                 Some(vi) if self.vips[vi].cfg == ncfg => {} // untouched
                 Some(vi) => {
-                    self.change_vip(vi, ncfg)?;
+                    let r = self.change_vip(vi, ncfg)?;
+                    self.table_event(vi, "vip changed by reload", r);
                     changed += 1;
                 }
                 None => {
@@ -444,8 +445,9 @@ impl Daemon {
                             );
                         }
                     }
-                    self.install(vi)?;
+                    let r = self.install(vi)?;
                     info!(vip = %self.vips[vi].cfg.name, "vip added");
+                    self.table_event(vi, "vip added by reload", r);
                     added += 1;
                 }
             }
@@ -480,7 +482,21 @@ impl Daemon {
 
     /// Applies a changed VIP configuration: backends kept where address and
     /// port are the same (with their health), others added or retired.
-    fn change_vip(&mut self, vi: usize, ncfg: crate::config::VipConfig) -> anyhow::Result<()> {
+    /// Records a table rebuild that no backend transition caused.
+    fn table_event(&mut self, vi: usize, why: &str, r: Option<Rebuild>) {
+        let Some(r) = r else { return };
+        let name = self.vips[vi].cfg.name.clone();
+        let up = self.vips[vi].up_count();
+        let total = self.vips[vi].backends.len();
+        let reason = format!("{why}: table rebuilt with {up}/{total} backends up");
+        self.event("table", Some(&name), None, None, None, reason, Some(r));
+    }
+
+    fn change_vip(
+        &mut self,
+        vi: usize,
+        ncfg: crate::config::VipConfig,
+    ) -> anyhow::Result<Option<Rebuild>> {
         let old_key = self.vips[vi].key;
         let new_key = model::vip_key(&ncfg);
         if old_key != new_key {
@@ -537,7 +553,7 @@ impl Daemon {
         }
         let r = self.install(vi)?;
         info!(vip = %self.vips[vi].cfg.name, rebuilt = r.is_some(), "vip changed");
-        Ok(())
+        Ok(r)
     }
 
     /// `xlb explain`: which backend the data plane would choose, and why.
