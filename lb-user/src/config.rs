@@ -68,6 +68,10 @@ pub mod defaults {
 /// next to one of 1000 claims a slot every 1000 rounds).
 pub const MAX_WEIGHT: u32 = 1000;
 
+/// Shortest non-zero `daemon.udp_timeout`: twice the data plane's
+/// last-seen refresh period (`lb_common::CT_TOUCH_INTERVAL_NS`).
+pub const MIN_UDP_TIMEOUT: Duration = Duration::from_nanos(2 * lb_common::CT_TOUCH_INTERVAL_NS);
+
 /// Largest `daemon.max_table_size` (the largest prime below 2^20). The ring
 /// is preallocated for every VIP: `MAX_VIPS` × 2 halves × stride × 8 B (the
 /// kernel stores each 4-byte slot in 8), i.e. 1 GiB of kernel memory at this
@@ -768,6 +772,18 @@ fn validate_daemon(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
     // 0 is meaningful here: UDP flows never expire.
     let udp_timeout = match raw.udp_timeout.as_deref().map(parse_duration) {
         None => defaults::UDP_TIMEOUT,
+        Some(Ok(d)) if !d.is_zero() && d < MIN_UDP_TIMEOUT => {
+            // The data plane refreshes an entry's last-seen time once a
+            // second; a shorter timeout would expire busy flows.
+            p.error(
+                CTX,
+                format!(
+                    "udp_timeout {d:?} is too short: conntrack refreshes a flow's last-seen time \
+                     once a second, so use 0 (never expire) or at least {MIN_UDP_TIMEOUT:?}"
+                ),
+            );
+            defaults::UDP_TIMEOUT
+        }
         Some(Ok(d)) => d,
         Some(Err(e)) => {
             p.error(CTX, format!("udp_timeout {e}"));
@@ -1952,6 +1968,11 @@ mod tests {
                 "table size not prime, next prime above the max",
                 vip("table_size = 65538", ONE_BACKEND),
                 vec![r#"xlb.toml: vip "api": table_size 65538 is not prime; use a prime such as 65537"#],
+            ),
+            (
+                "udp timeout shorter than the conntrack refresh",
+                format!("{DAEMON}udp_timeout = \"500ms\"\n"),
+                vec![r#"xlb.toml: daemon: udp_timeout 500ms is too short: conntrack refreshes a flow's last-seen time once a second, so use 0 (never expire) or at least 2s"#],
             ),
             (
                 "table size zero",

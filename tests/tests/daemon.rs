@@ -55,7 +55,7 @@ impl Drop for Env {
 
 const BACKENDS: [&str; 3] = ["10.0.0.11", "10.0.0.12", "10.0.0.13"];
 
-fn config_text(e: &Env, web_weight: u32) -> String {
+fn config_text(e: &Env, web_weight: u32, web_table: u32) -> String {
     let mut s = format!(
         r#"
 [daemon]
@@ -79,9 +79,12 @@ fall = 2
         instance = e.instance,
         socket = e.socket.display()
     );
-    for (name, vip, weight) in [("api", "10.100.0.1", 1), ("web", "10.100.0.2", web_weight)] {
+    for (name, vip, weight, table) in [
+        ("api", "10.100.0.1", 1, 251),
+        ("web", "10.100.0.2", web_weight, web_table),
+    ] {
         s += &format!(
-            "\n[[vip]]\nname = \"{name}\"\naddress = \"{vip}\"\nport = 80\ntable_size = 251\n"
+            "\n[[vip]]\nname = \"{name}\"\naddress = \"{vip}\"\nport = 80\ntable_size = {table}\n"
         );
         for b in BACKENDS {
             s += &format!("[[vip.backend]]\naddress = \"{b}\"\nweight = {weight}\n");
@@ -114,7 +117,7 @@ impl Env {
             config,
             daemon: None,
         };
-        std::fs::write(&e.config, config_text(&e, 1))?;
+        std::fs::write(&e.config, config_text(&e, 1, 251))?;
         // Backends: real HTTP servers with fault switches, in the namespace.
         let ns_name = e.ns.name().to_string();
         std::thread::spawn(move || {
@@ -501,7 +504,7 @@ fn daemon_lifecycle() {
     // Reload with only "web" changed: "api"'s table bytes and live half stay.
     let api_before = table(&dp, "10.100.0.1").unwrap();
     let web_before = table(&dp, "10.100.0.2").unwrap();
-    std::fs::write(&e.config, config_text(&e, 2)).unwrap();
+    std::fs::write(&e.config, config_text(&e, 2, 251)).unwrap();
     let out = e.xlb(&["reload"]).unwrap();
     assert!(out.contains("1 changed"), "{out}");
     assert_eq!(
@@ -514,6 +517,36 @@ fn daemon_lifecycle() {
         web_after, web_before,
         "weights all doubled: same shares, same table"
     );
+    // Reload resizing web's table (251 → 241): the new table is built in the
+    // spare half and goes live with one write; api is still untouched.
+    let (web_active, _, _) = table(&dp, "10.100.0.2").unwrap();
+    std::fs::write(&e.config, config_text(&e, 2, 241)).unwrap();
+    let out = e.xlb(&["reload"]).unwrap();
+    assert!(out.contains("1 changed"), "{out}");
+    let info = dp.vip(&vip_key("10.100.0.2")).unwrap().unwrap();
+    assert_eq!(info.table_size, 241);
+    assert_ne!(
+        info.active, web_active,
+        "the resized table went into the spare half"
+    );
+    let live = dp.ring_half(info.vip_id, info.active, 251).unwrap();
+    let web_ids: std::collections::BTreeSet<u32> = live.iter().copied().collect();
+    assert_eq!(
+        web_ids.len(),
+        3,
+        "every slot a reader may index holds one of web's three backends: {web_ids:?}"
+    );
+    let old = dp.ring_half(info.vip_id, 1 - info.active, 251).unwrap();
+    assert!(
+        old.iter().all(|id| web_ids.contains(id)),
+        "the old half, padded, too"
+    );
+    assert_eq!(
+        table(&dp, "10.100.0.1").unwrap(),
+        api_before,
+        "api untouched"
+    );
+
     // An invalid configuration is refused whole; the daemon keeps running.
     std::fs::write(&e.config, "[daemon]\ninterface = 7\n").unwrap();
     let out = Command::new(xlb_bin())
@@ -535,7 +568,7 @@ fn daemon_lifecycle() {
 
     // A pinned layout of another version is refused with a clear message.
     e.kill9().unwrap();
-    std::fs::write(&e.config, config_text(&e, 1)).unwrap();
+    std::fs::write(&e.config, config_text(&e, 1, 251)).unwrap();
     let mut g = dp.globals().unwrap();
     g.layout_version = 999;
     dp.set_globals(&g).unwrap();

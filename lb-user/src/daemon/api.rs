@@ -111,6 +111,9 @@ impl Daemon {
     ) -> anyhow::Result<Self> {
         let saved = saved.filter(|s| s.layout_version == lb_common::LAYOUT_VERSION);
         let mut ids = Ids::default();
+        for vcfg in &cfg.vips {
+            model::reserve_adoptable(&dp, &mut ids, vcfg, saved.as_ref())?;
+        }
         let mut vips = Vec::new();
         let mut adopted = false;
         for vcfg in cfg.vips.clone() {
@@ -118,13 +121,16 @@ impl Daemon {
             adopted |= a;
             vips.push(vip);
         }
-        // Pinned entries of VIPs no longer configured: remove them.
+        // Pinned entries of VIPs and backends no longer configured (removed
+        // while no daemon ran): remove them, so their conntrack entries are
+        // stale rather than forwarded to a backend nobody probes.
         let keep: Vec<_> = vips.iter().map(|v| v.key).collect();
         for (key, _) in dp.vip_entries()? {
             if !keep.contains(&key) {
                 dp.remove_vip(&key)?;
             }
         }
+        model::retire_orphans(&mut dp, &vips)?;
         let events_tx = broadcast::channel(256).0;
         let mut d = Self {
             config_path,
@@ -422,6 +428,16 @@ impl Daemon {
                 i += 1;
             }
         }
+        // VIPs moving to another (address, port, protocol) give up their old
+        // key first, so one VIP taking another's old key is never undone.
+        for v in &self.vips {
+            if let Some(n) = new.vip(&v.cfg.name)
+                && model::vip_key(n) != v.key
+                && self.dp.vip(&v.key)?.map(|i| i.vip_id) == Some(v.id)
+            {
+                self.dp.remove_vip(&v.key)?;
+            }
+        }
         for ncfg in new.vips.iter().cloned() {
             match self.vips.iter().position(|v| v.cfg.name == ncfg.name) {
                 Some(vi) if self.vips[vi].cfg == ncfg => {} // untouched
@@ -499,7 +515,10 @@ impl Daemon {
     ) -> anyhow::Result<Option<Rebuild>> {
         let old_key = self.vips[vi].key;
         let new_key = model::vip_key(&ncfg);
-        if old_key != new_key {
+        // Normally removed already by `reload` (before any VIP took a new
+        // key); never remove a key that another VIP has since taken.
+        if old_key != new_key && self.dp.vip(&old_key)?.map(|i| i.vip_id) == Some(self.vips[vi].id)
+        {
             self.dp.remove_vip(&old_key)?;
         }
         let mut old_backends = std::mem::take(&mut self.vips[vi].backends);
@@ -535,16 +554,9 @@ impl Daemon {
                 backends.push(b);
             }
         }
-        for b in old_backends {
-            if let Some(s) = self.sched.as_mut() {
-                s.remove(b.id as u64);
-            }
-            model::retire_backend(&mut self.dp, &mut self.ids, &b)?;
-        }
         let vip = &mut self.vips[vi];
-        if vip.cfg.table_size != ncfg.table_size {
-            vip.halves = [None, None];
-        }
+        // A new table size is handled by `rebuild`: the resized table goes
+        // into the spare half, and one write switches size and half together.
         vip.key = new_key;
         vip.cfg = ncfg;
         vip.backends = backends;
@@ -552,6 +564,13 @@ impl Daemon {
             self.dp.set_backend(b.id, &b.info())?;
         }
         let r = self.install(vi)?;
+        // Retired only once the live table no longer points at them.
+        for b in old_backends {
+            if let Some(s) = self.sched.as_mut() {
+                s.remove(b.id as u64);
+            }
+            model::retire_backend(&mut self.dp, &mut self.ids, &b)?;
+        }
         info!(vip = %self.vips[vi].cfg.name, rebuilt = r.is_some(), "vip changed");
         Ok(r)
     }

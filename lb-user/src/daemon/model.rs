@@ -100,9 +100,14 @@ pub struct Vip {
 }
 
 impl Vip {
+    /// The entry for the live half: its size is the live table's (which
+    /// differs from the configured one between a reload that resizes the
+    /// table and the flip to the new half).
     pub fn info(&self) -> VipInfo {
         VipInfo {
-            table_size: self.cfg.table_size,
+            table_size: self.halves[self.active as usize & 1]
+                .as_ref()
+                .map_or(self.cfg.table_size, |t| t.len() as u32),
             active: self.active,
             vip_id: self.id,
             mode: self.cfg.mode.as_raw(),
@@ -159,16 +164,40 @@ pub fn rebuild(dp: &mut Dataplane, vip: &mut Vip) -> anyhow::Result<Option<Rebui
             .map(|(i, &id)| (i as u32, id))
             .collect(),
     };
+    // Unknown until the writes succeed: a failure part-way must not leave a
+    // stale copy that later diffs trust.
+    vip.halves[spare] = None;
     dp.write_ring(vip.id, spare as u32, &writes)
         .with_context(|| format!("vip {:?}: writing table", vip.cfg.name))?;
+    // A new table size changes `table_size` in the same write that flips
+    // `active`. Should a packet read one without the other, every slot it can
+    // index must still hold a backend of this VIP: pad both halves past their
+    // own size with entries of the new table (slots a reader of the live
+    // half never indexes with its current size).
+    if let Some(cur) = vip.halves[live].as_deref()
+        && cur.len() != want.len()
+        && !want.is_empty()
+    {
+        let longest = cur.len().max(want.len());
+        let pad = |from: usize| -> Vec<(u32, u32)> {
+            (from..longest)
+                .map(|i| (i as u32, want[i % want.len()]))
+                .collect()
+        };
+        dp.write_ring(vip.id, spare as u32, &pad(want.len()))?;
+        dp.write_ring(vip.id, live as u32, &pad(cur.len()))?;
+    }
     let changed = match &vip.halves[live] {
         Some(cur) if cur.len() == want.len() => maglev::diff(cur, &want).len() as u32,
         _ => want.len() as u32,
     };
+    let mut info = vip.info();
+    info.active = spare as u32;
+    info.table_size = want.len() as u32;
+    dp.set_vip_info(&info)
+        .with_context(|| format!("vip {:?}: switching tables", vip.cfg.name))?;
     vip.halves[spare] = Some(want);
     vip.active = spare as u32;
-    dp.set_vip_info(&vip.info())
-        .with_context(|| format!("vip {:?}: switching tables", vip.cfg.name))?;
     Ok(Some(Rebuild {
         took: start.elapsed(),
         slots_changed: changed,
@@ -235,6 +264,42 @@ pub fn new_backend(
     Ok(b)
 }
 
+/// What `adopt_or_create_vip` will adopt for `cfg`: its pinned VIP id (if the
+/// saved id still holds its key) and the saved backend ids whose pinned
+/// address still matches. Reserving all of these before any new id is handed
+/// out keeps a new VIP from taking an id a later VIP is about to adopt.
+pub fn reserve_adoptable(
+    dp: &Dataplane,
+    ids: &mut Ids,
+    cfg: &VipConfig,
+    saved: Option<&Saved>,
+) -> anyhow::Result<()> {
+    let Some(s) = saved else { return Ok(()) };
+    let Some(&id) = s.vips.get(&cfg.name) else {
+        return Ok(());
+    };
+    let Some(info) = dp.vip(&vip_key(cfg))?.filter(|i| i.vip_id == id) else {
+        return Ok(());
+    };
+    ids.take_vip(info.vip_id);
+    if info.table_size != cfg.table_size {
+        return Ok(());
+    }
+    for bcfg in &cfg.backends {
+        if let Some(p) = s
+            .backends
+            .iter()
+            .find(|b| b.vip == cfg.name && b.addr == bcfg.socket_addr())
+        {
+            let pinned = dp.backend(p.id)?;
+            if pinned.addr == addr16(bcfg.addr) && pinned.state != 0 {
+                ids.take_backend(p.id);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Builds the VIP model from configuration, adopting ids, states and the
 /// live table from a previous run where `saved` and the maps have them.
 pub fn adopt_or_create_vip(
@@ -261,9 +326,13 @@ pub fn adopt_or_create_vip(
             (info.vip_id, info.active & 1, halves)
         }
         Some(info) => {
-            // Same VIP, new table size: keep the id, rewrite both halves.
+            // Same VIP, new table size: keep the id; the new table goes into
+            // the spare half (the live one keeps serving until the flip).
             ids.take_vip(info.vip_id);
-            (info.vip_id, info.active & 1, [None, None])
+            let live = info.active & 1;
+            let mut halves = [None, None];
+            halves[live as usize] = Some(dp.ring_half(info.vip_id, live, info.table_size)?);
+            (info.vip_id, live, halves)
         }
         None => (ids.alloc_vip()?, 0, [None, None]),
     };
@@ -325,6 +394,36 @@ pub fn remove_vip(dp: &mut Dataplane, ids: &mut Ids, vip: &Vip) -> anyhow::Resul
         retire_backend(dp, ids, b)?;
     }
     ids.free_vip(vip.id);
+    Ok(())
+}
+
+/// Marks every backend id and VIP id the model does not own as unused, so
+/// state left in pinned maps by configuration removed while no daemon ran
+/// serves nothing.
+pub fn retire_orphans(dp: &mut Dataplane, vips: &[Vip]) -> anyhow::Result<()> {
+    let owned_backends: HashSet<u32> = vips
+        .iter()
+        .flat_map(|v| v.backends.iter().map(|b| b.id))
+        .collect();
+    for id in 1..MAX_BACKENDS {
+        if owned_backends.contains(&id) {
+            continue;
+        }
+        let mut info = dp.backend(id)?;
+        if info.state != 0 {
+            info.state = 0;
+            dp.set_backend(id, &info)?;
+        }
+    }
+    let owned_vips: HashSet<u32> = vips.iter().map(|v| v.id).collect();
+    for id in 0..MAX_VIPS {
+        if !owned_vips.contains(&id) && dp.vip_info(id)?.mode != 0 {
+            dp.set_vip_info(&VipInfo {
+                vip_id: id,
+                ..VipInfo::default()
+            })?;
+        }
+    }
     Ok(())
 }
 
