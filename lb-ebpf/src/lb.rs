@@ -23,8 +23,8 @@
 
 use aya_ebpf::{
     bindings::{
-        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT,
-        bpf_fib_lookup as FibParams, xdp_action,
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams,
+        xdp_action,
     },
     helpers::{bpf_fib_lookup, bpf_ktime_get_coarse_ns, bpf_redirect, bpf_xdp_adjust_head},
     programs::XdpContext,
@@ -515,15 +515,18 @@ fn fib(ctx: &XdpContext, p: &mut FibParams, be: &BackendInfo, src: &[u8; 16], to
             core::ptr::copy_nonoverlapping(be.addr.as_ptr(), d, 16);
         }
     }
-    // BPF_FIB_LOOKUP_OUTPUT: route as locally generated traffic (from the
-    // LB's own encapsulation source). The kernel still requires forwarding
-    // enabled on the ingress device (checked on 6.18); the daemon sets it.
+    // An input lookup, as if the packet were being forwarded from the
+    // ingress interface: any route to the backend is found, through this
+    // interface (XDP_TX) or another (redirect). BPF_FIB_LOOKUP_OUTPUT would
+    // pin the lookup to the ingress interface as output device. Either way
+    // the kernel requires forwarding on the ingress device (checked on
+    // 6.18); the daemon sets it.
     unsafe {
         bpf_fib_lookup(
             ctx.ctx as *mut _,
             p,
             core::mem::size_of::<FibParams>() as i32,
-            BPF_FIB_LOOKUP_OUTPUT,
+            0,
         )
     }
 }

@@ -450,12 +450,18 @@ impl Dataplane {
 
     /// Zeroes a backend's counters (when its id is given to another backend).
     pub fn reset_backend_stats(&mut self, id: u32) -> Result<()> {
-        let n = aya::util::nr_cpus().map_err(|(_, e)| DataplaneError::Cpus(e))?;
-        let zero = aya::maps::PerCpuValues::try_from(vec![TrafficStats::default(); n])
-            .map_err(DataplaneError::Cpus)?;
+        let zero = zero_per_cpu()?;
         self.be_stats
             .set(id, zero, 0)
             .map_err(map_err(lb_common::MAP_BE_STATS))
+    }
+
+    /// Zeroes a VIP's counters (when its id is given to another VIP).
+    pub fn reset_vip_stats(&mut self, vip_id: u32) -> Result<()> {
+        let zero = zero_per_cpu()?;
+        self.vip_stats
+            .set(vip_id, zero, 0)
+            .map_err(map_err(lb_common::MAP_VIP_STATS))
     }
 
     pub fn add_decap_addr(&mut self, key: &DecapAddrKey) -> Result<()> {
@@ -475,6 +481,12 @@ impl Dataplane {
         }
         Ok(out)
     }
+}
+
+fn zero_per_cpu() -> Result<aya::maps::PerCpuValues<TrafficStats>> {
+    let n = aya::util::nr_cpus().map_err(|(_, e)| DataplaneError::Cpus(e))?;
+    aya::maps::PerCpuValues::try_from(vec![TrafficStats::default(); n])
+        .map_err(DataplaneError::Cpus)
 }
 
 fn sum_traffic(

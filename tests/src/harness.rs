@@ -18,6 +18,9 @@ use crate::{
 pub const LB_MAC: Mac = [0x02, 0, 0, 0, 0, 0x01];
 /// MAC of the peer `xf1`; clients' frames arrive addressed to `LB_MAC` from here.
 pub const PEER_MAC: Mac = [0x02, 0, 0, 0, 0, 0x02];
+/// MAC of `xg0`, a second interface: backends routed through it are
+/// reached by redirect rather than `XDP_TX`.
+pub const XG_MAC: Mac = [0x02, 0, 0, 0, 0, 0x03];
 pub const LB_V4: &str = "10.0.0.1";
 pub const LB_V6: &str = "fd00::1";
 
@@ -50,6 +53,7 @@ pub fn default_backends() -> Vec<Backend> {
         b(3, "10.0.0.13", None),
         b(4, "fd00::11", Some([0x02, 0, 0, 0, 0x0b, 0x04])),
         b(5, "fd00::12", Some([0x02, 0, 0, 0, 0x0b, 0x05])),
+        b(6, "10.1.0.11", Some([0x02, 0, 0, 0, 0x0b, 0x06])),
     ]
 }
 
@@ -103,6 +107,10 @@ fn setup_links(ns: &NetNs, backends: &[Backend]) -> anyhow::Result<()> {
     ])?;
     ns.ip(&["link", "set", "xf1", "address", &mac_str(&PEER_MAC), "up"])?;
     ns.ip(&["addr", "add", &format!("{LB_V4}/24"), "dev", "xf0"])?;
+    ns.ip(&["link", "add", "xg0", "type", "veth", "peer", "name", "xg1"])?;
+    ns.ip(&["link", "set", "xg0", "address", &mac_str(&XG_MAC), "up"])?;
+    ns.ip(&["link", "set", "xg1", "up"])?;
+    ns.ip(&["addr", "add", "10.1.0.1/24", "dev", "xg0"])?;
     ns.ip(&[
         "-6",
         "addr",
@@ -113,8 +121,8 @@ fn setup_links(ns: &NetNs, backends: &[Backend]) -> anyhow::Result<()> {
         "nodad",
     ])?;
     // bpf_fib_lookup from XDP answers FWD_DISABLED unless forwarding is on
-    // for the ingress device, even with BPF_FIB_LOOKUP_OUTPUT (checked on
-    // 6.18); the daemon turns it on for its interface the same way.
+    // for the ingress device (checked on 6.18); the daemon turns it on for
+    // its interface the same way.
     ns.exec(&[
         "sysctl",
         "-qw",
@@ -123,6 +131,12 @@ fn setup_links(ns: &NetNs, backends: &[Backend]) -> anyhow::Result<()> {
     ])?;
     for b in backends {
         if let Some(mac) = b.mac {
+            // 10.1.0.0/24 is on the second interface.
+            let dev = if b.addr.to_string().starts_with("10.1.0.") {
+                "xg0"
+            } else {
+                "xf0"
+            };
             ns.ip(&[
                 "neigh",
                 "add",
@@ -130,7 +144,7 @@ fn setup_links(ns: &NetNs, backends: &[Backend]) -> anyhow::Result<()> {
                 "lladdr",
                 &mac_str(&mac),
                 "dev",
-                "xf0",
+                dev,
                 "nud",
                 "permanent",
             ])?;

@@ -15,7 +15,7 @@ use lb_common::{
 };
 use lb_user::dataplane::LoadOptions;
 use xlb_tests::{
-    harness::{LB_MAC, LB_V4, LB_V6, PEER_MAC, World, in_world, stat_delta},
+    harness::{LB_MAC, LB_V4, LB_V6, PEER_MAC, World, XG_MAC, in_world, stat_delta},
     packet::{self, ACK, ETH_P_8021AD, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, Flow, PSH, SYN, addr16},
 };
 
@@ -23,6 +23,7 @@ const XDP_ABORTED: u32 = 0;
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
+const XDP_REDIRECT: u32 = 4;
 
 const HASH_KEY: [u64; 2] = [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210];
 const UDP_TIMEOUT_NS: u64 = 30_000_000_000;
@@ -33,6 +34,7 @@ const VIP4: &str = "10.100.0.1";
 const VIP4_L2: &str = "10.100.0.2";
 const VIP4_EMPTY: &str = "10.100.0.3";
 const VIP4_NONEIGH: &str = "10.100.0.4";
+const VIP4_OTHER_IF: &str = "10.100.0.5";
 const VIP6: &str = "fd00:100::1";
 const VIP6_L2: &str = "fd00:100::2";
 
@@ -108,6 +110,15 @@ fn base(w: &mut World) -> anyhow::Result<()> {
         &table(&[0]),
     )?;
     w.add_vip(
+        7,
+        VIP4_OTHER_IF,
+        80,
+        PROTO_TCP,
+        MODE_DSR_IPIP,
+        DOWN_POLICY_REHASH,
+        &table(&[6]),
+    )?;
+    w.add_vip(
         6,
         VIP4_NONEIGH,
         80,
@@ -150,7 +161,13 @@ fn forwarded(w: &World, flow: &Flow, vlan: Option<u16>, flags: u8, id: u32, mode
     } else {
         inner
     };
-    packet::eth(mac, LB_MAC, vlan, packet::ethertype(be.addr), &l3)
+    // Backends on 10.1.0.0/24 are reached through the second interface.
+    let src_mac = if be.addr.to_string().starts_with("10.1.0.") {
+        XG_MAC
+    } else {
+        LB_MAC
+    };
+    packet::eth(mac, src_mac, vlan, packet::ethertype(be.addr), &l3)
 }
 
 enum Out {
@@ -823,6 +840,18 @@ fn cases(w: &World) -> Vec<Case> {
             XDP_DROP,
             Out::Unchanged,
             &[(DropNoBackend, 1)],
+        ),
+        case(
+            "backend routed through another interface: redirected",
+            client(&Flow::tcp("192.0.2.1", 40001, VIP4_OTHER_IF, 80), None, SYN),
+            XDP_REDIRECT,
+            fwd_to(
+                Flow::tcp("192.0.2.1", 40001, VIP4_OTHER_IF, 80),
+                SYN,
+                MODE_DSR_IPIP,
+                6,
+            ),
+            &[(CtInsert, 1), (FwdRedirect, 1)],
         ),
         case(
             "backend without a neighbour entry",

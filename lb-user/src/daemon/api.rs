@@ -257,6 +257,9 @@ impl Daemon {
         let Some(&(vi, bi)) = model::backend_index(&self.vips).get(&id) else {
             return Ok(()); // removed while its probe ran
         };
+        if r.addr != self.vips[vi].backends[bi].cfg.socket_addr() {
+            return Ok(()); // about the id's previous holder, queued before a reload
+        }
         self.histograms
             .entry(id)
             .or_default()
@@ -265,12 +268,26 @@ impl Daemon {
             let b = &mut self.vips[vi].backends[bi];
             b.snapshot = Some(r.snapshot.clone());
         }
-        let Some(t) = r.transition else { return Ok(()) };
+        // The snapshot's state is authoritative: a transition report lost on
+        // the way (a task restarted while its report waited for room in the
+        // channel) is caught up by the next report.
+        let to = r.snapshot.state;
+        if to == self.vips[vi].backends[bi].health {
+            return Ok(());
+        }
+        let reason = match r.transition {
+            Some(t) => t.reason,
+            None => r
+                .snapshot
+                .last_transition_reason
+                .clone()
+                .unwrap_or_else(|| "health state caught up".to_string()),
+        };
         *self.transitions.entry(id).or_default() += 1;
         let from = self.vips[vi].backends[bi].state_name();
         {
             let b = &mut self.vips[vi].backends[bi];
-            b.health = t.to;
+            b.health = to;
             b.since = Instant::now();
             let info = b.info();
             self.dp.set_backend(id, &info)?;
@@ -278,7 +295,7 @@ impl Daemon {
         let rebuild = model::rebuild(&mut self.dp, &mut self.vips[vi])?;
         let vip = &self.vips[vi];
         let b = &vip.backends[bi];
-        model::log_transition(&vip.cfg.name, b, from, &t.reason, rebuild);
+        model::log_transition(&vip.cfg.name, b, from, &reason, rebuild);
         model::warn_if_empty(vip);
         let (name, addr, to) = (
             vip.cfg.name.clone(),
@@ -291,7 +308,7 @@ impl Daemon {
             Some(addr),
             Some(from),
             Some(to),
-            t.reason,
+            reason,
             rebuild,
         );
         self.save();
@@ -422,6 +439,10 @@ impl Daemon {
                     }
                 }
                 model::remove_vip(&mut self.dp, &mut self.ids, &v)?;
+                for b in &v.backends {
+                    self.histograms.remove(&b.id);
+                    self.transitions.remove(&b.id);
+                }
                 info!(vip = %v.cfg.name, "vip removed");
                 removed += 1;
             } else {
@@ -570,6 +591,8 @@ impl Daemon {
                 s.remove(b.id as u64);
             }
             model::retire_backend(&mut self.dp, &mut self.ids, &b)?;
+            self.histograms.remove(&b.id);
+            self.transitions.remove(&b.id);
         }
         info!(vip = %self.vips[vi].cfg.name, rebuilt = r.is_some(), "vip changed");
         Ok(r)
@@ -620,7 +643,12 @@ impl Daemon {
         };
         if let Some(e) = ct {
             let live = self.dp.backend(e.backend_id)?;
+            // The kernel's UDP idle test, on the same clock.
+            let expired = proto == Protocol::Udp
+                && g.udp_timeout_ns != 0
+                && coarse_now_ns().saturating_sub(e.last_seen_ns) > g.udp_timeout_ns;
             if let Some(b) = by_id(e.backend_id)
+                && !expired
                 && live.generation == e.generation
                 && e.vip_id == vip.id
                 && (b.dp_state() != lb_common::BACKEND_DOWN
@@ -977,6 +1005,19 @@ impl metrics::MetricsSource for Published {
     fn snapshot(&self) -> (StatusReport, MetricsExtra) {
         self.0.lock().map(|p| p.clone()).unwrap_or_default()
     }
+}
+
+/// `bpf_ktime_get_coarse_ns()` as userspace reads it.
+fn coarse_now_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write to.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) } != 0 {
+        return 0;
+    }
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// How often the conntrack table is counted.

@@ -334,7 +334,11 @@ pub fn adopt_or_create_vip(
             halves[live as usize] = Some(dp.ring_half(info.vip_id, live, info.table_size)?);
             (info.vip_id, live, halves)
         }
-        None => (ids.alloc_vip()?, 0, [None, None]),
+        None => {
+            let id = ids.alloc_vip()?;
+            dp.reset_vip_stats(id)?;
+            (id, 0, [None, None])
+        }
     };
     for bcfg in cfg.backends.clone() {
         let prev = saved.and_then(|s| {
