@@ -464,10 +464,13 @@ impl FlowKey {
         }
     }
 
-    /// Slot of this flow in a Maglev table of `table_size` slots.
+    /// Slot of this flow in a Maglev table of `table_size` slots: the high
+    /// 32 bits of the hash scaled to the table (multiply and shift, Lemire's
+    /// range reduction). As uniform as `%` for a table under 2^32 slots, and
+    /// it spares the data plane a 64-bit division per new flow.
     #[inline(always)]
     pub fn slot(&self, key: &[u64; 2], table_size: u32) -> u32 {
-        (flow_hash(key, self) % table_size as u64) as u32
+        (((flow_hash(key, self) >> 32) * table_size as u64) >> 32) as u32
     }
 }
 

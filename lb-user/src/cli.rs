@@ -1061,7 +1061,7 @@ VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
             table_size: 65537,
             flow_hash: "0123456789abcdef".to_owned(),
             backend_state: Some("up".to_owned()),
-            detail: "new flow: flow hash 0123456789abcdef mod 65537 = slot 4242, which holds 10.99.0.11:80".to_owned(),
+            detail: "new flow: flow hash 0123456789abcdef scaled to 65537 slots = slot 4242, which holds 10.99.0.11:80".to_owned(),
         };
         assert_eq!(
             render_explain(&r, false),
@@ -1069,7 +1069,7 @@ VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
              \x20 backend    10.99.0.11:80 (up)\n\
              \x20 via        table, slot 4242 of 65537\n\
              \x20 flow hash  0123456789abcdef\n\
-             \x20 new flow: flow hash 0123456789abcdef mod 65537 = slot 4242, which holds 10.99.0.11:80\n"
+             \x20 new flow: flow hash 0123456789abcdef scaled to 65537 slots = slot 4242, which holds 10.99.0.11:80\n"
         );
         let ct = ExplainReport {
             via: "conntrack".to_owned(),

@@ -680,7 +680,7 @@ impl Daemon {
                 report.via = "table".into();
                 report.backend_state = Some(b.state_name().into());
                 report.detail += &format!(
-                    "new flow: flow hash {hash:016x} mod {} = slot {slot}, which holds {}",
+                    "new flow: flow hash {hash:016x} scaled to {} slots = slot {slot}, which holds {}",
                     vip.cfg.table_size,
                     b.cfg.socket_addr()
                 );
