@@ -412,11 +412,6 @@ impl Dataplane {
         }
     }
 
-    /// Number of conntrack entries (walks the map: for status, not hot paths).
-    pub fn ct_len(&self) -> usize {
-        self.ct.keys().filter(|k| k.is_ok()).count()
-    }
-
     /// Clears every conntrack entry.
     pub fn ct_clear(&mut self) -> Result<()> {
         let keys: Vec<FlowKey> = self.ct.keys().filter_map(|k| k.ok()).collect();

@@ -39,29 +39,12 @@ async fn attach_until_stopped(
     Ok(dp)
 }
 
-/// The addresses of `interface` (what IPIP packets to this backend are sent to).
-fn interface_addresses(interface: &str) -> anyhow::Result<Vec<IpAddr>> {
-    let mut out = Vec::new();
-    for ifa in nix::ifaddrs::getifaddrs().context("getifaddrs")? {
-        if ifa.interface_name != interface {
-            continue;
-        }
-        if let Some(a) = ifa.address {
-            if let Some(v4) = a.as_sockaddr_in() {
-                out.push(IpAddr::V4(v4.ip()));
-            } else if let Some(v6) = a.as_sockaddr_in6() {
-                out.push(IpAddr::V6(v6.ip()));
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// `xlb decap --interface IF [--address A ...]`: strips IPIP/IP6IP6 addressed
 /// to `addresses` (default: every address of the interface).
 pub async fn run(interface: String, addresses: Vec<IpAddr>) -> anyhow::Result<()> {
     let addrs = if addresses.is_empty() {
-        interface_addresses(&interface)?
+        // The addresses IPIP packets to this backend are sent to.
+        crate::daemon::interface_addresses(&interface)?
     } else {
         addresses
     };

@@ -112,24 +112,34 @@ fn enable_forwarding(iface: &str, v6: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The interface's first IPv4 and first global IPv6 address.
-fn interface_addrs(iface: &str) -> anyhow::Result<(Option<Ipv4Addr>, Option<Ipv6Addr>)> {
-    let mut v4 = None;
-    let mut v6 = None;
+/// Every address of `iface`, in the order the kernel lists them.
+pub(crate) fn interface_addresses(iface: &str) -> anyhow::Result<Vec<IpAddr>> {
+    let mut out = Vec::new();
     for ifa in nix::ifaddrs::getifaddrs().context("getifaddrs")? {
         if ifa.interface_name != iface {
             continue;
         }
         let Some(addr) = ifa.address else { continue };
         if let Some(sin) = addr.as_sockaddr_in() {
-            v4.get_or_insert(sin.ip());
+            out.push(IpAddr::V4(sin.ip()));
         } else if let Some(sin6) = addr.as_sockaddr_in6() {
-            let ip = sin6.ip();
-            if !ip.is_loopback() && (ip.segments()[0] & 0xffc0) != 0xfe80 {
-                v6.get_or_insert(ip);
-            }
+            out.push(IpAddr::V6(sin6.ip()));
         }
     }
+    Ok(out)
+}
+
+/// The interface's first IPv4 and first global IPv6 address.
+fn interface_addrs(iface: &str) -> anyhow::Result<(Option<Ipv4Addr>, Option<Ipv6Addr>)> {
+    let addrs = interface_addresses(iface)?;
+    let v4 = addrs.iter().find_map(|a| match a {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    });
+    let v6 = addrs.iter().find_map(|a| match a {
+        IpAddr::V6(v6) if !v6.is_loopback() && !v6.is_unicast_link_local() => Some(*v6),
+        _ => None,
+    });
     Ok((v4, v6))
 }
 
