@@ -95,6 +95,9 @@ pub struct Daemon {
     last_sample: Instant,
     histograms: HashMap<u32, LatencyHistogram>,
     transitions: HashMap<u32, u64>,
+    /// Backend id → (VIP index, backend index); rebuilt whenever `vips`
+    /// changes shape (start, reload), not per health report.
+    index: HashMap<u32, (usize, usize)>,
     /// Conntrack entries, counted off the main loop (see `count_conntrack`).
     ct_entries: Arc<AtomicU64>,
     /// What the metrics endpoint serves, refreshed every tick.
@@ -132,6 +135,7 @@ impl Daemon {
         }
         model::retire_orphans(&mut dp, &vips)?;
         let events_tx = broadcast::channel(256).0;
+        let index = model::backend_index(&vips);
         let mut d = Self {
             config_path,
             cfg,
@@ -150,6 +154,7 @@ impl Daemon {
             be_rates: HashMap::new(),
             last_sample: Instant::now(),
             histograms: HashMap::new(),
+            index,
             ct_entries: Arc::new(AtomicU64::new(0)),
             transitions: HashMap::new(),
             published: Arc::new(Mutex::new((
@@ -254,7 +259,7 @@ impl Daemon {
     /// and, if table membership changed, the VIP's table.
     fn on_report(&mut self, r: Report) -> anyhow::Result<()> {
         let id = r.id as u32;
-        let Some(&(vi, bi)) = model::backend_index(&self.vips).get(&id) else {
+        let Some(&(vi, bi)) = self.index.get(&id) else {
             return Ok(()); // removed while its probe ran
         };
         if r.addr != self.vips[vi].backends[bi].cfg.socket_addr() {
@@ -363,6 +368,13 @@ impl Daemon {
     /// Re-reads the configuration and applies only what changed. An
     /// unchanged VIP is not touched at all: same table, same flows.
     pub fn reload(&mut self) -> anyhow::Result<String> {
+        let result = self.apply_reload();
+        // Whatever was applied, even if a step failed part-way.
+        self.index = model::backend_index(&self.vips);
+        result
+    }
+
+    fn apply_reload(&mut self) -> anyhow::Result<String> {
         let new = Config::from_file(&self.config_path).map_err(|e| {
             anyhow::anyhow!("{e}\nconfiguration rejected: still running the previous one")
         })?;
