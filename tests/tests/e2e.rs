@@ -211,6 +211,17 @@ fn transitions<'a>(events: &'a [Event], vip: &str, backend: SocketAddr) -> Vec<&
         .collect()
 }
 
+/// Asserts backends `which` of `vip` only ever went to `up`.
+fn assert_stayed_up(events: &[Event], vip: &Vip, which: impl IntoIterator<Item = usize>) {
+    for i in which {
+        let t = transitions(events, "api", vip.backend_addr(i));
+        assert!(
+            t.iter().all(|e| e.to.as_deref() == Some("up")),
+            "b{i} changed state: {t:?}"
+        );
+    }
+}
+
 fn new_flows(status: &Status, vip: &str, backend: SocketAddr) -> u64 {
     status
         .backend(vip, backend)
@@ -370,13 +381,7 @@ fn hung_application_is_taken_out_and_back() {
     );
     // b1 and b3 never left.
     let events = run.events().unwrap();
-    for i in [1, 3] {
-        let t = transitions(&events, "api", vip.backend_addr(i));
-        assert!(
-            t.iter().all(|e| e.to.as_deref() == Some("up")),
-            "b{i} changed state: {t:?}"
-        );
-    }
+    assert_stayed_up(&events, &vip, [1, 3]);
     teardown(run);
 }
 
@@ -511,13 +516,7 @@ fn slow_but_healthy_backends_stay_in() {
         probe_ms.iter().all(|&l| l >= slow_ms as f64 * 0.9),
         "probes were not slow: {probe_ms:?}"
     );
-    for i in 1..=3 {
-        let t = transitions(&events, "api", vip.backend_addr(i));
-        assert!(
-            t.iter().all(|e| e.to.as_deref() == Some("up")),
-            "b{i} changed state: {t:?}"
-        );
-    }
+    assert_stayed_up(&events, &vip, 1..=3);
     teardown(run);
 }
 
