@@ -1,0 +1,1127 @@
+//! What a VIP does with the health of its backends: which of them take new
+//! flows, with what weight, and why. Pure: no I/O and no clock of its own, so
+//! it is tested with a mocked clock, like the per-backend machine.
+//!
+//! The per-backend machine (`machine`) says what probes saw: hard failures
+//! (refused, reset, no answer within `hang_timeout`, a bad status) and
+//! slowness (answers later than `timeout`). This module decides what the
+//! table does with that, with the whole VIP in view, because one backend's
+//! probe cannot tell "this node is hung" from "every node is slow at peak"
+//! (seed 003: strict checks ejected a serving fleet node by node):
+//!
+//! - **Hard failures** take a backend out (`down`), as `fall` says.
+//! - **Slowness** takes a backend out only when it is an **outlier** against
+//!   its peers (Envoy's outlier detection, on probe latency), and never more
+//!   than `max_ejected` at once. A VIP that is slow as a whole is reported
+//!   (`fleet_slow`), not emptied.
+//! - **Panic** (`min_healthy`, Envoy's panic threshold): when fewer backends
+//!   than that would be left, the least-bad ones are put back. Timeouts and
+//!   slowness may be overload; a refused or reset connection or a bad status
+//!   is a definite answer, so those never come back this way.
+//! - **Slow start** (HAProxy's `slowstart`): a backend that returns to a
+//!   serving VIP ramps its weight in [`RAMP_STEPS`] steps.
+//! - **Flap damping** (BGP route-flap damping): every exit from the table
+//!   adds a penalty that halves every `flap_half_life`; at `flap_limit` the
+//!   backend is held down until the penalty has decayed below half of it.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use super::machine::HealthState;
+use super::probe::Compact;
+
+/// Steps of a slow-start ramp: the weight goes 1/10, 2/10, … 10/10.
+pub const RAMP_STEPS: u32 = 10;
+
+/// Failure codes that may be overload rather than death: a backend failing
+/// only with these can be put back in panic.
+const TIMEOUT_CODES: [&str; 3] = ["no_response", "response_incomplete", "connect_timeout"];
+
+/// Exits remembered for the "N transitions in T" text of a held-down backend.
+const EXITS_KEPT: usize = 32;
+
+/// A limit given as a count or a percentage of a VIP's backends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Limit {
+    Count(u32),
+    /// 0–100.
+    Percent(f64),
+}
+
+impl Limit {
+    /// `max_ejected` of `n` backends: a percentage rounds down, but is at
+    /// least 1 unless it is 0 (Envoy ejects one host whatever the percentage).
+    pub fn max_of(self, n: usize) -> usize {
+        match self {
+            Self::Count(c) => c as usize,
+            Self::Percent(p) if p <= 0.0 => 0,
+            Self::Percent(p) => ((n as f64 * p / 100.0).floor() as usize).max(1),
+        }
+    }
+
+    /// `min_healthy` of `n` backends: a percentage rounds up.
+    pub fn min_of(self, n: usize) -> usize {
+        match self {
+            Self::Count(c) => c as usize,
+            Self::Percent(p) => (n as f64 * p / 100.0).ceil() as usize,
+        }
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Count(c) => write!(f, "{c}"),
+            Self::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+/// A VIP's protection settings (`[protection]`, `[vip.protection]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    /// Most backends out for slowness at once. Default 10 %, at least 1.
+    pub max_ejected: Limit,
+    /// Fewest backends in the table before panic. Default 1; 0 disables panic.
+    pub min_healthy: Limit,
+    /// A slow backend is an outlier above this × its peers' median latency.
+    pub outlier_factor: f64,
+    /// … and above the median plus this.
+    pub outlier_margin: Duration,
+    /// Ramp of a returning backend's weight; zero = off.
+    pub slow_start: Duration,
+    pub flap_damping: bool,
+    pub flap_half_life: Duration,
+    /// Penalty (about one per exit from the table) at which a backend is held down.
+    pub flap_limit: f64,
+}
+
+/// Defaults (documented in the README and `examples/xlb.toml`).
+pub mod defaults {
+    use super::Limit;
+    use std::time::Duration;
+    pub const MAX_EJECTED: Limit = Limit::Percent(10.0);
+    pub const MIN_HEALTHY: Limit = Limit::Count(1);
+    pub const OUTLIER_FACTOR: f64 = 3.0;
+    pub const OUTLIER_MARGIN: Duration = Duration::from_millis(50);
+    pub const SLOW_START: Duration = Duration::ZERO;
+    pub const FLAP_DAMPING: bool = true;
+    pub const FLAP_HALF_LIFE: Duration = Duration::from_secs(60);
+    pub const FLAP_LIMIT: f64 = 4.0;
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            max_ejected: defaults::MAX_EJECTED,
+            min_healthy: defaults::MIN_HEALTHY,
+            outlier_factor: defaults::OUTLIER_FACTOR,
+            outlier_margin: defaults::OUTLIER_MARGIN,
+            slow_start: defaults::SLOW_START,
+            flap_damping: defaults::FLAP_DAMPING,
+            flap_half_life: defaults::FLAP_HALF_LIFE,
+            flap_limit: defaults::FLAP_LIMIT,
+        }
+    }
+}
+
+/// What the table does with a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// In the table with its full weight.
+    Serving,
+    /// In the table, weight ramping up (slow start).
+    Ramping,
+    /// Out: slower than its peers by far (an outlier).
+    EjectedSlow,
+    /// Out: hard failures (`fall` of them).
+    Down,
+    /// Out: passing probes, but it flapped too often (damping).
+    HeldDown,
+    /// In the table although failing: panic put it back.
+    PanicRestored,
+    /// Out: drained by an operator.
+    Draining,
+    /// Out: not probed yet.
+    Unknown,
+}
+
+impl Placement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Serving => "serving",
+            Self::Ramping => "ramping",
+            Self::EjectedSlow => "ejected_slow",
+            Self::Down => "down",
+            Self::HeldDown => "held_down",
+            Self::PanicRestored => "panic_restored",
+            Self::Draining => "draining",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    /// Whether the backend holds slots in the table (if its weight is above 0).
+    pub fn in_table(self) -> bool {
+        matches!(self, Self::Serving | Self::Ramping | Self::PanicRestored)
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One backend as the policy sees it: what probes say now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Member {
+    /// `ip:port`, for reasons.
+    pub name: String,
+    pub weight: u32,
+    pub admin_drained: bool,
+    /// The hard state (failures that count toward `fall`).
+    pub health: HealthState,
+    pub rise: u32,
+    pub fall: u32,
+    pub consecutive_ok: u32,
+    pub consecutive_fail: u32,
+    /// Consecutive probes that took longer than `timeout`.
+    pub consecutive_slow: u32,
+    /// Latency now: the slow streak's, else the recent median.
+    pub latency: Option<Duration>,
+    /// Code and text of the last failure that counted toward `fall`.
+    pub last_fail: Option<(&'static str, String)>,
+}
+
+impl Member {
+    fn eligible(&self) -> bool {
+        self.weight > 0 && !self.admin_drained && self.health != HealthState::Unknown
+    }
+
+    fn slow(&self) -> bool {
+        self.consecutive_slow >= self.fall.max(1)
+    }
+}
+
+/// What the policy remembers of one backend between evaluations.
+#[derive(Clone, Debug)]
+pub struct MemberState {
+    pub placement: Placement,
+    /// Why it is placed so (for everything but `Serving`).
+    pub reason: Option<String>,
+    /// When `placement` last changed.
+    pub since: Instant,
+    /// Start of the slow-start ramp, while ramping.
+    pub ramp_start: Option<Instant>,
+    /// Flap penalty at `penalty_at`.
+    pub penalty: f64,
+    pub penalty_at: Instant,
+    /// Recent exits from the table for health reasons.
+    pub exits: VecDeque<Instant>,
+    pub held: bool,
+}
+
+impl MemberState {
+    /// A backend new to the policy. `placement` is what it had before (a
+    /// restart adopts it, so a serving backend does not ramp again).
+    pub fn new(placement: Placement, now: Instant) -> Self {
+        Self {
+            placement,
+            reason: None,
+            since: now,
+            ramp_start: None,
+            penalty: 0.0,
+            penalty_at: now,
+            exits: VecDeque::new(),
+            held: false,
+        }
+    }
+
+    /// The Maglev weight: `weight × RAMP_STEPS` when serving, the ramp's
+    /// step when ramping, 0 when out. Every member of a VIP uses the same
+    /// scale, so shares are as configured (Maglev uses weight ratios).
+    pub fn table_weight(&self, policy: &Policy, weight: u32, now: Instant) -> u32 {
+        match self.placement {
+            Placement::Serving | Placement::PanicRestored => weight * RAMP_STEPS,
+            Placement::Ramping => weight * ramp_step(policy, self.ramp_start, now),
+            _ => 0,
+        }
+    }
+
+    /// The weight as a fraction of the configured one (1.0 when serving).
+    pub fn weight_fraction(&self, policy: &Policy, now: Instant) -> f64 {
+        match self.placement {
+            Placement::Serving | Placement::PanicRestored => 1.0,
+            Placement::Ramping => {
+                f64::from(ramp_step(policy, self.ramp_start, now)) / f64::from(RAMP_STEPS)
+            }
+            _ => 0.0,
+        }
+    }
+
+    fn decay(&mut self, policy: &Policy, now: Instant) {
+        let dt = now.saturating_duration_since(self.penalty_at).as_secs_f64();
+        let half = policy.flap_half_life.as_secs_f64();
+        if half > 0.0 {
+            self.penalty *= 0.5f64.powf(dt / half);
+        }
+        self.penalty_at = now;
+    }
+}
+
+/// Step (1..=RAMP_STEPS) of a ramp started at `start`.
+fn ramp_step(policy: &Policy, start: Option<Instant>, now: Instant) -> u32 {
+    let (Some(start), false) = (start, policy.slow_start.is_zero()) else {
+        return RAMP_STEPS;
+    };
+    let frac = now.saturating_duration_since(start).as_secs_f64() / policy.slow_start.as_secs_f64();
+    ((frac * f64::from(RAMP_STEPS)).floor() as u32 + 1).clamp(1, RAMP_STEPS)
+}
+
+/// What the policy remembers of a VIP.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VipState {
+    /// Set while in panic: which backends were put back and why.
+    pub panic: Option<String>,
+    /// Set while at least half of the backends are slow.
+    pub fleet_slow: Option<String>,
+}
+
+/// A change the caller logs, records as an event and applies to the maps.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    Placement {
+        member: usize,
+        from: Placement,
+        to: Placement,
+        reason: String,
+    },
+    PanicEnter(String),
+    PanicExit(String),
+    FleetSlow(String),
+    FleetRecovered(String),
+}
+
+/// The result of one evaluation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcome {
+    pub changes: Vec<Change>,
+    /// Whether any member's table weight differs from the previous
+    /// evaluation (a placement change, or a ramp step): rebuild the table.
+    pub weights_changed: bool,
+}
+
+/// Decides every member's placement. `states` is the memory of each member
+/// (same order as `members`), `vip` the VIP's; both are updated.
+pub fn evaluate(
+    policy: &Policy,
+    members: &[Member],
+    states: &mut [MemberState],
+    vip: &mut VipState,
+    now: Instant,
+) -> Outcome {
+    assert_eq!(members.len(), states.len(), "one state per member");
+    let before: Vec<(Placement, u32)> = states
+        .iter()
+        .zip(members)
+        .map(|(s, m)| (s.placement, s.table_weight(policy, m.weight, now)))
+        .collect();
+    let mut next: Vec<(Placement, Option<String>)> = members
+        .iter()
+        .zip(states.iter_mut())
+        .map(|(m, s)| base_placement(policy, m, s, now))
+        .collect();
+    let mut changes = Vec::new();
+    eject_outliers(policy, members, states, &mut next);
+    fleet_slow(members, &next, vip, &mut changes);
+    panic(policy, members, &mut next, vip, &mut changes);
+    apply(policy, members, states, next, now, &mut changes);
+    let weights_changed = states
+        .iter()
+        .zip(members)
+        .zip(&before)
+        .any(|((s, m), &(_, w))| s.table_weight(policy, m.weight, now) != w);
+    Outcome {
+        changes,
+        weights_changed,
+    }
+}
+
+/// Placement from this member alone: drains, hard state, damping.
+fn base_placement(
+    policy: &Policy,
+    m: &Member,
+    s: &mut MemberState,
+    now: Instant,
+) -> (Placement, Option<String>) {
+    s.decay(policy, now);
+    if s.held && (!policy.flap_damping || s.penalty < policy.flap_limit / 2.0) {
+        s.held = false;
+    }
+    if m.admin_drained {
+        return (Placement::Draining, Some("admin drain".to_owned()));
+    }
+    match m.health {
+        HealthState::Unknown => (Placement::Unknown, Some("not probed yet".to_owned())),
+        HealthState::Down => (
+            Placement::Down,
+            Some(m.last_fail.as_ref().map_or_else(
+                || "failed health checks".to_owned(),
+                |(_, text)| text.clone(),
+            )),
+        ),
+        HealthState::Up if s.held => (Placement::HeldDown, Some(held_text(policy, s, now))),
+        HealthState::Up => (Placement::Serving, None),
+    }
+}
+
+fn held_text(policy: &Policy, s: &MemberState, now: Instant) -> String {
+    let n = s.exits.len();
+    let span = s
+        .exits
+        .front()
+        .map_or(Duration::ZERO, |&t| now.saturating_duration_since(t));
+    // Time until penalty × 2^(−t/h) < limit / 2.
+    let ratio = s.penalty / (policy.flap_limit / 2.0);
+    let left = if ratio > 1.0 {
+        policy.flap_half_life.mul_f64(ratio.log2())
+    } else {
+        Duration::ZERO
+    };
+    format!(
+        "held down: {n} transition{} in {}; back in about {} if it stays healthy",
+        if n == 1 { "" } else { "s" },
+        Compact(round_secs(span)),
+        Compact(round_secs(left)),
+    )
+}
+
+fn round_secs(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs_f64().round() as u64)
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: &mut [Duration]) -> Option<Duration> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort();
+    let n = values.len();
+    Some(if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2
+    })
+}
+
+/// Ejects slow outliers among the members placed `Serving`, within
+/// `max_ejected`: those already ejected and still slow keep their place in
+/// the budget, then the slowest new ones.
+fn eject_outliers(
+    policy: &Policy,
+    members: &[Member],
+    states: &[MemberState],
+    next: &mut [(Placement, Option<String>)],
+) {
+    let serving: Vec<usize> = (0..members.len())
+        .filter(|&i| next[i].0 == Placement::Serving)
+        .collect();
+    let eligible = members.iter().filter(|m| m.eligible()).count();
+    let budget = policy.max_ejected.max_of(eligible);
+    let mut outliers: Vec<(bool, Duration, usize, String)> = Vec::new();
+    for &i in &serving {
+        let m = &members[i];
+        let was_ejected = states[i].placement == Placement::EjectedSlow;
+        // An ejected backend returns only after `rise` answers within timeout.
+        let recovered = m.consecutive_slow == 0 && m.consecutive_ok >= m.rise;
+        if was_ejected && !recovered {
+            let reason = states[i].reason.clone().unwrap_or_default();
+            outliers.push((true, m.latency.unwrap_or_default(), i, reason));
+            continue;
+        }
+        if !m.slow() {
+            continue;
+        }
+        let Some(lat) = m.latency else { continue };
+        let mut peers: Vec<Duration> = serving
+            .iter()
+            .filter(|&&j| j != i)
+            .filter_map(|&j| members[j].latency)
+            .collect();
+        let Some(med) = median(&mut peers) else {
+            continue;
+        };
+        let outlier = lat.as_secs_f64() > policy.outlier_factor * med.as_secs_f64()
+            && lat > med + policy.outlier_margin;
+        if outlier {
+            let reason = format!(
+                "slow outlier: answers in {} against a median of {} for its {} peer{} \
+                 (more than {}× and {} slower)",
+                Compact(lat),
+                Compact(med),
+                peers.len(),
+                if peers.len() == 1 { "" } else { "s" },
+                policy.outlier_factor,
+                Compact(policy.outlier_margin),
+            );
+            outliers.push((false, lat, i, reason));
+        }
+    }
+    // Already ejected first, then slowest first.
+    outliers.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+    for (_, _, i, reason) in outliers.into_iter().take(budget) {
+        next[i] = (Placement::EjectedSlow, Some(reason));
+    }
+}
+
+/// Reports a VIP whose backends are slow as a whole (and not ejected for it).
+fn fleet_slow(
+    members: &[Member],
+    next: &[(Placement, Option<String>)],
+    vip: &mut VipState,
+    changes: &mut Vec<Change>,
+) {
+    let up: Vec<usize> = (0..members.len())
+        .filter(|&i| matches!(next[i].0, Placement::Serving | Placement::EjectedSlow))
+        .collect();
+    let mut slow: Vec<Duration> = up
+        .iter()
+        .filter(|&&i| members[i].slow() && next[i].0 == Placement::Serving)
+        .filter_map(|&i| members[i].latency)
+        .collect();
+    let now_slow = !slow.is_empty() && slow.len() * 2 >= up.len();
+    let n = slow.len();
+    match (now_slow, vip.fleet_slow.is_some()) {
+        (true, false) => {
+            let med = median(&mut slow).unwrap_or_default();
+            let who = if n == up.len() {
+                format!("all {n} backends")
+            } else {
+                format!("{n} of {} backends", up.len())
+            };
+            let text = format!(
+                "{who} slow, median {}; not ejecting (slowness shared by the VIP is load, not failure)",
+                Compact(med)
+            );
+            vip.fleet_slow = Some(text.clone());
+            changes.push(Change::FleetSlow(text));
+        }
+        (false, true) => {
+            vip.fleet_slow = None;
+            changes.push(Change::FleetRecovered(
+                "backends answer within timeout again".to_owned(),
+            ));
+        }
+        _ => {}
+    }
+}
+
+/// Puts the least-bad backends back while fewer than `min_healthy` are in.
+fn panic(
+    policy: &Policy,
+    members: &[Member],
+    next: &mut [(Placement, Option<String>)],
+    vip: &mut VipState,
+    changes: &mut Vec<Change>,
+) {
+    let eligible = members.iter().filter(|m| m.eligible()).count();
+    let min = policy.min_healthy.min_of(eligible);
+    let in_table = |next: &[(Placement, Option<String>)]| {
+        (0..members.len())
+            .filter(|&i| next[i].0.in_table() && members[i].weight > 0)
+            .count()
+    };
+    let healthy = in_table(next);
+    if min == 0 || healthy >= min {
+        if vip.panic.take().is_some() {
+            changes.push(Change::PanicExit(format!(
+                "{healthy} of {eligible} backends healthy (min_healthy {})",
+                policy.min_healthy
+            )));
+        }
+        return;
+    }
+    // Least bad first: slow outliers (fastest first), then flapping ones that
+    // pass probes, then those failing only by timeouts (fewest failures first).
+    let mut candidates: Vec<(u8, u128, usize)> = Vec::new();
+    for (i, m) in members.iter().enumerate() {
+        if m.weight == 0 || m.admin_drained {
+            continue;
+        }
+        match next[i].0 {
+            Placement::EjectedSlow => {
+                candidates.push((0, m.latency.unwrap_or_default().as_nanos(), i));
+            }
+            Placement::HeldDown => candidates.push((1, 0, i)),
+            Placement::Down
+                if m
+                    .last_fail
+                    .as_ref()
+                    .is_some_and(|(code, _)| TIMEOUT_CODES.contains(code)) =>
+            {
+                candidates.push((2, u128::from(m.consecutive_fail), i));
+            }
+            _ => {}
+        }
+    }
+    candidates.sort();
+    let mut kept = Vec::new();
+    for (_, _, i) in candidates.into_iter().take(min - healthy) {
+        let why = next[i].1.clone().unwrap_or_default();
+        kept.push(format!("{} ({why})", members[i].name));
+        next[i] = (
+            Placement::PanicRestored,
+            Some(format!(
+                "panic: kept in the table although {why}; fewer than min_healthy {} backends healthy",
+                policy.min_healthy
+            )),
+        );
+    }
+    let text = if kept.is_empty() {
+        format!(
+            "{healthy} of {eligible} backends healthy (min_healthy {}); none can be put back: \
+             every failing backend refused, reset or answered wrongly{}",
+            policy.min_healthy,
+            if healthy == 0 { "; the table is empty" } else { "" }
+        )
+    } else {
+        format!(
+            "{healthy} of {eligible} backends healthy (min_healthy {}); keeping {} in the table \
+             (timeouts and slowness may be overload)",
+            policy.min_healthy,
+            kept.join(", ")
+        )
+    };
+    if vip.panic.as_deref() != Some(text.as_str()) {
+        if vip.panic.is_none() {
+            changes.push(Change::PanicEnter(text.clone()));
+        }
+        vip.panic = Some(text);
+    }
+}
+
+/// Records the new placements: slow-start ramps, flap penalties, changes.
+fn apply(
+    policy: &Policy,
+    members: &[Member],
+    states: &mut [MemberState],
+    next: Vec<(Placement, Option<String>)>,
+    now: Instant,
+    changes: &mut Vec<Change>,
+) {
+    let others_in: Vec<bool> = (0..members.len())
+        .map(|i| {
+            states
+                .iter()
+                .enumerate()
+                .any(|(j, s)| j != i && s.placement.in_table() && members[j].weight > 0)
+        })
+        .collect();
+    for (i, (mut to, reason)) in next.into_iter().enumerate() {
+        let s = &mut states[i];
+        let from = s.placement;
+        // Slow start: entering the table while others serve starts a ramp;
+        // a ramp in progress goes on until it ends.
+        if to == Placement::Serving {
+            if !from.in_table() && others_in[i] && !policy.slow_start.is_zero() {
+                s.ramp_start = Some(now);
+            }
+            if ramp_step(policy, s.ramp_start, now) < RAMP_STEPS {
+                to = Placement::Ramping;
+            } else {
+                s.ramp_start = None;
+            }
+        } else if !to.in_table() {
+            s.ramp_start = None;
+        }
+        let reason = match to {
+            Placement::Ramping => Some(format!(
+                "slow start: weight at {}/{RAMP_STEPS} for {}",
+                ramp_step(policy, s.ramp_start, now),
+                Compact(policy.slow_start)
+            )),
+            _ => reason,
+        };
+        // Damping counts exits for health reasons, not drains or panic.
+        if from.in_table() && matches!(to, Placement::Down | Placement::EjectedSlow) {
+            s.exits.push_back(now);
+            while s.exits.len() > EXITS_KEPT {
+                s.exits.pop_front();
+            }
+            if policy.flap_damping {
+                s.penalty += 1.0;
+                if s.penalty >= policy.flap_limit {
+                    s.held = true;
+                }
+            }
+        }
+        // Forget exits the penalty has forgotten (below 1/16 of one).
+        let horizon = policy.flap_half_life * 4;
+        while s
+            .exits
+            .front()
+            .is_some_and(|&t| now.saturating_duration_since(t) > horizon)
+        {
+            s.exits.pop_front();
+        }
+        if from != to {
+            s.since = now;
+            let text = reason.clone().unwrap_or_else(|| match from {
+                Placement::Ramping => "slow start complete".to_owned(),
+                Placement::EjectedSlow => "answers within timeout again".to_owned(),
+                Placement::HeldDown => "flap penalty decayed".to_owned(),
+                Placement::PanicRestored => "panic over".to_owned(),
+                _ => {
+                    let n = members[i].consecutive_ok;
+                    format!(
+                        "passed {n} consecutive check{}",
+                        if n == 1 { "" } else { "s" }
+                    )
+                }
+            });
+            changes.push(Change::Placement {
+                member: i,
+                from,
+                to,
+                reason: text,
+            });
+        }
+        s.placement = to;
+        s.reason = reason;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use HealthState::{Down, Unknown, Up};
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn member(i: usize) -> Member {
+        Member {
+            name: format!("10.0.0.{}:80", 11 + i),
+            weight: 1,
+            admin_drained: false,
+            health: Up,
+            rise: 2,
+            fall: 3,
+            consecutive_ok: 5,
+            consecutive_fail: 0,
+            consecutive_slow: 0,
+            latency: Some(ms(2)),
+            last_fail: None,
+        }
+    }
+
+    fn slow(mut m: Member, lat: Duration) -> Member {
+        m.consecutive_slow = m.fall;
+        m.consecutive_ok = 0;
+        m.latency = Some(lat);
+        m
+    }
+
+    fn hung(mut m: Member) -> Member {
+        m.health = Down;
+        m.consecutive_ok = 0;
+        m.consecutive_fail = 3;
+        m.last_fail = Some(("no_response", "connected, no HTTP response within 3s".into()));
+        m
+    }
+
+    fn refused(mut m: Member) -> Member {
+        m.health = Down;
+        m.consecutive_ok = 0;
+        m.consecutive_fail = 3;
+        m.last_fail = Some(("connection_refused", "connection refused".into()));
+        m
+    }
+
+    /// A VIP under test: members, their states and a mocked clock.
+    struct Vip {
+        policy: Policy,
+        members: Vec<Member>,
+        states: Vec<MemberState>,
+        vip: VipState,
+        t0: Instant,
+        now: Instant,
+    }
+
+    impl Vip {
+        fn new(policy: Policy, n: usize) -> Self {
+            let t0 = Instant::now();
+            Self {
+                policy,
+                members: (0..n).map(member).collect(),
+                states: (0..n)
+                    .map(|_| MemberState::new(Placement::Serving, t0))
+                    .collect(),
+                vip: VipState::default(),
+                t0,
+                now: t0,
+            }
+        }
+
+        fn at(&mut self, secs: f64) -> Outcome {
+            self.now = self.t0 + Duration::from_secs_f64(secs);
+            evaluate(
+                &self.policy,
+                &self.members,
+                &mut self.states,
+                &mut self.vip,
+                self.now,
+            )
+        }
+
+        fn placements(&self) -> Vec<Placement> {
+            self.states.iter().map(|s| s.placement).collect()
+        }
+
+        fn weights(&self) -> Vec<u32> {
+            self.states
+                .iter()
+                .zip(&self.members)
+                .map(|(s, m)| s.table_weight(&self.policy, m.weight, self.now))
+                .collect()
+        }
+    }
+
+    use Placement::{
+        Down as PDown, EjectedSlow, HeldDown, PanicRestored, Ramping, Serving, Unknown as PUnknown,
+    };
+
+    #[test]
+    fn limits() {
+        let cases = [
+            (Limit::Percent(10.0), 3, 1, 1),
+            (Limit::Percent(10.0), 30, 3, 3),
+            (Limit::Percent(50.0), 3, 1, 2),
+            (Limit::Percent(0.0), 10, 0, 0),
+            (Limit::Count(2), 3, 2, 2),
+            (Limit::Count(0), 3, 0, 0),
+        ];
+        for (limit, n, max, min) in cases {
+            assert_eq!(limit.max_of(n), max, "{limit} of {n} as max_ejected");
+            assert_eq!(limit.min_of(n), min, "{limit} of {n} as min_healthy");
+        }
+    }
+
+    /// Table: members in, placements out, with the default policy.
+    #[test]
+    fn placements_by_case() {
+        struct Case {
+            name: &'static str,
+            members: Vec<Member>,
+            want: Vec<Placement>,
+            panic: bool,
+            fleet_slow: bool,
+        }
+        let m = member;
+        let cases = [
+            Case {
+                name: "all fast",
+                members: vec![m(0), m(1), m(2)],
+                want: vec![Serving, Serving, Serving],
+                panic: false,
+                fleet_slow: false,
+            },
+            Case {
+                name: "seed 003: all slow, none ejected",
+                members: vec![slow(m(0), ms(2500)), slow(m(1), ms(2500)), slow(m(2), ms(2600))],
+                want: vec![Serving, Serving, Serving],
+                panic: false,
+                fleet_slow: true,
+            },
+            Case {
+                name: "one hung-slow outlier among fast peers is ejected",
+                members: vec![m(0), slow(m(1), ms(100)), m(2)],
+                want: vec![Serving, EjectedSlow, Serving],
+                panic: false,
+                fleet_slow: false,
+            },
+            Case {
+                name: "slow but within factor of peers stays",
+                members: vec![slow(m(0), ms(1000)), slow(m(1), ms(1500)), m(2)],
+                want: vec![Serving, Serving, Serving],
+                panic: false,
+                fleet_slow: true,
+            },
+            Case {
+                name: "two outliers, max_ejected 10% of 3 = 1: the slowest goes",
+                members: vec![slow(m(0), ms(1200)), slow(m(1), ms(3000)), m(2), m(3), m(4)],
+                want: vec![Serving, EjectedSlow, Serving, Serving, Serving],
+                panic: false,
+                fleet_slow: false,
+            },
+            Case {
+                name: "below the absolute margin is no outlier",
+                members: vec![slow(m(0), ms(30)), m(1), m(2)],
+                want: vec![Serving, Serving, Serving],
+                panic: false,
+                fleet_slow: false,
+            },
+            Case {
+                name: "one hard down is simply down",
+                members: vec![m(0), hung(m(1)), m(2)],
+                want: vec![Serving, PDown, Serving],
+                panic: false,
+                fleet_slow: false,
+            },
+            Case {
+                name: "all hung: panic keeps the least-bad one (min_healthy 1)",
+                members: vec![
+                    {
+                        let mut h = hung(m(0));
+                        h.consecutive_fail = 9;
+                        h
+                    },
+                    hung(m(1)),
+                    {
+                        let mut h = hung(m(2));
+                        h.consecutive_fail = 5;
+                        h
+                    },
+                ],
+                want: vec![PDown, PanicRestored, PDown],
+                panic: true,
+                fleet_slow: false,
+            },
+            Case {
+                name: "all refused: panic cannot put any back, table empty",
+                members: vec![refused(m(0)), refused(m(1))],
+                want: vec![PDown, PDown],
+                panic: true,
+                fleet_slow: false,
+            },
+            Case {
+                name: "unknown and drained are not counted",
+                members: vec![
+                    {
+                        let mut u = m(0);
+                        u.health = Unknown;
+                        u
+                    },
+                    {
+                        let mut d = m(1);
+                        d.admin_drained = true;
+                        d
+                    },
+                    m(2),
+                ],
+                want: vec![PUnknown, Placement::Draining, Serving],
+                panic: false,
+                fleet_slow: false,
+            },
+        ];
+        for case in cases {
+            let n = case.members.len();
+            let mut vip = Vip::new(Policy::default(), n);
+            vip.members = case.members;
+            vip.at(1.0);
+            assert_eq!(vip.placements(), case.want, "{}", case.name);
+            assert_eq!(vip.vip.panic.is_some(), case.panic, "{}: panic", case.name);
+            assert_eq!(
+                vip.vip.fleet_slow.is_some(),
+                case.fleet_slow,
+                "{}: fleet slow {:?}",
+                case.name,
+                vip.vip.fleet_slow
+            );
+        }
+    }
+
+    #[test]
+    fn fleet_slow_is_one_event_each_way() {
+        let mut vip = Vip::new(Policy::default(), 3);
+        assert!(vip.at(1.0).changes.is_empty());
+        vip.members = (0..3).map(|i| slow(member(i), ms(2500))).collect();
+        let out = vip.at(2.0);
+        assert_eq!(out.changes.len(), 1, "{out:?}");
+        let Change::FleetSlow(text) = &out.changes[0] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(
+            text,
+            "all 3 backends slow, median 2.5s; not ejecting (slowness shared by the VIP is load, \
+             not failure)"
+        );
+        assert!(!out.weights_changed);
+        assert!(vip.at(3.0).changes.is_empty(), "no repeat while it lasts");
+        vip.members = (0..3).map(member).collect();
+        let out = vip.at(4.0);
+        assert!(matches!(&out.changes[..], [Change::FleetRecovered(_)]), "{out:?}");
+    }
+
+    #[test]
+    fn ejected_outlier_returns_after_rise_fast_answers() {
+        let mut vip = Vip::new(Policy::default(), 3);
+        vip.members[1] = slow(member(1), ms(2000));
+        vip.at(1.0);
+        assert_eq!(vip.placements()[1], EjectedSlow);
+        let reason = vip.states[1].reason.clone().unwrap();
+        assert!(reason.starts_with("slow outlier: answers in 2s against a median of 2ms"), "{reason}");
+        // One fast answer: not yet (rise 2).
+        vip.members[1] = member(1);
+        vip.members[1].consecutive_ok = 1;
+        vip.at(2.0);
+        assert_eq!(vip.placements()[1], EjectedSlow);
+        vip.members[1].consecutive_ok = 2;
+        let out = vip.at(3.0);
+        assert_eq!(vip.placements()[1], Serving);
+        assert!(out.weights_changed);
+    }
+
+    #[test]
+    fn panic_enter_and_exit() {
+        let policy = Policy {
+            min_healthy: Limit::Count(2),
+            ..Policy::default()
+        };
+        let mut vip = Vip::new(policy, 3);
+        vip.members[0] = hung(member(0));
+        vip.members[1] = hung(member(1));
+        vip.members[1].consecutive_fail = 7;
+        let out = vip.at(1.0);
+        assert_eq!(vip.placements(), vec![PanicRestored, PDown, Serving]);
+        let enter: Vec<_> = out
+            .changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::PanicEnter(t) => Some(t.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            enter,
+            vec![
+                "1 of 3 backends healthy (min_healthy 2); keeping 10.0.0.11:80 (connected, no HTTP \
+                 response within 3s) in the table (timeouts and slowness may be overload)"
+                    .to_owned()
+            ]
+        );
+        assert!(vip.at(2.0).changes.is_empty(), "panic is reported once");
+        vip.members[0] = member(0);
+        let out = vip.at(3.0);
+        assert!(
+            out.changes.iter().any(|c| matches!(c, Change::PanicExit(_))),
+            "{out:?}"
+        );
+        assert!(vip.vip.panic.is_none());
+        assert_eq!(vip.placements()[0], Serving);
+    }
+
+    #[test]
+    fn panic_off_lets_the_table_empty() {
+        let policy = Policy {
+            min_healthy: Limit::Count(0),
+            ..Policy::default()
+        };
+        let mut vip = Vip::new(policy, 2);
+        vip.members = vec![hung(member(0)), hung(member(1))];
+        vip.at(1.0);
+        assert_eq!(vip.placements(), vec![PDown, PDown]);
+        assert!(vip.vip.panic.is_none());
+    }
+
+    #[test]
+    fn slow_start_ramps_in_steps() {
+        let policy = Policy {
+            slow_start: Duration::from_secs(10),
+            ..Policy::default()
+        };
+        let mut vip = Vip::new(policy, 3);
+        vip.members[2] = hung(member(2));
+        vip.at(0.0);
+        assert_eq!(vip.weights(), vec![10, 10, 0]);
+        vip.members[2] = member(2);
+        let out = vip.at(1.0);
+        assert!(out.weights_changed);
+        assert_eq!(vip.placements()[2], Ramping);
+        let mut seen = Vec::new();
+        for t in [1.0, 2.0, 5.5, 10.9, 11.0, 12.0] {
+            vip.at(t);
+            seen.push(vip.weights()[2]);
+        }
+        assert_eq!(seen, vec![1, 2, 5, 10, 10, 10]);
+        assert_eq!(vip.placements()[2], Serving);
+        assert_eq!(vip.weights(), vec![10, 10, 10]);
+    }
+
+    #[test]
+    fn no_ramp_when_nothing_else_serves() {
+        let policy = Policy {
+            slow_start: Duration::from_secs(10),
+            ..Policy::default()
+        };
+        let mut vip = Vip::new(policy, 2);
+        vip.members = vec![hung(member(0)), refused(member(1))];
+        vip.policy.min_healthy = Limit::Count(0);
+        vip.at(0.0);
+        vip.members[0] = member(0);
+        vip.at(1.0);
+        assert_eq!(vip.placements()[0], Serving, "the only backend takes all at once");
+    }
+
+    #[test]
+    fn flapping_is_held_down_then_released() {
+        let policy = Policy {
+            flap_half_life: Duration::from_secs(10),
+            flap_limit: 2.5,
+            ..Policy::default()
+        };
+        let mut vip = Vip::new(policy, 3);
+        let mut t = 0.0;
+        for _ in 0..3 {
+            vip.members[0] = refused(member(0));
+            vip.at(t);
+            assert_eq!(vip.placements()[0], PDown);
+            vip.members[0] = member(0);
+            vip.at(t + 0.5);
+            t += 1.0;
+        }
+        assert_eq!(vip.placements()[0], HeldDown);
+        let reason = vip.states[0].reason.clone().unwrap();
+        assert!(reason.starts_with("held down: 3 transitions in 3s"), "{reason}");
+        // Penalty ≈ 2.7 at t = 2.5; below half the limit (1.25) after about
+        // 11.2 s more.
+        vip.at(13.0);
+        assert_eq!(vip.placements()[0], HeldDown);
+        let out = vip.at(14.0);
+        assert_eq!(vip.placements()[0], Serving);
+        assert!(out.changes.iter().any(|c| matches!(
+            c,
+            Change::Placement { from: HeldDown, to: Serving, reason, .. } if reason == "flap penalty decayed"
+        )));
+    }
+
+    #[test]
+    fn damping_off_never_holds() {
+        let policy = Policy {
+            flap_damping: false,
+            ..Policy::default()
+        };
+        let mut vip = Vip::new(policy, 2);
+        for i in 0..10 {
+            vip.members[0] = refused(member(0));
+            vip.at(i as f64);
+            vip.members[0] = member(0);
+            vip.at(i as f64 + 0.5);
+            assert_eq!(vip.placements()[0], Serving);
+        }
+    }
+
+    #[test]
+    fn max_ejected_zero_disables_outliers() {
+        let policy = Policy {
+            max_ejected: Limit::Count(0),
+            ..Policy::default()
+        };
+        let mut vip = Vip::new(policy, 3);
+        vip.members[1] = slow(member(1), ms(2000));
+        vip.at(1.0);
+        assert_eq!(vip.placements(), vec![Serving, Serving, Serving]);
+    }
+}
