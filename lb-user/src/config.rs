@@ -24,8 +24,11 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::health::policy::Policy;
 use crate::health::spec::{self, CheckKind, CheckSpec, HttpCheck};
 use crate::maglev::is_prime;
+
+mod protection;
 
 /// Defaults of the `[daemon]`, `[[vip]]` and `[[vip.backend]]` settings.
 /// Health-check defaults are in [`crate::health::spec::defaults`].
@@ -240,6 +243,10 @@ pub struct VipConfig {
     /// Maglev table size, a prime ≤ `daemon.max_table_size`. Default 65537
     /// (or `max_table_size` if that is smaller).
     pub table_size: u32,
+    /// What the VIP does when backends are slow or failing: `[protection]`
+    /// merged with `[vip.protection]`.
+    #[serde(serialize_with = "protection::ser_policy")]
+    pub protection: Policy,
     /// In file order.
     pub backends: Vec<BackendConfig>,
 }
@@ -435,6 +442,7 @@ fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S::Ok, S::Err
 struct RawConfig {
     daemon: RawDaemon,
     health_check: Option<RawHealth>,
+    protection: Option<protection::RawProtection>,
     #[serde(default)]
     vip: Vec<RawVip>,
 }
@@ -469,6 +477,7 @@ struct RawVip {
     down_policy: Option<DownPolicy>,
     table_size: Option<u32>,
     health_check: Option<RawHealth>,
+    protection: Option<protection::RawProtection>,
     #[serde(default)]
     backend: Vec<RawBackend>,
 }
@@ -650,7 +659,18 @@ fn validate(raw: &RawConfig, p: &mut Problems<'_>) -> Config {
     let vips = raw
         .vip
         .iter()
-        .map(|v| validate_vip(v, &daemon, &global_health, &mut names, &mut services, p))
+        .map(|v| {
+            let mut vip = validate_vip(v, &daemon, &global_health, &mut names, &mut services, p);
+            let ctx = format!("vip {:?}: protection", v.name);
+            vip.protection = protection::resolve(
+                &[
+                    (raw.protection.as_ref(), "protection"),
+                    (v.protection.as_ref(), &ctx),
+                ],
+                p,
+            );
+            vip
+        })
         .collect();
 
     Config {
@@ -1129,6 +1149,7 @@ fn validate_vip<'a>(
         mode,
         down_policy: raw.down_policy.unwrap_or(defaults::DOWN_POLICY),
         table_size,
+        protection: Policy::default(),
         backends,
     }
 }
@@ -1534,6 +1555,7 @@ mod tests {
                 mode: Mode::DsrIpip,
                 down_policy: DownPolicy::Rehash,
                 table_size: 65_537,
+                protection: Policy::default(),
                 backends: vec![BackendConfig {
                     addr: ip("10.0.0.11"),
                     port: 80,
@@ -1664,6 +1686,7 @@ mod tests {
                 mode: Mode::DsrL2,
                 down_policy: DownPolicy::Keep,
                 table_size: 131_071,
+                protection: Policy::default(),
                 backends: vec![
                     BackendConfig {
                         addr: ip("fd00::11"),

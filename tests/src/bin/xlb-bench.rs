@@ -272,6 +272,7 @@ fn table_swap() -> anyhow::Result<()> {
                 mode: Mode::DsrL2,
                 down_policy: DownPolicy::Rehash,
                 table_size: lb_common::DEFAULT_TABLE_SIZE,
+                protection: Default::default(),
                 backends: (0..n)
                     .map(|i| BackendConfig {
                         addr: std::net::IpAddr::V4(std::net::Ipv4Addr::from(
