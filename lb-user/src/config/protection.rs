@@ -91,7 +91,13 @@ fn apply_layer(raw: &RawProtection, ctx: &str, policy: &mut Policy, p: &mut Prob
             );
         }
     }
-    if let Some(d) = duration("outlier_margin", &raw.outlier_margin, Duration::ZERO, ctx, p) {
+    if let Some(d) = duration(
+        "outlier_margin",
+        &raw.outlier_margin,
+        Duration::ZERO,
+        ctx,
+        p,
+    ) {
         policy.outlier_margin = d;
     }
     if let Some(d) = duration("slow_start", &raw.slow_start, Duration::ZERO, ctx, p) {
@@ -122,7 +128,10 @@ fn apply_layer(raw: &RawProtection, ctx: &str, policy: &mut Policy, p: &mut Prob
 fn limit(field: &str, raw: &RawLimit, ctx: &str, p: &mut Problems<'_>) -> Option<Limit> {
     let max = lb_common::MAX_BACKENDS - 1;
     let parsed = match raw {
-        RawLimit::Count(c) => u32::try_from(*c).ok().filter(|&c| c <= max).map(Limit::Count),
+        RawLimit::Count(c) => u32::try_from(*c)
+            .ok()
+            .filter(|&c| c <= max)
+            .map(Limit::Count),
         RawLimit::Text(t) => t
             .trim()
             .strip_suffix('%')

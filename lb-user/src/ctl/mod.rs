@@ -259,9 +259,51 @@ pub struct VipStatus {
     pub bytes: u64,
     /// Flows given a backend from the table.
     pub new_flows: u64,
+    /// Whether the VIP is in panic: fewer than `min_healthy` backends were
+    /// healthy, so the least-bad failing ones were kept in the table.
+    #[serde(default)]
+    pub panic: bool,
+    /// Which backends panic kept and why; `null` outside panic.
+    #[serde(default)]
+    pub panic_reason: Option<String>,
+    /// Set while at least half of the backends answer slower than their
+    /// timeout (e.g. `"all 3 backends slow, median 2.5s; not ejecting …"`).
+    #[serde(default)]
+    pub fleet_slow: Option<String>,
+    /// Backends out of the table as slow outliers now.
+    #[serde(default)]
+    pub ejected_slow: u32,
+    /// Most backends that may be out as slow outliers at once (resolved
+    /// from `max_ejected`).
+    #[serde(default)]
+    pub max_ejected: u32,
+    /// Fewest backends in the table before panic (resolved from
+    /// `min_healthy`; 0 = panic disabled).
+    #[serde(default)]
+    pub min_healthy: u32,
     /// In configuration order.
     pub backends: Vec<BackendStatus>,
 }
+
+/// Every value of [`BackendStatus::placement`], as spelled in JSON:
+/// - `serving`: in the table with its weight;
+/// - `ramping`: in the table, weight ramping up (slow start);
+/// - `ejected_slow`: out, a slow outlier against its peers (flows continue);
+/// - `down`: out, failing health checks (flows follow `down_policy`);
+/// - `held_down`: out, passing probes but flapping (flows continue);
+/// - `panic_restored`: in the table although failing, kept by panic;
+/// - `draining`: out, drained by an operator;
+/// - `unknown`: not probed yet.
+pub const PLACEMENTS: [&str; 8] = [
+    "serving",
+    "ramping",
+    "ejected_slow",
+    "down",
+    "held_down",
+    "panic_restored",
+    "draining",
+    "unknown",
+];
 
 /// Every value of [`BackendStatus::state`], as spelled in JSON:
 /// - `up`: in the table, takes new flows;
@@ -306,6 +348,23 @@ pub struct BackendStatus {
     pub bytes: u64,
     /// Flows given to it from the table.
     pub new_flows: u64,
+    /// What the VIP's health policy does with it: one of [`PLACEMENTS`].
+    #[serde(default)]
+    pub placement: String,
+    /// Why (for every placement but `serving`).
+    #[serde(default)]
+    pub placement_reason: Option<String>,
+    /// Weight in the table now: `weight` while serving, less while ramping
+    /// up (slow start), 0 when out.
+    #[serde(default)]
+    pub effective_weight: f64,
+    /// Consecutive probes slower than `timeout` (answered late or not yet).
+    #[serde(default)]
+    pub consecutive_slow: u32,
+    /// Probe latency now, ms: over the current slow streak if any, else the
+    /// median of the recent answers. `null` before the first answer.
+    #[serde(default)]
+    pub latency_ms: Option<f64>,
 }
 
 /// The outcome of one health probe.
@@ -600,6 +659,15 @@ pub(crate) mod tests {
             packets: 0,
             bytes: 0,
             new_flows: 0,
+            placement: match state {
+                "up" => "serving",
+                other => other,
+            }
+            .to_owned(),
+            placement_reason: None,
+            effective_weight: if in_table { 1.0 } else { 0.0 },
+            consecutive_slow: 0,
+            latency_ms: Some(1.0),
         };
         let now = 1_800_000_000_000;
         StatusReport {
@@ -634,6 +702,12 @@ pub(crate) mod tests {
                 packets: 1_000_000,
                 bytes: 900_000_000,
                 new_flows: 50_000,
+                panic: false,
+                panic_reason: None,
+                fleet_slow: None,
+                ejected_slow: 0,
+                max_ejected: 1,
+                min_healthy: 1,
                 backends: vec![
                     BackendStatus {
                         since_unix_ms: now - (12 * 60 + 4) * 1000,
@@ -913,12 +987,18 @@ pub(crate) mod tests {
                 "backends_up",
                 "bytes",
                 "down_policy",
+                "ejected_slow",
+                "fleet_slow",
+                "max_ejected",
+                "min_healthy",
                 "mode",
                 "name",
                 "new_flows",
                 "new_flows_per_sec",
                 "packets",
                 "packets_per_sec",
+                "panic",
+                "panic_reason",
                 "port",
                 "protocol",
                 "table_size"
@@ -954,14 +1034,19 @@ pub(crate) mod tests {
                 "bytes",
                 "consecutive_fail",
                 "consecutive_ok",
+                "consecutive_slow",
+                "effective_weight",
                 "health",
                 "in_table",
                 "last_probe",
                 "last_transition_reason",
+                "latency_ms",
                 "new_flows",
                 "new_flows_per_sec",
                 "packets",
                 "packets_per_sec",
+                "placement",
+                "placement_reason",
                 "since_unix_ms",
                 "state",
                 "weight"

@@ -30,6 +30,7 @@ use crate::{
     dataplane::Dataplane,
     health::{
         machine::HealthState,
+        policy::{self, Change},
         scheduler::{Report, Scheduler},
     },
     metrics::{self, LatencyHistogram, MetricsExtra},
@@ -255,8 +256,8 @@ impl Daemon {
         self.reports = Some(rx);
     }
 
-    /// Applies a probe report: a health transition rewrites the backend state
-    /// and, if table membership changed, the VIP's table.
+    /// Applies a probe report: records the backend's health, then lets the
+    /// VIP policy decide what the table does with it.
     fn on_report(&mut self, r: Report) -> anyhow::Result<()> {
         let id = r.id as u32;
         let Some(&(vi, bi)) = self.index.get(&id) else {
@@ -269,100 +270,174 @@ impl Daemon {
             .entry(id)
             .or_default()
             .observe(r.result.latency);
-        {
-            let b = &mut self.vips[vi].backends[bi];
-            b.snapshot = Some(r.snapshot.clone());
-        }
+        let b = &mut self.vips[vi].backends[bi];
         // The snapshot's state is authoritative: a transition report lost on
         // the way (a task restarted while its report waited for room in the
         // channel) is caught up by the next report.
-        let to = r.snapshot.state;
-        if to == self.vips[vi].backends[bi].health {
+        let hard_changed = r.snapshot.state != b.health;
+        b.health = r.snapshot.state;
+        b.snapshot = Some(r.snapshot);
+        // A fast answer from a serving backend of a calm VIP changes nothing:
+        // skip the evaluation (the 1 s tick still runs it for every VIP).
+        let v = &self.vips[vi];
+        let b = &v.backends[bi];
+        let calm = !hard_changed
+            && b.policy.placement == policy::Placement::Serving
+            && b.member().consecutive_slow == 0
+            && v.policy.panic.is_none()
+            && v.policy.fleet_slow.is_none();
+        if calm {
             return Ok(());
         }
-        let reason = match r.transition {
-            Some(t) => t.reason,
-            None => r
-                .snapshot
-                .last_transition_reason
-                .clone()
-                .unwrap_or_else(|| "health state caught up".to_string()),
-        };
-        *self.transitions.entry(id).or_default() += 1;
-        let from = self.vips[vi].backends[bi].state_name();
-        {
-            let b = &mut self.vips[vi].backends[bi];
-            b.health = to;
-            b.since = Instant::now();
-            let info = b.info();
-            self.dp.set_backend(id, &info)?;
+        self.evaluate_vip(vi)
+    }
+
+    /// Runs the VIP policy over VIP `vi` and applies what changed: backend
+    /// states in the maps, then the table, then one log line and one event
+    /// per change (the first carries the table rebuild).
+    fn evaluate_vip(&mut self, vi: usize) -> anyhow::Result<()> {
+        let now = Instant::now();
+        let vip = &mut self.vips[vi];
+        let members: Vec<policy::Member> = vip.backends.iter().map(|b| b.member()).collect();
+        let mut states: Vec<policy::MemberState> =
+            vip.backends.iter().map(|b| b.policy.clone()).collect();
+        let outcome = policy::evaluate(
+            &vip.cfg.protection,
+            &members,
+            &mut states,
+            &mut vip.policy,
+            now,
+        );
+        for (b, st) in vip.backends.iter_mut().zip(states) {
+            b.policy = st;
         }
-        let rebuild = model::rebuild(&mut self.dp, &mut self.vips[vi])?;
-        let vip = &self.vips[vi];
-        let b = &vip.backends[bi];
-        model::log_transition(&vip.cfg.name, b, from, &reason, rebuild);
-        model::warn_if_empty(vip);
-        let (name, addr, to) = (
-            vip.cfg.name.clone(),
-            b.cfg.socket_addr().to_string(),
-            b.state_name(),
-        );
-        self.event(
-            "transition",
-            Some(&name),
-            Some(addr),
-            Some(from),
-            Some(to),
-            reason,
-            rebuild,
-        );
-        self.save();
+        let mut moved = false;
+        for change in &outcome.changes {
+            if let Change::Placement { member, .. } = change {
+                let b = &mut vip.backends[*member];
+                b.since = now;
+                self.dp.set_backend(b.id, &b.info())?;
+                moved = true;
+            }
+        }
+        let mut rebuild = if outcome.weights_changed || moved {
+            model::rebuild(&mut self.dp, &mut self.vips[vi])?
+        } else {
+            None
+        };
+        if outcome.changes.is_empty() {
+            return Ok(());
+        }
+        let name = self.vips[vi].cfg.name.clone();
+        for change in outcome.changes {
+            match change {
+                Change::Placement {
+                    member,
+                    from,
+                    to: _,
+                    reason,
+                } => {
+                    let b = &self.vips[vi].backends[member];
+                    let from = model::placement_label(from);
+                    model::log_transition(&name, b, from, &reason, rebuild);
+                    let (id, addr, to) =
+                        (b.id, b.cfg.socket_addr().to_string(), b.placement_name());
+                    *self.transitions.entry(id).or_default() += 1;
+                    // Drain and enable are an operator's doing, not health's.
+                    let placed = self.vips[vi].backends[member].policy.placement;
+                    let admin = placed == policy::Placement::Draining
+                        || from == policy::Placement::Draining.as_str();
+                    self.event(
+                        if admin { "admin" } else { "transition" },
+                        Some(&name),
+                        Some(addr),
+                        Some(from),
+                        Some(to),
+                        reason,
+                        rebuild.take(),
+                    );
+                }
+                Change::PanicEnter(text) => {
+                    warn!(vip = %name, "vip {name:?} enters panic: {text}");
+                    let r = rebuild.take();
+                    self.event(
+                        "panic",
+                        Some(&name),
+                        None,
+                        Some("normal"),
+                        Some("panic"),
+                        text,
+                        r,
+                    );
+                }
+                Change::PanicExit(text) => {
+                    info!(vip = %name, "vip {name:?} leaves panic: {text}");
+                    let r = rebuild.take();
+                    self.event(
+                        "panic",
+                        Some(&name),
+                        None,
+                        Some("panic"),
+                        Some("normal"),
+                        text,
+                        r,
+                    );
+                }
+                Change::FleetSlow(text) => {
+                    warn!(vip = %name, "vip {name:?}: {text}");
+                    self.event(
+                        "fleet_slow",
+                        Some(&name),
+                        None,
+                        Some("normal"),
+                        Some("slow"),
+                        text,
+                        None,
+                    );
+                }
+                Change::FleetRecovered(text) => {
+                    info!(vip = %name, "vip {name:?}: {text}");
+                    self.event(
+                        "fleet_slow",
+                        Some(&name),
+                        None,
+                        Some("slow"),
+                        Some("normal"),
+                        text,
+                        None,
+                    );
+                }
+            }
+        }
+        if moved {
+            model::warn_if_empty(&self.vips[vi]);
+            self.save();
+        }
         Ok(())
     }
 
     fn set_drain(&mut self, vip: &str, backend: &str, drained: bool) -> anyhow::Result<String> {
         let (vi, bi) = model::find_backend(&mut self.vips, vip, backend)?;
         let b = &mut self.vips[vi].backends[bi];
+        let addr = b.cfg.socket_addr().to_string();
         if b.admin_drained == drained {
             return Ok(format!(
-                "{} of vip {vip:?} is already {}",
-                b.cfg.socket_addr(),
+                "{addr} of vip {vip:?} is already {}",
                 if drained { "draining" } else { "enabled" }
             ));
         }
-        let from = b.state_name();
+        let from = b.placement_name();
         b.admin_drained = drained;
-        b.since = Instant::now();
-        let (id, info) = (b.id, b.info());
-        self.dp.set_backend(id, &info)?;
+        let id = b.id;
         if let Some(s) = self.sched.as_mut() {
             s.set_admin_drained(id as u64, drained);
         }
-        let rebuild = model::rebuild(&mut self.dp, &mut self.vips[vi])?;
-        let v = &self.vips[vi];
-        let b = &v.backends[bi];
-        let reason = if drained {
-            "admin drain"
-        } else {
-            "admin enable"
-        };
-        model::log_transition(&v.cfg.name, b, from, reason, rebuild);
-        let (name, addr, to) = (
-            v.cfg.name.clone(),
-            b.cfg.socket_addr().to_string(),
-            b.state_name(),
-        );
-        self.event(
-            "admin",
-            Some(&name),
-            Some(addr.clone()),
-            Some(from),
-            Some(to),
-            reason.to_string(),
-            rebuild,
-        );
+        // The policy records the drain (placement `draining`) and rebuilds;
+        // its event says "admin drain" / what the backend returned to.
+        self.evaluate_vip(vi)?;
+        let to = self.vips[vi].backends[bi].placement_name();
         self.save();
-        Ok(format!("{addr} of vip {name:?}: {from} -> {to}"))
+        Ok(format!("{addr} of vip {vip:?}: {from} -> {to}"))
     }
 
     /// Re-reads the configuration and applies only what changed. An
@@ -774,7 +849,21 @@ impl Daemon {
                     packets: live.packets,
                     bytes: live.bytes,
                     new_flows: live.new_flows,
-                    backends: v.backends.iter().map(|b| self.backend_status(b)).collect(),
+                    panic: v.policy.panic.is_some(),
+                    panic_reason: v.policy.panic.clone(),
+                    fleet_slow: v.policy.fleet_slow.clone(),
+                    ejected_slow: v
+                        .backends
+                        .iter()
+                        .filter(|b| b.policy.placement == policy::Placement::EjectedSlow)
+                        .count() as u32,
+                    max_ejected: v.cfg.protection.max_ejected.max_of(v.eligible_count()) as u32,
+                    min_healthy: v.cfg.protection.min_healthy.min_of(v.eligible_count()) as u32,
+                    backends: v
+                        .backends
+                        .iter()
+                        .map(|b| self.backend_status(v, b))
+                        .collect(),
                 }
             })
             .collect();
@@ -795,7 +884,8 @@ impl Daemon {
         }
     }
 
-    fn backend_status(&self, b: &Backend) -> BackendStatus {
+    fn backend_status(&self, v: &Vip, b: &Backend) -> BackendStatus {
+        let member = b.member();
         let r = self.be_rates.get(&b.id).copied().unwrap_or_default();
         // Totals read now (one lookup), rates from the last 1 s sample.
         let live = self.dp.backend_stats(b.id).unwrap_or(r.last);
@@ -836,6 +926,12 @@ impl Daemon {
             packets: live.packets,
             bytes: live.bytes,
             new_flows: live.new_flows,
+            placement: b.policy.placement.as_str().to_string(),
+            placement_reason: b.policy.reason.clone(),
+            effective_weight: f64::from(b.cfg.weight)
+                * b.policy.weight_fraction(&v.cfg.protection, Instant::now()),
+            consecutive_slow: member.consecutive_slow,
+            latency_ms: member.latency.map(|d| d.as_secs_f64() * 1e3),
         }
     }
 
@@ -936,7 +1032,15 @@ impl Daemon {
                         Err(e) => error!("SIGHUP: {e:#}"),
                     }
                 }
-                _ = tick.tick() => self.sample(),
+                _ = tick.tick() => {
+                    // Slow-start steps and flap-penalty decay move with time.
+                    for vi in 0..self.vips.len() {
+                        if let Err(e) = self.evaluate_vip(vi) {
+                            error!("applying the health policy: {e:#}");
+                        }
+                    }
+                    self.sample();
+                }
                 _ = term.recv() => break,
                 _ = tokio::signal::ctrl_c() => break,
             }
@@ -964,9 +1068,22 @@ impl Daemon {
     ) -> anyhow::Result<Option<Rebuild>> {
         let b = &mut self.vips[vip].backends[backend];
         b.health = to;
-        let (id, info) = (b.id, b.info());
-        self.dp.set_backend(id, &info)?;
-        model::rebuild(&mut self.dp, &mut self.vips[vip])
+        let v = &mut self.vips[vip];
+        let members: Vec<policy::Member> = v.backends.iter().map(|b| b.member()).collect();
+        let mut states: Vec<policy::MemberState> =
+            v.backends.iter().map(|b| b.policy.clone()).collect();
+        policy::evaluate(
+            &v.cfg.protection,
+            &members,
+            &mut states,
+            &mut v.policy,
+            Instant::now(),
+        );
+        for (b, st) in v.backends.iter_mut().zip(states) {
+            b.policy = st;
+            self.dp.set_backend(b.id, &b.info())?;
+        }
+        model::rebuild(&mut self.dp, v)
     }
 
     pub fn dataplane(&mut self) -> &mut Dataplane {

@@ -18,7 +18,10 @@ use tracing::{info, warn};
 use crate::{
     config::{BackendConfig, VipConfig},
     dataplane::Dataplane,
-    health::machine::{HealthSnapshot, HealthState},
+    health::{
+        machine::{HealthSnapshot, HealthState},
+        policy::{Member, MemberState, Placement, RAMP_STEPS, VipState},
+    },
     maglev,
 };
 
@@ -43,34 +46,89 @@ pub struct Backend {
     pub snapshot: Option<HealthSnapshot>,
     /// When the data-plane state last changed (for "time in state").
     pub since: Instant,
+    /// What the VIP policy decided for it, and what it remembers (ramp,
+    /// flap penalty).
+    pub policy: MemberState,
+}
+
+/// The placement a backend starts with: from its adopted health and drain,
+/// before any probe (the policy takes over from there).
+pub fn initial_placement(health: HealthState, admin_drained: bool) -> Placement {
+    match (admin_drained, health) {
+        (true, _) => Placement::Draining,
+        (false, HealthState::Up) => Placement::Serving,
+        (false, HealthState::Down) => Placement::Down,
+        (false, HealthState::Unknown) => Placement::Unknown,
+    }
+}
+
+/// A placement's name in events and logs: `up` for serving (as before the
+/// policy existed, so `up`/`down`/`draining`/`unknown` keep their meaning),
+/// else the placement's own name.
+pub fn placement_label(p: Placement) -> &'static str {
+    match p {
+        Placement::Serving => "up",
+        other => other.as_str(),
+    }
 }
 
 impl Backend {
-    /// What the data plane does with this backend.
+    /// What the data plane does with this backend. Slow outliers and
+    /// held-down backends take no new flows but keep their established ones
+    /// (they answer, only slowly or unsteadily); hard failures are `down`,
+    /// so the VIP's `down_policy` applies to their flows.
     pub fn dp_state(&self) -> u8 {
-        if self.admin_drained {
-            BACKEND_DRAINING
-        } else {
-            match self.health {
-                HealthState::Up => BACKEND_UP,
-                HealthState::Down => BACKEND_DOWN,
-                // Never probed: no new flows, and no flows to move either.
-                HealthState::Unknown => BACKEND_DRAINING,
-            }
+        match self.policy.placement {
+            Placement::Serving | Placement::Ramping | Placement::PanicRestored => BACKEND_UP,
+            Placement::Down => BACKEND_DOWN,
+            // Never probed: no new flows, and no flows to move either.
+            Placement::EjectedSlow
+            | Placement::HeldDown
+            | Placement::Draining
+            | Placement::Unknown => BACKEND_DRAINING,
         }
     }
 
     /// Whether the Maglev table includes it.
     pub fn in_table(&self) -> bool {
-        self.health == HealthState::Up && !self.admin_drained && self.cfg.weight > 0
+        self.policy.placement.in_table() && self.cfg.weight > 0
     }
 
+    /// The data-plane state's name (`xlb status` STATE): one of
+    /// `ctl::BACKEND_STATES`.
     pub fn state_name(&self) -> &'static str {
-        match (self.admin_drained, self.health) {
-            (true, _) => "draining",
-            (false, HealthState::Up) => "up",
-            (false, HealthState::Down) => "down",
-            (false, HealthState::Unknown) => "unknown",
+        match self.dp_state() {
+            BACKEND_UP => "up",
+            BACKEND_DOWN => "down",
+            _ if self.policy.placement == Placement::Unknown => "unknown",
+            _ => "draining",
+        }
+    }
+
+    /// The placement's name, for events and logs.
+    pub fn placement_name(&self) -> &'static str {
+        placement_label(self.policy.placement)
+    }
+
+    /// What the VIP policy needs to know of this backend now.
+    pub fn member(&self) -> Member {
+        let snap = self.snapshot.as_ref();
+        let spec = &self.cfg.health;
+        Member {
+            name: self.cfg.socket_addr().to_string(),
+            weight: self.cfg.weight,
+            admin_drained: self.admin_drained,
+            health: self.health,
+            rise: spec.rise,
+            fall: spec.fall,
+            consecutive_ok: snap.map_or(0, |s| s.consecutive_ok),
+            consecutive_fail: snap.map_or(0, |s| s.consecutive_fail),
+            consecutive_slow: 0,
+            latency: snap.and_then(|s| s.last_result.as_ref()).map(|r| r.latency),
+            last_fail: snap.and_then(|s| {
+                let code = s.last_result.as_ref()?.outcome.as_ref().err()?.code();
+                Some((code, s.last_transition_reason.clone().unwrap_or_default()))
+            }),
         }
     }
 
@@ -97,6 +155,8 @@ pub struct Vip {
     /// unknown, rewrite it whole before use).
     pub halves: [Option<Vec<u32>>; 2],
     pub backends: Vec<Backend>,
+    /// Panic and fleet-slow state of the VIP policy.
+    pub policy: VipState,
 }
 
 impl Vip {
@@ -116,9 +176,10 @@ impl Vip {
         }
     }
 
-    /// The table this VIP should have now.
+    /// The table this VIP should have now (slow-start ramps included).
     pub fn wanted_table(&self) -> Vec<u32> {
-        let members: Vec<maglev::MaglevBackend> = self
+        let now = Instant::now();
+        let mut members: Vec<maglev::MaglevBackend> = self
             .backends
             .iter()
             .filter(|b| b.in_table())
@@ -126,10 +187,29 @@ impl Vip {
                 id: b.id,
                 addr: b.cfg.addr,
                 port: b.cfg.port,
-                weight: b.cfg.weight,
+                weight: b
+                    .policy
+                    .table_weight(&self.cfg.protection, b.cfg.weight, now),
             })
             .collect();
+        // Outside ramps every weight is the configured one × RAMP_STEPS:
+        // build with the configured weights, so the table is exactly the one
+        // every node (and a restart) computes from the configuration.
+        if members.iter().all(|m| m.weight % RAMP_STEPS == 0) {
+            for m in &mut members {
+                m.weight /= RAMP_STEPS;
+            }
+        }
         maglev::build(&members, self.cfg.table_size)
+    }
+
+    /// Backends the policy's limits count: weight above 0, not drained,
+    /// probed at least once.
+    pub fn eligible_count(&self) -> usize {
+        self.backends
+            .iter()
+            .filter(|b| b.cfg.weight > 0 && !b.admin_drained && b.health != HealthState::Unknown)
+            .count()
     }
 
     pub fn up_count(&self) -> usize {
@@ -258,6 +338,7 @@ pub fn new_backend(
         admin_drained: false,
         snapshot: None,
         since: Instant::now(),
+        policy: MemberState::new(Placement::Unknown, Instant::now()),
     };
     dp.set_backend(id, &b.info())?;
     dp.reset_backend_stats(id)?;
@@ -351,18 +432,21 @@ pub fn adopt_or_create_vip(
                 let info = dp.backend(p.id)?;
                 if info.addr == addr16(bcfg.addr) && info.state != 0 {
                     ids.take_backend(p.id);
+                    let health = match p.health {
+                        SavedHealth::Up => HealthState::Up,
+                        SavedHealth::Down => HealthState::Down,
+                        SavedHealth::Unknown => HealthState::Unknown,
+                    };
+                    let placement = initial_placement(health, p.admin_drained);
                     let b = Backend {
                         cfg: bcfg,
                         id: p.id,
                         generation: info.generation,
-                        health: match p.health {
-                            SavedHealth::Up => HealthState::Up,
-                            SavedHealth::Down => HealthState::Down,
-                            SavedHealth::Unknown => HealthState::Unknown,
-                        },
+                        health,
                         admin_drained: p.admin_drained,
                         snapshot: None,
                         since: Instant::now(),
+                        policy: MemberState::new(placement, Instant::now()),
                     };
                     dp.set_backend(b.id, &b.info())?;
                     b
@@ -381,6 +465,7 @@ pub fn adopt_or_create_vip(
         active,
         halves,
         backends,
+        policy: VipState::default(),
     };
     Ok((vip, adopted))
 }
@@ -505,17 +590,17 @@ pub fn find_backend(
 
 /// Logs a backend state change: one line, with the reason.
 pub fn log_transition(vip: &str, b: &Backend, from: &str, reason: &str, rebuild: Option<Rebuild>) {
+    let to = b.placement_name();
     match rebuild {
         Some(r) => info!(
             vip,
             backend = %b.cfg.socket_addr(),
             from,
-            to = b.state_name(),
+            to,
             reason,
             table_build_ms = r.took.as_secs_f64() * 1e3,
             slots_changed = r.slots_changed,
-            "backend {from} -> {}: {reason}; table rebuilt in {:.2} ms ({} slots changed)",
-            b.state_name(),
+            "backend {from} -> {to}: {reason}; table rebuilt in {:.2} ms ({} slots changed)",
             r.took.as_secs_f64() * 1e3,
             r.slots_changed
         ),
@@ -523,10 +608,9 @@ pub fn log_transition(vip: &str, b: &Backend, from: &str, reason: &str, rebuild:
             vip,
             backend = %b.cfg.socket_addr(),
             from,
-            to = b.state_name(),
+            to,
             reason,
-            "backend {from} -> {}: {reason}",
-            b.state_name()
+            "backend {from} -> {to}: {reason}"
         ),
     }
 }

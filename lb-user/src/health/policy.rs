@@ -555,8 +555,7 @@ fn panic(
             }
             Placement::HeldDown => candidates.push((1, 0, i)),
             Placement::Down
-                if m
-                    .last_fail
+                if m.last_fail
                     .as_ref()
                     .is_some_and(|(code, _)| TIMEOUT_CODES.contains(code)) =>
             {
@@ -583,7 +582,11 @@ fn panic(
             "{healthy} of {eligible} backends healthy (min_healthy {}); none can be put back: \
              every failing backend refused, reset or answered wrongly{}",
             policy.min_healthy,
-            if healthy == 0 { "; the table is empty" } else { "" }
+            if healthy == 0 {
+                "; the table is empty"
+            } else {
+                ""
+            }
         )
     } else {
         format!(
@@ -672,6 +675,7 @@ fn apply(
                 Placement::EjectedSlow => "answers within timeout again".to_owned(),
                 Placement::HeldDown => "flap penalty decayed".to_owned(),
                 Placement::PanicRestored => "panic over".to_owned(),
+                Placement::Draining => "admin enable".to_owned(),
                 _ => {
                     let n = members[i].consecutive_ok;
                     format!(
@@ -728,7 +732,10 @@ mod tests {
         m.health = Down;
         m.consecutive_ok = 0;
         m.consecutive_fail = 3;
-        m.last_fail = Some(("no_response", "connected, no HTTP response within 3s".into()));
+        m.last_fail = Some((
+            "no_response",
+            "connected, no HTTP response within 3s".into(),
+        ));
         m
     }
 
@@ -830,7 +837,11 @@ mod tests {
             },
             Case {
                 name: "seed 003: all slow, none ejected",
-                members: vec![slow(m(0), ms(2500)), slow(m(1), ms(2500)), slow(m(2), ms(2600))],
+                members: vec![
+                    slow(m(0), ms(2500)),
+                    slow(m(1), ms(2500)),
+                    slow(m(2), ms(2600)),
+                ],
                 want: vec![Serving, Serving, Serving],
                 panic: false,
                 fleet_slow: true,
@@ -952,7 +963,10 @@ mod tests {
         assert!(vip.at(3.0).changes.is_empty(), "no repeat while it lasts");
         vip.members = (0..3).map(member).collect();
         let out = vip.at(4.0);
-        assert!(matches!(&out.changes[..], [Change::FleetRecovered(_)]), "{out:?}");
+        assert!(
+            matches!(&out.changes[..], [Change::FleetRecovered(_)]),
+            "{out:?}"
+        );
     }
 
     #[test]
@@ -962,7 +976,10 @@ mod tests {
         vip.at(1.0);
         assert_eq!(vip.placements()[1], EjectedSlow);
         let reason = vip.states[1].reason.clone().unwrap();
-        assert!(reason.starts_with("slow outlier: answers in 2s against a median of 2ms"), "{reason}");
+        assert!(
+            reason.starts_with("slow outlier: answers in 2s against a median of 2ms"),
+            "{reason}"
+        );
         // One fast answer: not yet (rise 2).
         vip.members[1] = member(1);
         vip.members[1].consecutive_ok = 1;
@@ -1006,7 +1023,9 @@ mod tests {
         vip.members[0] = member(0);
         let out = vip.at(3.0);
         assert!(
-            out.changes.iter().any(|c| matches!(c, Change::PanicExit(_))),
+            out.changes
+                .iter()
+                .any(|c| matches!(c, Change::PanicExit(_))),
             "{out:?}"
         );
         assert!(vip.vip.panic.is_none());
@@ -1062,7 +1081,11 @@ mod tests {
         vip.at(0.0);
         vip.members[0] = member(0);
         vip.at(1.0);
-        assert_eq!(vip.placements()[0], Serving, "the only backend takes all at once");
+        assert_eq!(
+            vip.placements()[0],
+            Serving,
+            "the only backend takes all at once"
+        );
     }
 
     #[test]
@@ -1084,7 +1107,10 @@ mod tests {
         }
         assert_eq!(vip.placements()[0], HeldDown);
         let reason = vip.states[0].reason.clone().unwrap();
-        assert!(reason.starts_with("held down: 3 transitions in 3s"), "{reason}");
+        assert!(
+            reason.starts_with("held down: 3 transitions in 3s"),
+            "{reason}"
+        );
         // Penalty ≈ 2.7 at t = 2.5; below half the limit (1.25) after about
         // 11.2 s more.
         vip.at(13.0);
