@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio::time::timeout;
 use tracing::{debug, warn};
 
-use crate::ctl::{BACKEND_STATES, StatusReport};
+use crate::ctl::{BACKEND_STATES, PLACEMENTS, StatusReport};
 
 /// Upper bounds of the probe latency histogram buckets, seconds: from a
 /// healthy LAN backend (sub-millisecond) to the longest sensible timeout.
@@ -173,7 +173,7 @@ pub fn render(status: &StatusReport, extra: &MetricsExtra) -> String {
     out.sample("xlb_conntrack_capacity", &[], status.conntrack.capacity);
 
     type VipValue = fn(&crate::ctl::VipStatus) -> u64;
-    let vip_metrics: [(&str, &str, &str, VipValue); 6] = [
+    let vip_metrics: [(&str, &str, &str, VipValue); 9] = [
         (
             "xlb_vip_table_size",
             "gauge",
@@ -209,6 +209,24 @@ pub fn render(status: &StatusReport, extra: &MetricsExtra) -> String {
             "counter",
             "Flows of the VIP given a backend from its table.",
             |v| v.new_flows,
+        ),
+        (
+            "xlb_vip_panic",
+            "gauge",
+            "1 while the VIP is in panic: fewer than min_healthy backends healthy, the least-bad failing ones kept in the table.",
+            |v| u64::from(v.panic),
+        ),
+        (
+            "xlb_vip_fleet_slow",
+            "gauge",
+            "1 while at least half of the VIP's backends answer probes slower than their timeout (load, not failure: nobody is ejected for it).",
+            |v| u64::from(v.fleet_slow.is_some()),
+        ),
+        (
+            "xlb_vip_backends_ejected_slow",
+            "gauge",
+            "Backends of the VIP out of its table as slow outliers (at most max_ejected).",
+            |v| u64::from(v.ejected_slow),
         ),
     ];
     out.family(
@@ -269,6 +287,36 @@ pub fn render(status: &StatusReport, extra: &MetricsExtra) -> String {
                 u64::from(b.state == state),
             );
         }
+    }
+    out.family(
+        "xlb_backend_placement",
+        "gauge",
+        "1 for what the VIP's health policy does with the backend now (serving, ramping, ejected_slow, down, held_down, panic_restored, draining, unknown), 0 for the others.",
+    );
+    for (vip, b) in backends() {
+        for placement in PLACEMENTS {
+            out.sample(
+                "xlb_backend_placement",
+                &[
+                    ("vip", vip),
+                    ("backend", &b.address),
+                    ("placement", placement),
+                ],
+                u64::from(b.placement == placement),
+            );
+        }
+    }
+    out.family(
+        "xlb_backend_effective_weight",
+        "gauge",
+        "Weight of the backend in its VIP's table now: the configured weight, less while ramping up (slow start), 0 when out.",
+    );
+    for (vip, b) in backends() {
+        out.sample_f64(
+            "xlb_backend_effective_weight",
+            &[("vip", vip), ("backend", &b.address)],
+            b.effective_weight,
+        );
     }
     out.family(
         "xlb_backend_admin_drained",
@@ -675,6 +723,14 @@ mod tests {
             "xlb_conntrack_capacity 1048576",
             "xlb_vip_info{vip=\"api\",address=\"10.100.0.1\",port=\"80\",protocol=\"tcp\",mode=\"dsr-ipip\",down_policy=\"rehash\"} 1",
             "xlb_vip_table_size{vip=\"api\"} 65537",
+            "xlb_vip_panic{vip=\"api\"} 0",
+            "xlb_vip_fleet_slow{vip=\"api\"} 0",
+            "xlb_vip_backends_ejected_slow{vip=\"api\"} 0",
+            "xlb_backend_placement{vip=\"api\",backend=\"10.99.0.11:80\",placement=\"serving\"} 1",
+            "xlb_backend_placement{vip=\"api\",backend=\"10.99.0.12:80\",placement=\"down\"} 1",
+            "xlb_backend_placement{vip=\"api\",backend=\"10.99.0.12:80\",placement=\"serving\"} 0",
+            "xlb_backend_effective_weight{vip=\"api\",backend=\"10.99.0.11:80\"} 1",
+            "xlb_backend_effective_weight{vip=\"api\",backend=\"10.99.0.12:80\"} 0",
             "xlb_vip_backends_up{vip=\"api\"} 2",
             "xlb_vip_backends{vip=\"api\"} 3",
             "# TYPE xlb_vip_packets_total counter",
