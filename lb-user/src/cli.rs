@@ -276,9 +276,9 @@ fn paint(text: &str, style: Style, color: bool) -> String {
 
 fn state_style(state: &str) -> Style {
     match state {
-        "up" => Style::Green,
+        "up" | "ramping" => Style::Green,
         "down" => Style::Red,
-        "draining" => Style::Yellow,
+        "draining" | "ejected_slow" | "held_down" | "panic_restored" => Style::Yellow,
         _ => Style::Dim,
     }
 }
@@ -454,7 +454,22 @@ fn vip_line(vip: &VipStatus, color: bool) -> String {
         rate(vip.packets_per_sec),
         rate(vip.new_flows_per_sec),
     );
+    if let Some(reason) = &vip.panic_reason {
+        let _ = write!(line, "\n  {} {reason}", paint("PANIC:", Style::Red, color));
+    }
+    if let Some(slow) = &vip.fleet_slow {
+        let _ = write!(line, "\n  {} {slow}", paint("slow:", Style::Yellow, color));
+    }
     line
+}
+
+/// The STATE column: the data-plane state, or the policy's placement where
+/// it says more (a slow outlier, a held-down flapper, a ramp, panic).
+fn state_label(b: &BackendStatus) -> &str {
+    match b.placement.as_str() {
+        p @ ("ramping" | "ejected_slow" | "held_down" | "panic_restored") => p,
+        _ => &b.state,
+    }
 }
 
 fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
@@ -475,15 +490,23 @@ fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
     if b.admin_drained {
         notes.push("admin drain".to_owned());
     }
-    if b.weight != 1 {
-        notes.push(format!("weight {}", b.weight));
+    match b.placement.as_str() {
+        "ramping" => notes.push(format!(
+            "slow start: weight {:.1} of {}",
+            b.effective_weight, b.weight
+        )),
+        "ejected_slow" | "held_down" | "panic_restored" => {
+            notes.extend(b.placement_reason.clone());
+        }
+        _ if b.weight != 1 => notes.push(format!("weight {}", b.weight)),
+        _ => {}
     }
     if !notes.is_empty() {
         let _ = write!(probe, "  ({})", notes.join(", "));
     }
     vec![
         Cell::plain(b.address.clone()),
-        Cell::styled(b.state.clone(), state_style(&b.state)),
+        Cell::styled(state_label(b).to_owned(), state_style(state_label(b))),
         Cell::plain(since),
         Cell {
             text: probe,
@@ -938,6 +961,39 @@ VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
   10.99.0.13:80  draining  2m     ok 200 in 900µs  (admin drain, weight 2)  60/0     0      834
 ";
         assert_eq!(text, want, "got:\n{text}");
+    }
+
+    #[test]
+    fn status_text_shows_the_policy() {
+        let mut report = sample_report();
+        let vip = &mut report.vips[0];
+        vip.panic = true;
+        vip.panic_reason = Some("1 of 3 backends healthy (min_healthy 2); keeping …".to_owned());
+        vip.fleet_slow = Some("all 3 backends slow, median 2.5s; not ejecting".to_owned());
+        vip.backends[0].placement = "ramping".to_owned();
+        vip.backends[0].effective_weight = 0.3;
+        vip.backends[1].placement = "ejected_slow".to_owned();
+        vip.backends[1].state = "draining".to_owned();
+        vip.backends[1].placement_reason = Some("slow outlier: answers in 2s".to_owned());
+        let text = render_status(&report, SAMPLE_NOW_MS, false);
+        let lines: Vec<&str> = text.lines().collect();
+        for want in [
+            "  PANIC: 1 of 3 backends healthy (min_healthy 2); keeping …",
+            "  slow: all 3 backends slow, median 2.5s; not ejecting",
+        ] {
+            assert!(lines.contains(&want), "{want:?} in\n{text}");
+        }
+        let row = |addr: &str| lines.iter().find(|l| l.contains(addr)).copied().unwrap();
+        let ramping = row("10.99.0.11:80");
+        assert!(
+            ramping.contains("ramping") && ramping.contains("(slow start: weight 0.3 of 1)"),
+            "{ramping}"
+        );
+        let ejected = row("10.99.0.12:80");
+        assert!(
+            ejected.contains("ejected_slow") && ejected.contains("(slow outlier: answers in 2s)"),
+            "{ejected}"
+        );
     }
 
     #[test]
