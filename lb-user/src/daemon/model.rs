@@ -121,6 +121,7 @@ impl Backend {
             health: self.health,
             rise: spec.rise,
             fall: spec.fall,
+            interval: spec.interval,
             consecutive_ok: snap.map_or(0, |s| s.consecutive_ok),
             consecutive_fail: snap.map_or(0, |s| s.consecutive_fail),
             consecutive_slow: 0,

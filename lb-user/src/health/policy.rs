@@ -184,6 +184,8 @@ pub struct Member {
     pub health: HealthState,
     pub rise: u32,
     pub fall: u32,
+    /// Probe interval while up: at start every backend is probed within one.
+    pub interval: Duration,
     pub consecutive_ok: u32,
     pub consecutive_fail: u32,
     /// Consecutive probes that took longer than `timeout`.
@@ -286,6 +288,8 @@ pub struct VipState {
     pub panic: Option<String>,
     /// Set while at least half of the backends are slow.
     pub fleet_slow: Option<String>,
+    /// Since when some backend has been in the table without a break.
+    pub serving_since: Option<Instant>,
 }
 
 /// A change the caller logs, records as an event and applies to the maps.
@@ -336,7 +340,24 @@ pub fn evaluate(
     eject_outliers(policy, members, states, &mut next);
     fleet_slow(members, &next, vip, &mut changes);
     panic(policy, members, &mut next, vip, &mut changes);
-    apply(policy, members, states, next, now, &mut changes);
+    apply(
+        policy,
+        members,
+        states,
+        next,
+        vip.serving_since,
+        now,
+        &mut changes,
+    );
+    let serving = states
+        .iter()
+        .zip(members)
+        .any(|(s, m)| s.placement.in_table() && m.weight > 0);
+    vip.serving_since = match (serving, vip.serving_since) {
+        (true, Some(t)) => Some(t),
+        (true, None) => Some(now),
+        (false, _) => None,
+    };
     let weights_changed = states
         .iter()
         .zip(members)
@@ -610,6 +631,7 @@ fn apply(
     members: &[Member],
     states: &mut [MemberState],
     next: Vec<(Placement, Option<String>)>,
+    serving_since: Option<Instant>,
     now: Instant,
     changes: &mut Vec<Change>,
 ) {
@@ -624,10 +646,14 @@ fn apply(
     for (i, (mut to, reason)) in next.into_iter().enumerate() {
         let s = &mut states[i];
         let from = s.placement;
-        // Slow start: entering the table while others serve starts a ramp;
-        // a ramp in progress goes on until it ends.
+        // Slow start: entering the table of a VIP that others have served
+        // for a while starts a ramp (not the first probes after a start,
+        // when backends come up one by one within one interval); a ramp in
+        // progress goes on until it ends.
         if to == Placement::Serving {
-            if !from.in_table() && others_in[i] && !policy.slow_start.is_zero() {
+            let settled = serving_since
+                .is_some_and(|t| now.saturating_duration_since(t) >= members[i].interval);
+            if !from.in_table() && others_in[i] && settled && !policy.slow_start.is_zero() {
                 s.ramp_start = Some(now);
             }
             if ramp_step(policy, s.ramp_start, now) < RAMP_STEPS {
@@ -713,6 +739,7 @@ mod tests {
             health: Up,
             rise: 2,
             fall: 3,
+            interval: Duration::from_secs(2),
             consecutive_ok: 5,
             consecutive_fail: 0,
             consecutive_slow: 0,
@@ -1056,17 +1083,42 @@ mod tests {
         vip.at(0.0);
         assert_eq!(vip.weights(), vec![10, 10, 0]);
         vip.members[2] = member(2);
-        let out = vip.at(1.0);
+        let out = vip.at(3.0);
         assert!(out.weights_changed);
         assert_eq!(vip.placements()[2], Ramping);
         let mut seen = Vec::new();
-        for t in [1.0, 2.0, 5.5, 10.9, 11.0, 12.0] {
+        for t in [3.0, 4.0, 7.5, 12.9, 13.0, 14.0] {
             vip.at(t);
             seen.push(vip.weights()[2]);
         }
         assert_eq!(seen, vec![1, 2, 5, 10, 10, 10]);
         assert_eq!(vip.placements()[2], Serving);
         assert_eq!(vip.weights(), vec![10, 10, 10]);
+    }
+
+    #[test]
+    fn no_ramp_for_the_first_probes_after_a_start() {
+        let policy = Policy {
+            slow_start: Duration::from_secs(10),
+            ..Policy::default()
+        };
+        let mut vip = Vip::new(policy, 3);
+        vip.states = (0..3)
+            .map(|_| MemberState::new(Placement::Unknown, vip.t0))
+            .collect();
+        vip.members = (0..3)
+            .map(|i| {
+                let mut m = member(i);
+                m.health = Unknown;
+                m
+            })
+            .collect();
+        // Backends come up one by one within the first interval (2 s).
+        for (i, t) in [(0, 0.3), (1, 1.1), (2, 1.9)] {
+            vip.members[i] = member(i);
+            vip.at(t);
+        }
+        assert_eq!(vip.placements(), vec![Serving, Serving, Serving]);
     }
 
     #[test]
