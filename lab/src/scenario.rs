@@ -611,6 +611,9 @@ pub struct BackendStatus {
     pub packets: u64,
     #[serde(default)]
     pub new_flows: u64,
+    /// Configured weight.
+    #[serde(default)]
+    pub weight: u32,
     /// What health checks alone say: `up`, `down`, `unknown`.
     #[serde(default)]
     pub health: String,
