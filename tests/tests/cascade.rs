@@ -869,13 +869,14 @@ fn slow_start_ramps_new_flows() {
     let b = s.backend("api", b2).unwrap();
     eprintln!(
         "[{p}] b2 back: placement {}, effective weight {} of {}",
-        b.placement, b.effective_weight, 1
+        b.placement, b.effective_weight, b.weight
     );
     assert_eq!(b.placement, "ramping", "{}", s.summary());
     assert!(
-        b.effective_weight < 0.5,
-        "starts low: {}",
-        b.effective_weight
+        b.effective_weight < 0.5 * b.weight as f64,
+        "starts low: {} of {}",
+        b.effective_weight,
+        b.weight
     );
     let events = run.events().unwrap();
     let entered = transitions(&events, "api", b2)
