@@ -27,6 +27,12 @@ use tokio::{
 
 use crate::http;
 
+/// A connect that takes longer than this waited on a retransmitted SYN:
+/// Linux retransmits an unanswered SYN after its initial RTO of 1 s, and in
+/// the lab an answered SYN completes in well under a millisecond, so
+/// anything between is scheduling noise and anything beyond is a drop.
+pub const SYN_RETRANSMIT_CONNECT: Duration = Duration::from_millis(900);
+
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -248,6 +254,10 @@ pub struct Slice {
     pub counts: Counts,
     /// `ok` answers per backend (`X-Backend`).
     pub per_backend: BTreeMap<String, u64>,
+    /// Requests started in this slice whose connect took longer than
+    /// [`SYN_RETRANSMIT_CONNECT`] (or never completed by then).
+    #[serde(default)]
+    pub syn_retransmit_waits: u64,
 }
 
 /// Latency of `ok` requests, milliseconds.
@@ -278,6 +288,15 @@ pub struct Summary {
     pub long_total: u64,
     /// Long connections whose data did not keep flowing to the end.
     pub long_broken: u64,
+    /// Requests whose connect took longer than [`SYN_RETRANSMIT_CONNECT`]
+    /// (or had not completed by then): they waited on a retransmitted SYN,
+    /// i.e. the load balancer or the backend dropped the first one.
+    #[serde(default)]
+    pub syn_retransmit_waits: u64,
+    /// Longest connect, ms (a connect cut short by the request timeout
+    /// counts as the time it had taken by then).
+    #[serde(default)]
+    pub max_connect_ms: f64,
 }
 
 /// How one long-lived `/stream` connection fared.
@@ -323,6 +342,8 @@ struct Recorder {
     first_failure: Option<Duration>,
     last_failure: Option<Duration>,
     skipped: u64,
+    syn_retransmit_waits: u64,
+    max_connect: Duration,
 }
 
 impl Recorder {
@@ -343,6 +364,20 @@ impl Recorder {
             first_failure: None,
             last_failure: None,
             skipped: 0,
+            syn_retransmit_waits: 0,
+            max_connect: Duration::ZERO,
+        }
+    }
+
+    /// Files how long the connect of a request started at `at` took (or
+    /// had taken when the request gave up).
+    fn record_connect(&mut self, at: Duration, connect: Duration) {
+        self.max_connect = self.max_connect.max(connect);
+        if connect > SYN_RETRANSMIT_CONNECT {
+            let idx =
+                ((at.as_nanos() / self.slice.as_nanos()) as usize).min(self.timeline.len() - 1);
+            self.timeline[idx].syn_retransmit_waits += 1;
+            self.syn_retransmit_waits += 1;
         }
     }
 
@@ -393,6 +428,8 @@ impl Recorder {
                 latency,
                 long_total: long.len() as u64,
                 long_broken: long.iter().filter(|l| !l.kept_flowing).count() as u64,
+                syn_retransmit_waits: self.syn_retransmit_waits,
+                max_connect_ms: self.max_connect.as_secs_f64() * 1000.0,
             },
             timeline: self.timeline,
             long,
@@ -447,12 +484,20 @@ async fn connect(target: SocketAddr) -> io::Result<TcpStream> {
     Ok(s)
 }
 
+fn record_connect(rec: &SharedRecorder, at: Duration, connect: Duration) {
+    rec.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .record_connect(at, connect);
+}
+
 async fn short_request(opts: Arc<LoadOptions>, rec: SharedRecorder, start: Instant) {
     let t0 = Instant::now();
     let req = request_bytes(&opts, &opts.path, false);
+    let mut connected: Option<Duration> = None;
     let res = tokio::time::timeout(opts.timeout, async {
-        let mut s = connect(opts.target).await?;
-        exchange(&mut s, &req).await
+        let s = connect(opts.target).await;
+        connected = Some(t0.elapsed());
+        exchange(&mut s?, &req).await
     })
     .await;
     let (outcome, backend) = match res {
@@ -460,7 +505,9 @@ async fn short_request(opts: Arc<LoadOptions>, rec: SharedRecorder, start: Insta
         Ok(Err(e)) => (Outcome::from_io(&e), None),
         Err(_) => (Outcome::TimedOut, None),
     };
-    record(&rec, t0 - start, outcome, backend.as_deref(), t0.elapsed());
+    let elapsed = t0.elapsed();
+    record_connect(&rec, t0 - start, connected.unwrap_or(elapsed));
+    record(&rec, t0 - start, outcome, backend.as_deref(), elapsed);
 }
 
 async fn keepalive_conn(
@@ -473,9 +520,13 @@ async fn keepalive_conn(
     let mut conn: Option<TcpStream> = None;
     while Instant::now() < deadline {
         let t0 = Instant::now();
+        let mut connected: Option<Option<Duration>> = None;
         let res = tokio::time::timeout(opts.timeout, async {
             if conn.is_none() {
-                conn = Some(connect(opts.target).await?);
+                connected = Some(None);
+                let s = connect(opts.target).await;
+                connected = Some(Some(t0.elapsed()));
+                conn = Some(s?);
             }
             let s = conn.as_mut().expect("connected just above");
             exchange(s, &req).await
@@ -497,7 +548,12 @@ async fn keepalive_conn(
                 (Outcome::TimedOut, None)
             }
         };
-        record(&rec, t0 - start, outcome, backend.as_deref(), t0.elapsed());
+        let elapsed = t0.elapsed();
+        // Only requests that had to connect: a reused connection has no SYN.
+        if let Some(c) = connected {
+            record_connect(&rec, t0 - start, c.unwrap_or(elapsed));
+        }
+        record(&rec, t0 - start, outcome, backend.as_deref(), elapsed);
         let next = (t0 + opts.keepalive_interval).min(deadline);
         tokio::time::sleep_until(next).await;
     }
@@ -695,6 +751,13 @@ impl Report {
         }
         let _ = writeln!(
             out,
+            "connects over {} ms (waited on a SYN retransmit): {}  longest connect {:.1} ms",
+            SYN_RETRANSMIT_CONNECT.as_millis(),
+            s.syn_retransmit_waits,
+            s.max_connect_ms
+        );
+        let _ = writeln!(
+            out,
             "latency ok: p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
             s.latency.p50_ms, s.latency.p90_ms, s.latency.p99_ms, s.latency.max_ms
         );
@@ -862,6 +925,9 @@ mod tests {
             None,
             Duration::ZERO,
         );
+        r.record_connect(Duration::from_millis(610), Duration::from_millis(1000));
+        r.record_connect(Duration::from_millis(150), Duration::from_millis(3));
+        r.record_connect(Duration::from_millis(160), SYN_RETRANSMIT_CONNECT);
         // Past the end (cannot happen for starts, but must not panic).
         r.record(
             Duration::from_millis(1000),
@@ -885,6 +951,9 @@ mod tests {
         assert_eq!(rep.timeline[9].counts.ok, 1);
         assert_eq!(rep.summary.latency.p50_ms, 4.0);
         assert_eq!(rep.summary.latency.max_ms, 6.0);
+        assert_eq!(rep.summary.syn_retransmit_waits, 1, "over, not at, 900 ms");
+        assert_eq!(rep.timeline[6].syn_retransmit_waits, 1);
+        assert_eq!(rep.summary.max_connect_ms, 1000.0);
         let sum: u64 = rep.timeline.iter().map(|s| s.counts.total()).sum();
         assert_eq!(sum, rep.summary.requests);
         // The JSON names the outcomes as documented.

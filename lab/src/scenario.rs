@@ -19,6 +19,7 @@
 //! a restart, nothing for `xlb detach` to find).
 
 use std::{
+    collections::BTreeMap,
     fs::{self, OpenOptions},
     io::{self, Read as _, Write as _},
     net::{IpAddr, SocketAddr},
@@ -193,6 +194,29 @@ pub struct Health {
     /// and recovery times follow from `interval` alone.
     pub rise: u32,
     pub fall: u32,
+    /// `hang_timeout`: how long a probe may go on past `timeout` before it
+    /// counts as no response. `None`: not written (xlb's default).
+    pub hang_timeout: Option<Duration>,
+    /// Write only `kind` (and `hang_timeout` when set), leaving every other
+    /// key to xlb's defaults; see [`Health::xlb_defaults`].
+    pub xlb_defaults: bool,
+}
+
+impl Health {
+    /// xlb's own defaults: only `kind = "http"` is written. The fields hold
+    /// the values xlb then uses (interval 2 s, timeout 1 s, rise 2, fall 3;
+    /// also `fast_interval` 500 ms, `down_interval` 5 s and 10 % jitter,
+    /// which the fields do not show), so tests can compute bounds.
+    pub fn xlb_defaults() -> Self {
+        Self {
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            rise: 2,
+            fall: 3,
+            xlb_defaults: true,
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for Health {
@@ -205,7 +229,89 @@ impl Default for Health {
             timeout: Duration::from_millis(500),
             rise: 2,
             fall: 2,
+            hang_timeout: None,
+            xlb_defaults: false,
         }
+    }
+}
+
+/// A count or a share of a VIP's backends (`max_ejected`, `min_healthy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Share {
+    /// Written as a bare integer: `min_healthy = 2`.
+    Count(u32),
+    /// Written as a string: `max_ejected = "10%"`.
+    Percent(u32),
+}
+
+impl Share {
+    fn toml(self) -> String {
+        match self {
+            Share::Count(n) => n.to_string(),
+            Share::Percent(p) => format!("\"{p}%\""),
+        }
+    }
+}
+
+/// The cascade protections of a `[protection]` table (global) or a
+/// `[vip.protection]` table (per VIP, merged with the global one field by
+/// field). Only the fields that are set are written; xlb's defaults apply
+/// to the rest.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Protection {
+    /// Most backends out as slow outliers at once.
+    pub max_ejected: Option<Share>,
+    /// Fewer backends than this in the table: panic (0 disables).
+    pub min_healthy: Option<Share>,
+    /// An outlier's latency is more than this × its peers' median...
+    pub outlier_factor: Option<f64>,
+    /// ...and more than the median + this.
+    pub outlier_margin: Option<Duration>,
+    /// Weight ramp of a backend that enters the table (0: off).
+    pub slow_start: Option<Duration>,
+    pub flap_damping: Option<bool>,
+    pub flap_half_life: Option<Duration>,
+    pub flap_limit: Option<u32>,
+}
+
+impl Protection {
+    /// The protections switched off as far as configuration allows: no
+    /// panic (`min_healthy = 0`), no flap damping. With `hang_timeout =
+    /// timeout` this is the behaviour before issue 7.
+    pub fn off() -> Self {
+        Self {
+            min_healthy: Some(Share::Count(0)),
+            flap_damping: Some(false),
+            ..Self::default()
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// `key = value` lines for the fields that are set.
+    fn render_keys(&self) -> String {
+        let ms = |d: Duration| format!("\"{}ms\"", d.as_millis());
+        let mut out = String::new();
+        let mut line = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                out.push_str(&format!("{k} = {v}\n"));
+            }
+        };
+        line("max_ejected", self.max_ejected.map(Share::toml));
+        line("min_healthy", self.min_healthy.map(Share::toml));
+        // `{:?}` keeps the decimal point TOML needs for a float (3.0).
+        line(
+            "outlier_factor",
+            self.outlier_factor.map(|f| format!("{f:?}")),
+        );
+        line("outlier_margin", self.outlier_margin.map(ms));
+        line("slow_start", self.slow_start.map(ms));
+        line("flap_damping", self.flap_damping.map(|b| b.to_string()));
+        line("flap_half_life", self.flap_half_life.map(ms));
+        line("flap_limit", self.flap_limit.map(|n| n.to_string()));
+        out
     }
 }
 
@@ -218,6 +324,8 @@ pub struct Vip {
     pub mode: Mode,
     /// Backend numbers (1-based); their v4 or v6 address per the VIP's family.
     pub backends: Vec<usize>,
+    /// `[vip.protection]`, written when set and not empty.
+    pub protection: Option<Protection>,
 }
 
 impl Vip {
@@ -228,6 +336,7 @@ impl Vip {
             port,
             mode,
             backends: (1..=backends).collect(),
+            protection: None,
         }
     }
 
@@ -259,6 +368,8 @@ pub struct XlbConfig {
     /// `"native"` (works on veth) or `"generic"`.
     pub xdp_mode: String,
     pub health: Health,
+    /// `[protection]`, written when not empty.
+    pub protection: Protection,
     pub vips: Vec<Vip>,
 }
 
@@ -282,6 +393,7 @@ impl XlbConfig {
             control_socket: socket_for(prefix),
             xdp_mode: "native".to_string(),
             health: Health::default(),
+            protection: Protection::default(),
             vips: vec![Vip::new(
                 "api",
                 topology::VIP_V4.into(),
@@ -332,25 +444,36 @@ impl XlbConfig {
              max_table_size = {LAB_TABLE_SIZE}\n\
              \n\
              [health_check]\n\
-             kind = \"{}\"\n\
-             interval = {}\n\
-             timeout = {}\n\
-             fast_interval = {}\n\
-             down_interval = {}\n\
-             rise = {}\n\
-             fall = {}\n\
-             jitter = 0\n",
+             kind = \"{}\"\n",
             self.xdp_mode,
             self.instance,
             self.control_socket.display(),
             h.kind,
-            ms(h.interval),
-            ms(h.timeout),
-            ms(h.interval),
-            ms(h.interval),
-            h.rise,
-            h.fall,
         );
+        if !h.xlb_defaults {
+            out.push_str(&format!(
+                "interval = {}\n\
+                 timeout = {}\n\
+                 fast_interval = {}\n\
+                 down_interval = {}\n\
+                 rise = {}\n\
+                 fall = {}\n\
+                 jitter = 0\n",
+                ms(h.interval),
+                ms(h.timeout),
+                ms(h.interval),
+                ms(h.interval),
+                h.rise,
+                h.fall,
+            ));
+        }
+        if let Some(hang) = h.hang_timeout {
+            out.push_str(&format!("hang_timeout = {}\n", ms(hang)));
+        }
+        if !self.protection.is_empty() {
+            out.push_str("\n[protection]\n");
+            out.push_str(&self.protection.render_keys());
+        }
         for v in &self.vips {
             out.push_str(&format!(
                 "\n[[vip]]\nname = \"{}\"\naddress = \"{}\"\nport = {}\nmode = \"{}\"\n",
@@ -359,6 +482,10 @@ impl XlbConfig {
                 v.port,
                 v.mode.as_str()
             ));
+            if let Some(p) = v.protection.as_ref().filter(|p| !p.is_empty()) {
+                out.push_str("\n[vip.protection]\n");
+                out.push_str(&p.render_keys());
+            }
             for &i in &v.backends {
                 out.push_str(&format!(
                     "\n[[vip.backend]]\naddress = \"{}\"\n",
@@ -426,6 +553,9 @@ pub struct Status {
     /// The daemon took over the pinned maps of a previous run.
     #[serde(default)]
     pub adopted: bool,
+    /// Global data-plane counters (`drop_no_backend`, `fwd_tx`...).
+    #[serde(default)]
+    pub counters: BTreeMap<String, u64>,
     #[serde(default)]
     pub vips: Vec<VipStatus>,
 }
@@ -441,6 +571,29 @@ pub struct VipStatus {
     pub packets: u64,
     #[serde(default)]
     pub new_flows: u64,
+    /// Backends in the table.
+    #[serde(default)]
+    pub backends_up: u32,
+    /// The VIP is in panic: fewer than `min_healthy` backends would be in
+    /// the table, so some unhealthy ones were kept (issue 7; `false` from a
+    /// daemon that predates it).
+    #[serde(default)]
+    pub panic: bool,
+    /// Which backends panic kept and why.
+    #[serde(default)]
+    pub panic_reason: Option<String>,
+    /// Set while at least half of the VIP's backends are slow (and so none
+    /// is ejected for it), e.g. `all 3 backends slow, median 2.5s; not ejecting`.
+    #[serde(default)]
+    pub fleet_slow: Option<String>,
+    /// Backends out as slow outliers now.
+    #[serde(default)]
+    pub ejected_slow: u32,
+    /// `max_ejected` and `min_healthy` resolved to counts.
+    #[serde(default)]
+    pub max_ejected: u32,
+    #[serde(default)]
+    pub min_healthy: u32,
     #[serde(default)]
     pub backends: Vec<BackendStatus>,
 }
@@ -458,6 +611,55 @@ pub struct BackendStatus {
     pub packets: u64,
     #[serde(default)]
     pub new_flows: u64,
+    /// Configured weight.
+    #[serde(default)]
+    pub weight: u32,
+    /// What health checks alone say: `up`, `down`, `unknown`.
+    #[serde(default)]
+    pub health: String,
+    #[serde(default)]
+    pub in_table: bool,
+    #[serde(default)]
+    pub admin_drained: bool,
+    #[serde(default)]
+    pub consecutive_fail: u32,
+    #[serde(default)]
+    pub last_probe: Option<ProbeStatus>,
+    /// Where the VIP's policy put it: `serving`, `ramping`, `ejected_slow`,
+    /// `down`, `held_down`, `panic_restored`, `draining`, `unknown`; empty
+    /// from a daemon that predates issue 7.
+    #[serde(default)]
+    pub placement: String,
+    #[serde(default)]
+    pub placement_reason: Option<String>,
+    /// Table weight now (below the configured one while ramping).
+    #[serde(default)]
+    pub effective_weight: f64,
+    /// Consecutive probes past `timeout` (reset by an answer in time).
+    #[serde(default)]
+    pub consecutive_slow: u32,
+    /// Current probe latency the policy uses, ms.
+    #[serde(default)]
+    pub latency_ms: Option<f64>,
+    /// Established conntrack flows (from the periodic walk; `None` before
+    /// the first walk).
+    #[serde(default)]
+    pub flows: Option<u64>,
+    /// When a `drain --deadline` sets it `down`, ms since the epoch.
+    #[serde(default)]
+    pub drain_deadline_unix_ms: Option<u64>,
+}
+
+/// The latest probe of a backend.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ProbeStatus {
+    pub ok: bool,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub code: String,
+    #[serde(default)]
+    pub latency_ms: f64,
 }
 
 impl Status {
@@ -484,7 +686,19 @@ impl Status {
         let mut parts = Vec::new();
         for v in &self.vips {
             for b in &v.backends {
-                parts.push(format!("{}/{}={}", v.name, b.address, b.state));
+                // The placement says more than the state when it differs
+                // (`draining` may be an ejection or a damping hold).
+                if b.placement.is_empty() || b.placement == b.state {
+                    parts.push(format!("{}/{}={}", v.name, b.address, b.state));
+                } else {
+                    parts.push(format!(
+                        "{}/{}={}({})",
+                        v.name, b.address, b.state, b.placement
+                    ));
+                }
+            }
+            if v.panic {
+                parts.push(format!("{}:panic", v.name));
             }
         }
         if parts.is_empty() {
@@ -500,7 +714,9 @@ impl Status {
 pub struct Event {
     pub seq: u64,
     pub at_unix_ms: u64,
-    /// `transition`, `table`, `admin`, `reload`, `start`.
+    /// `transition` (state and placement changes), `table`, `admin`,
+    /// `reload`, `start`, and since issue 7 `fleet_slow`, `panic`, `alarm`,
+    /// `drain`.
     pub kind: String,
     #[serde(default)]
     pub vip: Option<String>,
@@ -1174,9 +1390,20 @@ impl LabRun {
 
     /// Runs `xlb ARGS --socket <socket>` (a control command) and returns stdout.
     pub fn ctl(&self, args: &[&str]) -> Result<String> {
+        self.ctl_within(args, CLI_TIMEOUT)
+    }
+
+    /// [`LabRun::ctl`] for a command that may take longer than a status
+    /// call (e.g. `drain --wait`), killed after `timeout`.
+    pub fn ctl_within(&self, args: &[&str], timeout: Duration) -> Result<String> {
         let mut cmd = Command::new(&self.bins.xlb);
         cmd.args(args).arg("--socket").arg(&self.socket);
-        run_bounded(cmd, CLI_TIMEOUT)
+        run_bounded(cmd, timeout)
+    }
+
+    /// A data-plane counter from `status` (0 when absent).
+    pub fn counter(&self, name: &str) -> Result<u64> {
+        Ok(self.status()?.counters.get(name).copied().unwrap_or(0))
     }
 
     /// `xlb status --json`, raw.
@@ -1219,6 +1446,21 @@ impl LabRun {
     /// `xlb drain VIP BACKEND`.
     pub fn drain(&self, vip: &str, backend: SocketAddr) -> Result<String> {
         self.ctl(&["drain", vip, &backend.to_string()])
+    }
+
+    /// `xlb drain VIP BACKEND EXTRA...` (e.g. `--wait --deadline 20s`),
+    /// bounded by `timeout`.
+    pub fn drain_with(
+        &self,
+        vip: &str,
+        backend: SocketAddr,
+        extra: &[&str],
+        timeout: Duration,
+    ) -> Result<String> {
+        let addr = backend.to_string();
+        let mut args = vec!["drain", vip, addr.as_str()];
+        args.extend_from_slice(extra);
+        self.ctl_within(&args, timeout)
     }
 
     /// `xlb enable VIP BACKEND`.
@@ -1723,6 +1965,76 @@ mod tests {
             assert!(text.contains(want), "{want:?} not in:\n{text}");
         }
         assert!(!text.contains("10.99.0.13"), "only two backends:\n{text}");
+    }
+
+    #[test]
+    fn protection_and_hang_timeout_are_written_only_when_set() {
+        let plain = XlbConfig::for_prefix("p").render();
+        for absent in ["hang_timeout", "[protection]", "[vip.protection]"] {
+            assert!(!plain.contains(absent), "{absent} in:\n{plain}");
+        }
+
+        let mut cfg = XlbConfig::for_prefix("p");
+        cfg.health = Health {
+            hang_timeout: Some(Duration::from_secs(1)),
+            ..Health::xlb_defaults()
+        };
+        cfg.protection = Protection {
+            max_ejected: Some(Share::Percent(10)),
+            outlier_factor: Some(3.0),
+            slow_start: Some(Duration::from_secs(10)),
+            flap_damping: Some(false),
+            ..Protection::default()
+        };
+        cfg.vips[0].protection = Some(Protection {
+            min_healthy: Some(Share::Count(2)),
+            flap_limit: Some(4),
+            ..Protection::default()
+        });
+        let text = cfg.render();
+        for want in [
+            "[health_check]\nkind = \"http\"\nhang_timeout = \"1000ms\"\n",
+            "\n[protection]\nmax_ejected = \"10%\"\noutlier_factor = 3.0\n\
+             slow_start = \"10000ms\"\nflap_damping = false\n",
+            "mode = \"dsr-ipip\"\n\n[vip.protection]\nmin_healthy = 2\nflap_limit = 4\n\n[[vip.backend]]",
+        ] {
+            assert!(text.contains(want), "{want:?} not in:\n{text}");
+        }
+        for absent in ["interval", "\ntimeout = ", "fall", "min_healthy = 0"] {
+            assert!(!text.contains(absent), "{absent:?} in:\n{text}");
+        }
+        let off = Protection::off().render_keys();
+        assert_eq!(off, "min_healthy = 0\nflap_damping = false\n");
+    }
+
+    #[test]
+    fn status_reads_the_cascade_fields_and_defaults_them() {
+        let text = r#"{"instance":"lab-x","counters":{"drop_no_backend":7},
+            "vips":[{"name":"api","address":"10.100.0.1","port":80,
+            "panic":true,"panic_reason":"kept b2: no_response","fleet_slow":null,
+            "ejected_slow":1,"backends":[
+              {"address":"10.99.0.11:80","state":"draining","placement":"ejected_slow",
+               "placement_reason":"outlier","effective_weight":0.0,"consecutive_slow":3,
+               "latency_ms":2500.5,"flows":4,"drain_deadline_unix_ms":null},
+              {"address":"10.99.0.12:80","state":"up"}]}]}"#;
+        let s = parse_status(text).unwrap();
+        assert_eq!(s.counters.get("drop_no_backend"), Some(&7));
+        let v = s.vip("api").unwrap();
+        assert!(v.panic);
+        assert_eq!(v.ejected_slow, 1);
+        let b1 = &v.backends[0];
+        assert_eq!(b1.placement, "ejected_slow");
+        assert_eq!(b1.latency_ms, Some(2500.5));
+        assert_eq!(b1.flows, Some(4));
+        let b2 = &v.backends[1];
+        assert_eq!(
+            (b2.placement.as_str(), b2.flows, b2.consecutive_slow),
+            ("", None, 0)
+        );
+        assert_eq!(
+            s.summary(),
+            "api/10.99.0.11:80=draining(ejected_slow) api/10.99.0.12:80=up api:panic"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! `BPF_PROG_TEST_RUN` inside a namespace of its own.
 
 pub mod harness;
+pub mod lab;
 pub mod netns;
 pub mod packet;
 

@@ -5,7 +5,7 @@
 //! control socket) through `xlb_lab::scenario::LabRun`, whose Drop stops
 //! every process, runs `xlb detach` and removes the namespaces however the
 //! test ends; a passing test also checks that nothing is left. Tests run one
-//! at a time (`SERIAL`): each lab runs a daemon, four XDP programs and a
+//! at a time (`xlb_tests::lab::serial`): each lab runs a daemon, four XDP programs and a
 //! load, and the machine may have two CPUs.
 //!
 //! Needs root and the binaries: `cargo build -p lb-user -p xlb-lab` (without
@@ -16,26 +16,19 @@
 use std::{
     collections::BTreeSet,
     net::{IpAddr, SocketAddr},
-    path::{Path, PathBuf},
-    sync::{Mutex, MutexGuard},
     thread,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use xlb_lab::{
     Fault,
-    client::{LoadOptions, Report},
-    scenario::{self, ClientRun, Event, Health, LabRun, Mode, Status, Vip, XlbConfig},
-    topology::{self, list_namespaces},
+    client::LoadOptions,
+    scenario::{self, Event, Health, Mode, Status, Vip, XlbConfig},
+    topology,
 };
-
-/// One lab at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    // A failed test poisons the lock; the next one still gets a clean lab.
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use xlb_tests::lab::{
+    answered_by, failure_slices, now_unix_ms, serial, teardown, transitions, up, wait_client_ms,
+};
 
 /// Allowed on top of the worst case the health settings give, for process
 /// scheduling on a loaded 2-CPU machine and the status poll.
@@ -53,112 +46,8 @@ const COUNTER_TICK: Duration = Duration::from_millis(1500);
 /// Client request timeout in most tests.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
 
-fn now_unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 fn prefix(tag: &str) -> String {
     format!("e2e{tag}{}", std::process::id() % 1000)
-}
-
-/// Newest modification time of the files under `paths` (recursively).
-fn newest(paths: &[PathBuf]) -> Option<(SystemTime, PathBuf)> {
-    let mut best: Option<(SystemTime, PathBuf)> = None;
-    let mut stack: Vec<PathBuf> = paths.to_vec();
-    while let Some(p) = stack.pop() {
-        let Ok(meta) = std::fs::metadata(&p) else {
-            continue;
-        };
-        if meta.is_dir() {
-            if let Ok(entries) = std::fs::read_dir(&p) {
-                stack.extend(entries.flatten().map(|e| e.path()));
-            }
-        } else if let Ok(m) = meta.modified()
-            && best.as_ref().is_none_or(|(t, _)| m > *t)
-        {
-            best = Some((m, p));
-        }
-    }
-    best
-}
-
-/// The `xlb` binary to test. Cargo does not build it for this crate's tests
-/// (it is another package's binary), so a stale one from an earlier build
-/// would silently test old code: refuse binaries older than their sources.
-fn xlb_binary() -> PathBuf {
-    let xlb = scenario::find_xlb().unwrap_or_else(|e| panic!("{e}"));
-    if std::env::var_os("XLB_BIN").is_some() {
-        return xlb;
-    }
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let root = manifest.parent().unwrap_or(manifest);
-    let backend = xlb.with_file_name("xlb-backend");
-    let cases = [
-        (
-            &xlb,
-            vec![
-                "lb-user/src",
-                "lb-user/build.rs",
-                "lb-ebpf/src",
-                "lb-common/src",
-            ],
-            "lb-user",
-        ),
-        (&backend, vec!["lab/src"], "xlb-lab"),
-    ];
-    for (bin, sources, package) in cases {
-        let built = std::fs::metadata(bin)
-            .and_then(|m| m.modified())
-            .unwrap_or_else(|e| {
-                panic!(
-                    "{}: {e}; build it with `cargo build -p {package}`",
-                    bin.display()
-                )
-            });
-        let sources: Vec<PathBuf> = sources.iter().map(|s| root.join(s)).collect();
-        if let Some((changed, file)) = newest(&sources)
-            && changed > built
-        {
-            panic!(
-                "{} is older than {}: rebuild with `cargo build -p lb-user -p xlb-lab` \
-                 (without AYA_BUILD_SKIP), or set XLB_BIN to the binary to test",
-                bin.display(),
-                file.display()
-            );
-        }
-    }
-    xlb
-}
-
-fn up(prefix: &str, cfg: &XlbConfig) -> LabRun {
-    xlb_tests::require_root();
-    let xlb = xlb_binary();
-    let t0 = Instant::now();
-    let run = LabRun::up(prefix, &xlb, &cfg.render()).unwrap_or_else(|e| panic!("lab up: {e}"));
-    eprintln!(
-        "[{prefix}] lab up, every backend up, in {:.1} s",
-        t0.elapsed().as_secs_f64()
-    );
-    run
-}
-
-/// Tears down and checks that nothing is left: no namespace of the prefix,
-/// no pins of the instance.
-fn teardown(run: LabRun) {
-    let prefix = run.prefix().to_string();
-    let instance = run.instance().to_string();
-    run.shutdown()
-        .unwrap_or_else(|e| panic!("[{prefix}] teardown: {e}"));
-    let left: Vec<String> = list_namespaces()
-        .unwrap()
-        .into_iter()
-        .filter(|n| n.starts_with(&format!("{prefix}-")))
-        .collect();
-    assert!(left.is_empty(), "[{prefix}] namespaces left: {left:?}");
-    let pins = Path::new("/sys/fs/bpf/xlb").join(&instance);
-    assert!(!pins.exists(), "[{prefix}] pins left in {}", pins.display());
 }
 
 fn config(prefix: &str, health: Health, vips: Vec<Vip>) -> XlbConfig {
@@ -171,44 +60,6 @@ fn config(prefix: &str, health: Health, vips: Vec<Vip>) -> XlbConfig {
 
 fn api() -> Vip {
     Vip::new("api", topology::VIP_V4.into(), 80, Mode::DsrIpip, 3)
-}
-
-fn wait_client_ms(client: &ClientRun, at_ms: u64) {
-    while (client.elapsed().as_millis() as u64) < at_ms && !client.is_finished() {
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Failures by slice start, `(t_ms, failures)`, for messages.
-fn failure_slices(report: &Report) -> Vec<(u64, u64)> {
-    report
-        .timeline
-        .iter()
-        .filter(|s| s.counts.failures() > 0)
-        .map(|s| (s.t_ms, s.counts.failures()))
-        .collect()
-}
-
-/// Answers of backend `name` in slices starting in `[from, to)`.
-fn answered_by(report: &Report, name: &str, from: i64, to: i64) -> u64 {
-    report
-        .timeline
-        .iter()
-        .filter(|s| (from..to).contains(&(s.t_ms as i64)))
-        .map(|s| s.per_backend.get(name).copied().unwrap_or(0))
-        .sum()
-}
-
-fn transitions<'a>(events: &'a [Event], vip: &str, backend: SocketAddr) -> Vec<&'a Event> {
-    let b = backend.to_string();
-    events
-        .iter()
-        .filter(|e| {
-            e.kind == "transition"
-                && e.vip.as_deref() == Some(vip)
-                && e.backend.as_deref() == Some(b.as_str())
-        })
-        .collect()
 }
 
 /// Asserts backends `which` of `vip` only ever went to `up`.

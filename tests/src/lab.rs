@@ -1,0 +1,172 @@
+//! Helpers shared by the lab's end-to-end test files (`e2e.rs`,
+//! `cascade.rs`): finding a fresh `xlb`, bringing a lab up and tearing it
+//! down with a check that nothing is left, one lab at a time, and reading
+//! the client's timeline and xlb's events.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{Mutex, MutexGuard},
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use xlb_lab::{
+    client::Report,
+    scenario::{self, ClientRun, Event, LabRun, XlbConfig},
+    topology::list_namespaces,
+};
+
+/// One lab at a time (within one test binary; cargo runs test binaries one
+/// after another).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn serial() -> MutexGuard<'static, ()> {
+    // A failed test poisons the lock; the next one still gets a clean lab.
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Newest modification time of the files under `paths` (recursively).
+fn newest(paths: &[PathBuf]) -> Option<(SystemTime, PathBuf)> {
+    let mut best: Option<(SystemTime, PathBuf)> = None;
+    let mut stack: Vec<PathBuf> = paths.to_vec();
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        } else if let Ok(m) = meta.modified()
+            && best.as_ref().is_none_or(|(t, _)| m > *t)
+        {
+            best = Some((m, p));
+        }
+    }
+    best
+}
+
+/// The `xlb` binary to test. Cargo does not build it for this crate's tests
+/// (it is another package's binary), so a stale one from an earlier build
+/// would silently test old code: refuse binaries older than their sources.
+pub fn xlb_binary() -> PathBuf {
+    let xlb = scenario::find_xlb().unwrap_or_else(|e| panic!("{e}"));
+    if std::env::var_os("XLB_BIN").is_some() {
+        return xlb;
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.parent().unwrap_or(manifest);
+    let backend = xlb.with_file_name("xlb-backend");
+    let cases = [
+        (
+            &xlb,
+            vec![
+                "lb-user/src",
+                "lb-user/build.rs",
+                "lb-ebpf/src",
+                "lb-common/src",
+            ],
+            "lb-user",
+        ),
+        (&backend, vec!["lab/src"], "xlb-lab"),
+    ];
+    for (bin, sources, package) in cases {
+        let built = std::fs::metadata(bin)
+            .and_then(|m| m.modified())
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}; build it with `cargo build -p {package}`",
+                    bin.display()
+                )
+            });
+        let sources: Vec<PathBuf> = sources.iter().map(|s| root.join(s)).collect();
+        if let Some((changed, file)) = newest(&sources)
+            && changed > built
+        {
+            panic!(
+                "{} is older than {}: rebuild with `cargo build -p lb-user -p xlb-lab` \
+                 (without AYA_BUILD_SKIP), or set XLB_BIN to the binary to test",
+                bin.display(),
+                file.display()
+            );
+        }
+    }
+    xlb
+}
+
+/// Brings a lab up with xlb running `cfg` and waits for every backend.
+pub fn up(prefix: &str, cfg: &XlbConfig) -> LabRun {
+    crate::require_root();
+    let xlb = xlb_binary();
+    let t0 = Instant::now();
+    let run = LabRun::up(prefix, &xlb, &cfg.render()).unwrap_or_else(|e| panic!("lab up: {e}"));
+    eprintln!(
+        "[{prefix}] lab up, every backend up, in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    run
+}
+
+/// Tears down and checks that nothing is left: no namespace of the prefix,
+/// no pins of the instance.
+pub fn teardown(run: LabRun) {
+    let prefix = run.prefix().to_string();
+    let instance = run.instance().to_string();
+    run.shutdown()
+        .unwrap_or_else(|e| panic!("[{prefix}] teardown: {e}"));
+    let left: Vec<String> = list_namespaces()
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.starts_with(&format!("{prefix}-")))
+        .collect();
+    assert!(left.is_empty(), "[{prefix}] namespaces left: {left:?}");
+    let pins = Path::new("/sys/fs/bpf/xlb").join(&instance);
+    assert!(!pins.exists(), "[{prefix}] pins left in {}", pins.display());
+}
+
+/// Sleeps until the client's timeline reaches `at_ms` (or it finished).
+pub fn wait_client_ms(client: &ClientRun, at_ms: u64) {
+    while (client.elapsed().as_millis() as u64) < at_ms && !client.is_finished() {
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Failures by slice start, `(t_ms, failures)`, for messages.
+pub fn failure_slices(report: &Report) -> Vec<(u64, u64)> {
+    report
+        .timeline
+        .iter()
+        .filter(|s| s.counts.failures() > 0)
+        .map(|s| (s.t_ms, s.counts.failures()))
+        .collect()
+}
+
+/// Answers of backend `name` in slices starting in `[from, to)`.
+pub fn answered_by(report: &Report, name: &str, from: i64, to: i64) -> u64 {
+    report
+        .timeline
+        .iter()
+        .filter(|s| (from..to).contains(&(s.t_ms as i64)))
+        .map(|s| s.per_backend.get(name).copied().unwrap_or(0))
+        .sum()
+}
+
+/// `transition` events of `backend` in `vip`.
+pub fn transitions<'a>(events: &'a [Event], vip: &str, backend: SocketAddr) -> Vec<&'a Event> {
+    let b = backend.to_string();
+    events
+        .iter()
+        .filter(|e| {
+            e.kind == "transition"
+                && e.vip.as_deref() == Some(vip)
+                && e.backend.as_deref() == Some(b.as_str())
+        })
+        .collect()
+}
