@@ -265,10 +265,13 @@ impl Daemon {
         if r.addr != self.vips[vi].backends[bi].cfg.socket_addr() {
             return Ok(()); // about the id's previous holder, queued before a reload
         }
-        self.histograms
-            .entry(id)
-            .or_default()
-            .observe(r.result.latency);
+        // An interim Late report has no result (and no latency) yet.
+        if let Some(result) = &r.result {
+            self.histograms
+                .entry(id)
+                .or_default()
+                .observe(result.latency);
+        }
         {
             let b = &mut self.vips[vi].backends[bi];
             b.snapshot = Some(r.snapshot.clone());
