@@ -480,6 +480,7 @@ fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
     };
     let (mut probe, probe_style) = match &b.last_probe {
         None => ("not probed yet".to_owned(), None),
+        Some(p) if p.ok && p.code == "slow" => (p.reason.clone(), Some(Style::Yellow)),
         Some(p) if p.ok => {
             let status = p.status.map(|s| format!(" {s}")).unwrap_or_default();
             (format!("ok{status} in {}", latency(p.latency_ms)), None)

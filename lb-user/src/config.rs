@@ -392,6 +392,8 @@ fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S::Ok, S::Err
         interval: Duration,
         #[serde(serialize_with = "ser_duration")]
         timeout: Duration,
+        #[serde(serialize_with = "ser_duration")]
+        hang_timeout: Duration,
         rise: u32,
         fall: u32,
         #[serde(serialize_with = "ser_duration")]
@@ -425,6 +427,7 @@ fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S::Ok, S::Err
         port: spec.port,
         interval: spec.interval,
         timeout: spec.timeout,
+        hang_timeout: spec.hang_timeout,
         rise: spec.rise,
         fall: spec.fall,
         fast_interval: spec.fast_interval,
@@ -510,6 +513,7 @@ struct RawHealth {
     body_contains: Option<String>,
     interval: Option<String>,
     timeout: Option<String>,
+    hang_timeout: Option<String>,
     rise: Option<u32>,
     fall: Option<u32>,
     fast_interval: Option<String>,
@@ -1172,6 +1176,7 @@ struct HealthLayer {
     body_contains: Option<String>,
     interval: Option<Duration>,
     timeout: Option<Duration>,
+    hang_timeout: Option<Duration>,
     rise: Option<u32>,
     fall: Option<u32>,
     fast_interval: Option<Duration>,
@@ -1204,6 +1209,7 @@ fn parse_health(raw: &RawHealth, ctx: &str, port_owner: &str, p: &mut Problems<'
     };
     let interval = duration("interval", &raw.interval);
     let timeout = duration("timeout", &raw.timeout);
+    let hang_timeout = duration("hang_timeout", &raw.hang_timeout);
     let fast_interval = duration("fast_interval", &raw.fast_interval);
     let down_interval = duration("down_interval", &raw.down_interval);
 
@@ -1334,6 +1340,7 @@ fn parse_health(raw: &RawHealth, ctx: &str, port_owner: &str, p: &mut Problems<'
         body_contains,
         interval,
         timeout,
+        hang_timeout,
         rise: raw.rise.filter(|&r| r > 0),
         fall: raw.fall.filter(|&f| f > 0),
         fast_interval,
@@ -1390,6 +1397,34 @@ fn resolve_health(layers: &[(&HealthLayer, &str)], port: u16, p: &mut Problems<'
         );
     }
 
+    let (hang_timeout, hang_src) = pick(layers, |l| &l.hang_timeout);
+    let hang_timeout = match hang_timeout {
+        None => spec::default_hang_timeout(timeout),
+        Some(hang) if hang < timeout => {
+            p.error(
+                ctx_of(hang_src.max(timeout_src)),
+                format!(
+                    "hang_timeout {hang:?} is shorter than timeout {timeout:?}; use at least the \
+                     timeout (equal to it makes a late answer a failure, as without hang_timeout)"
+                ),
+            );
+            timeout
+        }
+        Some(hang) if hang > spec::MAX_HANG_TIMEOUT => {
+            p.error(
+                ctx_of(hang_src),
+                format!(
+                    "hang_timeout {hang:?} is longer than {:?}; a backend that has not answered \
+                     in a minute is hung, and each waiting probe holds a socket: use at most \"{}s\"",
+                    spec::MAX_HANG_TIMEOUT,
+                    spec::MAX_HANG_TIMEOUT.as_secs()
+                ),
+            );
+            spec::MAX_HANG_TIMEOUT
+        }
+        Some(hang) => hang,
+    };
+
     let (kind, kind_src) = pick(layers, |l| &l.kind);
     let kind = kind.unwrap_or(KindName::Http);
     if kind == KindName::Tcp {
@@ -1427,6 +1462,7 @@ fn resolve_health(layers: &[(&HealthLayer, &str)], port: u16, p: &mut Problems<'
         port,
         interval,
         timeout,
+        hang_timeout,
         rise: pick(layers, |l| &l.rise).0.unwrap_or(spec::defaults::RISE),
         fall: pick(layers, |l| &l.fall).0.unwrap_or(spec::defaults::FALL),
         // Never slower than `interval`: a fast profile (interval 200ms) must
@@ -1502,6 +1538,7 @@ mod tests {
             port,
             interval: spec::defaults::INTERVAL,
             timeout: spec::defaults::TIMEOUT,
+            hang_timeout: spec::defaults::TIMEOUT * spec::defaults::HANG_TIMEOUT_FACTOR,
             rise: spec::defaults::RISE,
             fall: spec::defaults::FALL,
             fast_interval: spec::defaults::FAST_INTERVAL,
@@ -1572,6 +1609,7 @@ mod tests {
             (
                 h.interval,
                 h.timeout,
+                h.hang_timeout,
                 h.rise,
                 h.fall,
                 h.fast_interval,
@@ -1581,6 +1619,7 @@ mod tests {
             (
                 Duration::from_secs(2),
                 Duration::from_secs(1),
+                Duration::from_secs(3),
                 2,
                 3,
                 Duration::from_millis(500),
@@ -1619,6 +1658,7 @@ mod tests {
             body_contains = "ok"
             interval = "3s"
             timeout = "1.5s"
+            hang_timeout = "2s"
             rise = 1
             fall = 5
             fast_interval = "250ms"
@@ -1656,6 +1696,7 @@ mod tests {
             port,
             interval: Duration::from_secs(3),
             timeout: Duration::from_millis(1500),
+            hang_timeout: Duration::from_secs(2),
             rise: 1,
             fall: 5,
             fast_interval: Duration::from_millis(250),
@@ -1744,6 +1785,7 @@ mod tests {
             rise = 1
             host = "be2"
             expect_status = ["204"]
+            hang_timeout = "4s"
 
             [[vip]]
             name = "other"
@@ -1775,6 +1817,8 @@ mod tests {
                 CheckSpec {
                     kind: http("/vip", None, spec::defaults::EXPECT_STATUS),
                     timeout: Duration::from_secs(3),
+                    // Derived from the merged timeout, not the default one.
+                    hang_timeout: Duration::from_secs(9),
                     fall: 7,
                     ..base.clone()
                 },
@@ -1786,6 +1830,7 @@ mod tests {
                     kind: http("/vip", Some("be2"), (204, 204)),
                     port: 9000,
                     timeout: Duration::from_secs(3),
+                    hang_timeout: Duration::from_secs(4),
                     fall: 7,
                     rise: 1,
                     ..base.clone()
@@ -1846,6 +1891,129 @@ mod tests {
             );
             let config = ok(name, &text);
             assert_eq!(config.vips[0].backends[0].health.kind, want, "{name}");
+        }
+    }
+
+    /// `hang_timeout`: derived from the merged `timeout` unless set, merged
+    /// field by field, `timeout` ≤ it ≤ 60 s.
+    #[test]
+    fn hang_timeout_resolution() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // (name, [health_check], [vip.health_check], backend's, want)
+        let good = [
+            ("default: 3 × the default timeout", "", "", "", s(3)),
+            (
+                "derived from a merged timeout",
+                "",
+                "timeout = \"500ms\"",
+                "",
+                ms(1500),
+            ),
+            (
+                "derived default capped at 60s",
+                "interval = \"1m\"\ntimeout = \"30s\"",
+                "",
+                "",
+                s(60),
+            ),
+            (
+                "equal to the timeout: strict",
+                "hang_timeout = \"1s\"",
+                "",
+                "",
+                s(1),
+            ),
+            ("the maximum", "hang_timeout = \"60s\"", "", "", s(60)),
+            (
+                "above the interval is fine",
+                "hang_timeout = \"10s\"",
+                "",
+                "",
+                s(10),
+            ),
+            (
+                "vip overrides daemon",
+                "hang_timeout = \"5s\"",
+                "hang_timeout = \"2s\"",
+                "",
+                s(2),
+            ),
+            (
+                "backend overrides vip, with the vip's timeout",
+                "",
+                "timeout = \"2s\"\nhang_timeout = \"8s\"",
+                "hang_timeout = \"2s\"",
+                s(2),
+            ),
+            (
+                "an explicit value survives a lower timeout below it",
+                "hang_timeout = \"4s\"",
+                "timeout = \"200ms\"",
+                "",
+                s(4),
+            ),
+        ];
+        for (name, daemon, vip_layer, backend, want) in good {
+            let text = format!(
+                "{DAEMON}[health_check]\n{daemon}\n[[vip]]\nname = \"a\"\naddress = \"10.1.0.1\"\n\
+                 port = 80\n[vip.health_check]\n{vip_layer}\n[[vip.backend]]\naddress = \"10.0.0.1\"\n\
+                 [vip.backend.health_check]\n{backend}\n"
+            );
+            let config = ok(name, &text);
+            assert_eq!(
+                config.vips[0].backends[0].health.hang_timeout, want,
+                "{name}"
+            );
+        }
+
+        let bad = [
+            (
+                "shorter than the timeout",
+                "hang_timeout = \"500ms\"",
+                "",
+                vec![
+                    r#"xlb.toml: health_check: hang_timeout 500ms is shorter than timeout 1s; use at least the timeout (equal to it makes a late answer a failure, as without hang_timeout)"#,
+                ],
+            ),
+            (
+                "shorter than a timeout set below it, reported where the timeout is",
+                "hang_timeout = \"2s\"",
+                "timeout = \"3s\"\ninterval = \"5s\"",
+                vec![
+                    r#"xlb.toml: vip "a": health_check: hang_timeout 2s is shorter than timeout 3s; use at least the timeout (equal to it makes a late answer a failure, as without hang_timeout)"#,
+                ],
+            ),
+            (
+                "longer than a minute",
+                "hang_timeout = \"2m\"",
+                "",
+                vec![
+                    r#"xlb.toml: health_check: hang_timeout 120s is longer than 60s; a backend that has not answered in a minute is hung, and each waiting probe holds a socket: use at most "60s""#,
+                ],
+            ),
+            (
+                "zero",
+                "hang_timeout = \"0s\"",
+                "",
+                vec![r#"xlb.toml: health_check: hang_timeout must be longer than 0"#],
+            ),
+            (
+                "not a duration",
+                "hang_timeout = \"3\"",
+                "",
+                vec![
+                    r#"xlb.toml: health_check: hang_timeout "3" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+                ],
+            ),
+        ];
+        for (name, daemon, vip_layer, want) in bad {
+            let text = format!(
+                "{DAEMON}[health_check]\n{daemon}\n[[vip]]\nname = \"a\"\naddress = \"10.1.0.1\"\n\
+                 port = 80\n[vip.health_check]\n{vip_layer}\n[[vip.backend]]\naddress = \"10.0.0.1\"\n"
+            );
+            let errors = parse(&text).expect_err(name);
+            assert_eq!(errors.problems, want, "{name}");
         }
     }
 
@@ -2488,6 +2656,7 @@ mod tests {
         let health = &json["vips"][0]["backends"][0]["health"];
         assert_eq!(health["kind"], "http");
         assert_eq!(health["fast_interval"], "500ms");
+        assert_eq!(health["hang_timeout"], "3s");
         assert_eq!(health["port"], 80);
         assert_eq!(json["vips"][0]["mode"], "dsr-ipip");
     }

@@ -31,6 +31,7 @@ use crate::{
     health::{
         machine::HealthState,
         policy::{self, Change},
+        probe::ProbeClass,
         scheduler::{Report, Scheduler},
     },
     metrics::{self, LatencyHistogram, MetricsExtra},
@@ -38,6 +39,9 @@ use crate::{
 
 /// Events kept for `xlb events`.
 const EVENT_LOG: usize = 1000;
+
+/// Least time between two `alarm` events (each local error is still logged).
+const ALARM_PERIOD: Duration = Duration::from_secs(10);
 
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -94,6 +98,8 @@ pub struct Daemon {
     vip_rates: HashMap<u32, Rate>,
     be_rates: HashMap<u32, Rate>,
     last_sample: Instant,
+    /// When the last `alarm` event about local probe errors was recorded.
+    last_alarm: Option<Instant>,
     histograms: HashMap<u32, LatencyHistogram>,
     transitions: HashMap<u32, u64>,
     /// Backend id → (VIP index, backend index); rebuilt whenever `vips`
@@ -154,6 +160,7 @@ impl Daemon {
             vip_rates: HashMap::new(),
             be_rates: HashMap::new(),
             last_sample: Instant::now(),
+            last_alarm: None,
             histograms: HashMap::new(),
             index,
             ct_entries: Arc::new(AtomicU64::new(0)),
@@ -266,10 +273,16 @@ impl Daemon {
         if r.addr != self.vips[vi].backends[bi].cfg.socket_addr() {
             return Ok(()); // about the id's previous holder, queued before a reload
         }
-        self.histograms
-            .entry(id)
-            .or_default()
-            .observe(r.result.latency);
+        // An interim Late report has no result (and no latency) yet.
+        if let Some(result) = &r.result {
+            self.histograms
+                .entry(id)
+                .or_default()
+                .observe(result.latency);
+        }
+        if let ProbeClass::Local(e) = &r.class {
+            self.local_alarm(vi, bi, e, r.snapshot.local_errors);
+        }
         let b = &mut self.vips[vi].backends[bi];
         // The snapshot's state is authoritative: a transition report lost on
         // the way (a task restarted while its report waited for room in the
@@ -290,6 +303,31 @@ impl Daemon {
             return Ok(());
         }
         self.evaluate_vip(vi)
+    }
+
+    /// A probe failed for the load balancer's own reason (out of
+    /// descriptors, buffers, no route from this host): never the backend's
+    /// fault, so it does not count toward `fall`, but the operator must
+    /// know. One `alarm` event per [`ALARM_PERIOD`] at most; every one is
+    /// logged.
+    fn local_alarm(&mut self, vi: usize, bi: usize, e: &crate::health::probe::FailReason, n: u64) {
+        let vip = self.vips[vi].cfg.name.clone();
+        let addr = self.vips[vi].backends[bi].cfg.socket_addr().to_string();
+        let text = format!(
+            "probe of {addr} failed on this host: {e}; not counted against the backend \
+             ({n} local error{} for it so far)",
+            if n == 1 { "" } else { "s" }
+        );
+        warn!(vip = %vip, backend = %addr, "{text}");
+        let now = Instant::now();
+        if self
+            .last_alarm
+            .is_some_and(|t| now.duration_since(t) < ALARM_PERIOD)
+        {
+            return;
+        }
+        self.last_alarm = Some(now);
+        self.event("alarm", Some(&vip), Some(addr), None, None, text, None);
     }
 
     /// Runs the VIP policy over VIP `vi` and applies what changed: backend
@@ -901,19 +939,19 @@ impl Daemon {
             last_transition_reason: snap.and_then(|s| s.last_transition_reason.clone()),
             last_probe: snap.and_then(|s| {
                 let res = s.last_result.as_ref()?;
+                let class = res.class(b.cfg.health.timeout);
                 Some(ProbeStatus {
                     ok: res.outcome.is_ok(),
-                    reason: match &res.outcome {
-                        Ok(ok) => match ok.status {
+                    reason: match (&res.outcome, &class) {
+                        // "answered in 2.5s (slower than timeout 1s)"
+                        (Ok(_), ProbeClass::Slow { .. }) => class.to_string(),
+                        (Ok(ok), _) => match ok.status {
                             Some(code) => format!("ok {code}"),
                             None => "ok".to_string(),
                         },
-                        Err(e) => e.to_string(),
+                        (Err(e), _) => e.to_string(),
                     },
-                    code: match &res.outcome {
-                        Ok(_) => "ok".to_string(),
-                        Err(e) => e.code().to_string(),
-                    },
+                    code: class.code().to_string(),
                     status: res.outcome.as_ref().ok().and_then(|o| o.status),
                     latency_ms: res.latency.as_secs_f64() * 1e3,
                     at_unix_ms: s.last_probe_at.map(instant_ms).unwrap_or(0),

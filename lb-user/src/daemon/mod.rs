@@ -235,6 +235,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     for w in &cfg.warnings {
         warn!("{w}");
     }
+    raise_nofile(&cfg);
     // The control socket first: a second daemon for the same socket stops
     // here, before it touches the maps or the link of the running one.
     let listener = crate::ctl::bind(
@@ -243,6 +244,95 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     )?;
     let daemon = start(config_path, cfg)?;
     daemon.serve(listener).await
+}
+
+/// Descriptors wanted besides probes: maps, links, the control socket and
+/// its clients, metrics connections.
+const NOFILE_RESERVE: u64 = 1024;
+
+/// Descriptors `cfg` may need: every probe holds a socket, and with
+/// hang_timeout a backend can have `ceil(hang_timeout / interval) + 1`
+/// probes in flight, so `probe_concurrency × that + NOFILE_RESERVE`.
+fn nofile_wanted(cfg: &Config) -> u64 {
+    let per_backend = cfg
+        .vips
+        .iter()
+        .flat_map(|v| &v.backends)
+        .map(|b| {
+            let h = &b.health;
+            h.hang_timeout
+                .as_nanos()
+                .div_ceil(h.interval.as_nanos().max(1))
+                + 1
+        })
+        .max()
+        .unwrap_or(1);
+    let per_backend = u64::try_from(per_backend).unwrap_or(u64::MAX);
+    u64::from(cfg.daemon.probe_concurrency)
+        .saturating_mul(per_backend)
+        .saturating_add(NOFILE_RESERVE)
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (systemd's default soft
+/// limit is 1024) and logs what it got: a probe that cannot open a socket is
+/// a local error, not the backend's fault, but it is a probe lost. Never
+/// fails: the daemon runs with whatever it has.
+fn raise_nofile(cfg: &Config) {
+    let wanted = nofile_wanted(cfg);
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit for the duration of the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        warn!(
+            error = %std::io::Error::last_os_error(),
+            "getrlimit(RLIMIT_NOFILE) failed; keeping the descriptor limit as it is"
+        );
+        return;
+    }
+    // An unlimited hard limit cannot be the soft one: the kernel caps it at
+    // fs.nr_open (setrlimit(2), EPERM above it).
+    let nr_open = fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20);
+    let target = lim.rlim_max.min(nr_open);
+    if lim.rlim_cur < target {
+        let raised = libc::rlimit {
+            rlim_cur: target,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit; only the soft limit changed,
+        // within the hard one.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = target;
+        } else {
+            warn!(
+                error = %std::io::Error::last_os_error(),
+                soft = lim.rlim_cur,
+                target,
+                "could not raise RLIMIT_NOFILE"
+            );
+        }
+    }
+    if lim.rlim_cur < wanted {
+        warn!(
+            soft = lim.rlim_cur,
+            hard = lim.rlim_max,
+            wanted,
+            "descriptor limit below what probe_concurrency and hang_timeout may need: probes \
+             may fail with local errors (too many open files); raise the hard limit \
+             (systemd LimitNOFILE=, ulimit -Hn) or lower daemon.probe_concurrency"
+        );
+    } else {
+        info!(
+            soft = lim.rlim_cur,
+            hard = lim.rlim_max,
+            wanted,
+            "descriptor limit"
+        );
+    }
 }
 
 /// Everything up to serving: maps, globals, VIPs, tables, attach.
@@ -345,3 +435,43 @@ pub fn detach(instance: &str) -> anyhow::Result<()> {
 
 /// How often rates are sampled and the state file is refreshed.
 pub const TICK: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nofile_wanted_cases() {
+        let vip = "[[vip]]\nname = \"a\"\naddress = \"10.100.0.1\"\nport = 80\n\
+                   [[vip.backend]]\naddress = \"10.0.0.1\"\n";
+        // (name, extra config, wanted)
+        let cases = [
+            ("no backends", String::new(), 256 + 1024),
+            (
+                "defaults: 3s hang, 2s interval",
+                vip.to_owned(),
+                256 * 3 + 1024,
+            ),
+            (
+                "hang_timeout = timeout",
+                format!("[health_check]\nhang_timeout = \"1s\"\n{vip}"),
+                256 * 2 + 1024,
+            ),
+            (
+                "long hang, small concurrency",
+                format!("[health_check]\ninterval = \"1s\"\nhang_timeout = \"60s\"\n{vip}"),
+                16 * 61 + 1024,
+            ),
+        ];
+        for (name, extra, want) in cases {
+            let concurrency = if name.contains("small") {
+                "probe_concurrency = 16\n"
+            } else {
+                ""
+            };
+            let text = format!("[daemon]\ninterface = \"eth0\"\n{concurrency}{extra}");
+            let cfg = Config::from_str(&text, "xlb.toml").unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(nofile_wanted(&cfg), want, "{name}");
+        }
+    }
+}

@@ -124,11 +124,12 @@ impl Backend {
             interval: spec.interval,
             consecutive_ok: snap.map_or(0, |s| s.consecutive_ok),
             consecutive_fail: snap.map_or(0, |s| s.consecutive_fail),
-            consecutive_slow: 0,
-            latency: snap.and_then(|s| s.last_result.as_ref()).map(|r| r.latency),
+            consecutive_slow: snap.map_or(0, |s| s.consecutive_slow),
+            latency: snap.and_then(HealthSnapshot::current_latency),
             last_fail: snap.and_then(|s| {
-                let code = s.last_result.as_ref()?.outcome.as_ref().err()?.code();
-                Some((code, s.last_transition_reason.clone().unwrap_or_default()))
+                let code = s.last_fail_code?;
+                let text = s.last_transition_reason.clone().unwrap_or_default();
+                Some((code, text))
             }),
         }
     }

@@ -4,14 +4,26 @@
 //! Hysteresis as in HAProxy: one failed probe does not take a backend down,
 //! `fall` consecutive failures do; `rise` consecutive successes bring it back.
 //! A new backend is `Unknown` and takes no new flows until a probe passes.
+//!
+//! Hung versus slow: only [`ProbeClass::Failed`] results count toward `fall`.
+//! A slow answer (`Slow`) counts toward `rise`, since it proves the
+//! application is alive; an interim `Late` report and an error of the load
+//! balancer's own (`Local`) move neither streak. Slowness is tracked on the
+//! side (`consecutive_slow`, latencies) for the per-VIP policy to judge
+//! against the backend's peers, so a fleet slowed down by load is never
+//! taken down probe by probe (seed 003).
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use super::probe::ProbeResult;
+use super::probe::{ProbeClass, ProbeResult};
 use super::spec::CheckSpec;
+
+/// Ok and Slow latencies kept for [`HealthSnapshot::recent_latency`].
+pub const RECENT_LATENCIES: usize = 5;
 
 /// The health of a backend as probes see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,8 +75,44 @@ pub struct HealthSnapshot {
     pub since: Instant,
     /// Why the last transition happened; `None` before the first one.
     pub last_transition_reason: Option<String>,
+    /// The last final probe result (any class; an interim `Late` is not one).
     pub last_result: Option<ProbeResult>,
+    /// When `last_result` came.
     pub last_probe_at: Option<Instant>,
+    /// Late reports since the last `Ok` (a `Slow` final adds nothing: its
+    /// `Late` already did; a `Failed` one does not reset it).
+    pub consecutive_slow: u32,
+    /// The least latency observed over the current slow streak (a `Late`
+    /// counts as `timeout`, a `Slow` as its latency, no complete answer as
+    /// the probe's latency, about `hang_timeout`); `None` when
+    /// `consecutive_slow` is 0.
+    pub streak_latency: Option<Duration>,
+    /// Median of the last [`RECENT_LATENCIES`] `Ok`/`Slow` latencies; `None`
+    /// before the first.
+    pub recent_latency: Option<Duration>,
+    /// [`FailReason::code`](super::probe::FailReason::code) of the last
+    /// `Failed` result (kept after later successes); `None` before the first.
+    pub last_fail_code: Option<&'static str>,
+    /// Probes that failed because of the load balancer itself (`Local`),
+    /// since the backend was added.
+    pub local_errors: u64,
+    /// The text of the last of them.
+    pub last_local_error: Option<String>,
+    /// Probes past `timeout` still waiting for an answer (at most
+    /// `CheckSpec::max_in_flight`).
+    pub late_pending: u32,
+}
+
+impl HealthSnapshot {
+    /// The latency the per-VIP policy compares with the backend's peers:
+    /// `streak_latency` while a slow streak lasts, else `recent_latency`.
+    pub fn current_latency(&self) -> Option<Duration> {
+        if self.consecutive_slow > 0 {
+            self.streak_latency
+        } else {
+            self.recent_latency
+        }
+    }
 }
 
 /// Reason recorded for a state taken over from a previous daemon run.
@@ -84,6 +132,14 @@ pub struct HealthMachine {
     last_result: Option<ProbeResult>,
     last_probe_at: Option<Instant>,
     admin_drained: bool,
+    consecutive_slow: u32,
+    streak_latency: Option<Duration>,
+    /// Oldest first, at most `RECENT_LATENCIES`.
+    recent: VecDeque<Duration>,
+    last_fail_code: Option<&'static str>,
+    local_errors: u64,
+    last_local_error: Option<String>,
+    late_pending: u32,
 }
 
 impl HealthMachine {
@@ -110,6 +166,13 @@ impl HealthMachine {
             last_result: None,
             last_probe_at: None,
             admin_drained: false,
+            consecutive_slow: 0,
+            streak_latency: None,
+            recent: VecDeque::with_capacity(RECENT_LATENCIES),
+            last_fail_code: None,
+            local_errors: 0,
+            last_local_error: None,
+            late_pending: 0,
         }
     }
 
@@ -120,12 +183,77 @@ impl HealthMachine {
         self.fall = fall.max(1);
     }
 
-    /// Feeds one probe result; returns the transition it caused, if any.
-    pub fn observe(&mut self, result: &ProbeResult, now: Instant) -> Option<Transition> {
+    /// Forgets the probes reported late and still waiting: the scheduler
+    /// aborted them (the backend's task restarted).
+    pub fn clear_late_pending(&mut self) {
+        self.late_pending = 0;
+    }
+
+    /// Feeds an interim report: a probe passed `timeout` without a complete
+    /// answer and is still waiting. Not evidence of a failure yet: the hard
+    /// state and its streaks are untouched (an `Unknown` backend stays
+    /// `Unknown` until the final report).
+    pub fn observe_late(&mut self, timeout: Duration) {
+        self.late_pending = self.late_pending.saturating_add(1);
+        self.add_slow(timeout);
+    }
+
+    fn add_slow(&mut self, latency: Duration) {
+        self.consecutive_slow = self.consecutive_slow.saturating_add(1);
+        self.fold_streak_latency(latency);
+    }
+
+    fn fold_streak_latency(&mut self, latency: Duration) {
+        self.streak_latency = Some(self.streak_latency.map_or(latency, |l| l.min(latency)));
+    }
+
+    fn add_recent(&mut self, latency: Duration) {
+        if self.recent.len() == RECENT_LATENCIES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(latency);
+    }
+
+    /// Feeds a probe's final result, classified by
+    /// [`ProbeResult::class`] (a `Late` class is taken as
+    /// [`Self::observe_late`]). `after_late` says whether this probe was
+    /// reported late before. Returns the transition it caused, if any.
+    pub fn observe(
+        &mut self,
+        result: &ProbeResult,
+        class: &ProbeClass,
+        after_late: bool,
+        now: Instant,
+    ) -> Option<Transition> {
+        if let ProbeClass::Late { timeout } = class {
+            // Not a final result: count it as the interim it is.
+            self.observe_late(*timeout);
+            return None;
+        }
+        if after_late {
+            self.late_pending = self.late_pending.saturating_sub(1);
+        }
         self.last_result = Some(result.clone());
         self.last_probe_at = Some(now);
-        let to = match &result.outcome {
-            Ok(_) => {
+        let to = match class {
+            ProbeClass::Late { .. } => None,
+            ProbeClass::Local(fail) => {
+                self.local_errors = self.local_errors.saturating_add(1);
+                self.last_local_error = Some(fail.to_string());
+                None
+            }
+            ProbeClass::Ok | ProbeClass::Slow { .. } => {
+                if matches!(class, ProbeClass::Ok) {
+                    self.consecutive_slow = 0;
+                    self.streak_latency = None;
+                } else if after_late {
+                    self.fold_streak_latency(result.latency);
+                } else {
+                    // Finished just past `timeout`, before the interim
+                    // report could go out: it is its own late report.
+                    self.add_slow(result.latency);
+                }
+                self.add_recent(result.latency);
                 self.consecutive_ok = self.consecutive_ok.saturating_add(1);
                 self.consecutive_fail = 0;
                 match self.state {
@@ -134,7 +262,11 @@ impl HealthMachine {
                     HealthState::Up | HealthState::Down => None,
                 }
             }
-            Err(_) => {
+            ProbeClass::Failed(fail) => {
+                self.last_fail_code = Some(fail.code());
+                if after_late {
+                    self.fold_streak_latency(result.latency);
+                }
                 self.consecutive_fail = self.consecutive_fail.saturating_add(1);
                 self.consecutive_ok = 0;
                 match self.state {
@@ -146,15 +278,15 @@ impl HealthMachine {
                 }
             }
         }?;
-        let reason = match &result.outcome {
-            Ok(_) => {
+        let reason = match class {
+            ProbeClass::Failed(fail) => fail.to_string(),
+            _ => {
                 let n = self.consecutive_ok;
                 format!(
                     "passed {n} consecutive check{}",
                     if n == 1 { "" } else { "s" }
                 )
             }
-            Err(fail) => fail.to_string(),
         };
         let from = self.state;
         self.state = to;
@@ -213,6 +345,13 @@ impl HealthMachine {
             last_transition_reason: self.last_transition_reason.clone(),
             last_result: self.last_result.clone(),
             last_probe_at: self.last_probe_at,
+            consecutive_slow: self.consecutive_slow,
+            streak_latency: self.streak_latency.filter(|_| self.consecutive_slow > 0),
+            recent_latency: median(&self.recent),
+            last_fail_code: self.last_fail_code,
+            local_errors: self.local_errors,
+            last_local_error: self.last_local_error.clone(),
+            late_pending: self.late_pending,
         }
     }
 
@@ -230,6 +369,18 @@ impl HealthMachine {
     /// The delay until the next probe: [`Self::period`] with jitter.
     pub fn next_delay(&self, spec: &CheckSpec, rng: &mut impl Rng) -> Duration {
         jittered(self.period(spec), spec.jitter, rng)
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: &VecDeque<Duration>) -> Option<Duration> {
+    let mut sorted: Vec<Duration> = values.iter().copied().collect();
+    sorted.sort_unstable();
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2]),
+        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2),
     }
 }
 
@@ -288,7 +439,8 @@ mod tests {
             kind: CheckKind::Tcp,
             port: 80,
             interval: Duration::from_secs(2),
-            timeout: Duration::from_secs(1),
+            timeout: TIMEOUT,
+            hang_timeout: HANG,
             rise: 2,
             fall: 3,
             fast_interval: Duration::from_millis(500),
@@ -297,22 +449,73 @@ mod tests {
         }
     }
 
-    /// Feeds `probes` ('+' success, '-' failure), one per mocked second after
-    /// `t0`, and returns (probe index, transition) for each transition.
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    const HANG: Duration = Duration::from_secs(3);
+
+    fn ok_in(latency: Duration) -> ProbeResult {
+        ProbeResult {
+            outcome: Ok(ProbeOk { status: Some(200) }),
+            latency,
+        }
+    }
+
+    /// The hung application: no response within `HANG`.
+    fn hung() -> ProbeResult {
+        ProbeResult {
+            outcome: Err(FailReason::NoResponse { timeout: HANG }),
+            latency: HANG,
+        }
+    }
+
+    fn local() -> ProbeResult {
+        ProbeResult {
+            outcome: Err(FailReason::Local {
+                during: "creating a socket",
+                error: "Too many open files (os error 24)".into(),
+            }),
+            latency: Duration::from_micros(20),
+        }
+    }
+
+    /// One report, as the scheduler sends them with `TIMEOUT` and `HANG`:
+    /// '+' passed in 3 ms, '-' failed (503) in 3 ms, 'L' interim late,
+    /// 's' a late probe answered in 2.5 s, 'h' a late probe with no response
+    /// by `HANG`, 'x' a local error. Returns the transition.
+    fn feed(machine: &mut HealthMachine, c: char, now: Instant) -> Option<Transition> {
+        let (result, after_late) = match c {
+            '+' => (ok(), false),
+            '-' => (fail(), false),
+            'L' => {
+                let before = machine.snapshot().last_probe_at;
+                machine.observe_late(TIMEOUT);
+                assert_eq!(
+                    machine.snapshot().last_probe_at,
+                    before,
+                    "late is not a result"
+                );
+                return None;
+            }
+            's' => (ok_in(Duration::from_millis(2500)), true),
+            'h' => (hung(), true),
+            'x' => (local(), false),
+            other => panic!("bad probe {other:?}"),
+        };
+        let class = result.class(TIMEOUT);
+        let transition = machine.observe(&result, &class, after_late, now);
+        assert_eq!(machine.snapshot().last_probe_at, Some(now));
+        transition
+    }
+
+    /// Feeds `probes` (see [`feed`]), one per mocked second after `t0`, and
+    /// returns (probe index, transition) for each transition.
     fn run(machine: &mut HealthMachine, t0: Instant, probes: &str) -> Vec<(usize, Transition)> {
         let mut transitions = Vec::new();
         for (i, c) in probes.chars().enumerate() {
-            let result = match c {
-                '+' => ok(),
-                '-' => fail(),
-                other => panic!("bad probe {other:?}"),
-            };
             let now = t0 + Duration::from_secs(i as u64 + 1);
-            if let Some(t) = machine.observe(&result, now) {
+            if let Some(t) = feed(machine, c, now) {
                 assert_eq!(machine.since(), now, "since is the transition time");
                 transitions.push((i, t));
             }
-            assert_eq!(machine.snapshot().last_probe_at, Some(now));
         }
         transitions
     }
@@ -527,6 +730,361 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Hung versus slow versus local: which reports move the hard state.
+    #[test]
+    fn slow_hung_local_and_late() {
+        struct Case {
+            name: &'static str,
+            start: HealthState,
+            rise: u32,
+            fall: u32,
+            probes: &'static str,
+            /// (probe index, from, to, reason)
+            want: &'static [(usize, HealthState, HealthState, &'static str)],
+            end: HealthState,
+            /// (consecutive_ok, consecutive_fail, consecutive_slow, late_pending)
+            streaks: (u32, u32, u32, u32),
+        }
+        const HUNG: &str = "connected, no HTTP response within 3s";
+        let fleet = "Ls".repeat(50);
+        let fleet: &'static str = fleet.leak();
+        let cases = [
+            Case {
+                name: "fleet slower than timeout: Late+Slow never takes an Up backend down",
+                start: Up,
+                rise: 2,
+                fall: 3,
+                probes: fleet,
+                want: &[],
+                end: Up,
+                streaks: (50, 0, 50, 0),
+            },
+            Case {
+                name: "fleet slow with rise=fall=1",
+                start: Up,
+                rise: 1,
+                fall: 1,
+                probes: fleet,
+                want: &[],
+                end: Up,
+                streaks: (50, 0, 50, 0),
+            },
+            Case {
+                name: "late then no response within hang_timeout is one failure",
+                start: Up,
+                rise: 2,
+                fall: 3,
+                probes: "Lh",
+                want: &[],
+                end: Up,
+                streaks: (0, 1, 1, 0),
+            },
+            Case {
+                name: "hung: fall failures, each late first",
+                start: Up,
+                rise: 2,
+                fall: 3,
+                probes: "LhLhLh",
+                want: &[(5, Up, Down, HUNG)],
+                end: Down,
+                streaks: (0, 3, 3, 0),
+            },
+            Case {
+                name: "hung with lingering probes: lates interleave with finals",
+                start: Up,
+                rise: 2,
+                fall: 3,
+                probes: "LLhLhLhh",
+                want: &[(6, Up, Down, HUNG)],
+                end: Down,
+                streaks: (0, 4, 4, 0),
+            },
+            Case {
+                name: "a late answer is a failure with hang_timeout = timeout (no Late sent)",
+                start: Up,
+                rise: 2,
+                fall: 2,
+                probes: "--",
+                want: &[(1, Up, Down, FAILED)],
+                end: Down,
+                streaks: (0, 2, 0, 0),
+            },
+            Case {
+                name: "local errors never count",
+                start: Up,
+                rise: 1,
+                fall: 1,
+                probes: "xxxxxxxxxx",
+                want: &[],
+                end: Up,
+                streaks: (0, 0, 0, 0),
+            },
+            Case {
+                name: "local errors neither count nor reset the failure streak",
+                start: Up,
+                rise: 2,
+                fall: 3,
+                probes: "--xx-",
+                want: &[(4, Up, Down, FAILED)],
+                end: Down,
+                streaks: (0, 3, 0, 0),
+            },
+            Case {
+                name: "local errors do not bring a down backend up",
+                start: Down,
+                rise: 1,
+                fall: 1,
+                probes: "xxx",
+                want: &[],
+                end: Down,
+                streaks: (0, 0, 0, 0),
+            },
+            Case {
+                name: "unknown stays unknown on late and local, a slow answer decides",
+                start: Unknown,
+                rise: 3,
+                fall: 3,
+                probes: "LxLs",
+                want: &[(3, Unknown, Up, "passed 1 consecutive check")],
+                end: Up,
+                streaks: (1, 0, 2, 1),
+            },
+            Case {
+                name: "unknown, late then hung",
+                start: Unknown,
+                rise: 3,
+                fall: 3,
+                probes: "Lh",
+                want: &[(1, Unknown, Down, HUNG)],
+                end: Down,
+                streaks: (0, 1, 1, 0),
+            },
+            Case {
+                name: "slow answers bring a down backend up",
+                start: Down,
+                rise: 2,
+                fall: 3,
+                probes: "LsLs",
+                want: &[(3, Down, Up, "passed 2 consecutive checks")],
+                end: Up,
+                streaks: (2, 0, 2, 0),
+            },
+            Case {
+                name: "a slow answer resets the failure streak",
+                start: Up,
+                rise: 2,
+                fall: 3,
+                probes: "--Ls--",
+                want: &[],
+                end: Up,
+                streaks: (0, 2, 1, 0),
+            },
+            Case {
+                name: "late resets nothing: failures go on counting",
+                start: Up,
+                rise: 2,
+                fall: 3,
+                probes: "--L-",
+                want: &[(3, Up, Down, FAILED)],
+                end: Down,
+                streaks: (0, 3, 1, 1),
+            },
+            Case {
+                name: "late resets nothing: successes go on counting",
+                start: Down,
+                rise: 2,
+                fall: 3,
+                probes: "+L+",
+                want: &[(2, Down, Up, "passed 2 consecutive checks")],
+                end: Up,
+                streaks: (2, 0, 0, 1),
+            },
+            Case {
+                name: "an ok resets the slow streak, a failure does not",
+                start: Up,
+                rise: 2,
+                fall: 3,
+                probes: "LsLs+Ls-",
+                want: &[],
+                end: Up,
+                streaks: (0, 1, 1, 0),
+            },
+        ];
+        for case in cases {
+            let t0 = Instant::now();
+            let mut machine = HealthMachine::adopted(case.start, case.rise, case.fall, t0);
+            let got = run(&mut machine, t0, case.probes);
+            let want: Vec<_> = case
+                .want
+                .iter()
+                .map(|&(i, from, to, reason)| {
+                    (
+                        i,
+                        Transition {
+                            from,
+                            to,
+                            reason: reason.to_owned(),
+                        },
+                    )
+                })
+                .collect();
+            assert_eq!(got, want, "case {:?}", case.name);
+            assert_eq!(machine.state(), case.end, "case {:?}", case.name);
+            let snap = machine.snapshot();
+            assert_eq!(
+                (
+                    snap.consecutive_ok,
+                    snap.consecutive_fail,
+                    snap.consecutive_slow,
+                    snap.late_pending
+                ),
+                case.streaks,
+                "case {:?}: (ok, fail, slow, late_pending)",
+                case.name
+            );
+            let locals = case.probes.matches('x').count() as u64;
+            assert_eq!(snap.local_errors, locals, "case {:?}", case.name);
+        }
+    }
+
+    #[test]
+    fn latencies_and_codes() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut clock = t0;
+        let mut tick = || {
+            clock += Duration::from_secs(1);
+            clock
+        };
+        let mut m = HealthMachine::adopted(Up, 2, 3, t0);
+        let empty = m.snapshot();
+        assert_eq!(
+            (
+                empty.recent_latency,
+                empty.streak_latency,
+                empty.current_latency()
+            ),
+            (None, None, None),
+            "nothing measured yet"
+        );
+        let mut observe = |m: &mut HealthMachine, result: ProbeResult, after_late: bool| {
+            let class = result.class(TIMEOUT);
+            m.observe(&result, &class, after_late, tick())
+        };
+
+        for latency in [ms(10), ms(30), ms(20)] {
+            observe(&mut m, ok_in(latency), false);
+        }
+        let s = m.snapshot();
+        assert_eq!(s.recent_latency, Some(ms(20)), "median of three");
+        assert_eq!(s.current_latency(), Some(ms(20)), "no slow streak: recent");
+        assert_eq!(s.streak_latency, None);
+
+        m.observe_late(TIMEOUT);
+        let s = m.snapshot();
+        assert_eq!((s.consecutive_slow, s.late_pending), (1, 1));
+        assert_eq!(
+            s.streak_latency,
+            Some(TIMEOUT),
+            "a Late counts as the timeout"
+        );
+        assert_eq!(
+            s.current_latency(),
+            Some(TIMEOUT),
+            "slow streak: streak latency"
+        );
+        assert_eq!(
+            s.recent_latency,
+            Some(ms(20)),
+            "a Late is not a latency yet"
+        );
+
+        observe(&mut m, ok_in(ms(2500)), true);
+        let s = m.snapshot();
+        assert_eq!(
+            (s.consecutive_slow, s.late_pending),
+            (1, 0),
+            "a Slow adds nothing"
+        );
+        assert_eq!(s.streak_latency, Some(TIMEOUT), "the least over the streak");
+        assert_eq!(
+            s.recent_latency,
+            Some(ms(25)),
+            "median of 10, 20, 30, 2500 ms"
+        );
+        assert_eq!(
+            s.last_result.as_ref().map(|r| r.class(TIMEOUT).to_string()),
+            Some("answered in 2.5s (slower than timeout 1s)".to_owned())
+        );
+
+        // Finished past the timeout before the Late could be sent: it is
+        // its own late report.
+        observe(&mut m, ok_in(ms(1200)), false);
+        let s = m.snapshot();
+        assert_eq!((s.consecutive_slow, s.late_pending), (2, 0));
+        assert_eq!(s.streak_latency, Some(TIMEOUT));
+
+        observe(&mut m, ok_in(ms(5)), false);
+        let s = m.snapshot();
+        assert_eq!(
+            (s.consecutive_slow, s.streak_latency),
+            (0, None),
+            "an Ok ends the streak"
+        );
+        // The last five: 30, 20, 2500, 1200, 5 ms.
+        assert_eq!(s.recent_latency, Some(ms(30)));
+        assert_eq!(s.current_latency(), Some(ms(30)));
+        assert_eq!(s.last_fail_code, None);
+
+        // A streak that starts with a slow answer measures its latency.
+        observe(&mut m, ok_in(ms(1500)), false);
+        assert_eq!(m.snapshot().streak_latency, Some(ms(1500)));
+
+        observe(&mut m, fail(), false);
+        observe(&mut m, ok(), false);
+        let s = m.snapshot();
+        assert_eq!(
+            s.last_fail_code,
+            Some("unexpected_status"),
+            "kept after a success"
+        );
+        m.observe_late(TIMEOUT);
+        observe(&mut m, hung(), true);
+        let s = m.snapshot();
+        assert_eq!(s.last_fail_code, Some("no_response"));
+        assert_eq!(s.consecutive_fail, 1);
+        // The last five Ok/Slow: 2500, 1200, 5, 1500, 3 ms; failures add none.
+        assert_eq!(
+            s.recent_latency,
+            Some(ms(1200)),
+            "failures are not latencies"
+        );
+
+        observe(&mut m, local(), false);
+        let s = m.snapshot();
+        assert_eq!(s.local_errors, 1);
+        assert_eq!(
+            s.last_local_error.as_deref(),
+            Some(
+                "local error, not the backend's fault: Too many open files (os error 24) \
+                 while creating a socket"
+            )
+        );
+        assert_eq!(
+            s.last_fail_code,
+            Some("no_response"),
+            "local errors are not failures"
+        );
+        assert_eq!(s.consecutive_fail, 1, "local errors are not failures");
+
+        // A restarted task's lingering probes are forgotten.
+        m.observe_late(TIMEOUT);
+        m.observe_late(TIMEOUT);
+        assert_eq!(m.snapshot().late_pending, 2);
+        m.clear_late_pending();
+        assert_eq!(m.snapshot().late_pending, 0);
     }
 
     #[test]

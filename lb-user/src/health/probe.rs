@@ -4,15 +4,24 @@
 //! dripping bytes, sending endless bodies, lying about framing), so every read
 //! is bounded in size and the whole probe in time: at most [`HEADER_LIMIT`]
 //! bytes of headers and [`BODY_LIMIT`] bytes of body are ever read, and
-//! nothing outlives `spec.timeout`. Redirects are never followed.
+//! nothing outlives `spec.hang_timeout`. Redirects are never followed.
+//!
+//! A probe does not stop at `spec.timeout`: a backend that answers late but
+//! completely is slow, not hung, and telling the two apart is what keeps a
+//! fleet slowed down by load from being ejected node by node (seed 003). The
+//! verdict is classified against `timeout` afterwards ([`ProbeClass`]); the
+//! scheduler reports `Late` when `timeout` passes without one.
 
 use std::fmt;
+use std::future::{Future as _, poll_fn};
 use std::io;
 use std::net::SocketAddr;
+use std::pin::pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout_at};
 
 use super::spec::{CheckKind, CheckSpec, HttpCheck};
@@ -46,7 +55,7 @@ pub struct ProbeOk {
 }
 
 /// The outcome of one probe and how long it took (until the verdict: for a
-/// failure by timeout this is about `spec.timeout`).
+/// failure by timeout this is about `spec.hang_timeout`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeResult {
     pub outcome: Result<ProbeOk, FailReason>,
@@ -56,6 +65,89 @@ pub struct ProbeResult {
 impl ProbeResult {
     pub fn is_ok(&self) -> bool {
         self.outcome.is_ok()
+    }
+
+    /// What this final result means for the backend, judged against the
+    /// check's `timeout`: a pass after it is [`ProbeClass::Slow`], an error
+    /// of the load balancer's own is [`ProbeClass::Local`].
+    pub fn class(&self, timeout: Duration) -> ProbeClass {
+        match &self.outcome {
+            Ok(_) if self.latency > timeout => ProbeClass::Slow {
+                latency: self.latency,
+                timeout,
+            },
+            Ok(_) => ProbeClass::Ok,
+            Err(fail @ FailReason::Local { .. }) => ProbeClass::Local(fail.clone()),
+            Err(fail) => ProbeClass::Failed(fail.clone()),
+        }
+    }
+}
+
+/// What a probe report says about the backend. Only `Failed` counts toward
+/// `fall`; `Ok` and `Slow` count toward `rise` (a slow answer proves the
+/// application is alive); `Late` and `Local` move neither streak.
+/// `Display` is the text for operators, [`ProbeClass::code`] the stable id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeClass {
+    /// A complete, passing response within `timeout`.
+    Ok,
+    /// Interim, never final: `timeout` passed without a complete response
+    /// and the probe goes on until `hang_timeout`. Its latency is at least
+    /// `timeout`.
+    Late { timeout: Duration },
+    /// A complete, passing response after `timeout` (within `hang_timeout`).
+    /// Not a failure.
+    Slow {
+        latency: Duration,
+        timeout: Duration,
+    },
+    /// The backend failed the check (refused, reset, closed, malformed, bad
+    /// status or body, no complete response within `hang_timeout`, invalid
+    /// check). Counts toward `fall`.
+    Failed(FailReason),
+    /// The load balancer's own fault (always [`FailReason::Local`]): out of
+    /// descriptors or buffers, no route from this host. Never counts toward
+    /// `fall`; raise an alarm instead.
+    Local(FailReason),
+}
+
+impl ProbeClass {
+    /// Stable snake_case identifier: `ok`, `late`, `slow`, `local_error`, or
+    /// the failure's [`FailReason::code`].
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Late { .. } => "late",
+            Self::Slow { .. } => "slow",
+            Self::Failed(fail) | Self::Local(fail) => fail.code(),
+        }
+    }
+
+    /// Whether this is a final verdict of a failed check (counts toward `fall`).
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Self::Failed(_))
+    }
+}
+
+impl fmt::Display for ProbeClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ok => f.write_str("ok"),
+            Self::Late { timeout } => {
+                write!(
+                    f,
+                    "no complete answer within timeout {} yet",
+                    Compact(*timeout)
+                )
+            }
+            Self::Slow { latency, timeout } => write!(
+                f,
+                "answered in {} (slower than timeout {})",
+                Compact(*latency),
+                Compact(*timeout)
+            ),
+            Self::Failed(fail) | Self::Local(fail) => fail.fmt(f),
+        }
     }
 }
 
@@ -69,15 +161,16 @@ pub enum FailReason {
     /// The backend reset the connection at any point of the exchange.
     #[error("connection reset")]
     ConnectionReset,
-    /// No handshake within the deadline: host down, packets dropped, or an
-    /// accept queue overflowing.
+    /// No handshake within `hang_timeout` (the field): host down, packets
+    /// dropped, or an accept queue overflowing.
     #[error("connect timeout after {}", Compact(*.timeout))]
     ConnectTimeout { timeout: Duration },
-    /// The kernel completed the handshake but not one byte of response came:
-    /// the application is hung (e.g. a blocked Node.js event loop).
+    /// The kernel completed the handshake but not one byte of response came
+    /// within `hang_timeout` (the field): the application is hung (e.g. a
+    /// blocked Node.js event loop).
     #[error("connected, no HTTP response within {}", Compact(*.timeout))]
     NoResponse { timeout: Duration },
-    /// Some bytes came, but not a complete response by the deadline.
+    /// Some bytes came, but not a complete response within `hang_timeout`.
     #[error("response incomplete within {} ({received} bytes received)", Compact(*.timeout))]
     Incomplete { timeout: Duration, received: usize },
     /// The backend closed the connection before the response was complete.
@@ -95,9 +188,17 @@ pub enum FailReason {
     /// The check itself cannot be sent (see `HttpCheck::validate`).
     #[error("invalid check: {reason}")]
     InvalidCheck { reason: String },
-    /// Any other socket error (e.g. no route to host).
+    /// Any other socket error (e.g. an ICMP "no route to host" from a router
+    /// on the way).
     #[error("I/O error while {during}: {error}")]
     Io { during: &'static str, error: String },
+    /// The load balancer could not probe: out of file descriptors (EMFILE,
+    /// ENFILE), socket buffers or memory (ENOBUFS, ENOMEM), local ports
+    /// (EADDRNOTAVAIL), or no route from this host (ENETUNREACH,
+    /// EHOSTUNREACH returned by `connect(2)` itself). Says nothing about the
+    /// backend: never counts toward `fall` (see [`ProbeClass::Local`]).
+    #[error("local error, not the backend's fault: {error} while {during}")]
+    Local { during: &'static str, error: String },
 }
 
 fn closed_text(received: usize) -> String {
@@ -123,6 +224,7 @@ impl FailReason {
             Self::BodyMismatch { .. } => "body_mismatch",
             Self::InvalidCheck { .. } => "invalid_check",
             Self::Io { .. } => "io_error",
+            Self::Local { .. } => "local_error",
         }
     }
 
@@ -166,16 +268,20 @@ impl fmt::Display for Compact {
 }
 
 /// Probes `addr` (exactly that address and port) as `spec.kind` says, within
-/// `spec.timeout` for the whole exchange. Never panics and never reads more
-/// than `HEADER_LIMIT + BODY_LIMIT` (plus chunk framing) bytes.
+/// `spec.hang_timeout` for the whole exchange (classify the result against
+/// `spec.timeout` with [`ProbeResult::class`]). Never panics and never reads
+/// more than `HEADER_LIMIT + BODY_LIMIT` (plus chunk framing) bytes.
 pub async fn probe(addr: SocketAddr, spec: &CheckSpec) -> ProbeResult {
     let start = Instant::now();
-    let deadline = start + spec.timeout;
+    // A spec built by hand with hang_timeout < timeout still gets a verdict
+    // by `timeout`, as before hang_timeout existed.
+    let limit = spec.hang_timeout.max(spec.timeout);
+    let deadline = start + limit;
     let outcome = match &spec.kind {
-        CheckKind::Tcp => connect(addr, deadline, spec.timeout)
+        CheckKind::Tcp => connect(addr, deadline, limit)
             .await
             .map(|_stream| ProbeOk { status: None }),
-        CheckKind::Http(http) => http_probe(addr, http, deadline, spec.timeout).await,
+        CheckKind::Http(http) => http_probe(addr, http, deadline, limit).await,
     };
     ProbeResult {
         outcome,
@@ -188,19 +294,63 @@ async fn connect(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<TcpStream, FailReason> {
-    match timeout_at(deadline, TcpStream::connect(addr)).await {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4(),
+        SocketAddr::V6(_) => TcpSocket::new_v6(),
+    }
+    .map_err(|e| io_fail(e, "creating a socket"))?;
+    // `connect(2)` runs in the first poll: an error there is this host's
+    // own answer (no route in our table, no local port), not the network's.
+    // Later errors come from the peer or a router (SO_ERROR).
+    let mut connecting = pin!(socket.connect(addr));
+    let first = poll_fn(|cx| Poll::Ready(connecting.as_mut().poll(cx))).await;
+    let result = match first {
+        Poll::Ready(Err(e)) => return Err(connect_fail(e, true, timeout)),
+        Poll::Ready(Ok(stream)) => Ok(Ok(stream)),
+        Poll::Pending => timeout_at(deadline, connecting).await,
+    };
+    match result {
         Err(_elapsed) => Err(FailReason::ConnectTimeout { timeout }),
-        // The kernel gives up on SYN retries only after minutes, but if it
-        // does first, it is the same condition.
-        Ok(Err(e)) if e.kind() == io::ErrorKind::TimedOut => {
-            Err(FailReason::ConnectTimeout { timeout })
-        }
-        Ok(Err(e)) => Err(io_fail(e, "connecting")),
+        Ok(Err(e)) => Err(connect_fail(e, false, timeout)),
         Ok(Ok(stream)) => Ok(stream),
     }
 }
 
+fn connect_fail(e: io::Error, synchronous: bool, timeout: Duration) -> FailReason {
+    // The kernel gives up on SYN retries only after minutes, but if it
+    // does first, it is the same condition.
+    if e.kind() == io::ErrorKind::TimedOut {
+        return FailReason::ConnectTimeout { timeout };
+    }
+    let no_route = matches!(
+        e.raw_os_error(),
+        Some(libc::ENETUNREACH | libc::EHOSTUNREACH)
+    );
+    if synchronous && no_route {
+        return FailReason::Local {
+            during: "connecting (no route from this host)",
+            error: e.to_string(),
+        };
+    }
+    io_fail(e, "connecting")
+}
+
+/// Whether `errno` is this host running out of something: the probe says
+/// nothing about the backend.
+fn is_local_errno(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL
+    )
+}
+
 fn io_fail(e: io::Error, during: &'static str) -> FailReason {
+    if e.raw_os_error().is_some_and(is_local_errno) {
+        return FailReason::Local {
+            during,
+            error: e.to_string(),
+        };
+    }
     match e.kind() {
         io::ErrorKind::ConnectionRefused => FailReason::ConnectionRefused,
         // EPIPE on a TCP socket means the peer's RST already arrived (a FIN
@@ -661,7 +811,7 @@ mod tests {
     use tokio::net::{TcpListener, TcpSocket};
 
     use super::super::testutil::{
-        Server, closed_port, http_check, http_spec, read_request, silent_listener,
+        Server, closed_port, http_check, http_spec, http_spec_hang, read_request, silent_listener,
     };
     use super::*;
 
@@ -675,9 +825,9 @@ mod tests {
         let result = probe(addr, spec).await;
         let elapsed = start.elapsed();
         assert!(
-            elapsed < spec.timeout + MARGIN,
-            "probe took {elapsed:?} with timeout {:?}: {result:?}",
-            spec.timeout
+            elapsed < spec.hang_timeout + MARGIN,
+            "probe took {elapsed:?} with hang_timeout {:?}: {result:?}",
+            spec.hang_timeout
         );
         assert!(
             result.latency <= elapsed,
@@ -782,11 +932,230 @@ mod tests {
                 "I/O error while connecting: No route to host",
                 "io_error",
             ),
+            (
+                FailReason::Local {
+                    during: "creating a socket",
+                    error: "Too many open files (os error 24)".into(),
+                },
+                "local error, not the backend's fault: Too many open files (os error 24) while \
+                 creating a socket",
+                "local_error",
+            ),
         ];
         for (reason, text, code) in cases {
             assert_eq!(reason.to_string(), *text, "{reason:?}");
             assert_eq!(reason.code(), *code, "{reason:?}");
         }
+    }
+
+    #[test]
+    fn probe_class_text_and_code() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let result = |outcome, latency| ProbeResult { outcome, latency };
+        let passed = Ok(ProbeOk { status: Some(200) });
+        let local = FailReason::Local {
+            during: "connecting",
+            error: "Cannot assign requested address (os error 99)".into(),
+        };
+        // (name, result, timeout, class, text, code)
+        let cases = [
+            (
+                "within timeout",
+                result(passed.clone(), ms(3)),
+                s(1),
+                ProbeClass::Ok,
+                "ok",
+                "ok",
+            ),
+            (
+                "exactly the timeout",
+                result(passed.clone(), s(1)),
+                s(1),
+                ProbeClass::Ok,
+                "ok",
+                "ok",
+            ),
+            (
+                "slower than timeout",
+                result(passed.clone(), ms(2500)),
+                s(1),
+                ProbeClass::Slow {
+                    latency: ms(2500),
+                    timeout: s(1),
+                },
+                "answered in 2.5s (slower than timeout 1s)",
+                "slow",
+            ),
+            (
+                "no response within hang_timeout",
+                result(Err(FailReason::NoResponse { timeout: s(3) }), s(3)),
+                s(1),
+                ProbeClass::Failed(FailReason::NoResponse { timeout: s(3) }),
+                "connected, no HTTP response within 3s",
+                "no_response",
+            ),
+            (
+                "a fast failure",
+                result(Err(FailReason::ConnectionRefused), ms(1)),
+                s(1),
+                ProbeClass::Failed(FailReason::ConnectionRefused),
+                "connection refused",
+                "connection_refused",
+            ),
+            (
+                "local error",
+                result(Err(local.clone()), ms(1)),
+                s(1),
+                ProbeClass::Local(local.clone()),
+                "local error, not the backend's fault: Cannot assign requested address \
+                 (os error 99) while connecting",
+                "local_error",
+            ),
+        ];
+        for (name, result, timeout, class, text, code) in cases {
+            let got = result.class(timeout);
+            assert_eq!(got, class, "{name}");
+            assert_eq!(got.to_string(), text, "{name}");
+            assert_eq!(got.code(), code, "{name}");
+            assert_eq!(
+                got.is_failure(),
+                matches!(got, ProbeClass::Failed(_)),
+                "{name}"
+            );
+        }
+        let late = ProbeClass::Late { timeout: s(1) };
+        assert_eq!(late.to_string(), "no complete answer within timeout 1s yet");
+        assert_eq!(late.code(), "late");
+        assert!(!late.is_failure());
+    }
+
+    /// Which socket errors are the load balancer's own: resource exhaustion
+    /// anywhere, no route only when `connect(2)` itself says so.
+    #[test]
+    fn local_errors_are_classified() {
+        let err = io::Error::from_raw_os_error;
+        let t = Duration::from_secs(3);
+        // (name, errno, synchronous, code)
+        let cases = [
+            ("EMFILE", libc::EMFILE, true, "local_error"),
+            ("ENFILE", libc::ENFILE, false, "local_error"),
+            ("ENOBUFS", libc::ENOBUFS, false, "local_error"),
+            ("ENOMEM", libc::ENOMEM, true, "local_error"),
+            ("EADDRNOTAVAIL", libc::EADDRNOTAVAIL, true, "local_error"),
+            (
+                "ENETUNREACH from connect(2)",
+                libc::ENETUNREACH,
+                true,
+                "local_error",
+            ),
+            (
+                "EHOSTUNREACH from connect(2)",
+                libc::EHOSTUNREACH,
+                true,
+                "local_error",
+            ),
+            (
+                "EHOSTUNREACH from the network",
+                libc::EHOSTUNREACH,
+                false,
+                "io_error",
+            ),
+            (
+                "ENETUNREACH from the network",
+                libc::ENETUNREACH,
+                false,
+                "io_error",
+            ),
+            (
+                "ECONNREFUSED",
+                libc::ECONNREFUSED,
+                true,
+                "connection_refused",
+            ),
+            ("ECONNRESET", libc::ECONNRESET, false, "connection_reset"),
+            ("ETIMEDOUT", libc::ETIMEDOUT, false, "connect_timeout"),
+        ];
+        for (name, errno, synchronous, code) in cases {
+            assert_eq!(
+                connect_fail(err(errno), synchronous, t).code(),
+                code,
+                "{name}"
+            );
+        }
+        assert_eq!(
+            io_fail(err(libc::EMFILE), "reading the response").code(),
+            "local_error"
+        );
+        assert_eq!(
+            io_fail(err(libc::EHOSTUNREACH), "reading the response").code(),
+            "io_error"
+        );
+    }
+
+    /// A backend answering after 2.5 × timeout, within hang_timeout: a pass,
+    /// slow, with its latency.
+    #[tokio::test]
+    async fn late_answer_within_hang_timeout_is_slow() {
+        let timeout = Duration::from_millis(200);
+        let server = Server::canned_delayed(
+            timeout * 5 / 2,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        )
+        .await;
+        let spec = http_spec_hang(server.addr.port(), timeout, timeout * 3);
+        let result = timed_probe(server.addr, &spec).await;
+        assert_eq!(result.outcome, Ok(ProbeOk { status: Some(200) }));
+        assert!(
+            result.latency >= timeout * 5 / 2 && result.latency < timeout * 3,
+            "latency {:?}",
+            result.latency
+        );
+        let class = result.class(timeout);
+        assert_eq!(class.code(), "slow");
+        assert!(
+            class.to_string().starts_with("answered in 50")
+                && class
+                    .to_string()
+                    .ends_with("ms (slower than timeout 200ms)"),
+            "{class}"
+        );
+    }
+
+    /// The old behaviour, kept by hang_timeout = timeout: a late answer is
+    /// a failure at the timeout.
+    #[tokio::test]
+    async fn hang_timeout_equal_to_timeout_fails_a_late_answer() {
+        let timeout = Duration::from_millis(200);
+        let server = Server::canned_delayed(timeout * 5 / 2, b"HTTP/1.1 200 OK\r\n\r\n").await;
+        let spec = http_spec_hang(server.addr.port(), timeout, timeout);
+        let result = timed_probe(server.addr, &spec).await;
+        assert_eq!(result.outcome, Err(FailReason::NoResponse { timeout }));
+        assert!(result.latency < timeout * 2, "latency {:?}", result.latency);
+        assert_eq!(result.class(timeout).code(), "no_response");
+    }
+
+    /// A hung application is a failure only at hang_timeout, and says so.
+    #[tokio::test]
+    async fn silent_backend_fails_at_hang_timeout() {
+        let timeout = Duration::from_millis(100);
+        let hang = Duration::from_millis(300);
+        let listener = silent_listener();
+        let addr = listener.local_addr().expect("local_addr");
+        let result = timed_probe(addr, &http_spec_hang(addr.port(), timeout, hang)).await;
+        assert_eq!(
+            result.outcome,
+            Err(FailReason::NoResponse { timeout: hang })
+        );
+        assert_eq!(
+            result.class(timeout).to_string(),
+            "connected, no HTTP response within 300ms"
+        );
+        assert!(
+            result.latency >= hang,
+            "verdict before hang_timeout: {:?}",
+            result.latency
+        );
     }
 
     #[test]

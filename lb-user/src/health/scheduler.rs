@@ -1,20 +1,29 @@
 //! Runs the probes: one Tokio task per backend, at most `max_concurrent`
-//! probes in flight at once, a [`Report`] after every probe.
+//! probes in flight at once, a [`Report`] after every probe's verdict and an
+//! interim `Late` report when a probe passes `timeout` without one.
 //!
 //! A slow or hostile backend cannot stall the others: each probe is bounded by
-//! its spec's timeout, each backend sleeps and probes in its own task, and the
-//! concurrency permit is held only while probing.
+//! its spec's `hang_timeout`, each backend sleeps and probes in its own task,
+//! and the concurrency permit is held only while probing.
+//!
+//! A late probe lingers (until its answer or `hang_timeout`) in a task of its
+//! own, owned by the backend's task, while the backend's next probe starts on
+//! schedule: a hung backend is probed, and reported late, at the same cadence
+//! as a healthy one, which is what lets the per-VIP policy tell one hung
+//! backend from a fleet slowed down by load. Aborting the backend's task
+//! (upsert, remove, drop) aborts its lingering probes with it.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, mpsc};
-use tokio::task::JoinHandle;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::machine::{HealthMachine, HealthSnapshot, HealthState, Transition, initial_delay};
-use super::probe::{ProbeResult, probe};
+use super::probe::{ProbeClass, ProbeResult, probe};
 use super::spec::CheckSpec;
 
 /// Probes in flight at once unless configured otherwise: enough for 1,000
@@ -24,13 +33,18 @@ pub const DEFAULT_MAX_CONCURRENT: usize = 256;
 /// Reports buffered before backend tasks wait for the receiver.
 const REPORT_QUEUE: usize = 1024;
 
-/// Sent after every probe.
+/// Sent after every probe's verdict, and once before it when the probe
+/// passes `timeout` without one (`class` = `Late`, `result` = `None`).
 #[derive(Clone, Debug)]
 pub struct Report {
     pub id: u64,
     /// The backend address given to [`Scheduler::upsert`].
     pub addr: SocketAddr,
-    pub result: ProbeResult,
+    /// What this report says about the backend: log `Slow` answers, raise
+    /// an alarm on `Local` errors.
+    pub class: ProbeClass,
+    /// The probe's final result; `None` in an interim `Late` report.
+    pub result: Option<ProbeResult>,
     /// Set when this probe changed the health state. Log it and update the
     /// data plane; nothing else is needed.
     pub transition: Option<Transition>,
@@ -142,6 +156,8 @@ impl Scheduler {
                         entry.machine.set_admin_drained(drained);
                     } else {
                         entry.machine.set_thresholds(spec.rise, spec.fall);
+                        // The old task's lingering probes die with it.
+                        entry.machine.clear_late_pending();
                     }
                 }
                 None => {
@@ -221,58 +237,151 @@ struct BackendTask {
     tx: mpsc::Sender<Report>,
 }
 
-async fn run_backend(task: BackendTask) {
-    let BackendTask {
-        id,
-        generation,
-        addr,
-        spec,
-        shared,
-        semaphore,
-        tx,
-    } = task;
-    let target = SocketAddr::new(addr.ip(), spec.port);
-    let first = initial_delay(&spec, &mut rand::thread_rng());
-    tokio::time::sleep(first).await;
-    loop {
-        let started = tokio::time::Instant::now();
-        let result = {
-            // The semaphore is never closed; if it were, stop quietly.
-            let Ok(_permit) = semaphore.acquire().await else {
-                return;
-            };
-            probe(target, &spec).await
+impl BackendTask {
+    /// Feeds one report to the state machine (`result` = `None`: the
+    /// interim `Late`). Returns what to send and the delay until the next
+    /// probe, or `None` if the backend was removed or its task restarted
+    /// (then this task must stop: its results are stale).
+    fn update(
+        &self,
+        class: &ProbeClass,
+        result: Option<&ProbeResult>,
+        after_late: bool,
+    ) -> Option<(Option<Transition>, HealthSnapshot, Duration)> {
+        let mut map = lock(&self.shared);
+        let entry = map
+            .get_mut(&self.id)
+            .filter(|e| e.generation == self.generation)?;
+        let transition = match result {
+            Some(result) => entry
+                .machine
+                .observe(result, class, after_late, Instant::now()),
+            None => {
+                entry.machine.observe_late(self.spec.timeout);
+                None
+            }
         };
-        let (transition, snapshot, delay) = {
-            let mut map = lock(&shared);
-            let Some(entry) = map.get_mut(&id).filter(|e| e.generation == generation) else {
-                // Removed or restarted while this probe ran.
-                return;
-            };
-            let transition = entry.machine.observe(&result, Instant::now());
-            let delay = entry.machine.next_delay(&spec, &mut rand::thread_rng());
-            (transition, entry.machine.snapshot(), delay)
-        };
+        let delay = entry
+            .machine
+            .next_delay(&self.spec, &mut rand::thread_rng());
+        Some((transition, entry.machine.snapshot(), delay))
+    }
+
+    async fn send(
+        &self,
+        class: ProbeClass,
+        result: Option<ProbeResult>,
+        transition: Option<Transition>,
+        snapshot: HealthSnapshot,
+    ) {
         let report = Report {
-            id,
-            addr,
+            id: self.id,
+            addr: self.addr,
+            class,
             result,
             transition,
             snapshot,
         };
         // A dropped receiver is not a reason to stop: snapshots stay useful.
-        let _ = tx.send(report).await;
+        let _ = self.tx.send(report).await;
+    }
+}
+
+async fn run_backend(task: BackendTask) {
+    let task = Arc::new(task);
+    let target = SocketAddr::new(task.addr.ip(), task.spec.port);
+    let max_in_flight = task.spec.max_in_flight();
+    // Dropped with this future when the task is aborted, which aborts every
+    // probe still in it.
+    let mut in_flight = JoinSet::new();
+    let first = initial_delay(&task.spec, &mut rand::thread_rng());
+    tokio::time::sleep(first).await;
+    loop {
+        while in_flight.try_join_next().is_some() {}
+        // Bounded per backend as well as overall: with a short period and a
+        // long hang_timeout, wait for the oldest probe rather than pile up.
+        while in_flight.len() >= max_in_flight {
+            in_flight.join_next().await;
+        }
+        let started = tokio::time::Instant::now();
+        // The semaphore is never closed; if it were, stop quietly.
+        let Ok(permit) = Arc::clone(&task.semaphore).acquire_owned().await else {
+            return;
+        };
+        let (first_word, first_word_rx) = oneshot::channel();
+        in_flight.spawn(probe_once(Arc::clone(&task), target, permit, first_word));
+        // The probe's verdict, or its Late report, gives the next delay.
+        let Ok(delay) = first_word_rx.await else {
+            // Removed or restarted while this probe ran.
+            return;
+        };
         // Periods run from the start of each probe, so a hang is confirmed
         // within interval + (fall − 1) × max(fast_interval, timeout) +
-        // timeout (fast_interval ≤ interval by default), not fall ×
-        // (interval + timeout). A probe
-        // never overlaps the next: validation keeps timeout ≤ interval, and
-        // a probe that overran (waiting for a permit) is followed by at least
-        // a tenth of the period of rest, so a hung backend is never probed
-        // back to back.
+        // hang_timeout (fast_interval ≤ interval by default), not fall ×
+        // (interval + hang_timeout): a late probe lingers on its own and
+        // does not hold up the next one. A probe that overran (waiting for a
+        // permit, or past a fast_interval shorter than timeout) is followed
+        // by at least a tenth of the period of rest, so a hung backend is
+        // never probed back to back.
         let next = (started + delay).max(tokio::time::Instant::now() + delay / 10);
         tokio::time::sleep_until(next).await;
     }
+}
+
+/// One probe: holds its permit to the end, sends `Late` (and the next delay
+/// on `first_word`) when `timeout` passes without a verdict, then the final
+/// report (and the delay, if not sent yet).
+async fn probe_once(
+    task: Arc<BackendTask>,
+    target: SocketAddr,
+    permit: OwnedSemaphorePermit,
+    first_word: oneshot::Sender<Duration>,
+) {
+    let _permit = permit;
+    let spec = &task.spec;
+    let mut probing = pin!(probe(target, spec));
+    let mut first_word = Some(first_word);
+    let late_at = tokio::time::Instant::now() + spec.timeout;
+    // With hang_timeout = timeout the verdict comes at timeout: no interim.
+    let early = if spec.hang_timeout > spec.timeout {
+        tokio::time::timeout_at(late_at, probing.as_mut())
+            .await
+            .ok()
+    } else {
+        Some(probing.as_mut().await)
+    };
+    let (result, after_late) = match early {
+        Some(result) => (result, false),
+        None => {
+            let class = ProbeClass::Late {
+                timeout: spec.timeout,
+            };
+            let Some((transition, snapshot, delay)) = task.update(&class, None, false) else {
+                return;
+            };
+            if let Some(tx) = first_word.take() {
+                let _ = tx.send(delay);
+            }
+            task.send(class, None, transition, snapshot).await;
+            (probing.await, true)
+        }
+    };
+    let class = match result.class(spec.timeout) {
+        // Done a hair before `timeout` by the probe's clock, after it by
+        // ours: it was reported late, so it is slow.
+        ProbeClass::Ok if after_late => ProbeClass::Slow {
+            latency: result.latency.max(spec.timeout),
+            timeout: spec.timeout,
+        },
+        class => class,
+    };
+    let Some((transition, snapshot, delay)) = task.update(&class, Some(&result), after_late) else {
+        return;
+    };
+    if let Some(tx) = first_word.take() {
+        let _ = tx.send(delay);
+    }
+    task.send(class, Some(result), transition, snapshot).await;
 }
 
 #[cfg(test)]
@@ -281,7 +390,7 @@ mod tests {
     use std::time::Duration;
 
     use super::super::probe::FailReason;
-    use super::super::testutil::{Server, http_spec, silent_listener};
+    use super::super::testutil::{Holder, Server, http_spec, http_spec_hang, silent_listener};
     use super::*;
 
     /// A spec that probes every ~50 ms in every state.
@@ -477,8 +586,8 @@ mod tests {
         );
         for (_, report) in serial_reports.iter().chain(&parallel_reports) {
             assert_eq!(
-                report.result.outcome,
-                Err(FailReason::NoResponse { timeout })
+                report.result.as_ref().map(|r| &r.outcome),
+                Some(&Err(FailReason::NoResponse { timeout }))
             );
         }
     }
@@ -565,6 +674,236 @@ mod tests {
             server.requests.load(Ordering::SeqCst),
             count,
             "probes after drop"
+        );
+    }
+
+    /// A spec that probes every `every` in every state, with the given
+    /// timeout and hang_timeout.
+    fn hang_spec(port: u16, every: Duration, timeout: Duration, hang: Duration) -> CheckSpec {
+        CheckSpec {
+            interval: every,
+            fast_interval: every,
+            down_interval: every,
+            rise: 2,
+            fall: 2,
+            ..http_spec_hang(port, timeout, hang)
+        }
+    }
+
+    /// Per probe: a backend answering after 2.5 × timeout is reported Late at
+    /// the timeout, then Slow with its latency, and comes up; a silent one is
+    /// reported Late, then fails at hang_timeout.
+    #[tokio::test]
+    async fn late_then_slow_or_late_then_no_response() {
+        let timeout = Duration::from_millis(100);
+        let hang = Duration::from_millis(400);
+        let slow = Server::canned_delayed(timeout * 5 / 2, b"HTTP/1.1 200 OK\r\n\r\n").await;
+        let silent = silent_listener();
+        let silent_addr = silent.local_addr().expect("local_addr");
+        // (name, address, final code, final text prefix, state after)
+        let cases = [
+            ("slow", slow.addr, "slow", "answered in 2", HealthState::Up),
+            (
+                "hung",
+                silent_addr,
+                "no_response",
+                "connected, no HTTP response within 400ms",
+                HealthState::Down,
+            ),
+        ];
+        for (name, addr, code, text, state) in cases {
+            let (mut scheduler, mut rx) = Scheduler::new(8);
+            // One probe per second: the first one's reports come alone.
+            let spec = hang_spec(addr.port(), Duration::from_secs(1), timeout, hang);
+            scheduler.upsert(1, addr, spec, HealthState::Unknown);
+            let reports = collect_until_final(&mut rx, Duration::from_secs(3)).await;
+            let [(late_at, late), (final_at, last)] = &reports[..] else {
+                panic!("{name}: expected Late then a final report, got {reports:#?}");
+            };
+            assert_eq!(late.class, ProbeClass::Late { timeout }, "{name}");
+            assert!(late.result.is_none(), "{name}: a Late has no result");
+            assert!(late.transition.is_none(), "{name}: a Late moves nothing");
+            assert_eq!(late.snapshot.state, HealthState::Unknown, "{name}");
+            assert_eq!(
+                (late.snapshot.late_pending, late.snapshot.consecutive_slow),
+                (1, 1),
+                "{name}"
+            );
+            assert_eq!(late.snapshot.current_latency(), Some(timeout), "{name}");
+
+            assert_eq!(last.class.code(), code, "{name}");
+            assert!(
+                last.class.to_string().starts_with(text),
+                "{name}: {}",
+                last.class
+            );
+            let result = last.result.as_ref().expect("a final result");
+            let waited = *final_at - *late_at;
+            match state {
+                HealthState::Up => {
+                    assert!(
+                        result.latency >= timeout * 5 / 2,
+                        "{name}: {:?}",
+                        result.latency
+                    );
+                    assert_eq!(last.snapshot.recent_latency, Some(result.latency), "{name}");
+                    // The Late came at the timeout, the answer 1.5 × timeout later.
+                    assert!(
+                        waited >= timeout,
+                        "{name}: Late only {waited:?} before the answer"
+                    );
+                }
+                _ => {
+                    assert!(result.latency >= hang, "{name}: {:?}", result.latency);
+                    assert!(
+                        waited >= hang - timeout - Duration::from_millis(20),
+                        "{name}: {waited:?}"
+                    );
+                    assert_eq!(last.snapshot.last_fail_code, Some("no_response"), "{name}");
+                }
+            }
+            assert_eq!(last.snapshot.state, state, "{name}");
+            assert_eq!(
+                last.transition.as_ref().map(|t| t.to),
+                Some(state),
+                "{name}"
+            );
+            assert_eq!(last.snapshot.late_pending, 0, "{name}");
+            assert_eq!(
+                last.snapshot.consecutive_slow, 1,
+                "{name}: the final adds no slow"
+            );
+        }
+    }
+
+    /// Reports until the first one with a result, for at most `limit`.
+    async fn collect_until_final(
+        rx: &mut mpsc::Receiver<Report>,
+        limit: Duration,
+    ) -> Vec<(tokio::time::Instant, Report)> {
+        let mut reports = Vec::new();
+        let deadline = tokio::time::Instant::now() + limit;
+        while let Ok(Some(report)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            let done = report.result.is_some();
+            reports.push((tokio::time::Instant::now(), report));
+            if done {
+                break;
+            }
+        }
+        reports
+    }
+
+    /// A hung backend is probed (and reported Late) at its normal cadence
+    /// while earlier probes linger; lingering probes hold their permits, are
+    /// bounded, and stop when the backend is removed.
+    #[tokio::test]
+    async fn hung_backend_keeps_its_cadence_and_lingering_probes_are_bounded() {
+        let holder = Holder::start().await;
+        let every = Duration::from_millis(100);
+        let timeout = Duration::from_millis(50);
+        let hang = Duration::from_secs(2);
+        let spec = CheckSpec {
+            jitter: 0.0,
+            ..hang_spec(holder.addr.port(), every, timeout, hang)
+        };
+        let (mut scheduler, mut rx) = Scheduler::new(64);
+        scheduler.upsert(1, holder.addr, spec.clone(), HealthState::Up);
+
+        let reports = collect_for(&mut rx, Duration::from_millis(1200)).await;
+        let lates: Vec<_> = reports
+            .iter()
+            .filter(|(_, r)| r.class.code() == "late")
+            .map(|(at, r)| (*at, r.snapshot.late_pending))
+            .collect();
+        assert!(
+            reports.iter().all(|(_, r)| r.result.is_none()),
+            "a probe ended before hang_timeout"
+        );
+        // One probe every 100 ms from a random start in the first interval.
+        assert!(lates.len() >= 9, "only {} probes in 1.2 s", lates.len());
+        let max_gap = lates
+            .windows(2)
+            .map(|w| w[1].0 - w[0].0)
+            .max()
+            .expect("two");
+        assert!(
+            max_gap < every * 2,
+            "a lingering probe delayed the next by {max_gap:?}"
+        );
+        let pending: Vec<u32> = lates.iter().map(|(_, p)| *p).collect();
+        assert_eq!(
+            pending,
+            (1..=lates.len() as u32).collect::<Vec<_>>(),
+            "late_pending"
+        );
+        let snap = scheduler.snapshot()[&1].clone();
+        assert_eq!((snap.state, snap.consecutive_fail), (HealthState::Up, 0));
+        let open = holder.open.load(Ordering::SeqCst);
+        assert!(
+            open >= lates.len() && open <= spec.max_in_flight(),
+            "{open} connections held for {} late probes (at most {})",
+            lates.len(),
+            spec.max_in_flight()
+        );
+
+        scheduler.remove(1);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+        while holder.open.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            holder.open.load(Ordering::SeqCst),
+            0,
+            "lingering probes outlived the removal"
+        );
+        let accepted = holder.accepted.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            holder.accepted.load(Ordering::SeqCst),
+            accepted,
+            "probed after removal"
+        );
+    }
+
+    /// Lingering probes keep their permits: with 3 permits, 3 probes linger
+    /// and no fourth starts until one ends; a changed spec aborts them.
+    #[tokio::test]
+    async fn lingering_probes_hold_permits_and_die_with_their_task() {
+        let holder = Holder::start().await;
+        let every = Duration::from_millis(50);
+        let spec = hang_spec(
+            holder.addr.port(),
+            every,
+            Duration::from_millis(20),
+            Duration::from_secs(2),
+        );
+        let (mut scheduler, mut rx) = Scheduler::new(3);
+        scheduler.upsert(1, holder.addr, spec.clone(), HealthState::Up);
+        let reports = collect_for(&mut rx, Duration::from_millis(600)).await;
+        assert_eq!(reports.len(), 3, "{reports:#?}");
+        assert!(reports.iter().all(|(_, r)| r.class.code() == "late"));
+        assert_eq!(holder.open.load(Ordering::SeqCst), 3);
+        assert_eq!(scheduler.snapshot()[&1].late_pending, 3);
+
+        // A restart (changed spec) aborts the old task's probes and frees
+        // their permits for the new one.
+        let changed = CheckSpec { rise: 3, ..spec };
+        scheduler.upsert(1, holder.addr, changed, HealthState::Up);
+        assert_eq!(
+            scheduler.snapshot()[&1].late_pending,
+            0,
+            "aborted probes still pending"
+        );
+        let reports = collect_for(&mut rx, Duration::from_millis(400)).await;
+        assert!(
+            !reports.is_empty() && reports.len() <= 3,
+            "{} reports after the restart",
+            reports.len()
+        );
+        assert!(holder.open.load(Ordering::SeqCst) <= 3);
+        assert!(
+            holder.accepted.load(Ordering::SeqCst) > 3,
+            "the new task never probed"
         );
     }
 

@@ -88,8 +88,16 @@ pub struct CheckSpec {
     pub port: u16,
     /// Period between probes while the backend is steadily up.
     pub interval: Duration,
-    /// Deadline for the whole probe: connect, request and response.
+    /// How long a healthy answer may take: a probe with no complete answer
+    /// by then is reported `Late` (not yet a failure) and, if it completes
+    /// later, `Slow` (not a failure either).
     pub timeout: Duration,
+    /// Deadline for the whole probe (connect, request and response): only
+    /// no answer at all by then is a failure. Between `timeout` and
+    /// `hang_timeout` a backend is slow, not hung. `timeout` ≤ this ≤
+    /// [`MAX_HANG_TIMEOUT`]; equal to `timeout` is the strict behaviour (a
+    /// late answer is a failure).
+    pub hang_timeout: Duration,
     /// Consecutive successes that bring a backend up.
     pub rise: u32,
     /// Consecutive failures that take an up backend down.
@@ -104,11 +112,44 @@ pub struct CheckSpec {
     pub jitter: f64,
 }
 
+/// Longest `hang_timeout`: a backend that has not answered in a minute is
+/// hung by any standard, and every waiting probe holds a socket and a
+/// concurrency permit.
+pub const MAX_HANG_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Most probes of one backend in flight at once, whatever the spec says (see
+/// [`CheckSpec::max_in_flight`]).
+pub const MAX_IN_FLIGHT: usize = 64;
+
+impl CheckSpec {
+    /// Probes of one backend that may be in flight at once: one probe every
+    /// shortest period for `hang_timeout`, plus the new one:
+    /// `ceil(hang_timeout / shortest period) + 1`, at most [`MAX_IN_FLIGHT`].
+    /// The scheduler waits for the oldest to end before starting another.
+    pub fn max_in_flight(&self) -> usize {
+        let shortest = self
+            .interval
+            .min(self.fast_interval)
+            .min(self.down_interval)
+            .as_nanos()
+            .max(1);
+        let lingering = self.hang_timeout.as_nanos().div_ceil(shortest);
+        usize::try_from(lingering)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1)
+            .min(MAX_IN_FLIGHT)
+    }
+}
+
 /// Defaults (documented in the README and `examples/xlb.toml`).
 pub mod defaults {
     use std::time::Duration;
     pub const INTERVAL: Duration = Duration::from_secs(2);
     pub const TIMEOUT: Duration = Duration::from_secs(1);
+    /// `hang_timeout` is this many times `timeout` unless configured (and
+    /// never beyond [`super::MAX_HANG_TIMEOUT`] nor below `timeout`): a fleet
+    /// that answers 2-3× slower than usual at peak is slow, not hung.
+    pub const HANG_TIMEOUT_FACTOR: u32 = 3;
     pub const RISE: u32 = 2;
     pub const FALL: u32 = 3;
     pub const FAST_INTERVAL: Duration = Duration::from_millis(500);
@@ -121,9 +162,70 @@ pub mod defaults {
     pub const EXPECT_STATUS: (u16, u16) = (200, 299);
 }
 
+/// The `hang_timeout` of a check whose `timeout` is `timeout` and that sets
+/// none: [`defaults::HANG_TIMEOUT_FACTOR`] × `timeout`, within
+/// `[timeout, MAX_HANG_TIMEOUT]` (a timeout above the maximum is kept: the
+/// hang deadline is never shorter than the timeout).
+pub fn default_hang_timeout(timeout: Duration) -> Duration {
+    timeout
+        .saturating_mul(defaults::HANG_TIMEOUT_FACTOR)
+        .min(MAX_HANG_TIMEOUT)
+        .max(timeout)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_hang_timeout_cases() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let cases = [
+            ("default 1s timeout", s(1), s(3)),
+            ("fast profile", ms(100), ms(300)),
+            ("capped at a minute", s(30), s(60)),
+            ("never below the timeout", s(90), s(90)),
+        ];
+        for (name, timeout, want) in cases {
+            assert_eq!(default_hang_timeout(timeout), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn max_in_flight_cases() {
+        let ms = Duration::from_millis;
+        let spec = |interval, fast, down, hang| CheckSpec {
+            kind: CheckKind::Tcp,
+            port: 80,
+            interval,
+            timeout: ms(100),
+            hang_timeout: hang,
+            rise: 1,
+            fall: 1,
+            fast_interval: fast,
+            down_interval: down,
+            jitter: 0.0,
+        };
+        let cases = [
+            ("defaults", spec(ms(2000), ms(500), ms(5000), ms(3000)), 7),
+            (
+                "hang within one period",
+                spec(ms(2000), ms(2000), ms(2000), ms(1000)),
+                2,
+            ),
+            ("hang = period", spec(ms(200), ms(200), ms(200), ms(200)), 2),
+            ("fast profile", spec(ms(200), ms(200), ms(5000), ms(300)), 3),
+            (
+                "capped",
+                spec(ms(10), ms(10), ms(10), ms(60_000)),
+                MAX_IN_FLIGHT,
+            ),
+        ];
+        for (name, spec, want) in cases {
+            assert_eq!(spec.max_in_flight(), want, "{name}");
+        }
+    }
 
     #[test]
     fn http_check_validation() {

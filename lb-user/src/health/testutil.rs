@@ -15,8 +15,15 @@ use super::spec::{CheckKind, CheckSpec, HttpCheck, defaults};
 /// How long a test server waits for a request before giving up on it.
 const REQUEST_WAIT: Duration = Duration::from_secs(5);
 
-/// A spec for the prober: `GET /health`, 2xx, the given timeout.
+/// A spec for the prober: `GET /health`, 2xx, the given timeout, and a
+/// `hang_timeout` equal to it (the strict behaviour: a late answer is a
+/// failure); see [`http_spec_hang`].
 pub fn http_spec(port: u16, timeout: Duration) -> CheckSpec {
+    http_spec_hang(port, timeout, timeout)
+}
+
+/// [`http_spec`] with a `hang_timeout` of its own.
+pub fn http_spec_hang(port: u16, timeout: Duration, hang_timeout: Duration) -> CheckSpec {
     CheckSpec {
         kind: CheckKind::Http(HttpCheck {
             method: defaults::HTTP_METHOD.to_owned(),
@@ -28,6 +35,7 @@ pub fn http_spec(port: u16, timeout: Duration) -> CheckSpec {
         port,
         interval: defaults::INTERVAL,
         timeout,
+        hang_timeout,
         rise: defaults::RISE,
         fall: defaults::FALL,
         fast_interval: defaults::FAST_INTERVAL,
@@ -83,6 +91,15 @@ impl Drop for Server {
 
 impl Server {
     pub async fn start(respond: impl Fn() -> Vec<u8> + Send + Sync + 'static) -> Self {
+        Self::start_delayed(Duration::ZERO, respond).await
+    }
+
+    /// Like [`Self::start`], answering each request `delay` after reading
+    /// it: an application that is slow, not hung.
+    pub async fn start_delayed(
+        delay: Duration,
+        respond: impl Fn() -> Vec<u8> + Send + Sync + 'static,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
@@ -108,6 +125,7 @@ impl Server {
                         };
                         requests.fetch_add(1, Ordering::SeqCst);
                         *last_request.lock().expect("lock") = Some(request);
+                        tokio::time::sleep(delay).await;
                         let _ = stream.write_all(&respond()).await;
                         let _ = stream.shutdown().await;
                     });
@@ -125,8 +143,13 @@ impl Server {
 
     /// Answers every request with the same bytes.
     pub async fn canned(response: &[u8]) -> Self {
+        Self::canned_delayed(Duration::ZERO, response).await
+    }
+
+    /// Answers every request with the same bytes, `delay` after reading it.
+    pub async fn canned_delayed(delay: Duration, response: &[u8]) -> Self {
         let response = response.to_vec();
-        Self::start(move || response.clone()).await
+        Self::start_delayed(delay, move || response.clone()).await
     }
 }
 
@@ -141,4 +164,63 @@ pub fn silent_listener() -> std::net::TcpListener {
 pub fn closed_port() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local_addr")
+}
+
+/// A server that accepts, reads the request and never answers, holding each
+/// connection until the prober closes it: counts the connections still
+/// open, so a test can see lingering probes and their end.
+pub struct Holder {
+    pub addr: SocketAddr,
+    /// Connections accepted.
+    pub accepted: Arc<AtomicUsize>,
+    /// Connections the prober has not closed yet.
+    pub open: Arc<AtomicUsize>,
+    accept_loop: JoinHandle<()>,
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        self.accept_loop.abort();
+    }
+}
+
+impl Holder {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local_addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let accept_loop = tokio::spawn({
+            let (accepted, open) = (accepted.clone(), open.clone());
+            async move {
+                while let Ok((mut stream, _)) = listener.accept().await {
+                    accepted.fetch_add(1, Ordering::SeqCst);
+                    open.fetch_add(1, Ordering::SeqCst);
+                    let open = open.clone();
+                    tokio::spawn(async move {
+                        let mut chunk = [0u8; 1024];
+                        // Until EOF or error: the prober closed. Bounded so
+                        // a test that forgets a probe does not hang here.
+                        let _ = tokio::time::timeout(Duration::from_secs(30), async {
+                            while let Ok(n) = stream.read(&mut chunk).await {
+                                if n == 0 {
+                                    break;
+                                }
+                            }
+                        })
+                        .await;
+                        open.fetch_sub(1, Ordering::SeqCst);
+                    });
+                }
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            open,
+            accept_loop,
+        }
+    }
 }

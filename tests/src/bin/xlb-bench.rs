@@ -258,6 +258,7 @@ fn table_swap() -> anyhow::Result<()> {
                 port: 80,
                 interval: Duration::from_secs(2),
                 timeout: Duration::from_secs(1),
+                hang_timeout: Duration::from_secs(3),
                 rise: 2,
                 fall: 3,
                 fast_interval: Duration::from_millis(500),

@@ -322,6 +322,7 @@ fn http_spec(f: impl FnOnce(&mut CheckSpec)) -> CheckSpec {
         port: 0,
         interval: defaults::INTERVAL,
         timeout: defaults::TIMEOUT,
+        hang_timeout: lb_user::health::spec::default_hang_timeout(defaults::TIMEOUT),
         rise: defaults::RISE,
         fall: defaults::FALL,
         fast_interval: defaults::FAST_INTERVAL,
@@ -359,22 +360,35 @@ fn detection_profiles(quick: bool) -> Vec<Profile> {
             spec: spec_from_config("interval = \"200ms\"\nfall = 2\ntimeout = \"100ms\""),
             reps: if quick { 5 } else { 20 },
             note: "interval = \"200ms\", fall = 2, timeout = \"100ms\" (a 1s timeout would \
-                   dominate a 200ms interval); everything else resolved by the configuration",
+                   dominate a 200ms interval); everything else resolved by the configuration \
+                   (hang_timeout 3 × timeout)",
+        },
+        Profile {
+            name: "fast-strict",
+            spec: spec_from_config(
+                "interval = \"200ms\"\nfall = 2\ntimeout = \"100ms\"\nhang_timeout = \"100ms\"",
+            ),
+            reps: if quick { 5 } else { 20 },
+            note: "the fast profile with hang_timeout = timeout: a late answer is a failure, \
+                   as before hang_timeout existed",
         },
     ]
 }
 
 /// The bounds a detection is judged against.
 struct Bounds {
-    /// fall × interval + timeout + margin.
+    /// fall × interval + hang_timeout + margin.
     nominal: Duration,
-    /// fall × interval × (1 + jitter) + timeout + margin: the judged target.
+    /// fall × interval × (1 + jitter) + hang_timeout + margin: the judged
+    /// target.
     jittered: Duration,
     /// This scheduler's own worst case: the first failing probe starts at
     /// most interval × (1 + jitter) after the last passing one; each further
-    /// one `fast_interval × (1 + jitter)` after the previous one started
-    /// (periods run from the start of a probe), and the last one's verdict
-    /// comes a timeout later. Plus the margin.
+    /// one at most p = max(interval, fast_interval) × (1 + jitter) after the
+    /// previous one started (periods run from the start of a probe; a late
+    /// probe lingers without holding up the next), or timeout + p/10 when
+    /// the period is shorter than the timeout; the last one's verdict comes
+    /// hang_timeout after it started. Plus the margin.
     schedule: Duration,
 }
 
@@ -382,12 +396,14 @@ impl Bounds {
     fn of(spec: &CheckSpec) -> Self {
         let stretch = 1.0 + spec.jitter.clamp(0.0, 1.0);
         let fall = spec.fall.max(1);
+        let period = spec.interval.max(spec.fast_interval).mul_f64(stretch);
+        let gap = period.max(spec.timeout + period / 10);
         Self {
-            nominal: spec.interval * fall + spec.timeout + DETECTION_MARGIN,
-            jittered: spec.interval.mul_f64(stretch) * fall + spec.timeout + DETECTION_MARGIN,
+            nominal: spec.interval * fall + spec.hang_timeout + DETECTION_MARGIN,
+            jittered: spec.interval.mul_f64(stretch) * fall + spec.hang_timeout + DETECTION_MARGIN,
             schedule: spec.interval.mul_f64(stretch)
-                + spec.fast_interval.max(spec.timeout).mul_f64(stretch) * (fall - 1)
-                + spec.timeout
+                + gap * (fall - 1)
+                + spec.hang_timeout
                 + DETECTION_MARGIN,
         }
     }
@@ -410,10 +426,11 @@ async fn detection(profile: &Profile) -> Result<Vec<Row>> {
         profile.name, profile.note
     );
     println!(
-        "  check:   GET /health, interval {}, timeout {}, rise {}, fall {}, fast_interval {}, \
-         down_interval {}, jitter ±{:.0}%",
+        "  check:   GET /health, interval {}, timeout {}, hang_timeout {}, rise {}, fall {}, \
+         fast_interval {}, down_interval {}, jitter ±{:.0}%",
         Compact(spec.interval),
         Compact(spec.timeout),
+        Compact(spec.hang_timeout),
         spec.rise,
         spec.fall,
         Compact(spec.fast_interval),
@@ -427,18 +444,19 @@ async fn detection(profile: &Profile) -> Result<Vec<Row>> {
         profile.reps
     );
     println!(
-        "  bounds:  nominal fall×interval+timeout+{} = {}; jitter-adjusted \
-         fall×interval×{:.2}+timeout+{} = {} (judged, on the max); this scheduler's worst \
-         case interval×{:.2}+(fall−1)×max(fast_interval, timeout)×{:.2}+timeout+{} = {}",
+        "  bounds:  nominal fall×interval+hang_timeout+{} = {}; jitter-adjusted \
+         fall×interval×{:.2}+hang_timeout+{} = {} (judged, on the max); this scheduler's worst \
+         case interval×{:.2}+(fall−1)×max(p, timeout+p/10)+hang_timeout+{} = {}, \
+         p = max(interval, fast_interval)×{:.2}",
         Compact(DETECTION_MARGIN),
         Secs(bounds.nominal),
         1.0 + spec.jitter,
         Compact(DETECTION_MARGIN),
         Secs(bounds.jittered),
         1.0 + spec.jitter,
-        1.0 + spec.jitter,
         Compact(DETECTION_MARGIN),
         Secs(bounds.schedule),
+        1.0 + spec.jitter,
     );
 
     let mut times = Vec::new();
@@ -462,7 +480,7 @@ async fn detection(profile: &Profile) -> Result<Vec<Row>> {
     }
     let summary = Summary::of(times).context("no repetitions")?;
     let expected_reason = FailReason::NoResponse {
-        timeout: spec.timeout,
+        timeout: spec.hang_timeout,
     }
     .to_string();
     Ok(vec![
@@ -522,7 +540,7 @@ async fn detect_once(template: &CheckSpec, rep: usize) -> Result<Detection> {
     scheduler.upsert(1, addr, spec.clone(), HealthState::Unknown);
 
     // The first probe comes within one interval and decides Unknown → Up.
-    let up_limit = spec.interval + spec.timeout + Duration::from_secs(2);
+    let up_limit = spec.interval + spec.hang_timeout + Duration::from_secs(2);
     let (_, up) = recv_until(&mut rx, up_limit, |r| r.transition.is_some())
         .await
         .with_context(|| format!("backend {addr} was not probed within {}", Secs(up_limit)))?;
@@ -544,8 +562,11 @@ async fn detect_once(template: &CheckSpec, rep: usize) -> Result<Detection> {
         .mul_f64(rand::thread_rng().gen_range(0.0..1.0));
     let phase_end = Instant::now() + phase;
     while let Ok(Some(report)) = timeout_at(phase_end, rx.recv()).await {
-        if let Err(e) = &report.result.outcome {
-            bail!("healthy backend {addr} failed a probe before the hang: {e}");
+        if report.class.is_failure() {
+            bail!(
+                "healthy backend {addr} failed a probe before the hang: {}",
+                report.class
+            );
         }
     }
     let steady = scheduler
@@ -565,7 +586,7 @@ async fn detect_once(template: &CheckSpec, rep: usize) -> Result<Detection> {
     let mut failures = 0;
     let limit = Bounds::of(&spec).schedule * 2 + Duration::from_secs(5);
     let (at, down) = recv_until(&mut rx, limit, |r| {
-        if r.result.outcome.is_err() {
+        if r.class.is_failure() {
             failures += 1;
         }
         r.transition.is_some()
@@ -675,8 +696,12 @@ async fn cost(quick: bool) -> Result<Vec<Row>> {
     let end = start + window;
     while let Ok(received) = timeout_at(end, rx.recv()).await {
         let report = received.context("the scheduler's report channel closed")?;
+        // Probes, not reports: an interim Late report is not a probe.
+        let Some(result) = &report.result else {
+            continue;
+        };
         *per_backend.entry(report.id).or_default() += 1;
-        if let Err(e) = &report.result.outcome {
+        if let Err(e) = &result.outcome {
             *failed.entry(e.code().to_owned()).or_default() += 1;
         }
     }
@@ -1042,12 +1067,13 @@ mod tests {
     #[test]
     fn bounds_of_the_default_profile() {
         let b = Bounds::of(&http_spec(|_| {}));
-        // 3 × 2 s + 1 s + 50 ms; 3 × 2.2 s + 1 s + 50 ms;
-        // 2.2 s + 2 × max(0.5 s, 1 s) × 1.1 + 1 s + 50 ms (periods run from
-        // the start of a probe; a failing one lasts the 1 s timeout).
-        assert_eq!(b.nominal, Duration::from_millis(7_050));
-        assert_eq!(b.jittered.as_millis(), 7_650);
-        assert_eq!(b.schedule.as_millis(), 5_450);
+        // 3 × 2 s + 3 s + 50 ms; 3 × 2.2 s + 3 s + 50 ms;
+        // 2.2 s + 2 × max(2.2 s, 1 s + 0.22 s) + 3 s + 50 ms (periods run
+        // from the start of a probe; a failing one lasts the 3 s
+        // hang_timeout, and until one has failed the period is interval).
+        assert_eq!(b.nominal, Duration::from_millis(9_050));
+        assert_eq!(b.jittered.as_millis(), 9_650);
+        assert_eq!(b.schedule.as_millis(), 9_650);
     }
 
     #[test]
