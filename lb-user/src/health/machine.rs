@@ -82,10 +82,12 @@ pub struct HealthSnapshot {
     /// Late reports since the last `Ok` (a `Slow` final adds nothing: its
     /// `Late` already did; a `Failed` one does not reset it).
     pub consecutive_slow: u32,
-    /// The least latency observed over the current slow streak (a `Late`
-    /// counts as `timeout`, a `Slow` as its latency, no complete answer as
-    /// the probe's latency, about `hang_timeout`); `None` when
-    /// `consecutive_slow` is 0.
+    /// The greatest latency observed over the current slow streak (a `Late`
+    /// counts as `timeout` until its answer comes, a `Slow` as its latency,
+    /// no complete answer as the probe's latency, about `hang_timeout`);
+    /// `None` when `consecutive_slow` is 0. The greatest, so that a streak
+    /// of answers 2.5 s late reads 2.5 s, not the 1 s bound every streak
+    /// starts with.
     pub streak_latency: Option<Duration>,
     /// Median of the last [`RECENT_LATENCIES`] `Ok`/`Slow` latencies; `None`
     /// before the first.
@@ -204,7 +206,7 @@ impl HealthMachine {
     }
 
     fn fold_streak_latency(&mut self, latency: Duration) {
-        self.streak_latency = Some(self.streak_latency.map_or(latency, |l| l.min(latency)));
+        self.streak_latency = Some(self.streak_latency.map_or(latency, |l| l.max(latency)));
     }
 
     fn add_recent(&mut self, latency: Duration) {
@@ -1008,7 +1010,7 @@ mod tests {
             (1, 0),
             "a Slow adds nothing"
         );
-        assert_eq!(s.streak_latency, Some(TIMEOUT), "the least over the streak");
+        assert_eq!(s.streak_latency, Some(ms(2500)), "the most over the streak");
         assert_eq!(
             s.recent_latency,
             Some(ms(25)),
@@ -1024,7 +1026,7 @@ mod tests {
         observe(&mut m, ok_in(ms(1200)), false);
         let s = m.snapshot();
         assert_eq!((s.consecutive_slow, s.late_pending), (2, 0));
-        assert_eq!(s.streak_latency, Some(TIMEOUT));
+        assert_eq!(s.streak_latency, Some(ms(2500)));
 
         observe(&mut m, ok_in(ms(5)), false);
         let s = m.snapshot();

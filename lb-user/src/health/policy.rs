@@ -516,17 +516,14 @@ fn fleet_slow(
     match (now_slow, vip.fleet_slow.is_some()) {
         (true, false) => {
             let med = median(&mut slow).unwrap_or_default();
-            let who = if n == up.len() {
-                format!("all {n} backends")
-            } else {
-                format!("{n} of {} backends", up.len())
-            };
-            let text = format!(
-                "{who} slow, median {}; not ejecting (slowness shared by the VIP is load, not failure)",
-                Compact(med)
-            );
+            let text = fleet_slow_text(n, up.len(), med);
             vip.fleet_slow = Some(text.clone());
             changes.push(Change::FleetSlow(text));
+        }
+        (true, true) => {
+            // Same episode, no new event; the status text follows the count.
+            let med = median(&mut slow).unwrap_or_default();
+            vip.fleet_slow = Some(fleet_slow_text(n, up.len(), med));
         }
         (false, true) => {
             vip.fleet_slow = None;
@@ -534,8 +531,20 @@ fn fleet_slow(
                 "backends answer within timeout again".to_owned(),
             ));
         }
-        _ => {}
+        (false, false) => {}
     }
+}
+
+fn fleet_slow_text(slow: usize, up: usize, median: Duration) -> String {
+    let who = if slow == up {
+        format!("all {slow} backends")
+    } else {
+        format!("{slow} of {up} backends")
+    };
+    format!(
+        "{who} slow, median {}; not ejecting (slowness shared by the VIP is load, not failure)",
+        Compact(median)
+    )
 }
 
 /// Puts the least-bad backends back while fewer than `min_healthy` are in.
