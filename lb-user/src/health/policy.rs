@@ -339,7 +339,7 @@ pub fn evaluate(
     let mut changes = Vec::new();
     eject_outliers(policy, members, states, &mut next);
     fleet_slow(members, &next, vip, &mut changes);
-    panic(policy, members, &mut next, vip, &mut changes);
+    panic(policy, members, states, &mut next, vip, &mut changes);
     apply(
         policy,
         members,
@@ -551,12 +551,15 @@ fn fleet_slow_text(slow: usize, up: usize, median: Duration) -> String {
 fn panic(
     policy: &Policy,
     members: &[Member],
+    states: &[MemberState],
     next: &mut [(Placement, Option<String>)],
     vip: &mut VipState,
     changes: &mut Vec<Change>,
 ) {
     let eligible = members.iter().filter(|m| m.eligible()).count();
-    let min = policy.min_healthy.min_of(eligible);
+    // Never more than there are: min_healthy 2 of a VIP with one probed
+    // backend must not mean panic for ever (nor 1 of none at start).
+    let min = policy.min_healthy.min_of(eligible).min(eligible);
     let in_table = |next: &[(Placement, Option<String>)]| {
         (0..members.len())
             .filter(|&i| next[i].0.in_table() && members[i].weight > 0)
@@ -573,30 +576,33 @@ fn panic(
         return;
     }
     // Least bad first: slow outliers (fastest first), then flapping ones that
-    // pass probes, then those failing only by timeouts (fewest failures first).
-    let mut candidates: Vec<(u8, u128, usize)> = Vec::new();
+    // pass probes, then those failing only by timeouts (fewest failures
+    // first). Within a class, the ones panic already keeps come first, so
+    // panic does not swap backends back and forth as failure counts move.
+    let mut candidates: Vec<(u8, bool, u128, usize)> = Vec::new();
     for (i, m) in members.iter().enumerate() {
         if m.weight == 0 || m.admin_drained {
             continue;
         }
+        let kept = states[i].placement != Placement::PanicRestored;
+        let timeouts_only = m
+            .last_fail
+            .as_ref()
+            .is_some_and(|(code, _)| TIMEOUT_CODES.contains(code));
         match next[i].0 {
             Placement::EjectedSlow => {
-                candidates.push((0, m.latency.unwrap_or_default().as_nanos(), i));
+                candidates.push((0, kept, m.latency.unwrap_or_default().as_nanos(), i));
             }
-            Placement::HeldDown => candidates.push((1, 0, i)),
-            Placement::Down
-                if m.last_fail
-                    .as_ref()
-                    .is_some_and(|(code, _)| TIMEOUT_CODES.contains(code)) =>
-            {
-                candidates.push((2, u128::from(m.consecutive_fail), i));
+            Placement::HeldDown => candidates.push((1, kept, 0, i)),
+            Placement::Down if timeouts_only => {
+                candidates.push((2, kept, u128::from(m.consecutive_fail), i));
             }
             _ => {}
         }
     }
     candidates.sort();
     let mut kept = Vec::new();
-    for (_, _, i) in candidates.into_iter().take(min - healthy) {
+    for (_, _, _, i) in candidates.into_iter().take(min - healthy) {
         let why = next[i].1.clone().unwrap_or_default();
         kept.push(format!("{} ({why})", members[i].name));
         next[i] = (
@@ -681,8 +687,11 @@ fn apply(
             )),
             _ => reason,
         };
-        // Damping counts exits for health reasons, not drains or panic.
-        if from.in_table() && matches!(to, Placement::Down | Placement::EjectedSlow) {
+        // Damping counts exits for health reasons, not drains, and not the
+        // end of a panic's reprieve (the backend was failing all along).
+        if matches!(from, Placement::Serving | Placement::Ramping)
+            && matches!(to, Placement::Down | Placement::EjectedSlow)
+        {
             s.exits.push_back(now);
             while s.exits.len() > EXITS_KEPT {
                 s.exits.pop_front();
@@ -1066,6 +1075,58 @@ mod tests {
         );
         assert!(vip.vip.panic.is_none());
         assert_eq!(vip.placements()[0], Serving);
+    }
+
+    #[test]
+    fn no_panic_before_anything_is_probed_and_min_is_capped() {
+        let mut vip = Vip::new(Policy::default(), 3);
+        vip.states = (0..3)
+            .map(|_| MemberState::new(Placement::Unknown, vip.t0))
+            .collect();
+        for m in &mut vip.members {
+            m.health = Unknown;
+        }
+        let out = vip.at(0.0);
+        assert!(out.changes.is_empty(), "{out:?}");
+        assert!(vip.vip.panic.is_none());
+        // min_healthy 3 with only one backend probed (and serving): no panic.
+        vip.policy.min_healthy = Limit::Count(3);
+        vip.members[0] = member(0);
+        vip.at(1.0);
+        assert!(vip.vip.panic.is_none(), "{:?}", vip.vip.panic);
+    }
+
+    #[test]
+    fn panic_keeps_its_choice_and_does_not_feed_damping() {
+        let policy = Policy {
+            min_healthy: Limit::Count(2),
+            flap_limit: 2.0,
+            ..Policy::default()
+        };
+        let mut vip = Vip::new(policy, 3);
+        vip.members[1] = hung(member(1));
+        vip.members[2] = hung(member(2));
+        vip.members[2].consecutive_fail = 4;
+        vip.at(1.0);
+        assert_eq!(vip.placements(), vec![Serving, PanicRestored, PDown]);
+        // Failure counts move past each other: panic keeps 1, it does not swap.
+        for (t, f1, f2) in [(2.0, 6, 5), (3.0, 9, 6), (4.0, 12, 7)] {
+            vip.members[1].consecutive_fail = f1;
+            vip.members[2].consecutive_fail = f2;
+            let out = vip.at(t);
+            assert!(out.changes.is_empty(), "t={t}: {out:?}");
+        }
+        // Both recover: out of panic, nobody held down.
+        vip.members = (0..3).map(member).collect();
+        vip.at(5.0);
+        assert_eq!(vip.placements(), vec![Serving, Serving, Serving]);
+        assert!(vip.vip.panic.is_none());
+        // One exit each (when they hung), none for panic's choices.
+        assert!(
+            vip.states.iter().all(|s| s.penalty <= 1.0 && !s.held),
+            "{:?}",
+            vip.states
+        );
     }
 
     #[test]
