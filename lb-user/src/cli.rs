@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -70,12 +71,24 @@ pub enum Command {
     },
     /// Stop sending new flows to a backend; established flows continue.
     ///
-    /// Lasts until `xlb enable`, whatever health checks say.
+    /// Lasts until `xlb enable`, whatever health checks say. With
+    /// --deadline, the backend goes down when it passes: its remaining
+    /// flows then follow the VIP's down_policy.
     Drain {
         /// VIP name, as in the configuration.
         vip: String,
         /// Backend address: IP:PORT, [IPv6]:PORT, or just the IP.
         backend: String,
+        /// Wait until the backend has no established flows (or its deadline
+        /// passes), printing the count as it falls. A flow counts until 30 s
+        /// after its last packet. Ctrl-C stops waiting, not the drain.
+        #[arg(long)]
+        wait: bool,
+        /// After this long (e.g. 30s, 5m, 1h) the backend goes down and its
+        /// remaining flows follow the VIP's down_policy. Survives restarts;
+        /// `xlb enable` cancels it.
+        #[arg(long, value_name = "DURATION", value_parser = parse_deadline)]
+        deadline: Option<Duration>,
     },
     /// Undo `xlb drain`: the backend takes new flows again once healthy.
     Enable {
@@ -147,9 +160,16 @@ impl Command {
                 since_seq: *since,
                 follow: *follow,
             },
-            Command::Drain { vip, backend } => Request::Drain {
+            Command::Drain {
+                vip,
+                backend,
+                deadline,
+                ..
+            } => Request::Drain {
                 vip: vip.clone(),
                 backend: backend.clone(),
+                // Rounded up: a sub-millisecond deadline is not "now".
+                deadline_ms: deadline.map(|d| d.as_nanos().div_ceil(1_000_000) as u64),
             },
             Command::Enable { vip, backend } => Request::Enable {
                 vip: vip.clone(),
@@ -186,6 +206,88 @@ pub fn parse_protocol(s: &str) -> Result<Protocol, String> {
                 .to_owned(),
         ),
         _ => Err("the protocol is tcp or udp".to_owned()),
+    }
+}
+
+/// A drain deadline: a duration as in the configuration (`30s`, `5m`,
+/// `1h`), more than zero.
+pub fn parse_deadline(s: &str) -> Result<Duration, String> {
+    let d = config::parse_duration(s)?;
+    if d.is_zero() {
+        return Err(
+            "a deadline of 0 would send the backend's flows away at once; give a positive \
+             duration, e.g. 5m, or leave --deadline out to drain without one"
+                .to_owned(),
+        );
+    }
+    Ok(d)
+}
+
+/// What `xlb drain --wait` makes of one `status` answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DrainProgress {
+    /// Still draining: print the line when it differs from the last one.
+    Waiting(String),
+    /// Finished (no flows left, or the deadline passed): print, exit 0.
+    Done(String),
+    /// Waiting makes no sense any more (enabled, removed): fail with this.
+    Gone(String),
+}
+
+/// Where the drain of `backend` (as given to `xlb drain`: IP:PORT or just
+/// the IP) of VIP `vip` stands in `report`.
+pub fn drain_progress(
+    report: &StatusReport,
+    vip: &str,
+    backend: &str,
+    now_unix_ms: u64,
+) -> DrainProgress {
+    let Some(v) = report.vips.iter().find(|v| v.name == vip) else {
+        return DrainProgress::Gone(format!(
+            "vip {vip:?} is no longer configured (reloaded?); stopped waiting"
+        ));
+    };
+    let want_sock = backend.parse::<SocketAddr>().ok();
+    let want_ip = backend.parse::<IpAddr>().ok();
+    let Some(b) = v.backends.iter().find(|b| {
+        let addr = b.address.parse::<SocketAddr>().ok();
+        (want_sock.is_some() && addr == want_sock)
+            || (want_ip.is_some() && addr.map(|a| a.ip()) == want_ip)
+    }) else {
+        return DrainProgress::Gone(format!(
+            "vip {vip:?} no longer has backend {backend} (reloaded?); stopped waiting"
+        ));
+    };
+    let who = format!("{} of vip {vip:?}", b.address);
+    if !b.admin_drained {
+        return DrainProgress::Gone(format!(
+            "{who} is no longer draining (someone ran `xlb enable`?); stopped waiting"
+        ));
+    }
+    let flows = |n: u64| {
+        if n == 1 {
+            "1 flow".to_owned()
+        } else {
+            format!("{n} flows")
+        }
+    };
+    if b.state == "down" && b.drain_deadline_unix_ms.is_some_and(|t| t <= now_unix_ms) {
+        let left = match b.flows {
+            Some(n) => format!(" with {} left", flows(n)),
+            None => String::new(),
+        };
+        return DrainProgress::Done(format!(
+            "{who}: drain deadline passed{left}; the backend is down and its remaining flows \
+             follow down_policy {}",
+            v.down_policy
+        ));
+    }
+    match b.flows {
+        Some(0) => DrainProgress::Done(format!("{who}: 0 flows; drained")),
+        Some(n) => DrainProgress::Waiting(format!("{who}: {}", flows(n))),
+        None => DrainProgress::Waiting(format!(
+            "{who}: flows not counted yet (the daemon walks conntrack every few seconds)"
+        )),
     }
 }
 
@@ -394,6 +496,7 @@ pub fn render_status(report: &StatusReport, now_unix_ms: u64, color: bool) -> St
             "OK/FAIL",
             "NEW/S",
             "PKT/S",
+            "FLOWS",
         ]
         .map(Cell::plain)
         .into(),
@@ -489,7 +592,11 @@ fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
     };
     let mut notes = Vec::new();
     if b.admin_drained {
-        notes.push("admin drain".to_owned());
+        notes.push(match b.drain_deadline_unix_ms {
+            Some(t) if t <= now_unix_ms => "admin drain, deadline passed".to_owned(),
+            Some(t) => format!("admin drain, down in {}", span(t - now_unix_ms)),
+            None => "admin drain".to_owned(),
+        });
     }
     match b.placement.as_str() {
         "ramping" => notes.push(format!(
@@ -516,6 +623,7 @@ fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
         Cell::plain(format!("{}/{}", b.consecutive_ok, b.consecutive_fail)),
         Cell::plain(rate(b.new_flows_per_sec)),
         Cell::plain(rate(b.packets_per_sec)),
+        Cell::plain(b.flows.map_or_else(|| "-".to_owned(), |n| n.to_string())),
     ]
 }
 
@@ -744,6 +852,35 @@ mod tests {
                 Command::Drain {
                     vip: "api".into(),
                     backend: "10.99.0.12:80".into(),
+                    wait: false,
+                    deadline: None,
+                },
+            ),
+            (
+                "drain --wait --deadline",
+                vec![
+                    "drain",
+                    "api",
+                    "10.99.0.12:80",
+                    "--wait",
+                    "--deadline",
+                    "5m",
+                ],
+                Command::Drain {
+                    vip: "api".into(),
+                    backend: "10.99.0.12:80".into(),
+                    wait: true,
+                    deadline: Some(Duration::from_secs(300)),
+                },
+            ),
+            (
+                "drain --deadline before the arguments",
+                vec!["drain", "--deadline", "1.5s", "api", "10.99.0.12"],
+                Command::Drain {
+                    vip: "api".into(),
+                    backend: "10.99.0.12".into(),
+                    wait: false,
+                    deadline: Some(Duration::from_millis(1500)),
                 },
             ),
             (
@@ -901,6 +1038,26 @@ mod tests {
             ),
             ("drain without backend", &["drain", "api"], "<BACKEND>"),
             (
+                "deadline without unit",
+                &["drain", "api", "10.0.0.1:80", "--deadline", "5"],
+                "\"5\" is not a duration; write a number and a unit (ms, s, m or h)",
+            ),
+            (
+                "deadline zero",
+                &["drain", "api", "10.0.0.1:80", "--deadline", "0s"],
+                "a deadline of 0 would send the backend's flows away at once",
+            ),
+            (
+                "deadline missing its value",
+                &["drain", "api", "10.0.0.1:80", "--deadline"],
+                "a value is required for '--deadline <DURATION>'",
+            ),
+            (
+                "wait on enable",
+                &["enable", "api", "10.0.0.1:80", "--wait"],
+                "unexpected argument '--wait'",
+            ),
+            (
                 "detach both",
                 &["detach", "--instance", "a", "--config", "b"],
                 "cannot be used with",
@@ -946,6 +1103,117 @@ mod tests {
             parse(&["check-config", "x"]).unwrap().command.request(),
             None
         );
+        let drains = [
+            ("no deadline", vec![], None),
+            ("--wait alone", vec!["--wait"], None),
+            ("minutes", vec!["--deadline", "5m"], Some(300_000)),
+            (
+                "sub-millisecond rounds up",
+                vec!["--deadline", "0.5ms"],
+                Some(1),
+            ),
+        ];
+        for (name, extra, want) in drains {
+            let mut args = vec!["drain", "api", "10.99.0.12:80"];
+            args.extend(extra);
+            assert_eq!(
+                parse(&args).unwrap().command.request(),
+                Some(Request::Drain {
+                    vip: "api".to_owned(),
+                    backend: "10.99.0.12:80".to_owned(),
+                    deadline_ms: want,
+                }),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn drain_progress_of_status() {
+        use DrainProgress::{Done, Gone, Waiting};
+        let now = SAMPLE_NOW_MS;
+        // The sample's third backend is drained, 37 flows, down in 4 min.
+        let with = |f: &dyn Fn(&mut BackendStatus)| {
+            let mut r = sample_report();
+            f(&mut r.vips[0].backends[2]);
+            r
+        };
+        let cases: Vec<(&str, StatusReport, &str, DrainProgress)> = vec![
+            (
+                "counting down",
+                sample_report(),
+                "10.99.0.13:80",
+                Waiting("10.99.0.13:80 of vip \"api\": 37 flows".to_owned()),
+            ),
+            (
+                "by address alone",
+                with(&|b| b.flows = Some(1)),
+                "10.99.0.13",
+                Waiting("10.99.0.13:80 of vip \"api\": 1 flow".to_owned()),
+            ),
+            (
+                "not counted yet",
+                with(&|b| b.flows = None),
+                "10.99.0.13:80",
+                Waiting(
+                    "10.99.0.13:80 of vip \"api\": flows not counted yet (the daemon walks \
+                     conntrack every few seconds)"
+                        .to_owned(),
+                ),
+            ),
+            (
+                "drained",
+                with(&|b| b.flows = Some(0)),
+                "10.99.0.13:80",
+                Done("10.99.0.13:80 of vip \"api\": 0 flows; drained".to_owned()),
+            ),
+            (
+                "deadline passed",
+                with(&|b| {
+                    b.state = "down".to_owned();
+                    b.flows = Some(5);
+                    b.drain_deadline_unix_ms = Some(now - 1000);
+                }),
+                "10.99.0.13:80",
+                Done(
+                    "10.99.0.13:80 of vip \"api\": drain deadline passed with 5 flows left; the \
+                     backend is down and its remaining flows follow down_policy rehash"
+                        .to_owned(),
+                ),
+            ),
+            (
+                "deadline reached but not applied yet",
+                with(&|b| b.drain_deadline_unix_ms = Some(now)),
+                "10.99.0.13:80",
+                Waiting("10.99.0.13:80 of vip \"api\": 37 flows".to_owned()),
+            ),
+            (
+                "enabled meanwhile",
+                with(&|b| b.admin_drained = false),
+                "10.99.0.13:80",
+                Gone(
+                    "10.99.0.13:80 of vip \"api\" is no longer draining (someone ran `xlb \
+                     enable`?); stopped waiting"
+                        .to_owned(),
+                ),
+            ),
+            (
+                "backend removed",
+                sample_report(),
+                "10.99.0.99:80",
+                Gone(
+                    "vip \"api\" no longer has backend 10.99.0.99:80 (reloaded?); stopped waiting"
+                        .to_owned(),
+                ),
+            ),
+        ];
+        for (name, report, backend, want) in cases {
+            assert_eq!(drain_progress(&report, "api", backend, now), want, "{name}");
+        }
+        assert_eq!(
+            drain_progress(&sample_report(), "web", "10.99.0.13:80", now),
+            Gone("vip \"web\" is no longer configured (reloaded?); stopped waiting".to_owned())
+        );
     }
 
     #[test]
@@ -956,10 +1224,10 @@ xlb instance default on eth0 (native XDP)  up 3h2m  conntrack 1234/1048576 (0.1%
 dropped: aborted 250, drop_bad_ihl 160, drop_bad_l4 200, drop_bad_length 170, drop_fragment 190, drop_ip_options 180, drop_no_backend 210, drop_no_headroom 240, drop_no_route 220, drop_too_big 230
 
 VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
-  BACKEND        STATE     FOR    LAST PROBE                                OK/FAIL  NEW/S  PKT/S
-  10.99.0.11:80  up        12m4s  ok 200 in 1.2ms                           41/0     12     400
-  10.99.0.12:80  down      35s    connected, no HTTP response within 1s     0/7      0      0
-  10.99.0.13:80  draining  2m     ok 200 in 900µs  (admin drain, weight 2)  60/0     0      834
+  BACKEND        STATE     FOR    LAST PROBE                                            OK/FAIL  NEW/S  PKT/S  FLOWS
+  10.99.0.11:80  up        12m4s  ok 200 in 1.2ms                                       41/0     12     400    3712
+  10.99.0.12:80  down      35s    connected, no HTTP response within 1s                 0/7      0      0      -
+  10.99.0.13:80  draining  2m     ok 200 in 900µs  (admin drain, down in 4m, weight 2)  60/0     0      834    37
 ";
         assert_eq!(text, want, "got:\n{text}");
     }

@@ -74,7 +74,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .request()
                 .context("every other command is a control request")?;
             let resp = ctl::request(socket, &req).await?;
-            print_response(command, resp)
+            print_response(command, resp)?;
+            match command {
+                Command::Drain {
+                    vip,
+                    backend,
+                    wait: true,
+                    ..
+                } => wait_drained(socket, vip, backend).await,
+                _ => Ok(()),
+            }
         }
     }
 }
@@ -163,5 +172,47 @@ async fn follow_events(socket: &Path, req: &Request, json: bool) -> anyhow::Resu
         if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
             return Ok(());
         }
+    }
+}
+
+/// `xlb drain --wait`: polls `status` every second and prints the backend's
+/// flow count each time it changes, until it reaches 0 or the drain's
+/// deadline passes (both exit 0), or the drain is undone (exit 1).
+async fn wait_drained(socket: &Path, vip: &str, backend: &str) -> anyhow::Result<()> {
+    const POLL: std::time::Duration = std::time::Duration::from_secs(1);
+    // A daemon restarting (the drain persists) is worth waiting out.
+    const GIVE_UP: std::time::Duration = std::time::Duration::from_secs(30);
+    emit("waiting for its flows to end (Ctrl-C stops waiting; the drain goes on)\n")?;
+    let mut last = String::new();
+    let mut failing_since: Option<std::time::Instant> = None;
+    loop {
+        let line = match ctl::request(socket, &Request::Status).await {
+            Ok(Response::Status(report)) => {
+                failing_since = None;
+                match cli::drain_progress(&report, vip, backend, ctl::now_unix_ms()) {
+                    cli::DrainProgress::Waiting(line) => line,
+                    cli::DrainProgress::Done(line) => return emit(&format!("{line}\n")),
+                    cli::DrainProgress::Gone(why) => bail!("{why}"),
+                }
+            }
+            Ok(Response::Error { message }) => bail!("{message}"),
+            Ok(other) => bail!(
+                "the daemon answered status with {}",
+                other.to_line().trim_end()
+            ),
+            Err(e) => {
+                let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= GIVE_UP {
+                    return Err(e).context("stopped waiting for the drain");
+                }
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+        };
+        if line != last {
+            emit(&format!("{line}\n"))?;
+            last = line;
+        }
+        tokio::time::sleep(POLL).await;
     }
 }

@@ -342,6 +342,21 @@ pub fn render(status: &StatusReport, extra: &MetricsExtra) -> String {
             u64::from(b.weight),
         );
     }
+    out.family(
+        "xlb_backend_flows",
+        "gauge",
+        "Established flows of the backend: conntrack entries that carried a packet in the last 30 s \
+         (UDP: within udp_timeout), from the periodic conntrack walk; absent before the first walk.",
+    );
+    for (vip, b) in backends() {
+        if let Some(n) = b.flows {
+            out.sample(
+                "xlb_backend_flows",
+                &[("vip", vip), ("backend", &b.address)],
+                n,
+            );
+        }
+    }
 
     let empty = (LatencyHistogram::default(), 0);
     let extra_of = |vip: &str, backend: &str| {
@@ -744,6 +759,9 @@ mod tests {
             "xlb_backend_state{vip=\"api\",backend=\"10.99.0.13:80\",state=\"draining\"} 1",
             "xlb_backend_admin_drained{vip=\"api\",backend=\"10.99.0.13:80\"} 1",
             "xlb_backend_weight{vip=\"api\",backend=\"10.99.0.13:80\"} 2",
+            "# TYPE xlb_backend_flows gauge",
+            "xlb_backend_flows{vip=\"api\",backend=\"10.99.0.11:80\"} 3712",
+            "xlb_backend_flows{vip=\"api\",backend=\"10.99.0.13:80\"} 37",
             "# TYPE xlb_backend_probe_latency_seconds histogram",
             "xlb_backend_probe_latency_seconds_bucket{vip=\"api\",backend=\"10.99.0.11:80\",le=\"0.0005\"} 1",
             "xlb_backend_probe_latency_seconds_bucket{vip=\"api\",backend=\"10.99.0.11:80\",le=\"0.0025\"} 2",

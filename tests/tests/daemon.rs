@@ -566,6 +566,8 @@ fn daemon_lifecycle() {
     e.xlb(&["enable", "api", "10.0.0.13:80"]).unwrap();
     assert_eq!(e.backend_state("api", "10.0.0.13:80").unwrap(), "up");
 
+    drain_with_deadline(&mut e, &mut dp);
+
     // A pinned layout of another version is refused with a clear message.
     e.kill9().unwrap();
     std::fs::write(&e.config, config_text(&e, 1, 251)).unwrap();
@@ -599,4 +601,147 @@ fn daemon_lifecycle() {
         !e.ns.ip(&["link", "show", "xd0"]).unwrap().contains("xdp"),
         "XDP detached"
     );
+}
+
+/// `bpf_ktime_get_coarse_ns()`, as the data plane stamps conntrack entries.
+fn coarse_now_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write to.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) },
+        0
+    );
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The `xlb status --json` object of backend `addr` of VIP `vip`.
+fn backend_json(e: &Env, vip: &str, addr: &str) -> anyhow::Result<Value> {
+    let s = e.status()?;
+    let v = s["vips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == vip)
+        .context("vip")?;
+    v["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["address"] == addr)
+        .cloned()
+        .context("backend")
+}
+
+/// Three established flows on api's third backend; `drain --deadline
+/// --wait` counts them, returns when the deadline passes, and the backend
+/// is then down in the data plane; that survives a restart; `enable` undoes it.
+fn drain_with_deadline(e: &mut Env, dp: &mut Dataplane) {
+    let addr = "10.0.0.13:80";
+    let saved =
+        lb_user::daemon::persist::Saved::load(&lb_user::daemon::persist::state_path(&e.instance))
+            .unwrap()
+            .unwrap();
+    let id = saved
+        .backends
+        .iter()
+        .find(|b| b.vip == "api" && b.addr.to_string() == addr)
+        .unwrap()
+        .id;
+    let generation = dp.backend(id).unwrap().generation;
+    let flows: Vec<FlowKey> = (0..3)
+        .map(|i| {
+            FlowKey::new(
+                format!("192.0.2.77:{}", 41_000 + i).parse().unwrap(),
+                "10.100.0.1:80".parse().unwrap(),
+                lb_common::PROTO_TCP,
+            )
+        })
+        .collect();
+    for f in &flows {
+        let entry = CtEntry {
+            backend_id: id,
+            generation,
+            vip_id: 0,
+            _pad: 0,
+            last_seen_ns: coarse_now_ns(),
+        };
+        dp.ct_insert(f, &entry).unwrap();
+    }
+    // The walk runs every 10 s when nothing drains.
+    wait_for(Duration::from_secs(15), "3 flows counted", || {
+        Ok(backend_json(e, "api", addr)?["flows"] == 3)
+    })
+    .unwrap();
+
+    let t = Instant::now();
+    let out = e
+        .xlb(&["drain", "api", addr, "--deadline", "3s", "--wait"])
+        .unwrap();
+    let took = t.elapsed();
+    assert!(out.contains("down in 3s"), "{out}");
+    assert!(
+        out.contains("10.0.0.13:80 of vip \"api\": 3 flows\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "drain deadline passed with 3 flows left; the backend is down and its remaining \
+             flows follow down_policy rehash"
+        ),
+        "{out}"
+    );
+    assert!(
+        took >= Duration::from_millis(2500) && took < Duration::from_secs(8),
+        "--wait returned after {took:?}"
+    );
+    let b = backend_json(e, "api", addr).unwrap();
+    assert_eq!(b["state"], "down", "{b}");
+    assert_eq!(b["admin_drained"], true, "{b}");
+    assert!(b["drain_deadline_unix_ms"].is_u64(), "{b}");
+    assert_eq!(dp.backend(id).unwrap().state, BACKEND_DOWN);
+    let events = e.xlb(&["events", "--json"]).unwrap();
+    let events: Value = serde_json::from_str(&events).unwrap();
+    let drain: Vec<&Value> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|ev| ev["kind"] == "drain")
+        .collect();
+    assert_eq!(drain.len(), 1, "{events}");
+    assert_eq!(
+        drain[0]["reason"],
+        "drain deadline passed with 3 flows left; remaining flows follow down_policy rehash"
+    );
+    assert!(
+        e.metrics()
+            .unwrap()
+            .contains("xlb_backend_flows{vip=\"api\",backend=\"10.0.0.13:80\"} 3")
+    );
+
+    // A restart keeps it down, and does not report the deadline again.
+    // (With the configuration the daemon runs: the last one written was
+    // refused.)
+    e.kill9().unwrap();
+    std::fs::write(&e.config, config_text(e, 2, 241)).unwrap();
+    std::fs::remove_file(&e.socket).ok();
+    e.start().unwrap();
+    let b = backend_json(e, "api", addr).unwrap();
+    assert_eq!(b["state"], "down", "{b}");
+    assert!(b["drain_deadline_unix_ms"].is_u64(), "{b}");
+    assert_eq!(dp.backend(id).unwrap().state, BACKEND_DOWN);
+    let events = e.xlb(&["events"]).unwrap();
+    assert!(!events.contains(" drain "), "{events}");
+
+    // Enable clears the deadline and brings it back.
+    e.xlb(&["enable", "api", addr]).unwrap();
+    let b = backend_json(e, "api", addr).unwrap();
+    assert_eq!(b["state"], "up", "{b}");
+    assert!(b["drain_deadline_unix_ms"].is_null(), "{b}");
+    assert_eq!(dp.backend(id).unwrap().state, BACKEND_UP);
+    for f in &flows {
+        dp.ct_remove(f).unwrap();
+    }
 }

@@ -88,6 +88,13 @@ pub enum Request {
         vip: String,
         /// `"addr:port"` or `"[v6]:port"`.
         backend: String,
+        /// Milliseconds from now after which the backend becomes `down`:
+        /// its remaining flows then follow the VIP's `down_policy`. Absent =
+        /// no deadline (a drain already under way keeps its deadline).
+        /// Left out of the line when absent, so a request without one reads
+        /// the same to daemons that predate it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline_ms: Option<u64>,
     },
     /// Undo a `drain`: the backend takes new flows again once healthy.
     Enable {
@@ -136,7 +143,16 @@ impl fmt::Display for Request {
                 client,
                 vip,
             } => write!(f, "explain {protocol} {client} {vip}"),
-            Request::Drain { vip, backend } => write!(f, "drain {vip} {backend}"),
+            Request::Drain {
+                vip,
+                backend,
+                deadline_ms: None,
+            } => write!(f, "drain {vip} {backend}"),
+            Request::Drain {
+                vip,
+                backend,
+                deadline_ms: Some(ms),
+            } => write!(f, "drain {vip} {backend} (deadline in {ms} ms)"),
             Request::Enable { vip, backend } => write!(f, "enable {vip} {backend}"),
             Request::Reload => f.write_str("reload"),
         }
@@ -365,6 +381,15 @@ pub struct BackendStatus {
     /// median of the recent answers. `null` before the first answer.
     #[serde(default)]
     pub latency_ms: Option<f64>,
+    /// Established flows it holds: conntrack entries that carried a packet
+    /// in the last 30 s (UDP: within `udp_timeout`), from the periodic walk
+    /// of the table (every 10 s, every 2 s while a drain has a deadline or
+    /// is watched); `null` before the first walk.
+    pub flows: Option<u64>,
+    /// When its drain's deadline passes (or passed), ms since the Unix
+    /// epoch: then it becomes `down` and its remaining flows follow the
+    /// VIP's `down_policy`. `null` = not draining, or no deadline.
+    pub drain_deadline_unix_ms: Option<u64>,
 }
 
 /// The outcome of one health probe.
@@ -415,8 +440,23 @@ impl ProbeStatus {
 /// - `table`: a VIP's Maglev table was rebuilt;
 /// - `admin`: an operator drained or enabled a backend;
 /// - `reload`: the configuration was reloaded;
-/// - `start`: the daemon started.
-pub const EVENT_KINDS: [&str; 5] = ["transition", "table", "admin", "reload", "start"];
+/// - `start`: the daemon started;
+/// - `drain`: a drain's deadline passed (the backend went `down`);
+/// - `panic`: a VIP entered (`to` = `panic`) or left (`to` = `normal`) panic;
+/// - `fleet_slow`: at least half of a VIP's backends became slow (`to` =
+///   `slow`), or recovered (`to` = `normal`);
+/// - `alarm`: a probe failed for the load balancer's own reason.
+pub const EVENT_KINDS: [&str; 9] = [
+    "transition",
+    "table",
+    "admin",
+    "reload",
+    "start",
+    "drain",
+    "panic",
+    "fleet_slow",
+    "alarm",
+];
 
 /// Something that happened in the daemon.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -668,6 +708,8 @@ pub(crate) mod tests {
             effective_weight: if in_table { 1.0 } else { 0.0 },
             consecutive_slow: 0,
             latency_ms: Some(1.0),
+            flows: None,
+            drain_deadline_unix_ms: None,
         };
         let now = 1_800_000_000_000;
         StatusReport {
@@ -721,6 +763,7 @@ pub(crate) mod tests {
                             at_unix_ms: now - 500,
                         }),
                         consecutive_ok: 41,
+                        flows: Some(3712),
                         new_flows_per_sec: 12.0,
                         packets_per_sec: 400.0,
                         packets: 600_000,
@@ -761,6 +804,8 @@ pub(crate) mod tests {
                         }),
                         consecutive_ok: 60,
                         packets_per_sec: 834.0,
+                        flows: Some(37),
+                        drain_deadline_unix_ms: Some(now + 240_000),
                         ..backend("10.99.0.13:80", "draining", "up", true, false)
                     },
                 ],
@@ -831,8 +876,18 @@ pub(crate) mod tests {
                 Request::Drain {
                     vip: "api".to_owned(),
                     backend: "10.99.0.12:80".to_owned(),
+                    deadline_ms: None,
                 },
                 r#"{"version":1,"command":"drain","vip":"api","backend":"10.99.0.12:80"}"#,
+            ),
+            (
+                "drain with a deadline",
+                Request::Drain {
+                    vip: "api".to_owned(),
+                    backend: "10.99.0.12:80".to_owned(),
+                    deadline_ms: Some(300_000),
+                },
+                r#"{"version":1,"command":"drain","vip":"api","backend":"10.99.0.12:80","deadline_ms":300000}"#,
             ),
             (
                 "enable",
@@ -871,6 +926,7 @@ pub(crate) mod tests {
             Request::Drain {
                 vip: "a".to_owned(),
                 backend: "b".to_owned(),
+                deadline_ms: None,
             },
             Request::Enable {
                 vip: "a".to_owned(),
@@ -1035,7 +1091,9 @@ pub(crate) mod tests {
                 "consecutive_fail",
                 "consecutive_ok",
                 "consecutive_slow",
+                "drain_deadline_unix_ms",
                 "effective_weight",
+                "flows",
                 "health",
                 "in_table",
                 "last_probe",
@@ -1071,6 +1129,8 @@ pub(crate) mod tests {
             ("packets", json!(400_000)),
             ("bytes", json!(400_000_000)),
             ("new_flows", json!(20_000)),
+            ("flows", Value::Null),
+            ("drain_deadline_unix_ms", Value::Null),
         ];
         for (key, want) in want_backend {
             assert_eq!(b[key], want, "backend.{key}");
@@ -1094,6 +1154,11 @@ pub(crate) mod tests {
             .collect();
         assert_eq!(states, [&json!("up"), &json!("down"), &json!("draining")]);
         assert_eq!(vip["backends"][2]["admin_drained"], json!(true));
+        assert_eq!(vip["backends"][2]["flows"], json!(37));
+        assert_eq!(
+            vip["backends"][2]["drain_deadline_unix_ms"],
+            json!(1_800_000_240_000_u64)
+        );
     }
 
     #[test]
@@ -1185,6 +1250,11 @@ pub(crate) mod tests {
                 &["bad request", "missing field `backend`"],
             ),
             (
+                "negative deadline",
+                br#"{"version":1,"command":"drain","vip":"api","backend":"10.0.0.1:80","deadline_ms":-5}"#,
+                &["bad request", "invalid value: integer `-5`"],
+            ),
+            (
                 "unknown field",
                 br#"{"version":1,"command":"events","since":3}"#,
                 &["bad request", "unknown field `since`"],
@@ -1257,8 +1327,17 @@ pub(crate) mod tests {
                 Request::Drain {
                     vip: "api".to_owned(),
                     backend: "10.99.0.12:80".to_owned(),
+                    deadline_ms: None,
                 },
                 "drain api 10.99.0.12:80",
+            ),
+            (
+                Request::Drain {
+                    vip: "api".to_owned(),
+                    backend: "10.99.0.12:80".to_owned(),
+                    deadline_ms: Some(300_000),
+                },
+                "drain api 10.99.0.12:80 (deadline in 300000 ms)",
             ),
         ];
         for (req, want) in cases {

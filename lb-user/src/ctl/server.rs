@@ -433,9 +433,16 @@ mod tests {
                             .cloned()
                             .collect(),
                     ),
-                    Request::Drain { vip, backend } => {
-                        Response::ok(format!("drained {backend} of vip {vip}"))
-                    }
+                    Request::Drain {
+                        vip,
+                        backend,
+                        deadline_ms: None,
+                    } => Response::ok(format!("drained {backend} of vip {vip}")),
+                    Request::Drain {
+                        vip,
+                        backend,
+                        deadline_ms: Some(ms),
+                    } => Response::ok(format!("drained {backend} of vip {vip}, down in {ms} ms")),
                     other => Response::error(format!("fake cannot {other}")),
                 }
             })
@@ -501,10 +508,24 @@ mod tests {
         let drain = Request::Drain {
             vip: "api".to_owned(),
             backend: "10.99.0.12:80".to_owned(),
+            deadline_ms: None,
         };
         let resp = super::super::request(&path, &drain).await.unwrap();
         assert_eq!(resp, Response::ok("drained 10.99.0.12:80 of vip api"));
-        assert_eq!(*fake.seen.lock().unwrap(), [Request::Status, drain]);
+        let with_deadline = Request::Drain {
+            vip: "api".to_owned(),
+            backend: "10.99.0.12:80".to_owned(),
+            deadline_ms: Some(300_000),
+        };
+        let resp = super::super::request(&path, &with_deadline).await.unwrap();
+        assert_eq!(
+            resp,
+            Response::ok("drained 10.99.0.12:80 of vip api, down in 300000 ms")
+        );
+        assert_eq!(
+            *fake.seen.lock().unwrap(),
+            [Request::Status, drain, with_deadline]
+        );
         task.abort();
     }
 

@@ -18,6 +18,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tracing::{error, info, warn};
 
 use super::{
+    conntrack,
     model::{self, Backend, Ids, Rebuild, Vip},
     persist::{self, Saved},
 };
@@ -105,8 +106,13 @@ pub struct Daemon {
     /// Backend id → (VIP index, backend index); rebuilt whenever `vips`
     /// changes shape (start, reload), not per health report.
     index: HashMap<u32, (usize, usize)>,
-    /// Conntrack entries, counted off the main loop (see `count_conntrack`).
+    /// Conntrack entries, counted off the main loop (see `conntrack::spawn`).
     ct_entries: Arc<AtomicU64>,
+    /// Established flows per backend from the same walk, and its pace.
+    flows: Arc<conntrack::Shared>,
+    /// When `status` was last asked for: someone polling it (`xlb drain
+    /// --wait`) wants fresh flow counts of the backends being drained.
+    status_asked: Option<Instant>,
     /// What the metrics endpoint serves, refreshed every tick.
     published: Arc<Mutex<(StatusReport, MetricsExtra)>>,
 }
@@ -164,6 +170,8 @@ impl Daemon {
             histograms: HashMap::new(),
             index,
             ct_entries: Arc::new(AtomicU64::new(0)),
+            flows: Arc::default(),
+            status_asked: None,
             transitions: HashMap::new(),
             published: Arc::new(Mutex::new((
                 StatusReport::default(),
@@ -454,28 +462,171 @@ impl Daemon {
         Ok(())
     }
 
-    fn set_drain(&mut self, vip: &str, backend: &str, drained: bool) -> anyhow::Result<String> {
+    /// `xlb drain` (`drained`, with an optional deadline after which the
+    /// backend goes `down`) and `xlb enable` (clears any deadline).
+    fn set_drain(
+        &mut self,
+        vip: &str,
+        backend: &str,
+        drained: bool,
+        deadline: Option<Duration>,
+    ) -> anyhow::Result<String> {
         let (vi, bi) = model::find_backend(&mut self.vips, vip, backend)?;
+        let deadline_at = match deadline {
+            None => None,
+            Some(d) => Some(SystemTime::now().checked_add(d).with_context(|| {
+                format!("a drain deadline {} from now is too far away", human(d))
+            })?),
+        };
+        let policy = self.vips[vi].cfg.down_policy.to_string();
         let b = &mut self.vips[vi].backends[bi];
-        let addr = b.cfg.socket_addr().to_string();
+        let addr = b.cfg.socket_addr();
         if b.admin_drained == drained {
-            return Ok(format!(
-                "{addr} of vip {vip:?} is already {}",
-                if drained { "draining" } else { "enabled" }
-            ));
+            if !drained {
+                return Ok(format!("{addr} of vip {vip:?} is already enabled"));
+            }
+            let Some(at) = deadline_at else {
+                let note = match b.drain_deadline {
+                    Some(_) if b.drain_expired => {
+                        "; its deadline has passed, it is down".to_string()
+                    }
+                    Some(at) => format!("; down in {}", human(until(at))),
+                    None => String::new(),
+                };
+                return Ok(format!("{addr} of vip {vip:?} is already draining{note}"));
+            };
+            if b.drain_expired {
+                anyhow::bail!(
+                    "{addr} of vip {vip:?} is already past its drain deadline (down); \
+                     `xlb enable` it first to drain it again"
+                );
+            }
+            // A new deadline for a drain under way replaces the old one.
+            b.drain_deadline = Some(at);
+            let reason = format!(
+                "drain deadline set: down in {}, remaining flows then follow down_policy {policy}",
+                human(deadline.unwrap_or_default())
+            );
+            info!(vip, backend = %addr, "{reason}");
+            self.event(
+                "admin",
+                Some(vip),
+                Some(addr.to_string()),
+                None,
+                None,
+                reason.clone(),
+                None,
+            );
+            self.save();
+            return Ok(format!("{addr} of vip {vip:?}: already draining; {reason}"));
         }
         let from = b.placement_name();
         b.admin_drained = drained;
+        b.drain_deadline = if drained { deadline_at } else { None };
+        b.drain_expired = false;
         let id = b.id;
         if let Some(s) = self.sched.as_mut() {
             s.set_admin_drained(id as u64, drained);
         }
-        // The policy records the drain (placement `draining`) and rebuilds;
-        // its event says "admin drain" / what the backend returned to.
+        // The policy records the drain (placement `draining`), writes the
+        // maps, rebuilds and records the `admin` event.
         self.evaluate_vip(vi)?;
         let to = self.vips[vi].backends[bi].placement_name();
+        let note = match deadline {
+            Some(d) if drained => format!(
+                "; down in {}, remaining flows then follow down_policy {policy}",
+                human(d)
+            ),
+            _ => String::new(),
+        };
         self.save();
-        Ok(format!("{addr} of vip {vip:?}: {from} -> {to}"))
+        Ok(format!("{addr} of vip {vip:?}: {from} -> {to}{note}"))
+    }
+
+    /// Established flows of `b` at the last conntrack walk; `None` before
+    /// the first.
+    fn flows_of(&self, b: &Backend) -> Option<u64> {
+        self.flows
+            .latest()
+            .map(|w| w.counts.flows(b.id, b.generation))
+    }
+
+    /// Every tick: applies drain deadlines that have passed, and walks
+    /// conntrack faster while a drain with flows left has a deadline or is
+    /// watched, so what `xlb drain --wait` prints (and the count in the
+    /// deadline's event) is at most `conntrack::PERIOD_DRAINING` old.
+    fn check_drains(&mut self) {
+        // `drain --wait` polls every second; a few missed polls still count.
+        const WATCHED: Duration = Duration::from_secs(5);
+        let watched = self.status_asked.is_some_and(|t| t.elapsed() < WATCHED);
+        let now = SystemTime::now();
+        let mut fast = false;
+        let mut due = Vec::new();
+        for (vi, v) in self.vips.iter().enumerate() {
+            for (bi, b) in v.backends.iter().enumerate() {
+                if !b.admin_drained || b.drain_expired {
+                    continue;
+                }
+                match b.drain_deadline {
+                    Some(at) if at <= now => due.push((vi, bi)),
+                    pending => {
+                        let busy = self.flows_of(b) != Some(0);
+                        fast |= busy && (watched || pending.is_some());
+                    }
+                }
+            }
+        }
+        self.flows.set_fast(fast);
+        self.flows.set_udp_timeout(self.cfg.daemon.udp_timeout);
+        for (vi, bi) in due {
+            if let Err(e) = self.expire_drain(vi, bi) {
+                error!("applying a drain deadline: {e:#}");
+            }
+        }
+    }
+
+    /// A drain's deadline passed: the backend goes `down` in the data
+    /// plane, so its remaining flows follow the VIP's `down_policy`.
+    fn expire_drain(&mut self, vi: usize, bi: usize) -> anyhow::Result<()> {
+        let flows = self.flows_of(&self.vips[vi].backends[bi]);
+        let started = self.started;
+        let b = &mut self.vips[vi].backends[bi];
+        let from = b.state_name();
+        let while_stopped = b.drain_deadline.is_some_and(|at| at < started);
+        b.drain_expired = true;
+        b.since = Instant::now();
+        let (id, info) = (b.id, b.info());
+        self.dp.set_backend(id, &info)?;
+        let rebuild = model::rebuild(&mut self.dp, &mut self.vips[vi])?;
+        let v = &self.vips[vi];
+        let b = &v.backends[bi];
+        let left = match (while_stopped, flows) {
+            (true, _) => " while xlb was stopped".to_string(),
+            (false, Some(1)) => " with 1 flow left".to_string(),
+            (false, Some(n)) => format!(" with {n} flows left"),
+            (false, None) => " before its flows were counted".to_string(),
+        };
+        let reason = format!(
+            "drain deadline passed{left}; remaining flows follow down_policy {}",
+            v.cfg.down_policy
+        );
+        model::log_transition(&v.cfg.name, b, from, &reason, rebuild);
+        let (name, addr, to) = (
+            v.cfg.name.clone(),
+            b.cfg.socket_addr().to_string(),
+            b.state_name(),
+        );
+        self.event(
+            "drain",
+            Some(&name),
+            Some(addr),
+            Some(from),
+            Some(to),
+            reason,
+            rebuild,
+        );
+        self.save();
+        Ok(())
     }
 
     /// Re-reads the configuration and applies only what changed. An
@@ -970,12 +1121,17 @@ impl Daemon {
                 * b.policy.weight_fraction(&v.cfg.protection, Instant::now()),
             consecutive_slow: member.consecutive_slow,
             latency_ms: member.latency.map(|d| d.as_secs_f64() * 1e3),
+            flows: self.flows_of(b),
+            drain_deadline_unix_ms: b.drain_deadline.filter(|_| b.admin_drained).map(unix_ms),
         }
     }
 
     async fn handle(&mut self, req: Request) -> Response {
         let res: anyhow::Result<Response> = match req {
-            Request::Status => Ok(Response::Status(self.status())),
+            Request::Status => {
+                self.status_asked = Some(Instant::now());
+                Ok(Response::Status(self.status()))
+            }
             Request::Events { since_seq, .. } => {
                 let since = since_seq.unwrap_or(0);
                 Ok(Response::Events(
@@ -993,11 +1149,15 @@ impl Daemon {
             } => self
                 .explain(&protocol.to_string(), client, vip)
                 .map(Response::Explain),
-            Request::Drain { vip, backend } => self
-                .set_drain(&vip, &backend, true)
+            Request::Drain {
+                vip,
+                backend,
+                deadline_ms,
+            } => self
+                .set_drain(&vip, &backend, true, deadline_ms.map(Duration::from_millis))
                 .map(|m| Response::Ok { message: m }),
             Request::Enable { vip, backend } => self
-                .set_drain(&vip, &backend, false)
+                .set_drain(&vip, &backend, false, None)
                 .map(|m| Response::Ok { message: m }),
             Request::Reload => self.reload().map(|m| Response::Ok { message: m }),
         };
@@ -1043,10 +1203,14 @@ impl Daemon {
                 }
             });
         }
-        count_conntrack(
+        conntrack::spawn(
             super::persist::pin_dir(&self.cfg.daemon.instance).join(lb_common::MAP_CT),
+            self.cfg.daemon.conntrack_size,
             self.ct_entries.clone(),
+            self.flows.clone(),
         );
+        // Deadlines that passed while no daemon ran apply now.
+        self.check_drains();
         self.sample();
 
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
@@ -1071,6 +1235,7 @@ impl Daemon {
                     }
                 }
                 _ = tick.tick() => {
+                    self.check_drains();
                     // Slow-start steps and flap-penalty decay move with time.
                     for vi in 0..self.vips.len() {
                         if let Err(e) = self.evaluate_vip(vi) {
@@ -1175,7 +1340,7 @@ impl metrics::MetricsSource for Published {
 }
 
 /// `bpf_ktime_get_coarse_ns()` as userspace reads it.
-fn coarse_now_ns() -> u64 {
+pub(super) fn coarse_now_ns() -> u64 {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -1187,40 +1352,19 @@ fn coarse_now_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-/// How often the conntrack table is counted.
-const CT_COUNT_PERIOD: Duration = Duration::from_secs(10);
+/// How long until `t` (zero if past).
+fn until(t: SystemTime) -> Duration {
+    t.duration_since(SystemTime::now()).unwrap_or_default()
+}
 
-/// Counts conntrack entries every `CT_COUNT_PERIOD` on a thread of its own:
-/// walking the keys costs one syscall per entry (a million at the default
-/// size), which must never hold up health reports on the main loop. The
-/// thread ends with the process.
-fn count_conntrack(pin: PathBuf, out: Arc<AtomicU64>) {
-    std::thread::spawn(move || {
-        let map = match aya::maps::MapData::from_pin(&pin) {
-            Ok(m) => m,
-            Err(e) => {
-                warn!(
-                    "conntrack fill will not be reported: opening {}: {e}",
-                    pin.display()
-                );
-                return;
-            }
-        };
-        let Ok(ct) =
-            aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(aya::maps::Map::LruHashMap(map))
-        else {
-            warn!(
-                "conntrack fill will not be reported: {} is not the conntrack map",
-                pin.display()
-            );
-            return;
-        };
-        loop {
-            out.store(
-                ct.keys().filter(|k| k.is_ok()).count() as u64,
-                Ordering::Relaxed,
-            );
-            std::thread::sleep(CT_COUNT_PERIOD);
-        }
-    });
+/// A drain deadline for operators: `5m`, `1h`, `90s`, `1.5s`.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    if d.subsec_nanos() == 0 && s >= 3600 && s.is_multiple_of(3600) {
+        format!("{}h", s / 3600)
+    } else if d.subsec_nanos() == 0 && s >= 60 && s.is_multiple_of(60) {
+        format!("{}m", s / 60)
+    } else {
+        crate::health::probe::Compact(d).to_string()
+    }
 }

@@ -7,6 +7,7 @@
 //! lock is ever held across a map write and the packet path never waits.
 
 mod api;
+mod conntrack;
 pub mod model;
 pub mod persist;
 

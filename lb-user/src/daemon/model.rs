@@ -5,7 +5,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::Context as _;
@@ -42,6 +42,12 @@ pub struct Backend {
     pub generation: u32,
     pub health: HealthState,
     pub admin_drained: bool,
+    /// When an admin drain ends with the backend `down` (`xlb drain
+    /// --deadline`): wall-clock time, as it survives restarts.
+    pub drain_deadline: Option<SystemTime>,
+    /// The drain's deadline has passed: the data plane has the backend
+    /// `down`, so its remaining flows follow the VIP's `down_policy`.
+    pub drain_expired: bool,
     /// The latest health snapshot from the scheduler (None until its first report).
     pub snapshot: Option<HealthSnapshot>,
     /// When the data-plane state last changed (for "time in state").
@@ -81,6 +87,8 @@ impl Backend {
         match self.policy.placement {
             Placement::Serving | Placement::Ramping | Placement::PanicRestored => BACKEND_UP,
             Placement::Down => BACKEND_DOWN,
+            // A drain whose deadline passed: its flows follow down_policy.
+            Placement::Draining if self.drain_expired => BACKEND_DOWN,
             // Never probed: no new flows, and no flows to move either.
             Placement::EjectedSlow
             | Placement::HeldDown
@@ -338,6 +346,8 @@ pub fn new_backend(
         generation: old.generation.wrapping_add(1),
         health: HealthState::Unknown,
         admin_drained: false,
+        drain_deadline: None,
+        drain_expired: false,
         snapshot: None,
         since: Instant::now(),
         policy: MemberState::new(Placement::Unknown, Instant::now()),
@@ -446,6 +456,11 @@ pub fn adopt_or_create_vip(
                         generation: info.generation,
                         health,
                         admin_drained: p.admin_drained,
+                        drain_deadline: p
+                            .drain_deadline_unix_ms
+                            .filter(|_| p.admin_drained)
+                            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+                        drain_expired: p.admin_drained && p.drain_expired,
                         snapshot: None,
                         since: Instant::now(),
                         policy: MemberState::new(placement, Instant::now()),
@@ -548,6 +563,11 @@ pub fn to_saved(vips: &[Vip]) -> Saved {
                         HealthState::Unknown => SavedHealth::Unknown,
                     },
                     admin_drained: b.admin_drained,
+                    drain_deadline_unix_ms: b.drain_deadline.map(|t| {
+                        t.duration_since(UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as u64)
+                    }),
+                    drain_expired: b.drain_expired,
                 })
             })
             .collect(),

@@ -53,6 +53,15 @@ pub struct SavedBackend {
     pub id: u32,
     pub health: SavedHealth,
     pub admin_drained: bool,
+    /// When the drain's deadline passes (`xlb drain --deadline`), ms since
+    /// the Unix epoch: wall-clock time, so it holds across a restart.
+    /// Absent in files of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_deadline_unix_ms: Option<u64>,
+    /// The deadline has passed and was applied (the backend is `down`), so a
+    /// restart does not report it again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain_expired: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +123,8 @@ mod tests {
                 id: 7,
                 health: SavedHealth::Down,
                 admin_drained: true,
+                drain_deadline_unix_ms: None,
+                drain_expired: false,
             }],
         };
         s.store(&path).unwrap();
@@ -121,6 +132,49 @@ mod tests {
         fs::write(&path, b"{not json").unwrap();
         let err = Saved::load(&path).unwrap_err().to_string();
         assert!(err.contains("unreadable state file"), "{err}");
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn drain_deadlines_round_trip_and_old_files_load() {
+        let dir = std::env::temp_dir().join(format!("xlb-persist-dl-{}", std::process::id()));
+        let path = dir.join("t.json");
+        let backend = |deadline, expired| SavedBackend {
+            vip: "api".into(),
+            addr: "10.0.0.1:80".parse().unwrap(),
+            id: 7,
+            health: SavedHealth::Up,
+            admin_drained: true,
+            drain_deadline_unix_ms: deadline,
+            drain_expired: expired,
+        };
+        let cases = [
+            ("no deadline", backend(None, false)),
+            ("pending deadline", backend(Some(1_800_000_300_000), false)),
+            ("passed deadline", backend(Some(1_800_000_300_000), true)),
+        ];
+        for (name, b) in cases {
+            let s = Saved {
+                layout_version: 1,
+                vips: [("api".to_string(), 3)].into(),
+                backends: vec![b],
+            };
+            s.store(&path).unwrap();
+            assert_eq!(Saved::load(&path).unwrap(), Some(s), "{name}");
+        }
+        // A file written before deadlines existed.
+        fs::write(
+            &path,
+            br#"{"layout_version":1,"vips":{"api":3},"backends":[
+                {"vip":"api","addr":"10.0.0.1:80","id":7,"health":"up","admin_drained":true}]}"#,
+        )
+        .unwrap();
+        let old = Saved::load(&path).unwrap().unwrap();
+        assert_eq!(old.backends, [backend(None, false)]);
+        // And a file without a deadline is written as before.
+        old.store(&path).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("drain_"), "{text}");
         fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -1,0 +1,647 @@
+//! The periodic conntrack walk: how full the table is, and how many
+//! established flows each backend holds (what `xlb drain --wait` watches).
+//!
+//! The walk runs on a thread of its own, never on the main loop: at the
+//! default size it reads a million entries, which must not hold up health
+//! reports or admin commands. The main loop reads the latest result.
+
+use std::{
+    collections::HashMap,
+    io,
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use lb_common::{CtEntry, FlowKey, PROTO_UDP};
+use tracing::{debug, info, warn};
+
+/// How often the table is walked when nobody is waiting for a drain.
+pub const PERIOD_IDLE: Duration = Duration::from_secs(10);
+
+/// How often it is walked while a drain has a deadline or someone watches
+/// one (`xlb drain --wait`): the flow count an operator watches fall, and
+/// the count reported when the deadline passes, are at most this old.
+pub const PERIOD_DRAINING: Duration = Duration::from_secs(2);
+
+/// A TCP entry counts as an established flow if it carried a packet within
+/// this long. The data plane keeps no TCP state (it sees only the client's
+/// half of a DSR connection, and removes nothing on FIN or RST), so an
+/// entry outlives its connection until the LRU evicts it; its `last_seen_ns`
+/// (refreshed at most every `CT_TOUCH_INTERVAL_NS`) is all there is to go
+/// by. 30 s is the kernel's UDP timeout and longer than the gap between
+/// requests of most keep-alive clients; a connection idle for longer is not
+/// counted (but its packets still reach the backend while it drains).
+/// A walk older than this is not reported (the walk keeps failing): better
+/// "not counted" than a count that no longer moves.
+pub const STALE: Duration = Duration::from_secs(60);
+
+pub const ACTIVE_WINDOW: Duration = Duration::from_secs(30);
+
+/// How recent a packet must be for an entry to count as an established flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub tcp_ns: u64,
+    pub udp_ns: u64,
+}
+
+impl Window {
+    /// UDP entries by the data plane's own expiry (`daemon.udp_timeout`;
+    /// 0 = never expires, then by [`ACTIVE_WINDOW`] like TCP).
+    pub fn new(udp_timeout_ns: u64) -> Self {
+        let active = ACTIVE_WINDOW.as_nanos() as u64;
+        Window {
+            tcp_ns: active,
+            udp_ns: if udp_timeout_ns == 0 {
+                active
+            } else {
+                udp_timeout_ns
+            },
+        }
+    }
+}
+
+/// What one walk found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowCounts {
+    /// Entries read, idle and stale ones included (`status` `conntrack.entries`).
+    pub entries: u64,
+    /// Established flows per (backend id, generation): a recycled id's new
+    /// holder never inherits its predecessor's flows.
+    pub per_backend: HashMap<(u32, u32), u64>,
+    /// The walk stopped at its bound before the end of the table (entries
+    /// moved under it while it ran); the counts are lower bounds.
+    pub truncated: bool,
+}
+
+impl FlowCounts {
+    /// Established flows of backend `id` in generation `generation`.
+    pub fn flows(&self, id: u32, generation: u32) -> u64 {
+        self.per_backend
+            .get(&(id, generation))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Adds entries to a [`FlowCounts`], one at a time, up to a bound.
+struct Counter {
+    counts: FlowCounts,
+    now_ns: u64,
+    window: Window,
+    limit: u64,
+}
+
+impl Counter {
+    fn new(now_ns: u64, window: Window, limit: u64) -> Self {
+        Counter {
+            counts: FlowCounts::default(),
+            now_ns,
+            window,
+            limit,
+        }
+    }
+
+    /// Counts one entry; `false` once the bound is reached (stop walking).
+    fn add(&mut self, key: &FlowKey, e: &CtEntry) -> bool {
+        if self.counts.entries >= self.limit {
+            self.counts.truncated = true;
+            return false;
+        }
+        self.counts.entries += 1;
+        // `last_seen_ns` of another CPU may be a tick ahead of our clock.
+        let idle = self.now_ns.saturating_sub(e.last_seen_ns);
+        let window = if key.proto == PROTO_UDP {
+            self.window.udp_ns
+        } else {
+            self.window.tcp_ns
+        };
+        if idle <= window {
+            *self
+                .counts
+                .per_backend
+                .entry((e.backend_id, e.generation))
+                .or_default() += 1;
+        }
+        true
+    }
+}
+
+/// Counts `entries` as of `now_ns` (CLOCK_MONOTONIC_COARSE, the data
+/// plane's clock), reading at most `limit` of them.
+pub fn count_flows(
+    entries: impl IntoIterator<Item = (FlowKey, CtEntry)>,
+    now_ns: u64,
+    window: Window,
+    limit: u64,
+) -> FlowCounts {
+    let mut c = Counter::new(now_ns, window, limit);
+    for (k, e) in entries {
+        if !c.add(&k, &e) {
+            break;
+        }
+    }
+    c.counts
+}
+
+/// The latest walk, as the main loop sees it.
+#[derive(Clone, Debug)]
+pub struct Walk {
+    /// When it finished.
+    pub at: Instant,
+    pub counts: Arc<FlowCounts>,
+}
+
+/// What the walking thread and the main loop share.
+#[derive(Debug, Default)]
+pub struct Shared {
+    latest: Mutex<Option<Walk>>,
+    /// Walk every [`PERIOD_DRAINING`] instead of [`PERIOD_IDLE`].
+    fast: AtomicBool,
+    /// `daemon.udp_timeout` in ns (it can change on reload).
+    udp_timeout_ns: AtomicU64,
+}
+
+impl Shared {
+    /// The latest walk; `None` until the first one finishes, or when the
+    /// last one to finish is older than [`STALE`].
+    pub fn latest(&self) -> Option<Walk> {
+        self.latest
+            .lock()
+            .ok()
+            .and_then(|l| l.clone())
+            .filter(|w| w.at.elapsed() < STALE)
+    }
+
+    pub fn set_fast(&self, fast: bool) {
+        self.fast.store(fast, Ordering::Relaxed);
+    }
+
+    pub fn set_udp_timeout(&self, t: Duration) {
+        self.udp_timeout_ns
+            .store(t.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn period(&self) -> Duration {
+        if self.fast.load(Ordering::Relaxed) {
+            PERIOD_DRAINING
+        } else {
+            PERIOD_IDLE
+        }
+    }
+
+    fn publish(&self, counts: FlowCounts) {
+        if let Ok(mut l) = self.latest.lock() {
+            *l = Some(Walk {
+                at: Instant::now(),
+                counts: Arc::new(counts),
+            });
+        }
+    }
+}
+
+/// Walks the pinned conntrack map at `pin` for the life of the process,
+/// reading at most `limit` entries (its `conntrack_size`) per walk, and
+/// publishes each result to `shared` and the entry count to `entries`.
+pub fn spawn(pin: PathBuf, limit: u32, entries: Arc<AtomicU64>, shared: Arc<Shared>) {
+    let spawned = std::thread::Builder::new()
+        .name("xlb-conntrack".into())
+        .spawn(move || {
+            let map = match aya::maps::MapData::from_pin(&pin) {
+                Ok(m) => aya::maps::Map::LruHashMap(m),
+                Err(e) => {
+                    warn!(
+                        "conntrack fill and flows per backend will not be reported: opening {}: {e}",
+                        pin.display()
+                    );
+                    return;
+                }
+            };
+            let Ok(ct) = aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(&map) else {
+                warn!(
+                    "conntrack fill and flows per backend will not be reported: {} is not the conntrack map",
+                    pin.display()
+                );
+                return;
+            };
+            let aya::maps::Map::LruHashMap(data) = &map else {
+                return;
+            };
+            let fd = data.fd().as_fd();
+            let mut batch = true;
+            let mut last_error = String::new();
+            loop {
+                let started = Instant::now();
+                let window = Window::new(shared.udp_timeout_ns.load(Ordering::Relaxed));
+                let mut c = Counter::new(super::api::coarse_now_ns(), window, u64::from(limit));
+                let mut result = Ok(());
+                if batch {
+                    result = walk_batch(fd, &mut c);
+                    if let Err(e) = &result
+                        && c.counts.entries == 0
+                        && batch_unsupported(e)
+                    {
+                        info!(
+                            "conntrack walk: this kernel has no BPF_MAP_LOOKUP_BATCH for LRU hash maps ({e}); \
+                             walking key by key instead (two syscalls per entry)"
+                        );
+                        batch = false;
+                    }
+                }
+                if !batch {
+                    let now = super::api::coarse_now_ns();
+                    result = walk_keys(&ct, now, window, u64::from(limit))
+                        .map(|counts| c.counts = counts);
+                }
+                match result {
+                    Ok(()) => {
+                        debug!(
+                            entries = c.counts.entries,
+                            took_ms = started.elapsed().as_millis() as u64,
+                            "conntrack walked"
+                        );
+                        last_error.clear();
+                        entries.store(c.counts.entries, Ordering::Relaxed);
+                        shared.publish(c.counts);
+                    }
+                    Err(e) => {
+                        // Once per distinct error, not every walk.
+                        let text = e.to_string();
+                        if text != last_error {
+                            warn!("walking conntrack {}: {text}", pin.display());
+                            last_error = text;
+                        }
+                    }
+                }
+                // Re-read the period while sleeping: a drain with a deadline
+                // should not wait out a 10 s sleep for its first fresh count.
+                loop {
+                    let left = shared.period().saturating_sub(started.elapsed());
+                    if left.is_zero() {
+                        break;
+                    }
+                    std::thread::sleep(left.min(Duration::from_millis(250)));
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!("conntrack fill and flows per backend will not be reported: starting a thread: {e}");
+    }
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` in `enum bpf_cmd` (include/uapi/linux/bpf.h);
+/// hash and LRU hash maps support it since Linux 5.6 (commit 057996380a42,
+/// "bpf: Add batch ops to all htab bpf map").
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// The kernel's internal ENOTSUPP, which `bpf(2)` returns for a map type
+/// without batch operations.
+const ENOTSUPP: i32 = 524;
+
+/// Entries per `BPF_MAP_LOOKUP_BATCH` call: 256 KiB of buffers, and a
+/// million-entry table in 256 calls instead of two million.
+const BATCH: usize = 4096;
+
+/// The `batch` member of `union bpf_attr`. The kernel accepts an attribute
+/// shorter than its own union (the rest reads as zero).
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+fn batch_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP | ENOTSUPP)
+    )
+}
+
+/// Walks the map with `BPF_MAP_LOOKUP_BATCH`: keys and values of up to
+/// [`BATCH`] entries per syscall.
+///
+/// aya 0.14 has no batch lookup (its `HashMap::iter` costs a
+/// `BPF_MAP_GET_NEXT_KEY` and a `BPF_MAP_LOOKUP_ELEM` per entry, two
+/// million syscalls at the default size), so this makes the call itself.
+/// It also walks bucket by bucket, where `get_next_key` restarts from the
+/// first key whenever the LRU evicted the key it was given.
+fn walk_batch(fd: BorrowedFd<'_>, c: &mut Counter) -> io::Result<()> {
+    let mut keys = vec![FlowKey::default(); BATCH];
+    let mut values = vec![CtEntry::default(); BATCH];
+    // The hash map's cursor is a bucket index (a u32); the array maps use
+    // key-sized cursors, so leave room for a key anyway.
+    let mut cursor = [0u64; 8];
+    let mut next = [0u64; 8];
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { cursor.as_ptr() as u64 },
+            out_batch: next.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: BATCH as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: `attr` is a valid `batch` attribute of its stated size;
+        // `keys` and `values` hold `count` elements of the map's key and
+        // value sizes (aya checked both when it opened the map as
+        // `HashMap<FlowKey, CtEntry>`), and both cursors are 64 bytes: the
+        // kernel writes nothing beyond them.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>() as u32,
+            )
+        };
+        // ENOENT: past the last bucket; `count` still says how many
+        // entries this last call returned.
+        let done = if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e);
+            }
+            true
+        } else {
+            false
+        };
+        let n = (attr.count as usize).min(BATCH);
+        for (k, v) in keys[..n].iter().zip(&values[..n]) {
+            if !c.add(k, v) {
+                return Ok(());
+            }
+        }
+        if done {
+            return Ok(());
+        }
+        cursor = next;
+        first = false;
+    }
+}
+
+/// Walks the map key by key (kernels before 5.6).
+fn walk_keys(
+    ct: &aya::maps::HashMap<&aya::maps::MapData, FlowKey, CtEntry>,
+    now_ns: u64,
+    window: Window,
+    limit: u64,
+) -> io::Result<FlowCounts> {
+    let mut failed = None;
+    let entries = ct
+        .iter()
+        .map_while(|item| item.map_err(|e| failed = Some(e)).ok());
+    let counts = count_flows(entries, now_ns, window, limit);
+    match failed {
+        Some(e) => Err(io::Error::other(e)),
+        None => Ok(counts),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lb_common::PROTO_TCP;
+
+    const S: u64 = 1_000_000_000;
+
+    type Case = (
+        &'static str,
+        Vec<(FlowKey, CtEntry)>,
+        u64,
+        Vec<((u32, u32), u64)>,
+        bool,
+    );
+
+    fn entry(
+        client_port: u16,
+        proto: u8,
+        id: u32,
+        generation: u32,
+        last_seen_ns: u64,
+    ) -> (FlowKey, CtEntry) {
+        let key = FlowKey::new(
+            format!("192.0.2.1:{client_port}").parse().unwrap(),
+            "10.100.0.1:80".parse().unwrap(),
+            proto,
+        );
+        let e = CtEntry {
+            backend_id: id,
+            generation,
+            vip_id: 0,
+            _pad: 0,
+            last_seen_ns,
+        };
+        (key, e)
+    }
+
+    #[test]
+    fn counts_established_flows_per_backend_and_generation() {
+        let now = 1000 * S;
+        let window = Window::new(10 * S);
+        // (name, entries, bound, flows per backend, truncated)
+        let cases: Vec<Case> = vec![
+            ("empty table", vec![], 10, vec![], false),
+            (
+                "two backends",
+                vec![
+                    entry(1, PROTO_TCP, 1, 1, now),
+                    entry(2, PROTO_TCP, 1, 1, now - S),
+                    entry(3, PROTO_TCP, 2, 5, now),
+                ],
+                10,
+                vec![((1, 1), 2), ((2, 5), 1)],
+                false,
+            ),
+            (
+                "a recycled id keeps its generations apart",
+                vec![
+                    entry(1, PROTO_TCP, 1, 1, now),
+                    entry(2, PROTO_TCP, 1, 2, now),
+                ],
+                10,
+                vec![((1, 1), 1), ((1, 2), 1)],
+                false,
+            ),
+            (
+                "tcp idle past the active window is not a flow, but an entry",
+                vec![
+                    entry(1, PROTO_TCP, 1, 1, now - 30 * S),
+                    entry(2, PROTO_TCP, 1, 1, now - 30 * S - 1),
+                ],
+                10,
+                vec![((1, 1), 1)],
+                false,
+            ),
+            (
+                "udp by udp_timeout",
+                vec![
+                    entry(1, PROTO_UDP, 1, 1, now - 10 * S),
+                    entry(2, PROTO_UDP, 1, 1, now - 11 * S),
+                ],
+                10,
+                vec![((1, 1), 1)],
+                false,
+            ),
+            (
+                "last seen after now (another CPU's clock) counts",
+                vec![entry(1, PROTO_TCP, 3, 1, now + S)],
+                10,
+                vec![((3, 1), 1)],
+                false,
+            ),
+            (
+                "bounded",
+                vec![
+                    entry(1, PROTO_TCP, 1, 1, now),
+                    entry(2, PROTO_TCP, 1, 1, now),
+                    entry(3, PROTO_TCP, 1, 1, now),
+                ],
+                2,
+                vec![((1, 1), 2)],
+                true,
+            ),
+            (
+                "exactly at the bound is complete",
+                vec![
+                    entry(1, PROTO_TCP, 1, 1, now),
+                    entry(2, PROTO_TCP, 1, 1, now),
+                ],
+                2,
+                vec![((1, 1), 2)],
+                false,
+            ),
+        ];
+        for (name, entries, limit, want, truncated) in cases {
+            let n = entries.len() as u64;
+            let got = count_flows(entries, now, window, limit);
+            let want: HashMap<(u32, u32), u64> = want.into_iter().collect();
+            assert_eq!(got.per_backend, want, "{name}");
+            assert_eq!(got.entries, n.min(limit), "{name}");
+            assert_eq!(got.truncated, truncated, "{name}");
+        }
+    }
+
+    #[test]
+    fn flows_of_an_unknown_backend_are_zero() {
+        let now = 100 * S;
+        let c = count_flows([entry(1, PROTO_TCP, 7, 2, now)], now, Window::new(0), 10);
+        assert_eq!(c.flows(7, 2), 1);
+        assert_eq!(c.flows(7, 3), 0, "the next holder of the id");
+        assert_eq!(c.flows(8, 2), 0);
+    }
+
+    #[test]
+    fn udp_without_timeout_uses_the_active_window() {
+        assert_eq!(
+            Window::new(0),
+            Window {
+                tcp_ns: 30 * S,
+                udp_ns: 30 * S
+            }
+        );
+        assert_eq!(Window::new(5 * S).udp_ns, 5 * S);
+    }
+
+    /// The batch walk against a real LRU hash map, checked against aya's
+    /// key-by-key iteration. Needs root (CAP_BPF); says so and passes
+    /// without it, as the netns tests do.
+    #[test]
+    fn batch_walk_reads_every_entry() {
+        let Some(mut map) = lru_map(65_536) else {
+            eprintln!("skipped: creating a BPF map needs root");
+            return;
+        };
+        let mut ct = aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(&mut map).unwrap();
+        let now = super::super::api::coarse_now_ns();
+        // More than one batch, spread over three backends.
+        let n = 3 * BATCH as u32 + 17;
+        for i in 0..n {
+            let key = FlowKey::new(
+                std::net::SocketAddr::from(([192, 0, 2, (i % 200) as u8], (i / 200) as u16 + 1)),
+                "10.100.0.1:80".parse().unwrap(),
+                PROTO_TCP,
+            );
+            let e = CtEntry {
+                backend_id: i % 3 + 1,
+                generation: 1,
+                vip_id: 0,
+                _pad: 0,
+                last_seen_ns: now,
+            };
+            ct.insert(key, e, 0).unwrap();
+        }
+        let aya::maps::Map::LruHashMap(data) = &map else {
+            unreachable!()
+        };
+        let fd = data.fd().as_fd();
+        let mut batch = Counter::new(now, Window::new(0), 1_000_000);
+        walk_batch(fd, &mut batch).unwrap();
+        let ro = aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(&map).unwrap();
+        let keys = walk_keys(&ro, now, Window::new(0), 1_000_000).unwrap();
+        assert_eq!(batch.counts.entries, u64::from(n));
+        assert_eq!(batch.counts, keys);
+        assert_eq!(
+            batch.counts.flows(1, 1) + batch.counts.flows(2, 1) + batch.counts.flows(3, 1),
+            u64::from(n)
+        );
+        // The bound holds across batches.
+        let mut bounded = Counter::new(now, Window::new(0), 5000);
+        walk_batch(fd, &mut bounded).unwrap();
+        assert_eq!(bounded.counts.entries, 5000);
+        assert!(bounded.counts.truncated);
+    }
+
+    /// A fresh LRU hash map of conntrack's key and value sizes, made with
+    /// `BPF_MAP_CREATE`; `None` without the privilege to make one.
+    fn lru_map(max_entries: u32) -> Option<aya::maps::Map> {
+        use std::os::fd::{FromRawFd as _, OwnedFd};
+        #[repr(C)]
+        #[derive(Default)]
+        struct CreateAttr {
+            map_type: u32,
+            key_size: u32,
+            value_size: u32,
+            max_entries: u32,
+            map_flags: u32,
+        }
+        const BPF_MAP_CREATE: libc::c_long = 0;
+        const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+        let mut attr = CreateAttr {
+            map_type: BPF_MAP_TYPE_LRU_HASH,
+            key_size: std::mem::size_of::<FlowKey>() as u32,
+            value_size: std::mem::size_of::<CtEntry>() as u32,
+            max_entries,
+            map_flags: 0,
+        };
+        // SAFETY: a valid `BPF_MAP_CREATE` attribute of its stated size.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_CREATE,
+                &mut attr as *mut CreateAttr,
+                std::mem::size_of::<CreateAttr>() as u32,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Some(aya::maps::Map::LruHashMap(
+            aya::maps::MapData::from_fd(fd).ok()?,
+        ))
+    }
+}
