@@ -885,9 +885,9 @@ fn slow_start_ramps_new_flows() {
     let events = run.events().unwrap();
     let entered = transitions(&events, "api", b2)
         .into_iter()
-        .rfind(|e| e.to.as_deref() == Some("up"))
+        .rfind(|e| e.to.as_deref() == Some("ramping"))
         .map(|e| client.timeline_ms(e.at_unix_ms))
-        .unwrap_or_else(|| panic!("no up event for b2: {events:?}"));
+        .unwrap_or_else(|| panic!("no ramping event for b2: {events:?}"));
     let report = client.join().unwrap();
     eprintln!("{}", report.render_text());
     let r = ramp.as_millis() as i64;

@@ -366,7 +366,14 @@ impl Daemon {
                 moved = true;
             }
         }
-        let mut rebuild = if outcome.weights_changed || moved {
+        // A ramp moves with time, not with evaluations: while one is under
+        // way, `rebuild` compares the wanted table with the live one (and
+        // writes nothing if the step has not changed).
+        let ramping = self.vips[vi]
+            .backends
+            .iter()
+            .any(|b| b.policy.placement == policy::Placement::Ramping);
+        let mut rebuild = if outcome.weights_changed || moved || ramping {
             model::rebuild(&mut self.dp, &mut self.vips[vi])?
         } else {
             None
@@ -546,9 +553,13 @@ impl Daemon {
     /// Established flows of `b` at the last conntrack walk; `None` before
     /// the first.
     fn flows_of(&self, b: &Backend) -> Option<u64> {
-        self.flows
-            .latest()
-            .map(|w| w.counts.flows(b.id, b.generation))
+        let walk = self.flows.latest()?;
+        // A drain is judged by walks that began after it did: one from
+        // before may have missed connections opened since (up to a walk
+        // period), and `drain --wait` would stop at a stale 0.
+        let since_drain =
+            b.policy.placement == policy::Placement::Draining && walk.started < b.since;
+        (!since_drain).then(|| walk.counts.flows(b.id, b.generation))
     }
 
     /// Every tick: applies drain deadlines that have passed, and walks

@@ -151,6 +151,8 @@ pub fn count_flows(
 /// The latest walk, as the main loop sees it.
 #[derive(Clone, Debug)]
 pub struct Walk {
+    /// When it began (entries it counted were read after this).
+    pub started: Instant,
     /// When it finished.
     pub at: Instant,
     pub counts: Arc<FlowCounts>,
@@ -194,9 +196,10 @@ impl Shared {
         }
     }
 
-    fn publish(&self, counts: FlowCounts) {
+    fn publish(&self, started: Instant, counts: FlowCounts) {
         if let Ok(mut l) = self.latest.lock() {
             *l = Some(Walk {
+                started,
                 at: Instant::now(),
                 counts: Arc::new(counts),
             });
@@ -266,7 +269,7 @@ pub fn spawn(pin: PathBuf, limit: u32, entries: Arc<AtomicU64>, shared: Arc<Shar
                         );
                         last_error.clear();
                         entries.store(c.counts.entries, Ordering::Relaxed);
-                        shared.publish(c.counts);
+                        shared.publish(started, c.counts);
                     }
                     Err(e) => {
                         // Once per distinct error, not every walk.

@@ -311,8 +311,10 @@ pub enum Change {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
     pub changes: Vec<Change>,
-    /// Whether any member's table weight differs from the previous
-    /// evaluation (a placement change, or a ramp step): rebuild the table.
+    /// Whether this evaluation changed a member's table weight (a placement
+    /// change): rebuild the table. Ramp steps move with the clock between
+    /// evaluations, so while a member is `Ramping` the caller rebuilds at
+    /// every tick as well ([`MemberState::table_weight`] gives the step).
     pub weights_changed: bool,
 }
 
