@@ -63,19 +63,19 @@ fn count(stat: HcStat) {
 #[inline(always)]
 fn shot(stat: HcStat) -> i32 {
     count(stat);
-    TC_ACT_SHOT as i32
+    TC_ACT_SHOT
 }
 
 pub fn run(ctx: &TcContext) -> i32 {
     // SAFETY: reading a field of the context the kernel passed.
     let mark = unsafe { (*ctx.skb.skb).mark };
     if mark & HC_MARK_MASK != HC_MARK_BASE {
-        return TC_ACT_OK as i32;
+        return TC_ACT_OK;
     }
     // SAFETY: a 20-byte value copied out at once.
     let Some(&real) = (unsafe { XLB_HC_REALS.get(&mark) }) else {
         count(HcStat::PassUnknownMark);
-        return TC_ACT_OK as i32;
+        return TC_ACT_OK;
     };
     let v6 = real.family == FAMILY_V6;
     let Ok(ethertype) = ctx.load::<[u8; 2]>(12) else {
