@@ -91,6 +91,13 @@ pub const VIP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x1);
 /// A second IPv4 VIP (for reload tests), also on every backend's `lo`.
 pub const VIP2_V4: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 2);
 
+/// The LB host's stand-in for a default gateway towards the VIPs (see
+/// `build`): an address no namespace holds, with a permanent neighbour
+/// entry for [`LB_GW_MAC`], which no interface has.
+pub const LB_GW_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+pub const LB_GW_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x1);
+pub const LB_GW_MAC: [u8; 6] = [0x02, 0x99, 0, 0, 0, 0x01];
+
 /// The VIP ranges the client routes via the LB.
 pub const VIP_NET_V4: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 0);
 pub const VIP_NET_V4_PREFIX: u8 = 24;
@@ -747,6 +754,51 @@ impl Lab {
                 ("net.ipv6.conf.all.forwarding", "0"),
             ],
         )?;
+
+        // Data-path health probes: the LB host connects to the VIPs itself
+        // and `xlb_hc` takes the marked packets on eth0's egress. So, like a
+        // real LB host with its default route, it needs a route to the VIPs
+        // out of eth0 whose next hop resolves (an on-link route would wait
+        // forever for an ARP answer nobody gives: backends ignore ARP for
+        // VIPs). The lab has no router: the next hop is a fixed neighbour
+        // whose MAC nobody owns, so an unmarked packet from the LB host to a
+        // VIP is flooded by the bridge and dropped everywhere, as a real
+        // gateway would send it back to the LB's XDP program (never to a
+        // backend directly). Replies from the VIP then also pass strict
+        // rp_filter: their source routes back out of eth0.
+        let gw_mac = format_mac(LB_GW_MAC);
+        for (family, gw, net) in [
+            (
+                "-4",
+                LB_GW_V4.to_string(),
+                format!("{VIP_NET_V4}/{VIP_NET_V4_PREFIX}"),
+            ),
+            (
+                "-6",
+                LB_GW_V6.to_string(),
+                format!("{VIP_NET_V6}/{VIP_NET_V6_PREFIX}"),
+            ),
+        ] {
+            ip_in(
+                &lb,
+                &[
+                    family,
+                    "neigh",
+                    "add",
+                    &gw,
+                    "lladdr",
+                    &gw_mac,
+                    "dev",
+                    HOST_IFNAME,
+                    "nud",
+                    "permanent",
+                ],
+            )?;
+            ip_in(
+                &lb,
+                &[family, "route", "add", &net, "via", &gw, "dev", HOST_IFNAME],
+            )?;
+        }
 
         for i in 1..=self.cfg.backends {
             let ns = self.ns_backend(i);

@@ -98,6 +98,8 @@ pub const MAP_BE_STATS: &str = "XLB_BE_STATS";
 pub const MAP_NEXTHOP: &str = "XLB_NEXTHOP";
 pub const MAP_DECAP_ADDRS: &str = "XLB_DECAP_ADDR";
 pub const MAP_DECAP_STATS: &str = "XLB_DECAP_STAT";
+pub const MAP_HC_REALS: &str = "XLB_HC_REALS";
+pub const MAP_HC_STATS: &str = "XLB_HC_STATS";
 
 const _: () = {
     let names = [
@@ -115,6 +117,8 @@ const _: () = {
         MAP_NEXTHOP,
         MAP_DECAP_ADDRS,
         MAP_DECAP_STATS,
+        MAP_HC_REALS,
+        MAP_HC_STATS,
     ];
     let mut i = 0;
     while i < names.len() {
@@ -131,6 +135,8 @@ pub const PROG_LB: &str = "xlb_lb";
 pub const PROG_DECAP: &str = "xlb_decap";
 pub const PROG_MINIMAL: &str = "xlb_minimal";
 pub const PROG_PASS: &str = "xlb_pass";
+/// The tc egress classifier that steers data-path health probes (`#[classifier]`).
+pub const PROG_HC: &str = "xlb_hc";
 
 /// An address as stored in keys: IPv4 in the first 4 bytes, the rest zero;
 /// IPv6 in all 16. Network byte order, exactly as on the wire.
@@ -480,6 +486,80 @@ pub fn ring_index(vip_id: u32, half: u32, stride: u32, slot: u32) -> u32 {
     (vip_id * 2 + half) * stride + slot
 }
 
+/// Socket marks of data-path health probes: [`HC_MARK_BASE`] | backend id.
+/// A probe socket carries the mark (`SO_MARK`); `xlb_hc` sends every packet
+/// with such a mark to that backend exactly as `xlb_lb` would send a
+/// client's. The base is "XL" in the high 16 bits, far from the small marks
+/// firewalls and policy routing usually use; the low 16 bits hold the id
+/// ([`MAX_BACKENDS`] fits).
+pub const HC_MARK_BASE: u32 = 0x584c_0000;
+/// Bits of a mark that must equal [`HC_MARK_BASE`] for `xlb_hc` to look at it.
+pub const HC_MARK_MASK: u32 = 0xffff_0000;
+const _: () = assert!(MAX_BACKENDS <= !HC_MARK_MASK + 1);
+
+/// The mark of data-path probes to backend `id`.
+pub const fn hc_mark(id: u32) -> u32 {
+    HC_MARK_BASE | id
+}
+
+/// Value of `XLB_HC_REALS` (hash: probe mark → where its packets go).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HcReal {
+    /// Backend address, network byte order (see [`Addr`]).
+    pub addr: Addr,
+    /// [`FAMILY_V4`] or [`FAMILY_V6`]; a probe of the other family is dropped.
+    pub family: u8,
+    /// [`MODE_DSR_IPIP`] or [`MODE_DSR_L2`]: the VIP's forwarding mode.
+    pub mode: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<HcReal>() == 20);
+
+/// `xlb_hc` counters (`XLB_HC_STATS`, per-CPU array indexed by `HcStat as u32`).
+/// Packets without a probe mark are not counted: the program sits on the
+/// egress of every packet the host sends and costs them one compare.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HcStat {
+    /// Encapsulated (`dsr-ipip`) and redirected towards the backend.
+    FwdIpip = 0,
+    /// Redirected unchanged towards the backend's MAC (`dsr-l2`).
+    FwdL2 = 1,
+    /// A mark in xlb's range with no entry (a backend removed while its probe
+    /// ran): passed untouched, it goes where the route says and fails.
+    PassUnknownMark = 2,
+    /// Marked, but not IPv4/IPv6 of the backend's family: dropped.
+    DropFamily = 3,
+    /// No route to the backend (`bpf_fib_lookup` failed): dropped.
+    DropNoRoute = 4,
+    /// `bpf_skb_adjust_room` or the header write failed: dropped.
+    DropEncap = 5,
+}
+pub const HC_STATS_LEN: u32 = 6;
+
+impl HcStat {
+    pub const ALL: [HcStat; HC_STATS_LEN as usize] = [
+        HcStat::FwdIpip,
+        HcStat::FwdL2,
+        HcStat::PassUnknownMark,
+        HcStat::DropFamily,
+        HcStat::DropNoRoute,
+        HcStat::DropEncap,
+    ];
+    /// Stable snake_case name, for metrics and `--json` output.
+    pub const fn label(self) -> &'static str {
+        match self {
+            HcStat::FwdIpip => "fwd_ipip",
+            HcStat::FwdL2 => "fwd_l2",
+            HcStat::PassUnknownMark => "pass_unknown_mark",
+            HcStat::DropFamily => "drop_family",
+            HcStat::DropNoRoute => "drop_no_route",
+            HcStat::DropEncap => "drop_encap",
+        }
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
@@ -494,4 +574,5 @@ mod pod {
     unsafe impl aya::Pod for Globals {}
     unsafe impl aya::Pod for TrafficStats {}
     unsafe impl aya::Pod for NextHop {}
+    unsafe impl aya::Pod for HcReal {}
 }

@@ -7,6 +7,8 @@
 //!   to it, so backends need no tunnel module.
 //! - `xlb_minimal`: parse, swap MACs, `XDP_TX`: the baseline the benchmark
 //!   compares against.
+//! - `xlb_hc` (tc egress): sends data-path health probes (marked sockets
+//!   connecting to a VIP) to one backend exactly as `xlb_lb` sends clients'.
 //! - `xlb_pass`: `XDP_PASS`. veth delivers `XDP_TX`ed frames only to a peer
 //!   that has an XDP program, so the lab attaches this one there.
 #![no_std]
@@ -17,19 +19,20 @@
 )]
 
 mod decap;
+mod hc;
 mod lb;
 mod packet;
 
 use aya_ebpf::{
     bindings::xdp_action,
-    macros::{map, xdp},
+    macros::{classifier, map, xdp},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
-    programs::XdpContext,
+    programs::{TcContext, XdpContext},
 };
 use lb_common::{
     BackendInfo, CtEntry, DECAP_STATS_LEN, DEFAULT_CT_SIZE, DEFAULT_TABLE_SIZE, DecapAddrKey,
-    FlowKey, Globals, MAX_BACKENDS, MAX_VIPS, NextHop, STATS_LEN, TrafficStats, VipAddrKey,
-    VipInfo, VipKey,
+    FlowKey, Globals, HC_STATS_LEN, HcReal, MAX_BACKENDS, MAX_VIPS, NextHop, STATS_LEN,
+    TrafficStats, VipAddrKey, VipInfo, VipKey,
 };
 
 /// VIP services: (address, port, protocol) → VIP id.
@@ -89,6 +92,14 @@ static XLB_DECAP_ADDR: HashMap<DecapAddrKey, u32> = HashMap::with_max_entries(64
 #[map(name = "XLB_DECAP_STAT")]
 static XLB_DECAP_STAT: PerCpuArray<u64> = PerCpuArray::with_max_entries(DECAP_STATS_LEN, 0);
 
+/// Data-path probes: socket mark → backend address, family and VIP mode.
+#[map(name = "XLB_HC_REALS")]
+static XLB_HC_REALS: HashMap<u32, HcReal> = HashMap::with_max_entries(MAX_BACKENDS, 0);
+
+/// `xlb_hc` counters, indexed by `lb_common::HcStat`.
+#[map(name = "XLB_HC_STATS")]
+static XLB_HC_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(HC_STATS_LEN, 0);
+
 #[xdp]
 pub fn xlb_lb(ctx: XdpContext) -> u32 {
     lb::run(&ctx)
@@ -97,6 +108,11 @@ pub fn xlb_lb(ctx: XdpContext) -> u32 {
 #[xdp]
 pub fn xlb_decap(ctx: XdpContext) -> u32 {
     decap::run(&ctx)
+}
+
+#[classifier]
+pub fn xlb_hc(ctx: TcContext) -> i32 {
+    hc::run(&ctx)
 }
 
 #[xdp]

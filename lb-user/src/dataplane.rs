@@ -10,11 +10,11 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray},
-    programs::{ProgramError, Xdp},
+    programs::{ProgramError, SchedClassifier, Xdp},
 };
 use lb_common::{
-    BackendInfo, CtEntry, DECAP_STATS_LEN, DecapAddrKey, DecapStat, FlowKey, Globals,
-    LAYOUT_VERSION, MAX_VIPS, Stat, TrafficStats, VipAddrKey, VipInfo, VipKey,
+    BackendInfo, CtEntry, DECAP_STATS_LEN, DecapAddrKey, DecapStat, FlowKey, Globals, HcReal,
+    HcStat, LAYOUT_VERSION, MAX_VIPS, Stat, TrafficStats, VipAddrKey, VipInfo, VipKey,
 };
 
 /// The compiled XDP object (all programs), embedded at build time.
@@ -102,6 +102,8 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_NEXTHOP,
     lb_common::MAP_DECAP_ADDRS,
     lb_common::MAP_DECAP_STATS,
+    lb_common::MAP_HC_REALS,
+    lb_common::MAP_HC_STATS,
 ];
 
 /// The loaded object and typed handles to its maps.
@@ -120,6 +122,8 @@ pub struct Dataplane {
     be_stats: PerCpuArray<MapData, TrafficStats>,
     decap_addrs: HashMap<MapData, DecapAddrKey, u32>,
     decap_stats: PerCpuArray<MapData, u64>,
+    hc_reals: HashMap<MapData, u32, HcReal>,
+    hc_stats: PerCpuArray<MapData, u64>,
     ring_stride: u32,
 }
 
@@ -188,6 +192,19 @@ impl Dataplane {
             prog.load()
                 .map_err(|source| DataplaneError::Program { name, source })?;
         }
+        {
+            let name = lb_common::PROG_HC;
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or(DataplaneError::Program {
+                    name,
+                    source: ProgramError::NotLoaded,
+                })?
+                .try_into()
+                .map_err(|source| DataplaneError::Program { name, source })?;
+            prog.load()
+                .map_err(|source| DataplaneError::Program { name, source })?;
+        }
         // The next-hop cache stays in `ebpf`: only the kernel uses it.
         let mut take = |name: &'static str| -> Result<Map> {
             ebpf.take_map(name)
@@ -213,6 +230,8 @@ impl Dataplane {
             be_stats: typed!(lb_common::MAP_BE_STATS),
             decap_addrs: typed!(lb_common::MAP_DECAP_ADDRS),
             decap_stats: typed!(lb_common::MAP_DECAP_STATS),
+            hc_reals: typed!(lb_common::MAP_HC_REALS),
+            hc_stats: typed!(lb_common::MAP_HC_STATS),
             ebpf,
             ring_stride: opts.ring_stride,
         };
@@ -229,6 +248,19 @@ impl Dataplane {
 
     /// A loaded program by name (one of `lb_common::PROG_*`).
     pub fn program(&mut self, name: &'static str) -> Result<&mut Xdp> {
+        self.ebpf
+            .program_mut(name)
+            .ok_or(DataplaneError::Program {
+                name,
+                source: ProgramError::NotLoaded,
+            })?
+            .try_into()
+            .map_err(|source| DataplaneError::Program { name, source })
+    }
+
+    /// The loaded tc classifier `xlb_hc` (data-path probes).
+    pub fn hc_program(&mut self) -> Result<&mut SchedClassifier> {
+        let name = lb_common::PROG_HC;
         self.ebpf
             .program_mut(name)
             .ok_or(DataplaneError::Program {
@@ -463,6 +495,45 @@ impl Dataplane {
         self.decap_addrs
             .insert(key, 1, 0)
             .map_err(map_err(lb_common::MAP_DECAP_ADDRS))
+    }
+
+    /// Makes `XLB_HC_REALS` hold exactly `want` (mark → where probes with
+    /// that mark go): writes what differs, removes what is no longer wanted.
+    pub fn sync_hc_reals(&mut self, want: &StdHashMap<u32, HcReal>) -> Result<()> {
+        let err = map_err(lb_common::MAP_HC_REALS);
+        let have: StdHashMap<u32, HcReal> = self
+            .hc_reals
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_err(lb_common::MAP_HC_REALS))?;
+        for (mark, real) in want {
+            if have.get(mark) != Some(real) {
+                self.hc_reals
+                    .insert(mark, real, 0)
+                    .map_err(map_err(lb_common::MAP_HC_REALS))?;
+            }
+        }
+        for mark in have.keys().filter(|m| !want.contains_key(m)) {
+            match self.hc_reals.remove(mark) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(err(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// `xlb_hc` counters, summed over CPUs.
+    pub fn hc_stats(&self) -> Result<Vec<(HcStat, u64)>> {
+        HcStat::ALL
+            .iter()
+            .map(|&s| {
+                let v = self
+                    .hc_stats
+                    .get(&(s as u32), 0)
+                    .map_err(map_err(lb_common::MAP_HC_STATS))?;
+                Ok((s, v.iter().sum()))
+            })
+            .collect()
     }
 
     pub fn decap_stats(&self) -> Result<[u64; DECAP_STATS_LEN as usize]> {

@@ -270,6 +270,37 @@ impl World {
         Ok((res.return_value, out, res.duration))
     }
 
+    /// Runs the tc classifier `xlb_hc` once on `frame`, as if a socket with
+    /// mark `mark` sent it out of `xf0`. Returns the verdict, the frame and
+    /// the skb mark afterwards.
+    pub fn run_hc(&mut self, frame: &[u8], mark: u32) -> anyhow::Result<(u32, Vec<u8>, u32)> {
+        // The head of struct __sk_buff up to `ifindex`: len, pkt_type, mark,
+        // queue_mapping, protocol, vlan_present, vlan_tci, vlan_proto,
+        // priority, ingress_ifindex, ifindex. Of these the kernel accepts only
+        // mark, priority and the ifindexes non-zero (net/bpf/test_run.c,
+        // convert___skb_to_skb); ifindex > 1 makes it the skb's device.
+        let mut head = [0u32; 11];
+        head[2] = mark;
+        head[10] = self.ifindex;
+        let ctx: Vec<u8> = head.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        // The kernel writes back the whole __sk_buff (ENOSPC if smaller).
+        let mut ctx_out = vec![0u8; 256];
+        let mut out = vec![0u8; frame.len() + 256];
+        let program = self.dp.hc_program()?;
+        let res = program
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ctx_out: Some(&mut ctx_out),
+                ..Default::default()
+            })
+            .context("BPF_PROG_TEST_RUN of xlb_hc")?;
+        out.truncate(res.data_size_out as usize);
+        let mark_out = u32::from_ne_bytes(ctx_out[8..12].try_into().unwrap());
+        Ok((res.return_value, out, mark_out))
+    }
+
     pub fn stats(&self) -> anyhow::Result<HashMap<Stat, u64>> {
         Ok(self.dp.stats()?)
     }

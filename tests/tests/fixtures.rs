@@ -1086,3 +1086,266 @@ fn verifier_instruction_count() {
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
+
+/// MAC of the LB's next hop towards the VIPs: where the kernel addressed a
+/// probe's frame before `xlb_hc` took it.
+const GW_MAC: packet::Mac = [0x02, 0, 0, 0, 0, 0xfe];
+
+/// A backend of the `xlb_hc` fixtures with no route at all.
+const NOROUTE_V4: &str = "192.0.2.7";
+
+/// What `XLB_HC_REALS` holds in the `xlb_hc` fixtures: mark → (address, mode).
+fn hc_reals() -> Vec<(u32, &'static str, u8)> {
+    vec![
+        (lb_common::hc_mark(1), "10.0.0.11", MODE_DSR_IPIP),
+        (lb_common::hc_mark(2), "10.0.0.12", MODE_DSR_L2),
+        (lb_common::hc_mark(3), "10.0.0.13", MODE_DSR_IPIP),
+        (lb_common::hc_mark(4), "fd00::11", MODE_DSR_IPIP),
+        (lb_common::hc_mark(5), "fd00::12", MODE_DSR_L2),
+        (lb_common::hc_mark(6), "10.1.0.11", MODE_DSR_IPIP),
+        (lb_common::hc_mark(7), NOROUTE_V4, MODE_DSR_IPIP),
+    ]
+}
+
+/// A probe's frame as the LB's stack sends it: LB → VIP, to the gateway's MAC.
+fn probe_frame(family_v6: bool, flags: u8) -> (Vec<u8>, Vec<u8>) {
+    let flow = if family_v6 {
+        Flow::tcp(LB_V6, 40000, VIP6, 80)
+    } else {
+        Flow::tcp(LB_V4, 40000, VIP4, 80)
+    };
+    let inner = flow.ip(flags, b"GET /health");
+    let frame = packet::eth(
+        GW_MAC,
+        LB_MAC,
+        None,
+        if family_v6 { ETH_P_IPV6 } else { ETH_P_IP },
+        &inner,
+    );
+    (frame, inner)
+}
+
+/// The frame `xlb_hc` must hand to `bpf_redirect_neigh` for a dsr-ipip
+/// probe to `backend`: the same Ethernet header (the helper rewrites it),
+/// an outer header from the encap source, the probe untouched inside.
+fn hc_encapsulated(backend: &str, inner: &[u8]) -> Vec<u8> {
+    let be: IpAddr = backend.parse().unwrap();
+    let src: IpAddr = if be.is_ipv4() {
+        LB_V4.parse().unwrap()
+    } else {
+        LB_V6.parse().unwrap()
+    };
+    packet::eth(
+        GW_MAC,
+        LB_MAC,
+        None,
+        packet::ethertype(be),
+        &packet::encap(src, be, inner),
+    )
+}
+
+/// `xlb_hc`, Katran-style: named cases of (mark, frame) → verdict, exact
+/// output bytes, mark afterwards and counter deltas.
+#[test]
+fn hc_fixtures() {
+    use lb_common::{HcReal, HcStat};
+
+    struct HcCase {
+        name: &'static str,
+        mark: u32,
+        frame: Vec<u8>,
+        verdict: u32,
+        /// Expected output; `None` = unchanged.
+        out: Option<Vec<u8>>,
+        mark_after: u32,
+        deltas: Vec<(HcStat, u64)>,
+    }
+    let (syn4, inner4) = probe_frame(false, SYN);
+    let (syn6, inner6) = probe_frame(true, SYN);
+    let (ack4, ack_inner4) = probe_frame(false, ACK | PSH);
+    let m = lb_common::hc_mark;
+    let cases = vec![
+        HcCase {
+            name: "unmarked traffic to a VIP passes untouched, uncounted",
+            mark: 0,
+            frame: syn4.clone(),
+            verdict: TC_ACT_OK,
+            out: None,
+            mark_after: 0,
+            deltas: vec![],
+        },
+        HcCase {
+            name: "another user's mark passes untouched, uncounted",
+            mark: 0x1,
+            frame: syn4.clone(),
+            verdict: TC_ACT_OK,
+            out: None,
+            mark_after: 0x1,
+            deltas: vec![],
+        },
+        HcCase {
+            name: "a mark of ours without an entry passes untouched",
+            mark: m(99),
+            frame: syn4.clone(),
+            verdict: TC_ACT_OK,
+            out: None,
+            mark_after: m(99),
+            deltas: vec![(HcStat::PassUnknownMark, 1)],
+        },
+        HcCase {
+            name: "dsr-ipip v4 SYN: encapsulated to its backend, mark cleared",
+            mark: m(1),
+            frame: syn4.clone(),
+            verdict: TC_ACT_REDIRECT,
+            out: Some(hc_encapsulated("10.0.0.11", &inner4)),
+            mark_after: 0,
+            deltas: vec![(HcStat::FwdIpip, 1)],
+        },
+        HcCase {
+            name: "dsr-ipip v4 data segment: encapsulated the same way",
+            mark: m(1),
+            frame: ack4.clone(),
+            verdict: TC_ACT_REDIRECT,
+            out: Some(hc_encapsulated("10.0.0.11", &ack_inner4)),
+            mark_after: 0,
+            deltas: vec![(HcStat::FwdIpip, 1)],
+        },
+        HcCase {
+            name: "dsr-ipip v6 SYN: IPv6 outer header, flow label copied",
+            mark: m(4),
+            frame: syn6.clone(),
+            verdict: TC_ACT_REDIRECT,
+            out: Some(hc_encapsulated("fd00::11", &inner6)),
+            mark_after: 0,
+            deltas: vec![(HcStat::FwdIpip, 1)],
+        },
+        HcCase {
+            name: "dsr-l2 v4: unchanged, redirected to the backend as next hop",
+            mark: m(2),
+            frame: syn4.clone(),
+            verdict: TC_ACT_REDIRECT,
+            out: None,
+            mark_after: 0,
+            deltas: vec![(HcStat::FwdL2, 1)],
+        },
+        HcCase {
+            name: "dsr-l2 v6: unchanged, redirected",
+            mark: m(5),
+            frame: syn6.clone(),
+            verdict: TC_ACT_REDIRECT,
+            out: None,
+            mark_after: 0,
+            deltas: vec![(HcStat::FwdL2, 1)],
+        },
+        HcCase {
+            name: "unresolved neighbour: still redirected (bpf_redirect_neigh resolves it)",
+            mark: m(3),
+            frame: syn4.clone(),
+            verdict: TC_ACT_REDIRECT,
+            out: Some(hc_encapsulated("10.0.0.13", &inner4)),
+            mark_after: 0,
+            deltas: vec![(HcStat::FwdIpip, 1)],
+        },
+        HcCase {
+            name: "backend behind another interface: redirected there",
+            mark: m(6),
+            frame: syn4.clone(),
+            verdict: TC_ACT_REDIRECT,
+            out: Some(hc_encapsulated("10.1.0.11", &inner4)),
+            mark_after: 0,
+            deltas: vec![(HcStat::FwdIpip, 1)],
+        },
+        HcCase {
+            name: "no route to the backend: dropped, the probe fails",
+            mark: m(7),
+            frame: syn4.clone(),
+            verdict: TC_ACT_SHOT,
+            out: Some(hc_encapsulated(NOROUTE_V4, &inner4)),
+            mark_after: 0,
+            deltas: vec![(HcStat::DropNoRoute, 1)],
+        },
+        HcCase {
+            name: "IPv6 probe with an IPv4 backend's mark: dropped untouched",
+            mark: m(1),
+            frame: syn6.clone(),
+            verdict: TC_ACT_SHOT,
+            out: None,
+            mark_after: m(1),
+            deltas: vec![(HcStat::DropFamily, 1)],
+        },
+        HcCase {
+            name: "ARP with a mark of ours: dropped untouched",
+            mark: m(1),
+            frame: packet::eth(GW_MAC, LB_MAC, None, ETH_P_ARP, &[0u8; 28]),
+            verdict: TC_ACT_SHOT,
+            out: None,
+            mark_after: m(1),
+            deltas: vec![(HcStat::DropFamily, 1)],
+        },
+    ];
+    in_world("hc", opts(), |w| {
+        base(w)?;
+        let want: std::collections::HashMap<u32, HcReal> = hc_reals()
+            .into_iter()
+            .map(|(mark, addr, mode)| {
+                let a: IpAddr = addr.parse().unwrap();
+                let real = HcReal {
+                    addr: addr16(a),
+                    family: lb_common::family_of(a),
+                    mode,
+                    _pad: [0; 2],
+                };
+                (mark, real)
+            })
+            .collect();
+        w.dp.sync_hc_reals(&want)?;
+        let mut failures = Vec::new();
+        for c in &cases {
+            let before = w.dp.hc_stats()?;
+            let (verdict, out, mark_after) = w.run_hc(&c.frame, c.mark)?;
+            let after = w.dp.hc_stats()?;
+            let delta: Vec<(HcStat, u64)> = after
+                .iter()
+                .zip(&before)
+                .filter(|((_, a), (_, b))| a != b)
+                .map(|((s, a), (_, b))| (*s, a - b))
+                .collect();
+            let expected = c.out.clone().unwrap_or_else(|| c.frame.clone());
+            let mut errs = Vec::new();
+            if verdict != c.verdict {
+                errs.push(format!("verdict {verdict}, want {}", c.verdict));
+            }
+            if out != expected {
+                errs.push(format!(
+                    "output differs:\n   got  {}\n   want {}",
+                    hex(&out),
+                    hex(&expected)
+                ));
+            }
+            if mark_after != c.mark_after {
+                errs.push(format!("mark {mark_after:#x}, want {:#x}", c.mark_after));
+            }
+            if delta != c.deltas {
+                errs.push(format!("counters {delta:?}, want {:?}", c.deltas));
+            }
+            if errs.is_empty() {
+                println!("ok   {}", c.name);
+            } else {
+                println!("FAIL {}: {}", c.name, errs.join("; "));
+                failures.push(c.name);
+            }
+        }
+        anyhow::ensure!(
+            failures.is_empty(),
+            "{} of {} xlb_hc fixtures failed: {failures:?}",
+            failures.len(),
+            cases.len()
+        );
+        Ok(())
+    })
+    .unwrap();
+}

@@ -181,6 +181,7 @@ impl Daemon {
         for vi in 0..d.vips.len() {
             d.install(vi)?;
         }
+        d.dp.sync_hc_reals(&model::hc_reals(&d.vips))?;
         Ok(d)
     }
 
@@ -646,6 +647,9 @@ impl Daemon {
         let result = self.apply_reload();
         // Whatever was applied, even if a step failed part-way.
         self.index = model::backend_index(&self.vips);
+        if let Err(e) = self.dp.sync_hc_reals(&model::hc_reals(&self.vips)) {
+            error!("updating the data-path probe map: {e:#}");
+        }
         result
     }
 
@@ -1182,6 +1186,7 @@ impl Daemon {
     /// plane keeps forwarding with the last written state.
     pub async fn serve(mut self, listener: tokio::net::UnixListener) -> anyhow::Result<()> {
         let (link_id, adopted_link) = super::attach_lb(&mut self.dp, &self.cfg.daemon)?;
+        super::attach_hc_for(&mut self.dp, &self.cfg.daemon)?;
         self.link_id = link_id;
         self.adopted |= adopted_link;
         let vcount = self.vips.len();

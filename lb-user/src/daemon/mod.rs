@@ -19,10 +19,14 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use aya::programs::{
-    XdpMode,
-    links::{FdLink, PinnedLink},
-    xdp::XdpLink,
+use aya::{
+    programs::{
+        TcAttachType, XdpMode,
+        links::{FdLink, PinnedLink},
+        tc::{self, SchedClassifierLink},
+        xdp::XdpLink,
+    },
+    util::KernelVersion,
 };
 use lb_common::{Globals, LAYOUT_VERSION};
 use tracing::{info, warn};
@@ -390,6 +394,56 @@ pub(crate) fn attach_lb(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<
     attach(dp, d, &persist::pin_dir(&d.instance))
 }
 
+/// Attaches `xlb_hc` (data-path probes) to the egress of the daemon's
+/// interface. On kernel ≥ 6.6 it is a tcx link, pinned next to the XDP link
+/// so a restart replaces its program in place and `xlb detach` removes it;
+/// no qdisc is involved. Older kernels get a clsact qdisc and a netlink
+/// filter, which lives as long as the daemon (probes stop with it anyway).
+fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig, pin_dir: &Path) -> anyhow::Result<()> {
+    let iface = &d.interface;
+    let prog = dp.hc_program()?;
+    // tcx: kernel 6.6, "bpf: Add fd-based tcx multi-prog infra with link support".
+    let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
+    if !tcx {
+        match tc::qdisc_add_clsact(iface) {
+            Ok(()) => {}
+            // EEXIST: the qdisc is there already (ours from a previous run or
+            // someone else's); filters share it.
+            Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(e).with_context(|| format!("adding a clsact qdisc to {iface}")),
+        }
+        // A previous run's filter (killed before it could remove it).
+        let _ = tc::qdisc_detach_program(iface, TcAttachType::Egress, lb_common::PROG_HC);
+        prog.attach(iface, TcAttachType::Egress).with_context(|| {
+            format!("attaching {} to the egress of {iface}", lb_common::PROG_HC)
+        })?;
+        return Ok(());
+    }
+    let link_path = pin_dir.join(persist::HC_LINK_PIN);
+    if link_path.exists() {
+        let pinned = PinnedLink::from_pin(&link_path)
+            .with_context(|| format!("opening pinned link {}", link_path.display()))?;
+        let link = SchedClassifierLink::try_from(FdLink::from(pinned))
+            .context("pinned data-path probe link is not a tc link")?;
+        prog.attach_to_link(link)
+            .context("replacing the program of the pinned tc link")?;
+        return Ok(());
+    }
+    let link_id = prog
+        .attach(iface, TcAttachType::Egress)
+        .with_context(|| format!("attaching {} to the egress of {iface}", lb_common::PROG_HC))?;
+    let fd = FdLink::try_from(prog.take_link(link_id)?)
+        .context("the tc program was attached without a BPF link, so it cannot be pinned")?;
+    fd.pin(&link_path)
+        .with_context(|| format!("pinning the tc link at {}", link_path.display()))?;
+    Ok(())
+}
+
+/// Attaches the data-path probe classifier (see `attach_hc`).
+pub(crate) fn attach_hc_for(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<()> {
+    attach_hc(dp, d, &persist::pin_dir(&d.instance))
+}
+
 /// `xlb detach`: removes everything `xlb run` pinned and attached for
 /// `instance`. Established flows stop being balanced at once.
 pub fn detach(instance: &str) -> anyhow::Result<()> {
@@ -406,6 +460,15 @@ pub fn detach(instance: &str) -> anyhow::Result<()> {
             .with_context(|| format!("unpinning {}", link_path.display()))?;
         drop(fd);
         removed.push("XDP link".to_string());
+    }
+    let hc_path = dir.join(persist::HC_LINK_PIN);
+    if hc_path.exists() {
+        let fd = PinnedLink::from_pin(&hc_path)
+            .with_context(|| format!("opening {}", hc_path.display()))?
+            .unpin()
+            .with_context(|| format!("unpinning {}", hc_path.display()))?;
+        drop(fd);
+        removed.push("tc link (data-path probes)".to_string());
     }
     if dir.exists() {
         for entry in fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {

@@ -10,8 +10,8 @@ use std::{
 
 use anyhow::Context as _;
 use lb_common::{
-    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, MAX_BACKENDS, MAX_VIPS, VipInfo,
-    VipKey,
+    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, HcReal, MAX_BACKENDS, MAX_VIPS,
+    VipInfo, VipKey,
 };
 use tracing::{info, warn};
 
@@ -151,6 +151,27 @@ impl Backend {
             _pad: [0; 2],
         }
     }
+}
+
+/// What `XLB_HC_REALS` must hold: for every backend of every VIP, the mark
+/// of its data-path probes → its address and the VIP's mode. Written whole
+/// at start and after each reload (ids are recycled only by a reload).
+pub fn hc_reals(vips: &[Vip]) -> HashMap<u32, HcReal> {
+    vips.iter()
+        .flat_map(|v| {
+            v.backends.iter().map(|b| {
+                (
+                    lb_common::hc_mark(b.id),
+                    HcReal {
+                        addr: addr16(b.cfg.addr),
+                        family: family(b.cfg.addr),
+                        mode: v.cfg.mode.as_raw(),
+                        _pad: [0; 2],
+                    },
+                )
+            })
+        })
+        .collect()
 }
 
 /// One VIP and its double-buffered table.

@@ -21,6 +21,8 @@ pub const PIN_ROOT: &str = "/sys/fs/bpf/xlb";
 pub const STATE_ROOT: &str = "/run/xlb/state";
 /// Name of the pinned XDP link inside the pin directory.
 pub const LINK_PIN: &str = "XLB_LINK";
+/// Name of the pinned tc link of `xlb_hc` (data-path probes).
+pub const HC_LINK_PIN: &str = "XLB_HC_LINK";
 
 /// Where pins go: `/sys/fs/bpf/xlb/<instance>/`.
 pub fn pin_dir(instance: &str) -> PathBuf {

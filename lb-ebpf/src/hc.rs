@@ -1,0 +1,237 @@
+//! `xlb_hc`: tc egress classifier that sends data-path health probes the
+//! way `xlb_lb` sends client packets.
+//!
+//! A probe is an ordinary socket on the LB host connecting to the VIP's
+//! address and port, with `SO_MARK` = `lb_common::hc_mark(backend id)`. Its
+//! packets leave by the route to the VIP, through this interface's egress,
+//! where this program finds the mark and:
+//! - `dsr-ipip`: adds an outer IPv4 (IPv6) header from the daemon's encap
+//!   source (`Globals`) to the backend, TTL [`ENCAP_TTL`], exactly as
+//!   `xlb_lb::encap` writes it, and redirects it to the backend's next hop;
+//! - `dsr-l2`: redirects it unchanged to the backend's next hop (its MAC).
+//!
+//! The backend then answers from the VIP, straight to the LB host's address,
+//! only if the whole client path works: decapsulation, the VIP on `lo`, the
+//! service bound to the VIP. Katran's healthchecker does the same, with a
+//! tunnel device instead of writing the header itself.
+//!
+//! Verdicts: packets without a mark of ours (all the host's other traffic)
+//! pass untouched after one compare (`TC_ACT_OK`, not counted); a mark in our
+//! range without an entry passes (counted); a marked packet that cannot be
+//! sent is dropped (counted): the probe fails, as a client would.
+//!
+//! The next hop comes from `bpf_fib_lookup` towards the backend, the same
+//! input lookup `xlb_lb` makes (so the same route, gateway included), but the
+//! frame leaves with `bpf_redirect_neigh`: unlike XDP, tc may wait for a
+//! neighbour, so a backend nobody has talked to yet gets resolved rather
+//! than reported as unreachable. (Since kernel 6.3, "bpf: Add
+//! BPF_FIB_LOOKUP_SKIP_NEIGH", the lookup sets the egress ifindex and the
+//! gateway before its neighbour check, so both are valid with
+//! `BPF_FIB_LKUP_RET_NO_NEIGH` too; before, the ifindex stayed the input
+//! one, this interface.)
+
+use aya_ebpf::{
+    bindings::{
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6, BPF_FIB_LKUP_RET_NO_NEIGH,
+        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+        bpf_fib_lookup as FibParams, bpf_redir_neigh,
+    },
+    helpers::{bpf_fib_lookup, bpf_redirect_neigh},
+    programs::TcContext,
+};
+use lb_common::{
+    ENCAP_TTL, FAMILY_V6, HC_MARK_BASE, HC_MARK_MASK, HcReal, HcStat, IPIP4_OVERHEAD,
+    IPIP6_OVERHEAD, MODE_DSR_IPIP, PROTO_IPIP, PROTO_IPV6,
+};
+
+use crate::{
+    XLB_GLOBALS, XLB_HC_REALS, XLB_HC_STATS,
+    packet::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, be16},
+};
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+#[inline(always)]
+fn count(stat: HcStat) {
+    if let Some(p) = XLB_HC_STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: per-CPU slot.
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn shot(stat: HcStat) -> i32 {
+    count(stat);
+    TC_ACT_SHOT
+}
+
+pub fn run(ctx: &TcContext) -> i32 {
+    // SAFETY: reading a field of the context the kernel passed.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    if mark & HC_MARK_MASK != HC_MARK_BASE {
+        return TC_ACT_OK;
+    }
+    // SAFETY: a 20-byte value copied out at once.
+    let Some(&real) = (unsafe { XLB_HC_REALS.get(&mark) }) else {
+        count(HcStat::PassUnknownMark);
+        return TC_ACT_OK;
+    };
+    let v6 = real.family == FAMILY_V6;
+    let Ok(ethertype) = ctx.load::<[u8; 2]>(12) else {
+        return shot(HcStat::DropFamily);
+    };
+    if be16(ethertype) != if v6 { ETH_P_IPV6 } else { ETH_P_IP } {
+        return shot(HcStat::DropFamily);
+    }
+    let Some(g) = XLB_GLOBALS.get(0) else {
+        return shot(HcStat::DropEncap);
+    };
+    let ipip = real.mode == MODE_DSR_IPIP;
+    // The same source `xlb_lb` uses in its route lookup: the encap source
+    // for dsr-ipip, none for dsr-l2.
+    let src = match (ipip, v6) {
+        (false, _) => [0u8; 16],
+        (true, false) => g.encap_src_v4,
+        (true, true) => g.encap_src_v6,
+    };
+    if ipip {
+        let written = if v6 {
+            encap_v6(ctx, &src, &real.addr)
+        } else {
+            encap_v4(ctx, &src, &real.addr)
+        };
+        if written.is_none() {
+            return shot(HcStat::DropEncap);
+        }
+    }
+    // The redirected frame comes back through this egress hook: without
+    // its mark it passes, instead of being encapsulated again (Katran
+    // clears it for the same reason).
+    ctx.set_mark(0);
+    redirect(ctx, &real, &src, ipip)
+}
+
+/// Prepends an outer IPv4 header (backend as destination) after the
+/// Ethernet header; the inner packet is untouched.
+#[inline(always)]
+fn encap_v4(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
+    // The inner TOS is carried out, as `xlb_lb` does.
+    let inner = ctx.load::<[u8; 2]>(ETH_LEN).ok()?;
+    ctx.adjust_room(
+        IPIP4_OVERHEAD as i32,
+        BPF_ADJ_ROOM_MAC,
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 as u64,
+    )
+    .ok()?;
+    let total = (ctx.len() as usize - ETH_LEN) as u16;
+    let mut h = [0u8; 20];
+    h[0] = 0x45; // version 4, 5 words
+    h[1] = inner[1]; // TOS
+    h[2..4].copy_from_slice(&total.to_be_bytes());
+    // id 0, no fragment flags: as xlb_lb (the outer is never fragmented).
+    h[8] = ENCAP_TTL;
+    h[9] = PROTO_IPIP;
+    h[12..16].copy_from_slice(&src[..4]);
+    h[16..20].copy_from_slice(&dst[..4]);
+    let c = ipv4_csum(&h).to_be_bytes();
+    h[10] = c[0];
+    h[11] = c[1];
+    ctx.store(ETH_LEN, &h, 0).ok()
+}
+
+/// Prepends an outer IPv6 header; version, traffic class and flow label are
+/// copied from the inner header, as `xlb_lb` does (ECMP keeps the flow).
+#[inline(always)]
+fn encap_v6(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
+    let first = ctx.load::<[u8; 4]>(ETH_LEN).ok()?;
+    ctx.adjust_room(
+        IPIP6_OVERHEAD as i32,
+        BPF_ADJ_ROOM_MAC,
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 as u64,
+    )
+    .ok()?;
+    let payload = (ctx.len() as usize - ETH_LEN - IPIP6_OVERHEAD as usize) as u16;
+    let mut h = [0u8; 40];
+    h[..4].copy_from_slice(&first);
+    h[4..6].copy_from_slice(&payload.to_be_bytes());
+    h[6] = PROTO_IPV6;
+    h[7] = ENCAP_TTL;
+    h[8..24].copy_from_slice(src);
+    h[24..40].copy_from_slice(dst);
+    ctx.store(ETH_LEN, &h, 0).ok()
+}
+
+/// The IPv4 header checksum of `h` (checksum field zero).
+#[inline(always)]
+fn ipv4_csum(h: &[u8; 20]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut i = 0;
+    while i < 20 {
+        sum += u16::from_be_bytes([h[i], h[i + 1]]) as u32;
+        i += 2;
+    }
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// Looks up the route to the backend and redirects to its next hop.
+// verifier: not inlined, so the 64-byte fib parameters get their own frame.
+#[inline(never)]
+fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
+    // SAFETY: an all-zero bpf_fib_lookup is a valid input.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    // SAFETY: reading a field of the context the kernel passed.
+    p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let v6 = real.family == FAMILY_V6;
+    // The union fields are plain byte arrays in network order: copy bytes.
+    // SAFETY: writing union fields of a C struct.
+    unsafe {
+        let s = &mut p.__bindgen_anon_3.ipv6_src as *mut [u32; 4] as *mut u8;
+        let d = &mut p.__bindgen_anon_4.ipv6_dst as *mut [u32; 4] as *mut u8;
+        let n = if v6 { 16 } else { 4 };
+        p.family = if v6 { AF_INET6 } else { AF_INET };
+        core::ptr::copy_nonoverlapping(src.as_ptr(), s, n);
+        core::ptr::copy_nonoverlapping(real.addr.as_ptr(), d, n);
+    }
+    // An input lookup from this interface, as `xlb_lb::fib` makes it (the
+    // daemon turns forwarding on for the interface, which it requires).
+    // SAFETY: the helper reads and writes `p` only.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.skb.skb as *mut _,
+            &mut p,
+            core::mem::size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 && rc != BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
+        return shot(HcStat::DropNoRoute);
+    }
+    // The next hop: the gateway the lookup wrote over the destination, or
+    // the backend itself on-link. An IPv4 route may have an IPv6 gateway
+    // (RFC 5549): the lookup then says AF_INET6.
+    // SAFETY: an all-zero bpf_redir_neigh is a valid value.
+    let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+    // SAFETY: reading and writing union fields of C structs.
+    unsafe {
+        if p.family == AF_INET6 {
+            nh.nh_family = AF_INET6 as u32;
+            nh.__bindgen_anon_1.ipv6_nh = p.__bindgen_anon_4.ipv6_dst;
+        } else {
+            nh.nh_family = AF_INET as u32;
+            nh.__bindgen_anon_1.ipv4_nh = p.__bindgen_anon_4.ipv4_dst;
+        }
+    }
+    count(if ipip { HcStat::FwdIpip } else { HcStat::FwdL2 });
+    // SAFETY: `nh` lives across the call; the helper only reads it.
+    unsafe {
+        bpf_redirect_neigh(
+            p.ifindex,
+            &mut nh,
+            core::mem::size_of::<bpf_redir_neigh>() as i32,
+            0,
+        ) as i32
+    }
+}
