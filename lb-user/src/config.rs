@@ -401,6 +401,7 @@ fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S::Ok, S::Err
         #[serde(serialize_with = "ser_duration")]
         down_interval: Duration,
         jitter: f64,
+        via: &'static str,
     }
     let http = match &spec.kind {
         CheckKind::Http(h) => Some(h),
@@ -433,6 +434,7 @@ fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S::Ok, S::Err
         fast_interval: spec.fast_interval,
         down_interval: spec.down_interval,
         jitter: spec.jitter,
+        via: spec.via.as_str(),
     }
     .serialize(s)
 }
@@ -502,6 +504,14 @@ enum KindName {
     Tcp,
 }
 
+/// `via = "vip"` or `via = "direct"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ViaName {
+    Direct,
+    Vip,
+}
+
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawHealth {
@@ -519,6 +529,7 @@ struct RawHealth {
     fast_interval: Option<String>,
     down_interval: Option<String>,
     jitter: Option<RawJitter>,
+    via: Option<ViaName>,
     /// Accepted by the parser only to answer with a useful message: the
     /// probed port belongs to each backend (`health_port`).
     port: Option<toml::Value>,
@@ -1182,6 +1193,7 @@ struct HealthLayer {
     fast_interval: Option<Duration>,
     down_interval: Option<Duration>,
     jitter: Option<f64>,
+    via: Option<spec::Via>,
 }
 
 /// Checks the values of one table on their own; cross-field rules need the
@@ -1346,6 +1358,10 @@ fn parse_health(raw: &RawHealth, ctx: &str, port_owner: &str, p: &mut Problems<'
         fast_interval,
         down_interval,
         jitter,
+        via: raw.via.map(|v| match v {
+            ViaName::Direct => spec::Via::Direct,
+            ViaName::Vip => spec::Via::Vip,
+        }),
     }
 }
 
@@ -1476,6 +1492,7 @@ fn resolve_health(layers: &[(&HealthLayer, &str)], port: u16, p: &mut Problems<'
         jitter: pick(layers, |l| &l.jitter)
             .0
             .unwrap_or(spec::defaults::JITTER),
+        via: pick(layers, |l| &l.via).0.unwrap_or(spec::defaults::VIA),
     }
 }
 
@@ -1544,6 +1561,7 @@ mod tests {
             fast_interval: spec::defaults::FAST_INTERVAL,
             down_interval: spec::defaults::DOWN_INTERVAL,
             jitter: spec::defaults::JITTER,
+            via: spec::defaults::VIA,
         }
     }
 
@@ -1702,6 +1720,7 @@ mod tests {
             fast_interval: Duration::from_millis(250),
             down_interval: Duration::from_secs(10),
             jitter: 0.25,
+            via: spec::defaults::VIA,
         };
         let want = Config {
             daemon: DaemonConfig {
@@ -1808,6 +1827,7 @@ mod tests {
             interval: Duration::from_secs(4),
             rise: 4,
             jitter: 0.2,
+            via: spec::defaults::VIA,
             ..default_check(80)
         };
         let cases = [

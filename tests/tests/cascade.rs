@@ -30,7 +30,10 @@ use std::{
 use xlb_lab::{
     Fault,
     client::{LoadOptions, Report, SYN_RETRANSMIT_CONNECT},
-    scenario::{ClientRun, Event, Health, LabRun, Mode, Protection, Share, Status, Vip, XlbConfig},
+    scenario::{
+        ClientRun, Event, Health, LabRun, Mode, Protection, Share, StateFile, Status, Vip,
+        XlbConfig,
+    },
     topology,
 };
 use xlb_tests::lab::{
@@ -1166,4 +1169,82 @@ fn cascade_configurations_are_valid() {
         lb_user::health::spec::defaults::FALL,
     );
     assert_eq!((d.interval, d.timeout, d.rise, d.fall), spec_defaults);
+}
+
+/// Backend 1's decapsulator stops while its application still answers
+/// direct probes: every client flow it gets is blackholed. xlb's default
+/// data-path probes (to the VIP, encapsulated to that backend as clients'
+/// packets are) fail, so it is taken out with the data-path reason, and
+/// clients stop failing.
+#[test]
+fn datapath_check_catches_a_stopped_decap() {
+    let _serial = serial();
+    let p = prefix("dpc");
+    let health = Health {
+        interval: Duration::from_millis(500),
+        timeout: Duration::from_millis(250),
+        fall: 2,
+        ..Health::default()
+    };
+    let vip = api();
+    let b1 = vip.backend_addr(1);
+    let run = up(&p, &config(&p, health.clone(), Protection::default()));
+    let client = run
+        .start_client(steady(vip.target(), Duration::from_secs(10)))
+        .unwrap();
+    wait_client_ms(&client, 2000);
+    let state = StateFile::load(run.work_dir())
+        .unwrap()
+        .expect("lab state file");
+    let decap = state
+        .procs
+        .iter()
+        .find(|p| p.role == "decap-b1")
+        .expect("decap-b1 recorded");
+    run.lab().kill(decap.pid).unwrap();
+    let stopped_ms = client.timeline_ms(now_unix_ms());
+    // Its application still answers on its own address.
+    let direct = run
+        .http_get(b1, "/health", Duration::from_secs(1))
+        .unwrap_or_else(|e| panic!("direct GET of b1 after its decap stopped: {e}"));
+    eprintln!("[{p}] decap of b1 stopped at {stopped_ms} ms; direct GET still answers: {direct:?}");
+    // Out by the hard path: fall failures, each within hang_timeout.
+    let bound =
+        health.interval * health.fall + effective_hang_timeout(&health) * 2 + DETECTION_MARGIN;
+    let (s, _) = run
+        .wait_backend_state("api", b1, "down", bound + Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("b1 was not taken out: {e}"));
+    let b = s.backend("api", b1).unwrap();
+    eprintln!("[{p}] b1: {} ({:?})", b.placement, b.placement_reason);
+    let events = run.events().unwrap();
+    let down = *transitions(&events, "api", b1)
+        .iter()
+        .rfind(|e| e.to.as_deref() == Some("down"))
+        .unwrap_or_else(|| panic!("no down event for b1: {events:?}"));
+    let out_ms = client.timeline_ms(down.at_unix_ms);
+    let report = client.join().unwrap();
+    eprintln!("{}", report.render_text());
+    assert!(
+        down.reason
+            .starts_with("no answer via VIP 10.100.0.1:80 through dsr-ipip")
+            && down.reason.ends_with("; direct probe ok"),
+        "b1's reason: {:?}",
+        down.reason
+    );
+    // Clients stop failing once it is down (its share fails until then:
+    // while it is only a slow outlier its established flows stay on it,
+    // and its decapsulator is gone; `down` re-hashes them).
+    let late: Vec<(u64, u64)> = failure_slices(&report)
+        .into_iter()
+        .filter(|(t, _)| *t as i64 > out_ms + MAP_UPDATE_MARGIN_MS + 1000)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "requests failed after b1 went down at {out_ms} ms: {late:?}"
+    );
+    assert!(
+        report.summary.failures > 0,
+        "no request failed: did stopping the decapsulator take?"
+    );
+    teardown(run);
 }

@@ -260,9 +260,7 @@ impl Daemon {
         let (mut sched, rx) = Scheduler::new(self.cfg.daemon.probe_concurrency as usize);
         for v in &self.vips {
             for b in &v.backends {
-                let mut spec = b.cfg.health.clone();
-                spec.port = b.cfg.health.port;
-                sched.upsert(b.id as u64, b.cfg.socket_addr(), spec, b.health);
+                model::upsert_probe(&mut sched, &self.cfg.daemon.interface, &v.cfg, b);
                 if b.admin_drained {
                     sched.set_admin_drained(b.id as u64, true);
                 }
@@ -764,13 +762,9 @@ impl Daemon {
                     self.vips.push(vip);
                     let vi = self.vips.len() - 1;
                     if let Some(s) = self.sched.as_mut() {
-                        for b in &self.vips[vi].backends {
-                            s.upsert(
-                                b.id as u64,
-                                b.cfg.socket_addr(),
-                                b.cfg.health.clone(),
-                                b.health,
-                            );
+                        let v = &self.vips[vi];
+                        for b in &v.backends {
+                            model::upsert_probe(s, &self.cfg.daemon.interface, &v.cfg, b);
                         }
                     }
                     let r = self.install(vi)?;
@@ -841,27 +835,16 @@ impl Daemon {
                 .position(|b| b.cfg.socket_addr() == bcfg.socket_addr())
             {
                 let mut b = old_backends.remove(pos);
-                if b.cfg.health != bcfg.health
-                    && let Some(s) = self.sched.as_mut()
-                {
-                    s.upsert(
-                        b.id as u64,
-                        bcfg.socket_addr(),
-                        bcfg.health.clone(),
-                        b.health,
-                    );
-                }
                 b.cfg = bcfg;
+                // A no-op unless the check or the VIP's path to it changed.
+                if let Some(s) = self.sched.as_mut() {
+                    model::upsert_probe(s, &self.cfg.daemon.interface, &ncfg, &b);
+                }
                 backends.push(b);
             } else {
                 let b = model::new_backend(&mut self.dp, &mut self.ids, bcfg)?;
                 if let Some(s) = self.sched.as_mut() {
-                    s.upsert(
-                        b.id as u64,
-                        b.cfg.socket_addr(),
-                        b.cfg.health.clone(),
-                        b.health,
-                    );
+                    model::upsert_probe(s, &self.cfg.daemon.interface, &ncfg, &b);
                 }
                 backends.push(b);
             }

@@ -19,8 +19,11 @@ use crate::{
     config::{BackendConfig, VipConfig},
     dataplane::Dataplane,
     health::{
+        datapath::DatapathTarget,
         machine::{HealthSnapshot, HealthState},
         policy::{Member, MemberState, Placement, RAMP_STEPS, VipState},
+        scheduler::Scheduler,
+        spec::Via,
     },
     maglev,
 };
@@ -313,6 +316,22 @@ pub fn rebuild(dp: &mut Dataplane, vip: &mut Vip) -> anyhow::Result<Option<Rebui
         took: start.elapsed(),
         slots_changed: changed,
     }))
+}
+
+/// Starts or updates the probes of backend `b` of the VIP `vip`: through the
+/// data path (to the VIP, marked for `xlb_hc` on `interface`) when its check
+/// says `via = "vip"`, else straight to the backend.
+pub fn upsert_probe(sched: &mut Scheduler, interface: &str, vip: &VipConfig, b: &Backend) {
+    let spec = b.cfg.health.clone();
+    let path = (spec.via == Via::Vip).then(|| {
+        DatapathTarget::new(
+            SocketAddr::new(vip.addr, vip.port),
+            b.id,
+            interface,
+            vip.mode,
+        )
+    });
+    sched.upsert_via(b.id as u64, b.cfg.socket_addr(), spec, b.health, path);
 }
 
 /// Free-list allocation of VIP and backend ids.

@@ -71,6 +71,18 @@ impl DatapathTarget {
         connect_via_vip(self.vip, self.mark, &self.interface, deadline).await
     }
 
+    /// Marks `socket` for this target and binds it to the interface where
+    /// `xlb_hc` runs; then connect it to the VIP.
+    ///
+    /// # Errors
+    ///
+    /// `setsockopt(SO_MARK)` (EPERM without CAP_NET_ADMIN) or
+    /// `SO_BINDTODEVICE` (no such interface).
+    pub fn prepare(&self, socket: &TcpSocket) -> io::Result<()> {
+        set_mark(socket.as_raw_fd(), self.mark)?;
+        socket.bind_device(Some(self.interface.as_bytes()))
+    }
+
     /// The reason shown when only the data-path probe fails:
     /// `no answer via VIP 10.100.0.1:80 through dsr-ipip; direct probe ok`.
     /// `what` is the probe's own failure text, e.g. "connect timeout after 1s".

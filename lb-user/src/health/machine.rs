@@ -448,6 +448,7 @@ mod tests {
             fast_interval: Duration::from_millis(500),
             down_interval: Duration::from_secs(5),
             jitter: 0.1,
+            via: crate::health::spec::Via::Direct,
         }
     }
 

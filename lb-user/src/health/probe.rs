@@ -24,6 +24,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout_at};
 
+use super::datapath::DatapathTarget;
 use super::spec::{CheckKind, CheckSpec, HttpCheck};
 
 /// Cap on the status line and headers (all of them, interim 1xx responses
@@ -199,6 +200,14 @@ pub enum FailReason {
     /// backend: never counts toward `fall` (see [`ProbeClass::Local`]).
     #[error("local error, not the backend's fault: {error} while {during}")]
     Local { during: &'static str, error: String },
+    /// A data-path probe (`via = "vip"`) got no answer while a direct probe
+    /// of the same backend did: the backend serves, but clients' packets
+    /// sent to it are lost (decapsulator stopped, VIP missing from `lo`,
+    /// service not bound to the VIP). `text` is the whole operator text:
+    /// `no answer via VIP 10.100.0.1:80 through dsr-ipip (connect timeout
+    /// after 3s); direct probe ok`.
+    #[error("{text}")]
+    NoAnswerViaVip { text: String },
 }
 
 fn closed_text(received: usize) -> String {
@@ -225,6 +234,7 @@ impl FailReason {
             Self::InvalidCheck { .. } => "invalid_check",
             Self::Io { .. } => "io_error",
             Self::Local { .. } => "local_error",
+            Self::NoAnswerViaVip { .. } => "no_answer_via_vip",
         }
     }
 
@@ -272,16 +282,67 @@ impl fmt::Display for Compact {
 /// `spec.timeout` with [`ProbeResult::class`]). Never panics and never reads
 /// more than `HEADER_LIMIT + BODY_LIMIT` (plus chunk framing) bytes.
 pub async fn probe(addr: SocketAddr, spec: &CheckSpec) -> ProbeResult {
+    probe_via(addr, spec, None).await
+}
+
+/// Like [`probe`], but through the data path when `path` is given: to the
+/// VIP's address and `spec.port`, sent to this backend by `xlb_hc` (see
+/// `health::datapath`). When that fails before a connection is made, a
+/// direct probe tells "the path to the backend is broken" (reported as
+/// [`FailReason::NoAnswerViaVip`], the operator's clue) from "the backend
+/// fails" (reported as the direct probe's failure).
+pub async fn probe_via(
+    addr: SocketAddr,
+    spec: &CheckSpec,
+    path: Option<&DatapathTarget>,
+) -> ProbeResult {
+    let Some(path) = path else {
+        return probe_to(addr, spec, None).await;
+    };
+    let start = Instant::now();
+    let via = SocketAddr::new(path.vip.ip(), addr.port());
+    let result = probe_to(via, spec, Some(path)).await;
+    let connect_failed = matches!(
+        &result.outcome,
+        Err(FailReason::ConnectTimeout { .. }
+            | FailReason::ConnectionRefused
+            | FailReason::ConnectionReset
+            | FailReason::Io {
+                during: "connecting",
+                ..
+            })
+    );
+    if !connect_failed {
+        return result;
+    }
+    let direct = probe_to(addr, spec, None).await;
+    let outcome = match (&result.outcome, direct.outcome) {
+        (Err(fail), Ok(_)) => Err(FailReason::NoAnswerViaVip {
+            text: path.failure_reason(&fail.to_string(), Some(true)),
+        }),
+        (_, direct) => direct,
+    };
+    ProbeResult {
+        outcome,
+        latency: start.elapsed(),
+    }
+}
+
+async fn probe_to(
+    addr: SocketAddr,
+    spec: &CheckSpec,
+    path: Option<&DatapathTarget>,
+) -> ProbeResult {
     let start = Instant::now();
     // A spec built by hand with hang_timeout < timeout still gets a verdict
     // by `timeout`, as before hang_timeout existed.
     let limit = spec.hang_timeout.max(spec.timeout);
     let deadline = start + limit;
     let outcome = match &spec.kind {
-        CheckKind::Tcp => connect(addr, deadline, limit)
+        CheckKind::Tcp => connect(addr, path, deadline, limit)
             .await
             .map(|_stream| ProbeOk { status: None }),
-        CheckKind::Http(http) => http_probe(addr, http, deadline, limit).await,
+        CheckKind::Http(http) => http_probe(addr, path, http, deadline, limit).await,
     };
     ProbeResult {
         outcome,
@@ -291,6 +352,7 @@ pub async fn probe(addr: SocketAddr, spec: &CheckSpec) -> ProbeResult {
 
 async fn connect(
     addr: SocketAddr,
+    path: Option<&DatapathTarget>,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<TcpStream, FailReason> {
@@ -299,6 +361,14 @@ async fn connect(
         SocketAddr::V6(_) => TcpSocket::new_v6(),
     }
     .map_err(|e| io_fail(e, "creating a socket"))?;
+    if let Some(path) = path {
+        // EPERM (no CAP_NET_ADMIN for SO_MARK), or the interface is gone:
+        // this host's problem, whatever the backend does.
+        path.prepare(&socket).map_err(|e| FailReason::Local {
+            during: "marking a data-path probe socket",
+            error: e.to_string(),
+        })?;
+    }
     // `connect(2)` runs in the first poll: an error there is this host's
     // own answer (no route in our table, no local port), not the network's.
     // Later errors come from the peer or a router (SO_ERROR).
@@ -380,6 +450,7 @@ fn request(addr: SocketAddr, http: &HttpCheck) -> Vec<u8> {
 
 async fn http_probe(
     addr: SocketAddr,
+    path: Option<&DatapathTarget>,
     http: &HttpCheck,
     deadline: Instant,
     timeout: Duration,
@@ -389,7 +460,7 @@ async fn http_probe(
             reason: e.to_string(),
         });
     }
-    let mut stream = connect(addr, deadline, timeout).await?;
+    let mut stream = connect(addr, path, deadline, timeout).await?;
     // A request this small fits in the socket send buffer, so this completes
     // even when the application never reads; a timeout here still means no
     // response at all.

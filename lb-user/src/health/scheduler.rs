@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::datapath::DatapathTarget;
 use super::machine::{HealthMachine, HealthSnapshot, HealthState, Transition, initial_delay};
-use super::probe::{ProbeClass, ProbeResult, probe};
+use super::probe::{ProbeClass, ProbeResult, probe_via};
 use super::spec::CheckSpec;
 
 /// Probes in flight at once unless configured otherwise: enough for 1,000
@@ -93,6 +94,7 @@ impl HealthView {
 struct Task {
     addr: SocketAddr,
     spec: CheckSpec,
+    path: Option<DatapathTarget>,
     handle: JoinHandle<()>,
 }
 
@@ -133,9 +135,23 @@ impl Scheduler {
     ///
     /// Must be called within a Tokio runtime.
     pub fn upsert(&mut self, id: u64, addr: SocketAddr, spec: CheckSpec, initial: HealthState) {
+        self.upsert_via(id, addr, spec, initial, None);
+    }
+
+    /// [`Self::upsert`], probing through the data path when `path` is given
+    /// (see [`probe_via`]). A changed path restarts the task like a changed
+    /// spec.
+    pub fn upsert_via(
+        &mut self,
+        id: u64,
+        addr: SocketAddr,
+        spec: CheckSpec,
+        initial: HealthState,
+        path: Option<DatapathTarget>,
+    ) {
         let mut addr_changed = false;
         if let Some(task) = self.tasks.get(&id) {
-            if task.addr == addr && task.spec == spec {
+            if task.addr == addr && task.spec == spec && task.path == path {
                 return;
             }
             addr_changed = task.addr != addr;
@@ -176,11 +192,20 @@ impl Scheduler {
             generation,
             addr,
             spec: spec.clone(),
+            path: path.clone(),
             shared: Arc::clone(&self.shared),
             semaphore: Arc::clone(&self.semaphore),
             tx: self.tx.clone(),
         }));
-        self.tasks.insert(id, Task { addr, spec, handle });
+        self.tasks.insert(
+            id,
+            Task {
+                addr,
+                spec,
+                path,
+                handle,
+            },
+        );
     }
 
     /// Stops probing backend `id` and forgets its health. A report from a
@@ -232,6 +257,8 @@ struct BackendTask {
     generation: u64,
     addr: SocketAddr,
     spec: CheckSpec,
+    /// Probe through the data path (`via = "vip"`), if set.
+    path: Option<DatapathTarget>,
     shared: Shared,
     semaphore: Arc<Semaphore>,
     tx: mpsc::Sender<Report>,
@@ -339,7 +366,7 @@ async fn probe_once(
 ) {
     let _permit = permit;
     let spec = &task.spec;
-    let mut probing = pin!(probe(target, spec));
+    let mut probing = pin!(probe_via(target, spec, task.path.as_ref()));
     let mut first_word = Some(first_word);
     let late_at = tokio::time::Instant::now() + spec.timeout;
     // With hang_timeout = timeout the verdict comes at timeout: no interim.
@@ -804,6 +831,7 @@ mod tests {
         let hang = Duration::from_secs(2);
         let spec = CheckSpec {
             jitter: 0.0,
+            via: crate::health::spec::Via::Direct,
             ..hang_spec(holder.addr.port(), every, timeout, hang)
         };
         let (mut scheduler, mut rx) = Scheduler::new(64);

@@ -41,6 +41,7 @@ pub fn http_spec_hang(port: u16, timeout: Duration, hang_timeout: Duration) -> C
         fast_interval: defaults::FAST_INTERVAL,
         down_interval: defaults::DOWN_INTERVAL,
         jitter: defaults::JITTER,
+        via: crate::health::spec::Via::Direct,
     }
 }
 

@@ -264,6 +264,7 @@ fn table_swap() -> anyhow::Result<()> {
                 fast_interval: Duration::from_millis(500),
                 down_interval: Duration::from_secs(5),
                 jitter: 0.1,
+                via: lb_user::health::spec::Via::Direct,
             };
             let cfg = VipConfig {
                 name: format!("v{n}"),

@@ -328,6 +328,7 @@ fn http_spec(f: impl FnOnce(&mut CheckSpec)) -> CheckSpec {
         fast_interval: defaults::FAST_INTERVAL,
         down_interval: defaults::DOWN_INTERVAL,
         jitter: defaults::JITTER,
+        via: lb_user::health::spec::Via::Direct,
     };
     f(&mut spec);
     spec
