@@ -247,12 +247,21 @@ pub struct CtEntry {
     pub generation: u32,
     /// VIP id of the flow: a hit needs no VIP lookup.
     pub vip_id: u32,
-    pub _pad: u32,
+    /// [`CT_FLAG_CLOSING`] once the client sent FIN or RST; 0 otherwise.
+    /// Entries written before this field existed hold 0 (it was padding).
+    pub flags: u32,
     /// `bpf_ktime_get_coarse_ns()` (CLOCK_MONOTONIC_COARSE, ns) of the last
     /// packet, refreshed at most every [`CT_TOUCH_INTERVAL_NS`].
     pub last_seen_ns: u64,
 }
 const _: () = assert!(core::mem::size_of::<CtEntry>() == 24);
+
+/// [`CtEntry::flags`]: the client sent FIN or RST on this flow. The entry
+/// still forwards the flow's last packets; the daemon's conntrack walk no
+/// longer counts it as established (what `xlb drain --wait` waits on). The
+/// data plane keeps no other TCP state: it sees only the client's half of
+/// a DSR connection.
+pub const CT_FLAG_CLOSING: u32 = 1;
 
 /// Entries of `XLB_VIP_PORTS`: one per (TCP|UDP, port).
 pub const PORT_INDEX_LEN: u32 = 2 * 65_536;

@@ -30,8 +30,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, CT_TOUCH_INTERVAL_NS, CtEntry,
-    DOWN_POLICY_KEEP, ENCAP_TTL, FAMILY_V4, FAMILY_V6, FlowKey, Globals, IPIP4_OVERHEAD,
+    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, CT_FLAG_CLOSING, CT_TOUCH_INTERVAL_NS,
+    CtEntry, DOWN_POLICY_KEEP, ENCAP_TTL, FAMILY_V4, FAMILY_V6, FlowKey, Globals, IPIP4_OVERHEAD,
     IPIP6_OVERHEAD, MODE_DSR_IPIP, NEXTHOP_TTL_NS, NextHop, PROTO_IPIP, PROTO_IPV6, PROTO_TCP,
     PROTO_UDP, Stat, VipAddrKey, VipInfo, VipKey, ring_index,
 };
@@ -48,7 +48,9 @@ const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
 /// TCP flag bits in the 14th byte of the TCP header.
+const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
 
 /// IPv6 next-header values of extension headers passed to the host.
@@ -82,8 +84,16 @@ struct Packet {
     /// Length of the IP packet (header + payload) per its own length field.
     ip_len: usize,
     flow: FlowKey,
+    /// TCP flags byte (0 for UDP).
+    tcp_flags: u8,
+}
+
+impl Packet {
     /// TCP SYN without ACK: a new connection.
-    syn: bool,
+    #[inline(always)]
+    fn syn(&self) -> bool {
+        self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+    }
 }
 
 pub fn run(ctx: &XdpContext) -> u32 {
@@ -113,7 +123,7 @@ pub fn run(ctx: &XdpContext) -> u32 {
         l3off,
         ip_len: 0,
         flow: FlowKey::default(),
-        syn: false,
+        tcp_flags: 0,
     };
     let parsed = match proto {
         ETH_P_IP => parse_v4(ctx, &mut pkt),
@@ -140,7 +150,7 @@ pub fn run(ctx: &XdpContext) -> u32 {
     // port and protocol, and its value the VIP id, so a hit needs no VIP
     // lookup. A SYN always picks from the current table.
     let mut missed = false;
-    if !pkt.syn {
+    if !pkt.syn() {
         match XLB_CT.get_ptr_mut(&pkt.flow) {
             // SAFETY: LRU hash values stay valid for the program's run (RCU);
             // racing writers only store whole u32/u64 fields.
@@ -178,7 +188,7 @@ pub fn run(ctx: &XdpContext) -> u32 {
         backend_id: id,
         generation: be.generation,
         vip_id,
-        _pad: 0,
+        flags: 0,
         last_seen_ns: now,
     };
     match XLB_CT.insert(&pkt.flow, &entry, 0) {
@@ -243,13 +253,13 @@ fn parse_v4(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
     if proto != PROTO_TCP && proto != PROTO_UDP {
         return Err(pass(Stat::PassNotVip));
     }
-    let (sport, dport, syn) = parse_l4(ctx, l3off + 20, tot_len - 20, proto, dst, FAMILY_V4)?;
+    let (sport, dport, tcp_flags) = parse_l4(ctx, l3off + 20, tot_len - 20, proto, dst, FAMILY_V4)?;
     let flow = &mut pkt.flow;
     flow.src[..4].copy_from_slice(&ip[12..16]);
     flow.sport = sport;
     flow.dport = dport;
     pkt.ip_len = tot_len;
-    pkt.syn = syn;
+    pkt.tcp_flags = tcp_flags;
     Ok(())
 }
 
@@ -289,18 +299,18 @@ fn parse_v6(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
     if next != PROTO_TCP && next != PROTO_UDP {
         return Err(pass(Stat::PassNotVip));
     }
-    let (sport, dport, syn) = parse_l4(ctx, l3off + 40, payload_len, next, dst, FAMILY_V6)?;
+    let (sport, dport, tcp_flags) = parse_l4(ctx, l3off + 40, payload_len, next, dst, FAMILY_V6)?;
     let flow = &mut pkt.flow;
     flow.src.copy_from_slice(&ip[8..24]);
     flow.sport = sport;
     flow.dport = dport;
     pkt.ip_len = 40 + payload_len;
-    pkt.syn = syn;
+    pkt.tcp_flags = tcp_flags;
     Ok(())
 }
 
-/// Ports (network order, as stored in keys) and the SYN bit of the TCP/UDP
-/// header at `off`, whose IP payload is `l4_len` bytes.
+/// Ports (network order, as stored in keys) and the TCP flags (0 for UDP)
+/// of the TCP/UDP header at `off`, whose IP payload is `l4_len` bytes.
 #[inline(always)]
 fn parse_l4(
     ctx: &XdpContext,
@@ -309,7 +319,7 @@ fn parse_l4(
     proto: u8,
     dst: &[u8; 16],
     family: u8,
-) -> Result<(u16, u16, bool), u32> {
+) -> Result<(u16, u16, u8), u32> {
     if proto == PROTO_TCP {
         let Some(tcp) = ptr_at::<[u8; 20]>(ctx, off) else {
             return Err(bad(dst, family, Stat::DropBadL4));
@@ -320,11 +330,10 @@ fn parse_l4(
         if doff < 20 || doff > l4_len {
             return Err(bad(dst, family, Stat::DropBadL4));
         }
-        let syn = tcp[13] & (TCP_SYN | TCP_ACK) == TCP_SYN;
         Ok((
             u16::from_ne_bytes([tcp[0], tcp[1]]),
             u16::from_ne_bytes([tcp[2], tcp[3]]),
-            syn,
+            tcp[13],
         ))
     } else {
         let Some(udp) = ptr_at::<[u8; 8]>(ctx, off) else {
@@ -339,7 +348,7 @@ fn parse_l4(
         Ok((
             u16::from_ne_bytes([udp[0], udp[1]]),
             u16::from_ne_bytes([udp[2], udp[3]]),
-            false,
+            0,
         ))
     }
 }
@@ -423,6 +432,11 @@ fn use_ct(
     count(Stat::CtHit);
     if now.wrapping_sub(e.last_seen_ns) > CT_TOUCH_INTERVAL_NS {
         e.last_seen_ns = now;
+    }
+    // The client is closing: tell the daemon's flow count (a drain waits on
+    // it). Written once; the entry keeps forwarding the last packets.
+    if pkt.tcp_flags & (TCP_FIN | TCP_RST) != 0 && e.flags & CT_FLAG_CLOSING == 0 {
+        e.flags |= CT_FLAG_CLOSING;
     }
     Some((vip, e.backend_id, be))
 }

@@ -13,7 +13,9 @@ pub const ETH_P_ARP: u16 = 0x0806;
 pub const ETH_P_8021Q: u16 = 0x8100;
 pub const ETH_P_8021AD: u16 = 0x88a8;
 
+pub const FIN: u8 = 0x01;
 pub const SYN: u8 = 0x02;
+pub const RST: u8 = 0x04;
 pub const ACK: u8 = 0x10;
 pub const PSH: u8 = 0x08;
 

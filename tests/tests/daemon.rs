@@ -402,7 +402,7 @@ fn daemon_lifecycle() {
         backend_id: *ids.iter().next().unwrap(),
         generation: 1,
         vip_id: 0,
-        _pad: 0,
+        flags: 0,
         last_seen_ns: 1,
     };
     dp.ct_insert(&flow, &entry).unwrap();
@@ -665,7 +665,7 @@ fn drain_with_deadline(e: &mut Env, dp: &mut Dataplane) {
             backend_id: id,
             generation,
             vip_id: 0,
-            _pad: 0,
+            flags: 0,
             last_seen_ns: coarse_now_ns(),
         };
         dp.ct_insert(f, &entry).unwrap();

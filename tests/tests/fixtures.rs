@@ -16,7 +16,9 @@ use lb_common::{
 use lb_user::dataplane::LoadOptions;
 use xlb_tests::{
     harness::{LB_MAC, LB_V4, LB_V6, PEER_MAC, World, XG_MAC, in_world, stat_delta},
-    packet::{self, ACK, ETH_P_8021AD, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, Flow, PSH, SYN, addr16},
+    packet::{
+        self, ACK, ETH_P_8021AD, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, FIN, Flow, PSH, RST, SYN, addr16,
+    },
 };
 
 const XDP_ABORTED: u32 = 0;
@@ -262,7 +264,7 @@ fn ct(w: &mut World, flow: &Flow, id: u32, generation: u32, seen: u64) -> anyhow
             backend_id: id,
             generation,
             vip_id,
-            _pad: 0,
+            flags: 0,
             last_seen_ns: seen,
         },
     )?;
@@ -451,7 +453,41 @@ fn cases(w: &World) -> Vec<Case> {
             fwd_to(est, ACK | PSH, MODE_DSR_IPIP, 2),
             &[(CtHit, 1), (FwdTx, 1)],
         )
-        .prep(move |w| ct(w, &est, 2, 0, monotonic_ns())),
+        .prep(move |w| ct(w, &est, 2, 0, monotonic_ns()))
+        .check(move |w| {
+            let flags = w.dp.ct_get(&est.key())?.map(|e| e.flags);
+            anyhow::ensure!(flags == Some(0), "flags {flags:?}: not closing");
+            Ok(())
+        }),
+        case(
+            "client FIN on an established flow: forwarded, entry marked closing",
+            client(&est, None, FIN | ACK),
+            XDP_TX,
+            fwd_to(est, FIN | ACK, MODE_DSR_IPIP, 2),
+            &[(CtHit, 1), (FwdTx, 1)],
+        )
+        .prep(move |w| ct(w, &est, 2, 0, monotonic_ns()))
+        .check(move |w| {
+            let e = w.dp.ct_get(&est.key())?;
+            anyhow::ensure!(
+                e.map(|e| (e.backend_id, e.flags)) == Some((2, lb_common::CT_FLAG_CLOSING)),
+                "entry {e:?}"
+            );
+            Ok(())
+        }),
+        case(
+            "client RST on an established flow: forwarded, entry marked closing",
+            client(&est, None, RST),
+            XDP_TX,
+            fwd_to(est, RST, MODE_DSR_IPIP, 2),
+            &[(CtHit, 1), (FwdTx, 1)],
+        )
+        .prep(move |w| ct(w, &est, 2, 0, monotonic_ns()))
+        .check(move |w| {
+            let flags = w.dp.ct_get(&est.key())?.map(|e| e.flags);
+            anyhow::ensure!(flags == Some(lb_common::CT_FLAG_CLOSING), "flags {flags:?}");
+            Ok(())
+        }),
         case(
             "miss falls back to the table and creates an entry",
             client(&est, None, ACK),

@@ -29,11 +29,12 @@ pub const PERIOD_IDLE: Duration = Duration::from_secs(10);
 pub const PERIOD_DRAINING: Duration = Duration::from_secs(2);
 
 /// A TCP entry counts as an established flow if it carried a packet within
-/// this long. The data plane keeps no TCP state (it sees only the client's
-/// half of a DSR connection, and removes nothing on FIN or RST), so an
-/// entry outlives its connection until the LRU evicts it; its `last_seen_ns`
-/// (refreshed at most every `CT_TOUCH_INTERVAL_NS`) is all there is to go
-/// by. 30 s is the kernel's UDP timeout and longer than the gap between
+/// this long and its client has not sent FIN or RST (`CT_FLAG_CLOSING`).
+/// The data plane keeps no other TCP state (it sees only the client's half
+/// of a DSR connection, and removes nothing), so an entry outlives its
+/// connection until the LRU evicts it; a client that vanished without FIN
+/// or RST is counted until its `last_seen_ns` (refreshed at most every
+/// `CT_TOUCH_INTERVAL_NS`) is this old. 30 s is the kernel's UDP timeout and longer than the gap between
 /// requests of most keep-alive clients; a connection idle for longer is not
 /// counted (but its packets still reach the backend while it drains).
 /// A walk older than this is not reported (the walk keeps failing): better
@@ -120,7 +121,9 @@ impl Counter {
         } else {
             self.window.tcp_ns
         };
-        if idle <= window {
+        // The client sent FIN or RST: the connection is ending.
+        let closing = e.flags & lb_common::CT_FLAG_CLOSING != 0;
+        if idle <= window && !closing {
             *self
                 .counts
                 .per_backend
@@ -444,7 +447,7 @@ mod tests {
             backend_id: id,
             generation,
             vip_id: 0,
-            _pad: 0,
+            flags: 0,
             last_seen_ns,
         };
         (key, e)
@@ -484,6 +487,17 @@ mod tests {
                     entry(1, PROTO_TCP, 1, 1, now - 30 * S),
                     entry(2, PROTO_TCP, 1, 1, now - 30 * S - 1),
                 ],
+                10,
+                vec![((1, 1), 1)],
+                false,
+            ),
+            (
+                "a flow whose client sent FIN or RST has ended",
+                vec![entry(1, PROTO_TCP, 1, 1, now), {
+                    let (k, mut e) = entry(2, PROTO_TCP, 1, 1, now);
+                    e.flags = lb_common::CT_FLAG_CLOSING;
+                    (k, e)
+                }],
                 10,
                 vec![((1, 1), 1)],
                 false,
@@ -581,7 +595,7 @@ mod tests {
                 backend_id: i % 3 + 1,
                 generation: 1,
                 vip_id: 0,
-                _pad: 0,
+                flags: 0,
                 last_seen_ns: now,
             };
             ct.insert(key, e, 0).unwrap();

@@ -111,7 +111,7 @@ fn main() -> anyhow::Result<()> {
                     backend_id: 1,
                     generation: 0,
                     vip_id,
-                    _pad: 0,
+                    flags: 0,
                     last_seen_ns: now,
                 },
             )?;
