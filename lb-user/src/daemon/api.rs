@@ -530,6 +530,7 @@ impl Daemon {
         b.admin_drained = drained;
         b.drain_deadline = if drained { deadline_at } else { None };
         b.drain_expired = false;
+        b.drained_at = drained.then(Instant::now);
         let id = b.id;
         if let Some(s) = self.sched.as_mut() {
             s.set_admin_drained(id as u64, drained);
@@ -556,9 +557,8 @@ impl Daemon {
         // A drain is judged by walks that began after it did: one from
         // before may have missed connections opened since (up to a walk
         // period), and `drain --wait` would stop at a stale 0.
-        let since_drain =
-            b.policy.placement == policy::Placement::Draining && walk.started < b.since;
-        (!since_drain).then(|| walk.counts.flows(b.id, b.generation))
+        let before_drain = b.admin_drained && b.drained_at.is_some_and(|t| walk.started < t);
+        (!before_drain).then(|| walk.counts.flows(b.id, b.generation))
     }
 
     /// Every tick: applies drain deadlines that have passed, and walks

@@ -51,6 +51,10 @@ pub struct Backend {
     /// The drain's deadline has passed: the data plane has the backend
     /// `down`, so its remaining flows follow the VIP's `down_policy`.
     pub drain_expired: bool,
+    /// When this process drained it (`None` for a drain adopted from the
+    /// previous run): flow counts from walks that began earlier may miss
+    /// connections, so a drain is judged by later ones only.
+    pub drained_at: Option<Instant>,
     /// The latest health snapshot from the scheduler (None until its first report).
     pub snapshot: Option<HealthSnapshot>,
     /// When the data-plane state last changed (for "time in state").
@@ -388,6 +392,7 @@ pub fn new_backend(
         admin_drained: false,
         drain_deadline: None,
         drain_expired: false,
+        drained_at: None,
         snapshot: None,
         since: Instant::now(),
         policy: MemberState::new(Placement::Unknown, Instant::now()),
@@ -501,6 +506,7 @@ pub fn adopt_or_create_vip(
                             .filter(|_| p.admin_drained)
                             .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
                         drain_expired: p.admin_drained && p.drain_expired,
+                        drained_at: None,
                         snapshot: None,
                         since: Instant::now(),
                         policy: MemberState::new(placement, Instant::now()),
