@@ -14,7 +14,9 @@
 //! - requests, failed, and connects that waited on a retransmitted SYN
 //!   (the first one was dropped: for a VIP, because its table was empty);
 //! - `drop_no_backend`: SYNs xlb dropped for want of a backend;
-//! - p99 and max request latency (2.5 s is the fleet's own slowness);
+//! - p99 and max latency of the requests that succeeded (2.5 s is the
+//!   fleet's own slowness; a failed request is one that hit the client's
+//!   5 s timeout);
 //! - seconds the table was empty, from `xlb status` polled every 250 ms.
 //!
 //! Usage: `xlb-cascade-bench [--quick]` (as root, with `xlb` and
@@ -181,8 +183,8 @@ fn print_table(rows: &[Outcome]) {
         "failed",
         "SYN waits",
         "drop_no_backend",
-        "p99",
-        "max",
+        "p99 ok",
+        "max ok",
         "table empty",
         "exits",
         "fleet_slow"
@@ -244,8 +246,9 @@ fn main() -> Result<()> {
     );
     println!(
         "columns:   SYN waits = connects slower than a SYN retransmit (first SYN dropped); \
-         table empty = time no backend was up, from status polled every {} ms; exits = \
-         backends taken out of the table",
+         p99/max ok = latency of the requests that succeeded (the others hit the 5 s \
+         client timeout); table empty = time no backend was up, from status polled every {} ms; \
+         exits = backends taken out of the table",
         POLL.as_millis()
     );
     let mut rows = Vec::new();
