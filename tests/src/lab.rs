@@ -1,7 +1,8 @@
 //! Helpers shared by the lab's end-to-end test files (`e2e.rs`,
-//! `cascade.rs`): finding a fresh `xlb`, bringing a lab up and tearing it
-//! down with a check that nothing is left, one lab at a time, and reading
-//! the client's timeline and xlb's events.
+//! `cascade.rs`) and the lab benchmarks: finding a fresh `xlb`, bringing a
+//! lab up and tearing it down with a check that nothing is left, one lab at
+//! a time, reading the client's timeline and xlb's events, and seed 003's
+//! scenario ([`cascade`]).
 
 use std::{
     net::SocketAddr,
@@ -169,4 +170,160 @@ pub fn transitions<'a>(events: &'a [Event], vip: &str, backend: SocketAddr) -> V
                 && e.backend.as_deref() == Some(b.as_str())
         })
         .collect()
+}
+
+/// Issue 7's cascade scenario (seed 003: a fleet slower than its health
+/// check's timeout at peak), shared by the end-to-end tests (`cascade.rs`)
+/// and its benchmark (`xlb-cascade-bench`), so both replay the same thing.
+pub mod cascade {
+    use std::{net::SocketAddr, thread, time::Duration};
+
+    use xlb_lab::{
+        Fault,
+        client::{LoadOptions, Report},
+        scenario::{ClientRun, Event, Health, LabRun, Mode, Protection, Status, Vip, XlbConfig},
+        topology,
+    };
+
+    use super::now_unix_ms;
+
+    /// How stale `xlb status` counters may be (sampled once per 1 s tick).
+    pub const COUNTER_TICK: Duration = Duration::from_millis(1500);
+
+    /// How often `watch` polls `status` while a load runs.
+    pub const POLL: Duration = Duration::from_millis(250);
+
+    /// Seed 003: how late every backend answers during the slowdown.
+    pub const SEED_SLOW: Duration = Duration::from_millis(2500);
+
+    /// Seed 003's timeline: every backend slow from here (client time, ms)…
+    pub const SLOW_FROM_MS: i64 = 5_000;
+
+    /// … to here.
+    pub const SLOW_UNTIL_MS: i64 = 20_000;
+
+    /// The VIP of the scenarios: `api`, dsr-ipip, three backends.
+    pub fn api() -> Vip {
+        Vip::new("api", topology::VIP_V4.into(), 80, Mode::DsrIpip, 3)
+    }
+
+    /// A lab configuration with `api` as its only VIP.
+    pub fn config(prefix: &str, health: Health, protection: Protection) -> XlbConfig {
+        XlbConfig {
+            health,
+            protection,
+            vips: vec![api()],
+            ..XlbConfig::for_prefix(prefix)
+        }
+    }
+
+    /// `interval = "2s", timeout = "1s", fall = 3` (rise 2), the issue's
+    /// second profile; the lab also sets fast and down intervals to 2 s and
+    /// no jitter.
+    pub fn seed_profile() -> Health {
+        Health {
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            fall: 3,
+            ..Health::default()
+        }
+    }
+
+    /// Seed 003's load: 50 new connections per second, one request each,
+    /// with a timeout that a 2.5 s answer fits in even after one SYN
+    /// retransmit (so a retransmit shows as such, not as a failure).
+    pub fn seed_load(target: SocketAddr, duration: Duration) -> LoadOptions {
+        LoadOptions {
+            duration,
+            rate: 50,
+            keepalive: 0,
+            timeout: Duration::from_secs(5),
+            slice: Duration::from_millis(500),
+            ..LoadOptions::new(target)
+        }
+    }
+
+    pub fn set_all(run: &LabRun, fault: Fault) {
+        for i in 1..=run.backend_count() {
+            run.set_fault(i, fault)
+                .unwrap_or_else(|e| panic!("setting {fault:?} on b{i}: {e}"));
+        }
+    }
+
+    /// Polls `status` every [`POLL`] until the client finishes, passing each
+    /// status and the client's timeline time to `f`. Returns how many polls.
+    pub fn watch(run: &LabRun, client: &ClientRun, mut f: impl FnMut(i64, &Status)) -> usize {
+        let mut polls = 0;
+        while !client.is_finished() {
+            let s = run
+                .status()
+                .unwrap_or_else(|e| panic!("status while the load runs: {e}"));
+            f(client.timeline_ms(now_unix_ms()), &s);
+            polls += 1;
+            thread::sleep(POLL);
+        }
+        polls
+    }
+
+    /// What a replay of seed 003 saw: the client's report, the statuses
+    /// polled (timeline ms, status), xlb's events, and the
+    /// `drop_no_backend` counter before and after.
+    pub struct Slowdown {
+        pub report: Report,
+        pub polls: Vec<(i64, Status)>,
+        pub events: Vec<Event>,
+        pub drops_before: u64,
+        pub drops_after: u64,
+    }
+
+    /// Seed 003 in the lab: steady new connections for `run_for`, every
+    /// backend [`SEED_SLOW`] late (probes included) from [`SLOW_FROM_MS`] to
+    /// [`SLOW_UNTIL_MS`].
+    pub fn seed_003(run: &LabRun, run_for: Duration) -> Slowdown {
+        let p = run.prefix().to_string();
+        let drops_before = run.counter("drop_no_backend").unwrap();
+        let client = run
+            .start_client(seed_load(api().target(), run_for))
+            .unwrap();
+        let mut polls = Vec::new();
+        let mut slowed = false;
+        let mut recovered = false;
+        watch(run, &client, |t, s| {
+            if !slowed && t >= SLOW_FROM_MS {
+                set_all(
+                    run,
+                    Fault::Slow {
+                        ms: SEED_SLOW.as_millis() as u64,
+                    },
+                );
+                eprintln!(
+                    "[{p}] every backend {} ms late at {t} ms",
+                    SEED_SLOW.as_millis()
+                );
+                slowed = true;
+            }
+            if slowed && !recovered && t >= SLOW_UNTIL_MS {
+                set_all(run, Fault::None);
+                eprintln!("[{p}] back to normal at {t} ms");
+                recovered = true;
+            }
+            polls.push((t, s.clone()));
+        });
+        assert!(
+            slowed && recovered,
+            "the load ended before the slowdown did"
+        );
+        let report = client.join().unwrap();
+        thread::sleep(COUNTER_TICK);
+        let drops_after = run.counter("drop_no_backend").unwrap();
+        let events = run.events().unwrap();
+        eprintln!("{}", report.render_text());
+        Slowdown {
+            report,
+            polls,
+            events,
+            drops_before,
+            drops_after,
+        }
+    }
 }

@@ -30,14 +30,12 @@ use std::{
 use xlb_lab::{
     Fault,
     client::{LoadOptions, Report, SYN_RETRANSMIT_CONNECT},
-    scenario::{
-        ClientRun, Event, Health, LabRun, Mode, Protection, Share, StateFile, Status, Vip,
-        XlbConfig,
-    },
-    topology,
+    scenario::{Event, Health, LabRun, Protection, Share, StateFile, XlbConfig},
 };
 use xlb_tests::lab::{
-    answered_by, failure_slices, now_unix_ms, serial, teardown, transitions, up, wait_client_ms,
+    answered_by,
+    cascade::{COUNTER_TICK, SEED_SLOW, api, config, seed_003, seed_profile, set_all, watch},
+    failure_slices, now_unix_ms, serial, teardown, transitions, up, wait_client_ms,
 };
 
 /// Allowed on top of the worst case the health settings give, for process
@@ -47,15 +45,6 @@ const DETECTION_MARGIN: Duration = Duration::from_secs(1);
 /// How long after xlb's event the data plane may still send a new flow to
 /// the old choice (maps written right after the event, plus one slice).
 const MAP_UPDATE_MARGIN_MS: i64 = 300;
-
-/// How stale `xlb status` counters may be (sampled once per 1 s tick).
-const COUNTER_TICK: Duration = Duration::from_millis(1500);
-
-/// How often the tests poll `status` while a load runs.
-const POLL: Duration = Duration::from_millis(250);
-
-/// Seed 003: how late every backend answers during the slowdown.
-const SEED_SLOW: Duration = Duration::from_millis(2500);
 
 /// The drain helper's flow count comes from the periodic conntrack walk
 /// (every 10 s) and an entry counts as established until it has been idle
@@ -67,48 +56,9 @@ fn prefix(tag: &str) -> String {
     format!("cas{tag}{}", std::process::id() % 1000)
 }
 
-fn api() -> Vip {
-    Vip::new("api", topology::VIP_V4.into(), 80, Mode::DsrIpip, 3)
-}
-
-fn config(prefix: &str, health: Health, protection: Protection) -> XlbConfig {
-    XlbConfig {
-        health,
-        protection,
-        vips: vec![api()],
-        ..XlbConfig::for_prefix(prefix)
-    }
-}
-
-/// `interval = "2s", timeout = "1s", fall = 3` (rise 2), the issue's
-/// second profile; the lab also sets fast and down intervals to 2 s and no
-/// jitter.
-fn seed_profile() -> Health {
-    Health {
-        interval: Duration::from_secs(2),
-        timeout: Duration::from_secs(1),
-        fall: 3,
-        ..Health::default()
-    }
-}
-
 /// `hang_timeout` as xlb resolves it: as set, or 3 × `timeout`.
 fn effective_hang_timeout(h: &Health) -> Duration {
     h.hang_timeout.unwrap_or(h.timeout * 3)
-}
-
-/// Seed 003's load: 50 new connections per second, one request each, with
-/// a timeout that a 2.5 s answer fits in even after one SYN retransmit (so
-/// a retransmit shows as such, not as a failure).
-fn seed_load(target: SocketAddr, duration: Duration) -> LoadOptions {
-    LoadOptions {
-        duration,
-        rate: 50,
-        keepalive: 0,
-        timeout: Duration::from_secs(5),
-        slice: Duration::from_millis(500),
-        ..LoadOptions::new(target)
-    }
 }
 
 /// Short connections and keep-alive connections, 1 s timeout.
@@ -121,13 +71,6 @@ fn steady(target: SocketAddr, duration: Duration) -> LoadOptions {
         timeout: Duration::from_secs(1),
         slice: Duration::from_millis(100),
         ..LoadOptions::new(target)
-    }
-}
-
-fn set_all(run: &LabRun, fault: Fault) {
-    for i in 1..=run.backend_count() {
-        run.set_fault(i, fault)
-            .unwrap_or_else(|e| panic!("setting {fault:?} on b{i}: {e}"));
     }
 }
 
@@ -155,21 +98,6 @@ fn exits<'a>(events: &'a [Event], vip: &str) -> Vec<&'a Event> {
         .collect()
 }
 
-/// Polls `status` every [`POLL`] until the client finishes, passing each
-/// status and the client's timeline time to `f`. Returns how many polls.
-fn watch(run: &LabRun, client: &ClientRun, mut f: impl FnMut(i64, &Status)) -> usize {
-    let mut polls = 0;
-    while !client.is_finished() {
-        let s = run
-            .status()
-            .unwrap_or_else(|e| panic!("status while the load runs: {e}"));
-        f(client.timeline_ms(now_unix_ms()), &s);
-        polls += 1;
-        thread::sleep(POLL);
-    }
-    polls
-}
-
 /// Share of `name` among the `ok` answers of slices starting in `[from, to)`.
 fn share(report: &Report, name: &str, from: i64, to: i64) -> (f64, u64) {
     let total: u64 = report
@@ -191,65 +119,6 @@ fn syn_wait_slices(report: &Report) -> Vec<(u64, u64)> {
         .filter(|s| s.syn_retransmit_waits > 0)
         .map(|s| (s.t_ms, s.syn_retransmit_waits))
         .collect()
-}
-
-/// Seed 003 in the lab: steady new connections, every backend 2.5 s late
-/// (probes included) from +5 s to +20 s. Returns the client's report, the
-/// statuses seen (timeline ms, status) and the events.
-struct Slowdown {
-    report: Report,
-    polls: Vec<(i64, Status)>,
-    events: Vec<Event>,
-    drops_before: u64,
-    drops_after: u64,
-}
-
-fn seed_003(run: &LabRun, run_for: Duration) -> Slowdown {
-    let p = run.prefix().to_string();
-    let drops_before = run.counter("drop_no_backend").unwrap();
-    let client = run
-        .start_client(seed_load(api().target(), run_for))
-        .unwrap();
-    let mut polls = Vec::new();
-    let mut slowed = false;
-    let mut recovered = false;
-    watch(run, &client, |t, s| {
-        if !slowed && t >= 5000 {
-            set_all(
-                run,
-                Fault::Slow {
-                    ms: SEED_SLOW.as_millis() as u64,
-                },
-            );
-            eprintln!(
-                "[{p}] every backend {} ms late at {t} ms",
-                SEED_SLOW.as_millis()
-            );
-            slowed = true;
-        }
-        if slowed && !recovered && t >= 20_000 {
-            set_all(run, Fault::None);
-            eprintln!("[{p}] back to normal at {t} ms");
-            recovered = true;
-        }
-        polls.push((t, s.clone()));
-    });
-    assert!(
-        slowed && recovered,
-        "the load ended before the slowdown did"
-    );
-    let report = client.join().unwrap();
-    thread::sleep(COUNTER_TICK);
-    let drops_after = run.counter("drop_no_backend").unwrap();
-    let events = run.events().unwrap();
-    eprintln!("{}", report.render_text());
-    Slowdown {
-        report,
-        polls,
-        events,
-        drops_before,
-        drops_after,
-    }
 }
 
 /// Whether the linked xlb's configuration parser knows the issue 7 keys

@@ -12,7 +12,14 @@ use crate::{
 struct Bench {
     package: &'static str,
     bin: &'static str,
+    /// Packages whose binaries it runs (`xlb`, `xlb-backend` in the lab),
+    /// built in release before it: `cargo run` builds only the benchmark's
+    /// own package, and the lab refuses an `xlb` older than its sources.
+    runs: &'static [&'static str],
 }
+
+/// What a benchmark that runs the lab needs next to it.
+const LAB_BINARIES: &[&str] = &["lb-user", "xlb-lab"];
 
 /// Every benchmark, run in this order. Binaries not written yet are skipped
 /// with a note, so this list can name them ahead of time.
@@ -21,16 +28,33 @@ const BENCHES: &[Bench] = &[
     Bench {
         package: "xlb-tests",
         bin: "xlb-bench",
+        runs: &[],
     },
-    // Health checking: hung-application detection time, probe CPU cost.
+    // Health checking: when a hung backend leaves the table (VIP policy)
+    // and goes hard down, probe CPU cost.
     Bench {
         package: "xlb-tests",
         bin: "xlb-health-bench",
+        runs: &[],
+    },
+    // Seed 003 replayed in the lab, with and without protection: failed
+    // requests, SYN retransmits, drop_no_backend, time the table was empty.
+    Bench {
+        package: "xlb-tests",
+        bin: "xlb-cascade-bench",
+        runs: LAB_BINARIES,
+    },
+    // Data-path health probes (through xlb_hc) against direct ones.
+    Bench {
+        package: "xlb-tests",
+        bin: "xlb-dpath-bench",
+        runs: LAB_BINARIES,
     },
     // HTTP throughput through xlb in the lab, with wrk, next to no LB.
     Bench {
         package: "xlb-tests",
         bin: "xlb-lab-bench",
+        runs: LAB_BINARIES,
     },
 ];
 
@@ -54,6 +78,7 @@ pub fn run(only: Option<&str>, args: &[String]) -> Result<()> {
         .no_deps()
         .exec()
         .context("reading the workspace's packages with `cargo metadata`")?;
+    build_runs(&selected)?;
     let mut ran = 0;
     for bench in &selected {
         if !bin_exists(&metadata, bench) {
@@ -83,6 +108,29 @@ pub fn run(only: Option<&str>, args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Builds in release, in one cargo invocation, the packages whose binaries
+/// the selected benchmarks run.
+fn build_runs(selected: &[&Bench]) -> Result<()> {
+    let mut packages: Vec<&str> = selected.iter().flat_map(|b| b.runs).copied().collect();
+    packages.sort_unstable();
+    packages.dedup();
+    if packages.is_empty() {
+        return Ok(());
+    }
+    println!("bench: building {} in release", packages.join(", "));
+    let mut cmd = util::cargo();
+    cmd.args(["build", "--release"]);
+    for p in &packages {
+        cmd.args(["--package", p]);
+    }
+    util::run(&mut cmd).with_context(|| {
+        format!(
+            "building {} for the benchmarks that run them",
+            packages.join(", ")
+        )
+    })
+}
+
 fn bin_exists(metadata: &cargo_metadata::Metadata, bench: &Bench) -> bool {
     metadata
         .workspace_packages()
@@ -108,6 +156,7 @@ mod tests {
                 Bench {
                     package: "xtask",
                     bin: "xtask",
+                    runs: &[],
                 },
                 true,
             ),
@@ -116,6 +165,7 @@ mod tests {
                 Bench {
                     package: "xtask",
                     bin: "xtask-no-such-bench",
+                    runs: &[],
                 },
                 false,
             ),
@@ -124,6 +174,7 @@ mod tests {
                 Bench {
                     package: "lb-common",
                     bin: "xtask",
+                    runs: &[],
                 },
                 false,
             ),
@@ -132,6 +183,7 @@ mod tests {
                 Bench {
                     package: "no-such-package",
                     bin: "xtask",
+                    runs: &[],
                 },
                 false,
             ),

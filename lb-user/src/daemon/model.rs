@@ -127,26 +127,14 @@ impl Backend {
 
     /// What the VIP policy needs to know of this backend now.
     pub fn member(&self) -> Member {
-        let snap = self.snapshot.as_ref();
-        let spec = &self.cfg.health;
-        Member {
-            name: self.cfg.socket_addr().to_string(),
-            weight: self.cfg.weight,
-            admin_drained: self.admin_drained,
-            health: self.health,
-            rise: spec.rise,
-            fall: spec.fall,
-            interval: spec.interval,
-            consecutive_ok: snap.map_or(0, |s| s.consecutive_ok),
-            consecutive_fail: snap.map_or(0, |s| s.consecutive_fail),
-            consecutive_slow: snap.map_or(0, |s| s.consecutive_slow),
-            latency: snap.and_then(HealthSnapshot::current_latency),
-            last_fail: snap.and_then(|s| {
-                let code = s.last_fail_code?;
-                let text = s.last_transition_reason.clone().unwrap_or_default();
-                Some((code, text))
-            }),
-        }
+        Member::from_snapshot(
+            self.cfg.socket_addr().to_string(),
+            self.cfg.weight,
+            self.admin_drained,
+            self.health,
+            &self.cfg.health,
+            self.snapshot.as_ref(),
+        )
     }
 
     pub fn info(&self) -> BackendInfo {

@@ -28,8 +28,9 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::machine::HealthState;
+use super::machine::{HealthSnapshot, HealthState};
 use super::probe::Compact;
+use super::spec::CheckSpec;
 
 /// Steps of a slow-start ramp: the weight goes 1/10, 2/10, … 10/10.
 pub const RAMP_STEPS: u32 = 10;
@@ -203,6 +204,41 @@ impl Member {
 
     fn slow(&self) -> bool {
         self.consecutive_slow >= self.fall.max(1)
+    }
+}
+
+impl Member {
+    /// Backend `name` as the policy sees it: its configured `weight` and
+    /// check `spec`, its hard state `health` (adopted before any probe) and
+    /// its latest probe snapshot (`None` before the first). One function, so
+    /// the daemon and the benchmarks that replay its policy build the same
+    /// member from the same report.
+    pub fn from_snapshot(
+        name: String,
+        weight: u32,
+        admin_drained: bool,
+        health: HealthState,
+        spec: &CheckSpec,
+        snap: Option<&HealthSnapshot>,
+    ) -> Self {
+        Self {
+            name,
+            weight,
+            admin_drained,
+            health,
+            rise: spec.rise,
+            fall: spec.fall,
+            interval: spec.interval,
+            consecutive_ok: snap.map_or(0, |s| s.consecutive_ok),
+            consecutive_fail: snap.map_or(0, |s| s.consecutive_fail),
+            consecutive_slow: snap.map_or(0, |s| s.consecutive_slow),
+            latency: snap.and_then(HealthSnapshot::current_latency),
+            last_fail: snap.and_then(|s| {
+                let code = s.last_fail_code?;
+                let text = s.last_transition_reason.clone().unwrap_or_default();
+                Some((code, text))
+            }),
+        }
     }
 }
 
