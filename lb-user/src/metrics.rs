@@ -307,6 +307,18 @@ pub fn render(status: &StatusReport, extra: &MetricsExtra) -> String {
         }
     }
     out.family(
+        "xlb_backend_probe_local_errors_total",
+        "counter",
+        "Probes of the backend that failed for the load balancer's own reason (out of descriptors or buffers, no route from this host); never counted against the backend.",
+    );
+    for (vip, b) in backends() {
+        out.sample(
+            "xlb_backend_probe_local_errors_total",
+            &[("vip", vip), ("backend", &b.address)],
+            b.probe_local_errors,
+        );
+    }
+    out.family(
         "xlb_backend_effective_weight",
         "gauge",
         "Weight of the backend in its VIP's table now: the configured weight, less while ramping up (slow start), 0 when out.",
@@ -745,6 +757,7 @@ mod tests {
             "xlb_backend_placement{vip=\"api\",backend=\"10.99.0.12:80\",placement=\"down\"} 1",
             "xlb_backend_placement{vip=\"api\",backend=\"10.99.0.12:80\",placement=\"serving\"} 0",
             "xlb_backend_effective_weight{vip=\"api\",backend=\"10.99.0.11:80\"} 1",
+            "xlb_backend_probe_local_errors_total{vip=\"api\",backend=\"10.99.0.11:80\"} 0",
             "xlb_backend_effective_weight{vip=\"api\",backend=\"10.99.0.12:80\"} 0",
             "xlb_vip_backends_up{vip=\"api\"} 2",
             "xlb_vip_backends{vip=\"api\"} 3",

@@ -381,6 +381,11 @@ pub struct BackendStatus {
     /// median of the recent answers. `null` before the first answer.
     #[serde(default)]
     pub latency_ms: Option<f64>,
+    /// Probes that failed for the load balancer's own reason (out of
+    /// descriptors or buffers, no route from this host); never counted
+    /// against the backend.
+    #[serde(default)]
+    pub probe_local_errors: u64,
     /// Established flows it holds: conntrack entries that carried a packet
     /// in the last 30 s (UDP: within `udp_timeout`), from the periodic walk
     /// of the table (every 10 s, every 2 s while a drain has a deadline or
@@ -708,6 +713,7 @@ pub(crate) mod tests {
             effective_weight: if in_table { 1.0 } else { 0.0 },
             consecutive_slow: 0,
             latency_ms: Some(1.0),
+            probe_local_errors: 0,
             flows: None,
             drain_deadline_unix_ms: None,
         };
@@ -1105,6 +1111,7 @@ pub(crate) mod tests {
                 "packets_per_sec",
                 "placement",
                 "placement_reason",
+                "probe_local_errors",
                 "since_unix_ms",
                 "state",
                 "weight"

@@ -1119,6 +1119,7 @@ impl Daemon {
                 * b.policy.weight_fraction(&v.cfg.protection, Instant::now()),
             consecutive_slow: member.consecutive_slow,
             latency_ms: member.latency.map(|d| d.as_secs_f64() * 1e3),
+            probe_local_errors: snap.map_or(0, |s| s.local_errors),
             flows: self.flows_of(b),
             drain_deadline_unix_ms: b.drain_deadline.filter(|_| b.admin_drained).map(unix_ms),
         }

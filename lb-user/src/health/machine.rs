@@ -117,6 +117,11 @@ impl HealthSnapshot {
     }
 }
 
+/// Successes that arrive closer together than this count once toward
+/// `rise`: they are late probes answered together (scheduled probes are at
+/// least half a `fast_interval` apart).
+pub const SIMULTANEOUS: Duration = Duration::from_millis(10);
+
 /// Reason recorded for a state taken over from a previous daemon run.
 pub const ADOPTED_REASON: &str = "adopted from the previous run";
 
@@ -133,6 +138,8 @@ pub struct HealthMachine {
     last_transition_reason: Option<String>,
     last_result: Option<ProbeResult>,
     last_probe_at: Option<Instant>,
+    /// When the last success counted toward `rise` arrived.
+    last_success_at: Option<Instant>,
     admin_drained: bool,
     consecutive_slow: u32,
     streak_latency: Option<Duration>,
@@ -167,6 +174,7 @@ impl HealthMachine {
                 .then(|| ADOPTED_REASON.to_owned()),
             last_result: None,
             last_probe_at: None,
+            last_success_at: None,
             admin_drained: false,
             consecutive_slow: 0,
             streak_latency: None,
@@ -256,7 +264,16 @@ impl HealthMachine {
                     self.add_slow(result.latency);
                 }
                 self.add_recent(result.latency);
-                self.consecutive_ok = self.consecutive_ok.saturating_add(1);
+                // Probes that lingered while the application was stuck all
+                // answer the moment it recovers: one observation, not
+                // `rise` of them.
+                let piled_up = self
+                    .last_success_at
+                    .is_some_and(|t| now.saturating_duration_since(t) < SIMULTANEOUS);
+                if !piled_up || self.consecutive_ok == 0 {
+                    self.consecutive_ok = self.consecutive_ok.saturating_add(1);
+                }
+                self.last_success_at = Some(now);
                 self.consecutive_fail = 0;
                 match self.state {
                     HealthState::Unknown => Some(HealthState::Up),
@@ -950,6 +967,34 @@ mod tests {
             let locals = case.probes.matches('x').count() as u64;
             assert_eq!(snap.local_errors, locals, "case {:?}", case.name);
         }
+    }
+
+    /// Late probes that lingered through a hang answer together when it
+    /// ends: one success toward `rise`, not three.
+    #[test]
+    fn late_answers_that_arrive_together_count_once() {
+        let t0 = Instant::now();
+        let timeout = Duration::from_secs(1);
+        let mut m = HealthMachine::adopted(Down, 2, 3, t0);
+        for _ in 0..3 {
+            m.observe_late(timeout);
+        }
+        let slow = ok_in(Duration::from_millis(2500));
+        let class = slow.class(timeout);
+        let at = t0 + Duration::from_secs(5);
+        for i in 0..3 {
+            let t = m.observe(&slow, &class, true, at + Duration::from_millis(i));
+            assert_eq!(t, None, "answer {i} of the pile-up");
+        }
+        assert_eq!((m.state(), m.consecutive_ok()), (Down, 1));
+        // The next scheduled probe is a second observation: up.
+        let t = m.observe(
+            &ok(),
+            &ProbeClass::Ok,
+            false,
+            at + Duration::from_millis(500),
+        );
+        assert_eq!(t.map(|t| t.to), Some(Up));
     }
 
     #[test]
