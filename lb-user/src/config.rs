@@ -402,6 +402,7 @@ fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S::Ok, S::Err
         down_interval: Duration,
         jitter: f64,
         via: &'static str,
+        auto_timeout: bool,
     }
     let http = match &spec.kind {
         CheckKind::Http(h) => Some(h),
@@ -435,6 +436,7 @@ fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S::Ok, S::Err
         down_interval: spec.down_interval,
         jitter: spec.jitter,
         via: spec.via.as_str(),
+        auto_timeout: spec.auto_timeout,
     }
     .serialize(s)
 }
@@ -1187,6 +1189,8 @@ struct HealthLayer {
     body_contains: Option<String>,
     interval: Option<Duration>,
     timeout: Option<Duration>,
+    /// `Some(true)` for `timeout = "auto"`, `Some(false)` for a duration.
+    timeout_auto: Option<bool>,
     hang_timeout: Option<Duration>,
     rise: Option<u32>,
     fall: Option<u32>,
@@ -1220,7 +1224,12 @@ fn parse_health(raw: &RawHealth, ctx: &str, port_owner: &str, p: &mut Problems<'
         }
     };
     let interval = duration("interval", &raw.interval);
-    let timeout = duration("timeout", &raw.timeout);
+    let timeout_auto = raw.timeout.as_deref().map(|t| t.trim() == "auto");
+    let timeout = if timeout_auto == Some(true) {
+        None
+    } else {
+        duration("timeout", &raw.timeout)
+    };
     let hang_timeout = duration("hang_timeout", &raw.hang_timeout);
     let fast_interval = duration("fast_interval", &raw.fast_interval);
     let down_interval = duration("down_interval", &raw.down_interval);
@@ -1352,6 +1361,7 @@ fn parse_health(raw: &RawHealth, ctx: &str, port_owner: &str, p: &mut Problems<'
         body_contains,
         interval,
         timeout,
+        timeout_auto,
         hang_timeout,
         rise: raw.rise.filter(|&r| r > 0),
         fall: raw.fall.filter(|&f| f > 0),
@@ -1402,7 +1412,14 @@ fn resolve_health(layers: &[(&HealthLayer, &str)], port: u16, p: &mut Problems<'
     let (interval, interval_src) = pick(layers, |l| &l.interval);
     let (timeout, timeout_src) = pick(layers, |l| &l.timeout);
     let interval = interval.unwrap_or(spec::defaults::INTERVAL);
-    let timeout = timeout.unwrap_or(spec::defaults::TIMEOUT);
+    // `timeout = "auto"` in the most specific layer that sets a timeout:
+    // the default is where the deadline starts (never past the interval).
+    let auto_timeout = pick(layers, |l| &l.timeout_auto).0.unwrap_or(false);
+    let timeout = if auto_timeout {
+        spec::defaults::TIMEOUT.min(interval)
+    } else {
+        timeout.unwrap_or(spec::defaults::TIMEOUT)
+    };
     if timeout > interval {
         p.error(
             ctx_of(interval_src.max(timeout_src)),
@@ -1493,6 +1510,7 @@ fn resolve_health(layers: &[(&HealthLayer, &str)], port: u16, p: &mut Problems<'
             .0
             .unwrap_or(spec::defaults::JITTER),
         via: pick(layers, |l| &l.via).0.unwrap_or(spec::defaults::VIA),
+        auto_timeout,
     }
 }
 
@@ -1562,6 +1580,7 @@ mod tests {
             down_interval: spec::defaults::DOWN_INTERVAL,
             jitter: spec::defaults::JITTER,
             via: spec::defaults::VIA,
+            auto_timeout: false,
         }
     }
 
@@ -1721,6 +1740,7 @@ mod tests {
             down_interval: Duration::from_secs(10),
             jitter: 0.25,
             via: spec::defaults::VIA,
+            auto_timeout: false,
         };
         let want = Config {
             daemon: DaemonConfig {
@@ -1828,6 +1848,7 @@ mod tests {
             rise: 4,
             jitter: 0.2,
             via: spec::defaults::VIA,
+            auto_timeout: false,
             ..default_check(80)
         };
         let cases = [
@@ -1916,6 +1937,54 @@ mod tests {
 
     /// `hang_timeout`: derived from the merged `timeout` unless set, merged
     /// field by field, `timeout` ≤ it ≤ 60 s.
+    #[test]
+    fn auto_timeout_resolution() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // (name, [health_check], [vip.health_check], backend's,
+        //  want (auto, starting timeout, hang_timeout))
+        let cases = [
+            ("fixed by default", "", "", "", (false, s(1), s(3))),
+            (
+                "auto: starts at the default, hang_timeout from it",
+                "timeout = \"auto\"",
+                "",
+                "",
+                (true, s(1), s(3)),
+            ),
+            (
+                "auto never starts past the interval",
+                "timeout = \"auto\"\ninterval = \"500ms\"",
+                "",
+                "",
+                (true, ms(500), ms(1500)),
+            ),
+            (
+                "a fixed timeout below overrides auto above",
+                "timeout = \"auto\"",
+                "timeout = \"300ms\"",
+                "",
+                (false, ms(300), ms(900)),
+            ),
+            (
+                "auto below overrides a fixed timeout above",
+                "timeout = \"2s\"",
+                "",
+                "timeout = \"auto\"\nhang_timeout = \"5s\"",
+                (true, s(1), s(5)),
+            ),
+        ];
+        for (name, daemon, vip_layer, backend, want) in cases {
+            let text = format!(
+                "{DAEMON}[health_check]\n{daemon}\n[[vip]]\nname = \"a\"\naddress = \"10.1.0.1\"\n\
+                 port = 80\n[vip.health_check]\n{vip_layer}\n[[vip.backend]]\naddress = \"10.0.0.1\"\n\
+                 [vip.backend.health_check]\n{backend}\n"
+            );
+            let h = ok(name, &text).vips[0].backends[0].health.clone();
+            assert_eq!((h.auto_timeout, h.timeout, h.hang_timeout), want, "{name}");
+        }
+    }
+
     #[test]
     fn hang_timeout_resolution() {
         let s = Duration::from_secs;

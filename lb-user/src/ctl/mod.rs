@@ -297,6 +297,11 @@ pub struct VipStatus {
     /// `min_healthy`; 0 = panic disabled).
     #[serde(default)]
     pub min_healthy: u32,
+    /// The deadline its `timeout = "auto"` checks use now, ms (the 95th
+    /// percentile of recent answers × 3, within bounds); `null` if none is
+    /// automatic or before the first tick.
+    #[serde(default)]
+    pub auto_timeout_ms: Option<f64>,
     /// In configuration order.
     pub backends: Vec<BackendStatus>,
 }
@@ -756,6 +761,7 @@ pub(crate) mod tests {
                 ejected_slow: 0,
                 max_ejected: 1,
                 min_healthy: 1,
+                auto_timeout_ms: None,
                 backends: vec![
                     BackendStatus {
                         since_unix_ms: now - (12 * 60 + 4) * 1000,
@@ -1044,6 +1050,7 @@ pub(crate) mod tests {
             keys(vip),
             [
                 "address",
+                "auto_timeout_ms",
                 "backends",
                 "backends_total",
                 "backends_up",

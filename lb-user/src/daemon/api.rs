@@ -260,7 +260,13 @@ impl Daemon {
         let (mut sched, rx) = Scheduler::new(self.cfg.daemon.probe_concurrency as usize);
         for v in &self.vips {
             for b in &v.backends {
-                model::upsert_probe(&mut sched, &self.cfg.daemon.interface, &v.cfg, b);
+                model::upsert_probe(
+                    &mut sched,
+                    &self.cfg.daemon.interface,
+                    &v.cfg,
+                    &v.auto_timeout,
+                    b,
+                );
                 if b.admin_drained {
                     sched.set_admin_drained(b.id as u64, true);
                 }
@@ -286,6 +292,11 @@ impl Daemon {
                 .entry(id)
                 .or_default()
                 .observe(result.latency);
+            // Passing answers only: a hung backend must not drag the
+            // VIP's automatic timeout up.
+            if matches!(r.class, ProbeClass::Ok | ProbeClass::Slow { .. }) {
+                self.vips[vi].record_answer(result.latency);
+            }
         }
         if let ProbeClass::Local(e) = &r.class {
             self.local_alarm(vi, bi, e, r.snapshot.local_errors);
@@ -764,7 +775,13 @@ impl Daemon {
                     if let Some(s) = self.sched.as_mut() {
                         let v = &self.vips[vi];
                         for b in &v.backends {
-                            model::upsert_probe(s, &self.cfg.daemon.interface, &v.cfg, b);
+                            model::upsert_probe(
+                                s,
+                                &self.cfg.daemon.interface,
+                                &v.cfg,
+                                &v.auto_timeout,
+                                b,
+                            );
                         }
                     }
                     let r = self.install(vi)?;
@@ -828,6 +845,7 @@ impl Daemon {
             self.dp.remove_vip(&old_key)?;
         }
         let mut old_backends = std::mem::take(&mut self.vips[vi].backends);
+        let auto = self.vips[vi].auto_timeout.clone();
         let mut backends = Vec::new();
         for bcfg in ncfg.backends.iter().cloned() {
             if let Some(pos) = old_backends
@@ -838,13 +856,13 @@ impl Daemon {
                 b.cfg = bcfg;
                 // A no-op unless the check or the VIP's path to it changed.
                 if let Some(s) = self.sched.as_mut() {
-                    model::upsert_probe(s, &self.cfg.daemon.interface, &ncfg, &b);
+                    model::upsert_probe(s, &self.cfg.daemon.interface, &ncfg, &auto, &b);
                 }
                 backends.push(b);
             } else {
                 let b = model::new_backend(&mut self.dp, &mut self.ids, bcfg)?;
                 if let Some(s) = self.sched.as_mut() {
-                    model::upsert_probe(s, &self.cfg.daemon.interface, &ncfg, &b);
+                    model::upsert_probe(s, &self.cfg.daemon.interface, &ncfg, &auto, &b);
                 }
                 backends.push(b);
             }
@@ -1046,6 +1064,12 @@ impl Daemon {
                         .count() as u32,
                     max_ejected: v.cfg.protection.max_ejected.max_of(v.eligible_count()) as u32,
                     min_healthy: v.cfg.protection.min_healthy.min_of(v.eligible_count()) as u32,
+                    auto_timeout_ms: v
+                        .backends
+                        .iter()
+                        .any(|b| b.cfg.health.auto_timeout)
+                        .then(|| v.auto_timeout.load(Ordering::Relaxed) as f64 / 1e6)
+                        .filter(|&ms| ms > 0.0),
                     backends: v
                         .backends
                         .iter()
@@ -1088,7 +1112,11 @@ impl Daemon {
             last_transition_reason: snap.and_then(|s| s.last_transition_reason.clone()),
             last_probe: snap.and_then(|s| {
                 let res = s.last_result.as_ref()?;
-                let class = res.class(b.cfg.health.timeout);
+                let timeout = match v.auto_timeout.load(Ordering::Relaxed) {
+                    ns if b.cfg.health.auto_timeout && ns > 0 => Duration::from_nanos(ns),
+                    _ => b.cfg.health.timeout,
+                };
+                let class = res.class(timeout);
                 Some(ProbeStatus {
                     ok: res.outcome.is_ok(),
                     reason: match (&res.outcome, &class) {
@@ -1236,7 +1264,11 @@ impl Daemon {
                 }
                 _ = tick.tick() => {
                     self.check_drains();
-                    // Slow-start steps and flap-penalty decay move with time.
+                    // Slow-start steps and flap-penalty decay move with time,
+                    // and automatic timeouts follow the VIPs' latency.
+                    for v in &self.vips {
+                        v.update_auto_timeout();
+                    }
                     for vi in 0..self.vips.len() {
                         if let Err(e) = self.evaluate_vip(vi) {
                             error!("applying the health policy: {e:#}");

@@ -3,7 +3,7 @@
 //! made live by one `VipInfo` write), VIP entries.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     net::{IpAddr, SocketAddr},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -22,8 +22,8 @@ use crate::{
         datapath::DatapathTarget,
         machine::{HealthSnapshot, HealthState},
         policy::{Member, MemberState, Placement, RAMP_STEPS, VipState},
-        scheduler::Scheduler,
-        spec::Via,
+        scheduler::{AutoTimeout, Scheduler},
+        spec::{AUTO_SAMPLES, Via, auto_timeout},
     },
     maglev,
 };
@@ -183,6 +183,12 @@ pub struct Vip {
     pub backends: Vec<Backend>,
     /// Panic and fleet-slow state of the VIP policy.
     pub policy: VipState,
+    /// The deadline of its `timeout = "auto"` checks, shared with their
+    /// probe tasks (see [`Vip::update_auto_timeout`]).
+    pub auto_timeout: AutoTimeout,
+    /// Latencies of its backends' recent passing answers, newest last (at
+    /// most [`AUTO_SAMPLES`]).
+    pub answers: VecDeque<Duration>,
 }
 
 impl Vip {
@@ -227,6 +233,32 @@ impl Vip {
             }
         }
         maglev::build(&members, self.cfg.table_size)
+    }
+
+    /// Records a passing answer's latency for `timeout = "auto"`.
+    pub fn record_answer(&mut self, latency: Duration) {
+        if self.answers.len() == AUTO_SAMPLES {
+            self.answers.pop_front();
+        }
+        self.answers.push_back(latency);
+    }
+
+    /// Sets the deadline of its `timeout = "auto"` checks from its recent
+    /// answers; `None` if none of its checks is automatic.
+    pub fn update_auto_timeout(&self) -> Option<Duration> {
+        let autos = || {
+            self.backends
+                .iter()
+                .map(|b| &b.cfg.health)
+                .filter(|s| s.auto_timeout)
+        };
+        let start = autos().map(|s| s.timeout).min()?;
+        let ceiling = autos().map(|s| s.interval.min(s.hang_timeout)).min()?;
+        let samples: Vec<Duration> = self.answers.iter().copied().collect();
+        let t = auto_timeout(&samples, start, ceiling);
+        self.auto_timeout
+            .store(t.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        Some(t)
     }
 
     /// Backends the policy's limits count: weight above 0, not drained,
@@ -313,8 +345,15 @@ pub fn rebuild(dp: &mut Dataplane, vip: &mut Vip) -> anyhow::Result<Option<Rebui
 /// Starts or updates the probes of backend `b` of the VIP `vip`: through the
 /// data path (to the VIP, marked for `xlb_hc` on `interface`) when its check
 /// says `via = "vip"`, else straight to the backend.
-pub fn upsert_probe(sched: &mut Scheduler, interface: &str, vip: &VipConfig, b: &Backend) {
+pub fn upsert_probe(
+    sched: &mut Scheduler,
+    interface: &str,
+    vip: &VipConfig,
+    auto: &AutoTimeout,
+    b: &Backend,
+) {
     let spec = b.cfg.health.clone();
+    let auto = spec.auto_timeout.then(|| auto.clone());
     let path = (spec.via == Via::Vip).then(|| {
         DatapathTarget::new(
             SocketAddr::new(vip.addr, vip.port),
@@ -323,7 +362,7 @@ pub fn upsert_probe(sched: &mut Scheduler, interface: &str, vip: &VipConfig, b: 
             vip.mode,
         )
     });
-    sched.upsert_via(b.id as u64, b.cfg.socket_addr(), spec, b.health, path);
+    sched.upsert_via(b.id as u64, b.cfg.socket_addr(), spec, b.health, path, auto);
 }
 
 /// Free-list allocation of VIP and backend ids.
@@ -517,6 +556,8 @@ pub fn adopt_or_create_vip(
         halves,
         backends,
         policy: VipState::default(),
+        auto_timeout: AutoTimeout::default(),
+        answers: VecDeque::new(),
     };
     Ok((vip, adopted))
 }

@@ -466,6 +466,7 @@ mod tests {
             down_interval: Duration::from_secs(5),
             jitter: 0.1,
             via: crate::health::spec::Via::Direct,
+            auto_timeout: false,
         }
     }
 

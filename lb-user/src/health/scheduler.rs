@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -95,8 +96,14 @@ struct Task {
     addr: SocketAddr,
     spec: CheckSpec,
     path: Option<DatapathTarget>,
+    auto: Option<AutoTimeout>,
     handle: JoinHandle<()>,
 }
+
+/// The deadline of a `timeout = "auto"` check, in ns, set by whoever sees
+/// the VIP's latencies (the daemon) and read by each probe as it starts; 0 =
+/// not known yet (the spec's `timeout` stands). Shared by a VIP's backends.
+pub type AutoTimeout = Arc<AtomicU64>;
 
 /// Owns the backend tasks. Dropping it stops them all.
 pub struct Scheduler {
@@ -135,12 +142,13 @@ impl Scheduler {
     ///
     /// Must be called within a Tokio runtime.
     pub fn upsert(&mut self, id: u64, addr: SocketAddr, spec: CheckSpec, initial: HealthState) {
-        self.upsert_via(id, addr, spec, initial, None);
+        self.upsert_via(id, addr, spec, initial, None, None);
     }
 
     /// [`Self::upsert`], probing through the data path when `path` is given
-    /// (see [`probe_via`]). A changed path restarts the task like a changed
-    /// spec.
+    /// (see [`probe_via`]), and with the deadline in `auto` when the spec
+    /// says `timeout = "auto"`. A changed path or deadline source restarts
+    /// the task like a changed spec.
     pub fn upsert_via(
         &mut self,
         id: u64,
@@ -148,10 +156,16 @@ impl Scheduler {
         spec: CheckSpec,
         initial: HealthState,
         path: Option<DatapathTarget>,
+        auto: Option<AutoTimeout>,
     ) {
         let mut addr_changed = false;
         if let Some(task) = self.tasks.get(&id) {
-            if task.addr == addr && task.spec == spec && task.path == path {
+            let same_auto = match (&task.auto, &auto) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            };
+            if task.addr == addr && task.spec == spec && task.path == path && same_auto {
                 return;
             }
             addr_changed = task.addr != addr;
@@ -193,6 +207,7 @@ impl Scheduler {
             addr,
             spec: spec.clone(),
             path: path.clone(),
+            auto: auto.clone(),
             shared: Arc::clone(&self.shared),
             semaphore: Arc::clone(&self.semaphore),
             tx: self.tx.clone(),
@@ -203,6 +218,7 @@ impl Scheduler {
                 addr,
                 spec,
                 path,
+                auto,
                 handle,
             },
         );
@@ -259,12 +275,28 @@ struct BackendTask {
     spec: CheckSpec,
     /// Probe through the data path (`via = "vip"`), if set.
     path: Option<DatapathTarget>,
+    /// The deadline of `timeout = "auto"`, if the spec says so.
+    auto: Option<AutoTimeout>,
     shared: Shared,
     semaphore: Arc<Semaphore>,
     tx: mpsc::Sender<Report>,
 }
 
 impl BackendTask {
+    /// The deadline of the next probe: the spec's `timeout`, or the one the
+    /// daemon derived for `timeout = "auto"` (never past `hang_timeout`).
+    fn timeout(&self) -> Duration {
+        let auto = self
+            .auto
+            .as_ref()
+            .filter(|_| self.spec.auto_timeout)
+            .map(|a| a.load(Ordering::Relaxed))
+            .filter(|&ns| ns > 0)
+            .map(Duration::from_nanos);
+        auto.unwrap_or(self.spec.timeout)
+            .min(self.spec.hang_timeout.max(self.spec.timeout))
+    }
+
     /// Feeds one report to the state machine (`result` = `None`: the
     /// interim `Late`). Returns what to send and the delay until the next
     /// probe, or `None` if the backend was removed or its task restarted
@@ -274,6 +306,7 @@ impl BackendTask {
         class: &ProbeClass,
         result: Option<&ProbeResult>,
         after_late: bool,
+        timeout: Duration,
     ) -> Option<(Option<Transition>, HealthSnapshot, Duration)> {
         let mut map = lock(&self.shared);
         let entry = map
@@ -284,7 +317,7 @@ impl BackendTask {
                 .machine
                 .observe(result, class, after_late, Instant::now()),
             None => {
-                entry.machine.observe_late(self.spec.timeout);
+                entry.machine.observe_late(timeout);
                 None
             }
         };
@@ -368,9 +401,10 @@ async fn probe_once(
     let spec = &task.spec;
     let mut probing = pin!(probe_via(target, spec, task.path.as_ref()));
     let mut first_word = Some(first_word);
-    let late_at = tokio::time::Instant::now() + spec.timeout;
+    let timeout = task.timeout();
+    let late_at = tokio::time::Instant::now() + timeout;
     // With hang_timeout = timeout the verdict comes at timeout: no interim.
-    let early = if spec.hang_timeout > spec.timeout {
+    let early = if spec.hang_timeout > timeout {
         tokio::time::timeout_at(late_at, probing.as_mut())
             .await
             .ok()
@@ -380,10 +414,9 @@ async fn probe_once(
     let (result, after_late) = match early {
         Some(result) => (result, false),
         None => {
-            let class = ProbeClass::Late {
-                timeout: spec.timeout,
-            };
-            let Some((transition, snapshot, delay)) = task.update(&class, None, false) else {
+            let class = ProbeClass::Late { timeout };
+            let Some((transition, snapshot, delay)) = task.update(&class, None, false, timeout)
+            else {
                 return;
             };
             if let Some(tx) = first_word.take() {
@@ -393,16 +426,18 @@ async fn probe_once(
             (probing.await, true)
         }
     };
-    let class = match result.class(spec.timeout) {
+    let class = match result.class(timeout) {
         // Done a hair before `timeout` by the probe's clock, after it by
         // ours: it was reported late, so it is slow.
         ProbeClass::Ok if after_late => ProbeClass::Slow {
-            latency: result.latency.max(spec.timeout),
-            timeout: spec.timeout,
+            latency: result.latency.max(timeout),
+            timeout,
         },
         class => class,
     };
-    let Some((transition, snapshot, delay)) = task.update(&class, Some(&result), after_late) else {
+    let Some((transition, snapshot, delay)) =
+        task.update(&class, Some(&result), after_late, timeout)
+    else {
         return;
     };
     if let Some(tx) = first_word.take() {
@@ -717,6 +752,51 @@ mod tests {
         }
     }
 
+    /// `timeout = "auto"`: each probe takes the deadline the daemon set
+    /// last, not the spec's starting value.
+    #[tokio::test]
+    async fn auto_timeout_is_read_by_each_probe() {
+        // The backend answers in 150 ms; the spec's own timeout would pass it.
+        let server =
+            Server::canned_delayed(Duration::from_millis(150), b"HTTP/1.1 200 OK\r\n\r\n").await;
+        let spec = CheckSpec {
+            auto_timeout: true,
+            ..hang_spec(
+                server.addr.port(),
+                Duration::from_secs(1),
+                Duration::from_millis(500),
+                Duration::from_secs(1),
+            )
+        };
+        // (the deadline the daemon derived, the report that must come first)
+        let cases = [
+            (Duration::from_millis(50), "late"),
+            (Duration::from_millis(400), "ok"),
+        ];
+        for (deadline, first) in cases {
+            let (mut scheduler, mut rx) = Scheduler::new(8);
+            let auto = AutoTimeout::new(AtomicU64::new(deadline.as_nanos() as u64));
+            scheduler.upsert_via(
+                1,
+                server.addr,
+                spec.clone(),
+                HealthState::Unknown,
+                None,
+                Some(auto),
+            );
+            let reports = collect_until_final(&mut rx, Duration::from_secs(3)).await;
+            assert_eq!(
+                reports.first().map(|(_, r)| r.class.code()),
+                Some(first),
+                "deadline {deadline:?}: {reports:#?}"
+            );
+            if first == "late" {
+                assert_eq!(reports[0].1.class, ProbeClass::Late { timeout: deadline });
+                assert_eq!(reports.last().map(|(_, r)| r.class.code()), Some("slow"));
+            }
+        }
+    }
+
     /// Per probe: a backend answering after 2.5 × timeout is reported Late at
     /// the timeout, then Slow with its latency, and comes up; a silent one is
     /// reported Late, then fails at hang_timeout.
@@ -832,6 +912,7 @@ mod tests {
         let spec = CheckSpec {
             jitter: 0.0,
             via: crate::health::spec::Via::Direct,
+            auto_timeout: false,
             ..hang_spec(holder.addr.port(), every, timeout, hang)
         };
         let (mut scheduler, mut rx) = Scheduler::new(64);

@@ -113,6 +113,41 @@ pub struct CheckSpec {
     /// Which way probes go: straight to the backend, or through the data
     /// path (the VIP's address, sent to this backend as clients' packets are).
     pub via: Via,
+    /// `timeout = "auto"`: `timeout` is only the starting value; the daemon
+    /// sets the deadline from the VIP's own recent latency
+    /// ([`auto_timeout`]), so nobody has to guess one that will be wrong at
+    /// peak.
+    pub auto_timeout: bool,
+}
+
+/// Latency percentile `timeout = "auto"` follows.
+pub const AUTO_PERCENTILE: f64 = 0.95;
+/// … times this factor …
+pub const AUTO_FACTOR: f64 = 3.0;
+/// … never below this (a loopback-fast VIP must not get a deadline that a
+/// scheduling hiccup exceeds) …
+pub const AUTO_FLOOR: Duration = Duration::from_millis(50);
+/// … and never above `min(interval, hang_timeout)`. Fewer answers than this
+/// and the configured starting value stands.
+pub const AUTO_MIN_SAMPLES: usize = 10;
+/// Answers a VIP remembers for `timeout = "auto"`.
+pub const AUTO_SAMPLES: usize = 200;
+
+/// The deadline of `timeout = "auto"`: the [`AUTO_PERCENTILE`] of a VIP's
+/// recent answer latencies (passing answers only: a hung backend has none,
+/// so it cannot drag the deadline up) × [`AUTO_FACTOR`], within
+/// [`AUTO_FLOOR`] and `ceiling`; `start` until there are
+/// [`AUTO_MIN_SAMPLES`] answers.
+pub fn auto_timeout(samples: &[Duration], start: Duration, ceiling: Duration) -> Duration {
+    if samples.len() < AUTO_MIN_SAMPLES {
+        return start.min(ceiling);
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let rank = ((sorted.len() as f64 * AUTO_PERCENTILE).ceil() as usize).clamp(1, sorted.len());
+    let p = sorted[rank - 1];
+    p.mul_f64(AUTO_FACTOR)
+        .clamp(AUTO_FLOOR, ceiling.max(AUTO_FLOOR))
 }
 
 /// The way a probe reaches a backend (`via` in a health_check table).
@@ -207,6 +242,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn auto_timeout_follows_the_vips_latency() {
+        let ms = Duration::from_millis;
+        let start = ms(1000);
+        let ceiling = ms(2000);
+        let same = |n: usize, v: u64| vec![ms(v); n];
+        let mut mixed = same(95, 20);
+        mixed.extend(same(5, 400));
+        let mut tail = same(90, 20);
+        tail.extend(same(10, 400));
+        let cases: Vec<(&str, Vec<Duration>, Duration)> = vec![
+            ("too few answers: the starting value", same(9, 10), start),
+            ("fast VIP: p95 × 3, above the floor", same(20, 30), ms(90)),
+            ("loopback-fast VIP: the floor", same(20, 1), AUTO_FLOOR),
+            ("slow VIP at peak: follows it", same(50, 500), ms(1500)),
+            (
+                "slower than the ceiling allows: the ceiling",
+                same(50, 900),
+                ceiling,
+            ),
+            (
+                "5 % slow answers are the 95th percentile's edge",
+                mixed,
+                ms(60),
+            ),
+            ("10 % slow answers set it", tail, ms(1200)),
+        ];
+        for (name, samples, want) in cases {
+            assert_eq!(auto_timeout(&samples, start, ceiling), want, "{name}");
+        }
+        assert_eq!(
+            auto_timeout(&[], ms(3000), ceiling),
+            ceiling,
+            "start capped"
+        );
+    }
+
+    #[test]
     fn default_hang_timeout_cases() {
         let s = Duration::from_secs;
         let ms = Duration::from_millis;
@@ -236,6 +308,7 @@ mod tests {
             down_interval: down,
             jitter: 0.0,
             via: crate::health::spec::Via::Direct,
+            auto_timeout: false,
         };
         let cases = [
             ("defaults", spec(ms(2000), ms(500), ms(5000), ms(3000)), 7),

@@ -42,6 +42,7 @@ pub fn http_spec_hang(port: u16, timeout: Duration, hang_timeout: Duration) -> C
         down_interval: defaults::DOWN_INTERVAL,
         jitter: defaults::JITTER,
         via: crate::health::spec::Via::Direct,
+        auto_timeout: false,
     }
 }
 

@@ -265,6 +265,7 @@ fn table_swap() -> anyhow::Result<()> {
                 down_interval: Duration::from_secs(5),
                 jitter: 0.1,
                 via: lb_user::health::spec::Via::Direct,
+                auto_timeout: false,
             };
             let cfg = VipConfig {
                 name: format!("v{n}"),

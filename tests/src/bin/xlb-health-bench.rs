@@ -348,6 +348,7 @@ fn http_spec(f: impl FnOnce(&mut CheckSpec)) -> CheckSpec {
         down_interval: defaults::DOWN_INTERVAL,
         jitter: defaults::JITTER,
         via: lb_user::health::spec::Via::Direct,
+        auto_timeout: false,
     };
     f(&mut spec);
     spec
