@@ -136,8 +136,11 @@ pub fn run(keep: bool) -> Result<()> {
             && e.backend.as_deref() == Some(&hung.to_string())
             && e.to.as_deref() == Some(to)
     };
+    // Out of the table: as a slow outlier among answering peers (after
+    // `fall` late probes), or `down` (after `fall` probes reached
+    // hang_timeout), whichever comes first.
     let detected = story.watch(&run, &client, ms(hang_ms) + MAX_DETECTION, |e| {
-        is_b2(e, "down")
+        is_b2(e, "ejected_slow") || is_b2(e, "down")
     })?;
     let detect_ms = detected.as_ref().map(|e| client.timeline_ms(e.at_unix_ms));
     let recover_at = match detect_ms {
@@ -167,7 +170,11 @@ pub fn run(keep: bool) -> Result<()> {
                 detect_ms,
                 recover_ms,
                 return_ms,
-                reason: detected.map(|e| e.reason),
+                reason: detected.map(|e| format!(
+                    "{}: {}",
+                    e.to.as_deref().unwrap_or("out"),
+                    e.reason
+                )),
                 rise: setting(&config, "rise"),
             }
         )
@@ -347,7 +354,7 @@ fn summary(report: &Report, m: &Moments) -> String {
         Some(d) => {
             let _ = writeln!(
                 out,
-                "b{HUNG} hung at t={}; xlb marked it down at t={}, {} later ({}).",
+                "b{HUNG} hung at t={}; xlb took it out of the table at t={}, {} later ({}).",
                 s(m.hang_ms),
                 s(d),
                 s(d - m.hang_ms),
@@ -481,7 +488,7 @@ mod tests {
                     rise: "2".into(),
                 },
                 vec![
-                    "xlb marked it down at t=1.2 s, 0.6 s later (no HTTP response within 1s)",
+                    "xlb took it out of the table at t=1.2 s, 0.6 s later (no HTTP response within 1s)",
                     "0 before the hang, 5 between the hang and detection, 0 after detection",
                     "(after rise = 2 good probes) and it answered 4 requests from then on",
                 ],
