@@ -46,7 +46,7 @@ use lb_common::{
 
 use crate::{
     XLB_GLOBALS, XLB_HC_REALS, XLB_HC_STATS,
-    packet::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, be16},
+    packet::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, be16, ipv4_csum},
 };
 
 const AF_INET: u8 = 2;
@@ -160,20 +160,6 @@ fn encap_v6(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
     h[8..24].copy_from_slice(src);
     h[24..40].copy_from_slice(dst);
     ctx.store(ETH_LEN, &h, 0).ok()
-}
-
-/// The IPv4 header checksum of `h` (checksum field zero).
-#[inline(always)]
-fn ipv4_csum(h: &[u8; 20]) -> u16 {
-    let mut sum: u32 = 0;
-    let mut i = 0;
-    while i < 20 {
-        sum += u16::from_be_bytes([h[i], h[i + 1]]) as u32;
-        i += 2;
-    }
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    !(sum as u16)
 }
 
 /// Looks up the route to the backend and redirects to its next hop.

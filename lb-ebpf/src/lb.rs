@@ -40,7 +40,8 @@ use crate::{
     XLB_BACKENDS, XLB_BE_STATS, XLB_CT, XLB_GLOBALS, XLB_NEXTHOP, XLB_RING, XLB_STATS,
     XLB_VIP_ADDRS, XLB_VIP_INFO, XLB_VIP_PORTS, XLB_VIP_STATS, XLB_VIPS,
     packet::{
-        ETH_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, VLAN_LEN, be16, len, ptr_at,
+        ETH_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, VLAN_LEN, be16, ipv4_csum, len,
+        ptr_at,
     },
 };
 
@@ -684,15 +685,7 @@ fn write_outer_v4(
     h[17] = dst[1];
     h[18] = dst[2];
     h[19] = dst[3];
-    let mut sum: u32 = 0;
-    let mut i = 0;
-    while i < 20 {
-        sum += u16::from_be_bytes([h[i], h[i + 1]]) as u32;
-        i += 2;
-    }
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    let c = (!(sum as u16)).to_be_bytes();
+    let c = ipv4_csum(h).to_be_bytes();
     h[10] = c[0];
     h[11] = c[1];
     Some(())

@@ -32,3 +32,20 @@ pub const ETH_P_8021AD: u16 = 0x88a8;
 pub fn be16(b: [u8; 2]) -> u16 {
     u16::from_be_bytes(b)
 }
+
+/// The checksum of the IPv4 header in the first 20 bytes of `h` (checksum
+/// field zero); `h` may go on past the header (an outer header written in
+/// place before the inner one).
+#[inline(always)]
+pub fn ipv4_csum<const N: usize>(h: &[u8; N]) -> u16 {
+    const { assert!(N >= 20, "an IPv4 header is 20 bytes") };
+    let mut sum: u32 = 0;
+    let mut i = 0;
+    while i < 20 {
+        sum += u16::from_be_bytes([h[i], h[i + 1]]) as u32;
+        i += 2;
+    }
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}

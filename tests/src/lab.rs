@@ -14,7 +14,7 @@ use std::{
 
 use xlb_lab::{
     client::Report,
-    scenario::{self, ClientRun, Event, LabRun, XlbConfig},
+    scenario::{self, ClientRun, Event, LabRun, StateFile, XlbConfig},
     topology::list_namespaces,
 };
 
@@ -326,4 +326,20 @@ pub mod cascade {
             drops_after,
         }
     }
+}
+
+/// Stops backend `i`'s decapsulator as a crash would (SIGKILL): its
+/// application still answers on its own address, but every `dsr-ipip`
+/// packet sent to it is lost.
+pub fn kill_decap(run: &LabRun, i: usize) {
+    let state = StateFile::load(run.work_dir())
+        .unwrap()
+        .expect("lab state file");
+    let role = format!("decap-b{i}");
+    let decap = state
+        .procs
+        .iter()
+        .find(|p| p.role == role)
+        .unwrap_or_else(|| panic!("{role} recorded"));
+    run.lab().kill(decap.pid).unwrap();
 }

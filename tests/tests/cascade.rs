@@ -30,12 +30,12 @@ use std::{
 use xlb_lab::{
     Fault,
     client::{LoadOptions, Report, SYN_RETRANSMIT_CONNECT},
-    scenario::{Event, Health, LabRun, Protection, Share, StateFile, XlbConfig},
+    scenario::{Event, Health, LabRun, Protection, Share, XlbConfig},
 };
 use xlb_tests::lab::{
     answered_by,
     cascade::{COUNTER_TICK, SEED_SLOW, api, config, seed_003, seed_profile, set_all, watch},
-    failure_slices, now_unix_ms, serial, teardown, transitions, up, wait_client_ms,
+    failure_slices, kill_decap, now_unix_ms, serial, teardown, transitions, up, wait_client_ms,
 };
 
 /// Allowed on top of the worst case the health settings give, for process
@@ -1062,15 +1062,7 @@ fn datapath_check_catches_a_stopped_decap() {
         .start_client(steady(vip.target(), Duration::from_secs(10)))
         .unwrap();
     wait_client_ms(&client, 2000);
-    let state = StateFile::load(run.work_dir())
-        .unwrap()
-        .expect("lab state file");
-    let decap = state
-        .procs
-        .iter()
-        .find(|p| p.role == "decap-b1")
-        .expect("decap-b1 recorded");
-    run.lab().kill(decap.pid).unwrap();
+    kill_decap(&run, 1);
     let stopped_ms = client.timeline_ms(now_unix_ms());
     // Its application still answers on its own address.
     let direct = run

@@ -29,7 +29,7 @@ use tokio::{
     time::timeout_at,
 };
 use xlb_lab::{
-    scenario::{self, LabRun, Mode, StateFile, Vip, XlbConfig},
+    scenario::{self, LabRun, Mode, Vip, XlbConfig},
     topology::{self, HOST_IFNAME, list_namespaces},
 };
 
@@ -219,15 +219,7 @@ fn datapath_probe_catches_what_a_direct_probe_misses() {
     );
 
     // b1: its decapsulator stops (killed like a crashed process).
-    let state = StateFile::load(run.work_dir())
-        .unwrap()
-        .expect("lab state file");
-    let decap = state
-        .procs
-        .iter()
-        .find(|p| p.role == "decap-b1")
-        .expect("decap-b1 recorded");
-    run.lab().kill(decap.pid).unwrap();
+    xlb_tests::lab::kill_decap(&run, 1);
     // b2: the IPv4 VIP of `api` goes missing from lo (api2/l2 keeps its own).
     xlb_tests::netns::run(&[
         "ip",
