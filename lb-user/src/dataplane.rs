@@ -10,7 +10,7 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray},
-    programs::{ProgramError, SchedClassifier, Xdp},
+    programs::{Program, ProgramError, SchedClassifier, Xdp},
 };
 use lb_common::{
     BackendInfo, CtEntry, DECAP_STATS_LEN, DecapAddrKey, DecapStat, FlowKey, Globals, HcReal,
@@ -180,30 +180,15 @@ impl Dataplane {
             lb_common::PROG_DECAP,
             lb_common::PROG_MINIMAL,
             lb_common::PROG_PASS,
+            lb_common::PROG_HC,
         ] {
-            let prog: &mut Xdp = ebpf
-                .program_mut(name)
-                .ok_or(DataplaneError::Program {
-                    name,
-                    source: ProgramError::NotLoaded,
-                })?
-                .try_into()
-                .map_err(|source| DataplaneError::Program { name, source })?;
-            prog.load()
-                .map_err(|source| DataplaneError::Program { name, source })?;
-        }
-        {
-            let name = lb_common::PROG_HC;
-            let prog: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .ok_or(DataplaneError::Program {
-                    name,
-                    source: ProgramError::NotLoaded,
-                })?
-                .try_into()
-                .map_err(|source| DataplaneError::Program { name, source })?;
-            prog.load()
-                .map_err(|source| DataplaneError::Program { name, source })?;
+            let err = |source| DataplaneError::Program { name, source };
+            match ebpf.program_mut(name).ok_or(err(ProgramError::NotLoaded))? {
+                Program::Xdp(prog) => prog.load(),
+                Program::SchedClassifier(prog) => prog.load(),
+                _ => Err(ProgramError::UnexpectedProgramType),
+            }
+            .map_err(err)?;
         }
         // The next-hop cache stays in `ebpf`: only the kernel uses it.
         let mut take = |name: &'static str| -> Result<Map> {

@@ -30,7 +30,6 @@ use crate::{
     },
     dataplane::Dataplane,
     health::{
-        machine::HealthState,
         policy::{self, Change},
         probe::ProbeClass,
         scheduler::{Report, Scheduler},
@@ -314,7 +313,7 @@ impl Daemon {
         let b = &v.backends[bi];
         let calm = !hard_changed
             && b.policy.placement == policy::Placement::Serving
-            && b.member().consecutive_slow == 0
+            && b.snapshot.as_ref().is_none_or(|s| s.consecutive_slow == 0)
             && v.policy.panic.is_none()
             && v.policy.fleet_slow.is_none();
         if calm {
@@ -376,14 +375,7 @@ impl Daemon {
                 moved = true;
             }
         }
-        // A ramp moves with time, not with evaluations: while one is under
-        // way, `rebuild` compares the wanted table with the live one (and
-        // writes nothing if the step has not changed).
-        let ramping = self.vips[vi]
-            .backends
-            .iter()
-            .any(|b| b.policy.placement == policy::Placement::Ramping);
-        let mut rebuild = if outcome.weights_changed || moved || ramping {
+        let mut rebuild = if outcome.weights_changed || moved {
             model::rebuild(&mut self.dp, &mut self.vips[vi])?
         } else {
             None
@@ -397,19 +389,18 @@ impl Daemon {
                 Change::Placement {
                     member,
                     from,
-                    to: _,
+                    to,
                     reason,
                 } => {
+                    // Drain and enable are an operator's doing, not health's.
+                    let admin =
+                        to == policy::Placement::Draining || from == policy::Placement::Draining;
                     let b = &self.vips[vi].backends[member];
                     let from = model::placement_label(from);
                     model::log_transition(&name, b, from, &reason, rebuild);
                     let (id, addr, to) =
                         (b.id, b.cfg.socket_addr().to_string(), b.placement_name());
                     *self.transitions.entry(id).or_default() += 1;
-                    // Drain and enable are an operator's doing, not health's.
-                    let placed = self.vips[vi].backends[member].policy.placement;
-                    let admin = placed == policy::Placement::Draining
-                        || from == policy::Placement::Draining.as_str();
                     self.event(
                         if admin { "admin" } else { "transition" },
                         Some(&name),
@@ -1291,34 +1282,6 @@ impl Daemon {
     /// The link id of the attached program.
     pub fn link_id(&self) -> u32 {
         self.link_id
-    }
-
-    /// Forces a health state (benchmarks): as if a probe had crossed `fall`
-    /// or `rise`. Returns the rebuild, if the table changed.
-    pub fn force_health(
-        &mut self,
-        vip: usize,
-        backend: usize,
-        to: HealthState,
-    ) -> anyhow::Result<Option<Rebuild>> {
-        let b = &mut self.vips[vip].backends[backend];
-        b.health = to;
-        let v = &mut self.vips[vip];
-        let members: Vec<policy::Member> = v.backends.iter().map(|b| b.member()).collect();
-        let mut states: Vec<policy::MemberState> =
-            v.backends.iter().map(|b| b.policy.clone()).collect();
-        policy::evaluate(
-            &v.cfg.protection,
-            &members,
-            &mut states,
-            &mut v.policy,
-            Instant::now(),
-        );
-        for (b, st) in v.backends.iter_mut().zip(states) {
-            b.policy = st;
-            self.dp.set_backend(b.id, &b.info())?;
-        }
-        model::rebuild(&mut self.dp, v)
     }
 
     pub fn dataplane(&mut self) -> &mut Dataplane {

@@ -225,7 +225,7 @@ impl HealthMachine {
     }
 
     /// Feeds a probe's final result, classified by
-    /// [`ProbeResult::class`] (a `Late` class is taken as
+    /// [`ProbeResult::class`] (never `Late`: that is not a final result, see
     /// [`Self::observe_late`]). `after_late` says whether this probe was
     /// reported late before. Returns the transition it caused, if any.
     pub fn observe(
@@ -235,18 +235,13 @@ impl HealthMachine {
         after_late: bool,
         now: Instant,
     ) -> Option<Transition> {
-        if let ProbeClass::Late { timeout } = class {
-            // Not a final result: count it as the interim it is.
-            self.observe_late(*timeout);
-            return None;
-        }
         if after_late {
             self.late_pending = self.late_pending.saturating_sub(1);
         }
         self.last_result = Some(result.clone());
         self.last_probe_at = Some(now);
         let to = match class {
-            ProbeClass::Late { .. } => None,
+            ProbeClass::Late { .. } => unreachable!("Late is not a final result"),
             ProbeClass::Local(fail) => {
                 self.local_errors = self.local_errors.saturating_add(1);
                 self.last_local_error = Some(fail.to_string());
@@ -366,7 +361,7 @@ impl HealthMachine {
             last_probe_at: self.last_probe_at,
             consecutive_slow: self.consecutive_slow,
             streak_latency: self.streak_latency.filter(|_| self.consecutive_slow > 0),
-            recent_latency: median(&self.recent),
+            recent_latency: super::median(self.recent.iter().copied()),
             last_fail_code: self.last_fail_code,
             local_errors: self.local_errors,
             last_local_error: self.last_local_error.clone(),
@@ -388,18 +383,6 @@ impl HealthMachine {
     /// The delay until the next probe: [`Self::period`] with jitter.
     pub fn next_delay(&self, spec: &CheckSpec, rng: &mut impl Rng) -> Duration {
         jittered(self.period(spec), spec.jitter, rng)
-    }
-}
-
-/// The median of `values` (the mean of the middle two for an even count).
-fn median(values: &VecDeque<Duration>) -> Option<Duration> {
-    let mut sorted: Vec<Duration> = values.iter().copied().collect();
-    sorted.sort_unstable();
-    let n = sorted.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(sorted[n / 2]),
-        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2),
     }
 }
 

@@ -9,3 +9,18 @@ pub mod spec;
 
 #[cfg(test)]
 mod testutil;
+
+use std::time::Duration;
+
+/// The median of `values` (the mean of the middle two for an even count);
+/// `None` when there are none.
+pub fn median(values: impl IntoIterator<Item = Duration>) -> Option<Duration> {
+    let mut sorted: Vec<Duration> = values.into_iter().collect();
+    sorted.sort_unstable();
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2]),
+        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2),
+    }
+}

@@ -258,6 +258,9 @@ pub struct MemberState {
     /// Recent exits from the table for health reasons.
     pub exits: VecDeque<Instant>,
     pub held: bool,
+    /// [`Self::table_weight`] as of the last evaluation (`u32::MAX` before
+    /// the first), so a ramp step taken between evaluations is seen.
+    pub last_weight: u32,
 }
 
 impl MemberState {
@@ -273,6 +276,7 @@ impl MemberState {
             penalty_at: now,
             exits: VecDeque::new(),
             held: false,
+            last_weight: u32::MAX,
         }
     }
 
@@ -347,10 +351,8 @@ pub enum Change {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
     pub changes: Vec<Change>,
-    /// Whether this evaluation changed a member's table weight (a placement
-    /// change): rebuild the table. Ramp steps move with the clock between
-    /// evaluations, so while a member is `Ramping` the caller rebuilds at
-    /// every tick as well ([`MemberState::table_weight`] gives the step).
+    /// Whether a member's table weight differs from the last evaluation's
+    /// (a placement change, or a slow-start step): rebuild the table.
     pub weights_changed: bool,
 }
 
@@ -364,11 +366,6 @@ pub fn evaluate(
     now: Instant,
 ) -> Outcome {
     assert_eq!(members.len(), states.len(), "one state per member");
-    let before: Vec<(Placement, u32)> = states
-        .iter()
-        .zip(members)
-        .map(|(s, m)| (s.placement, s.table_weight(policy, m.weight, now)))
-        .collect();
     let mut next: Vec<(Placement, Option<String>)> = members
         .iter()
         .zip(states.iter_mut())
@@ -396,11 +393,11 @@ pub fn evaluate(
         (true, None) => Some(now),
         (false, _) => None,
     };
-    let weights_changed = states
-        .iter()
-        .zip(members)
-        .zip(&before)
-        .any(|((s, m), &(_, w))| s.table_weight(policy, m.weight, now) != w);
+    let mut weights_changed = false;
+    for (s, m) in states.iter_mut().zip(members) {
+        let w = s.table_weight(policy, m.weight, now);
+        weights_changed |= std::mem::replace(&mut s.last_weight, w) != w;
+    }
     Outcome {
         changes,
         weights_changed,
@@ -460,20 +457,6 @@ fn round_secs(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs_f64().round() as u64)
 }
 
-/// The median of `values` (the mean of the middle two for an even count).
-fn median(values: &mut [Duration]) -> Option<Duration> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort();
-    let n = values.len();
-    Some(if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2
-    })
-}
-
 /// Ejects slow outliers among the members placed `Serving`, within
 /// `max_ejected`: those already ejected and still slow keep their place in
 /// the budget, then the slowest new ones.
@@ -503,12 +486,12 @@ fn eject_outliers(
             continue;
         }
         let Some(lat) = m.latency else { continue };
-        let mut peers: Vec<Duration> = serving
+        let peers: Vec<Duration> = serving
             .iter()
             .filter(|&&j| j != i)
             .filter_map(|&j| members[j].latency)
             .collect();
-        let Some(med) = median(&mut peers) else {
+        let Some(med) = super::median(peers.iter().copied()) else {
             continue;
         };
         let outlier = lat.as_secs_f64() > policy.outlier_factor * med.as_secs_f64()
@@ -544,7 +527,7 @@ fn fleet_slow(
     let up: Vec<usize> = (0..members.len())
         .filter(|&i| matches!(next[i].0, Placement::Serving | Placement::EjectedSlow))
         .collect();
-    let mut slow: Vec<Duration> = up
+    let slow: Vec<Duration> = up
         .iter()
         .filter(|&&i| members[i].slow() && next[i].0 == Placement::Serving)
         .filter_map(|&i| members[i].latency)
@@ -553,14 +536,14 @@ fn fleet_slow(
     let n = slow.len();
     match (now_slow, vip.fleet_slow.is_some()) {
         (true, false) => {
-            let med = median(&mut slow).unwrap_or_default();
+            let med = super::median(slow.iter().copied()).unwrap_or_default();
             let text = fleet_slow_text(n, up.len(), med);
             vip.fleet_slow = Some(text.clone());
             changes.push(Change::FleetSlow(text));
         }
         (true, true) => {
             // Same episode, no new event; the status text follows the count.
-            let med = median(&mut slow).unwrap_or_default();
+            let med = super::median(slow.iter().copied()).unwrap_or_default();
             vip.fleet_slow = Some(fleet_slow_text(n, up.len(), med));
         }
         (false, true) => {
