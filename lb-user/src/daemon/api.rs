@@ -32,7 +32,7 @@ use crate::{
     health::{
         policy::{self, Change},
         probe::ProbeClass,
-        scheduler::{Report, Scheduler},
+        scheduler::{Report, Scheduler, effective_timeout},
     },
     metrics::{self, LatencyHistogram, MetricsExtra},
 };
@@ -1103,11 +1103,7 @@ impl Daemon {
             last_transition_reason: snap.and_then(|s| s.last_transition_reason.clone()),
             last_probe: snap.and_then(|s| {
                 let res = s.last_result.as_ref()?;
-                let timeout = match v.auto_timeout.load(Ordering::Relaxed) {
-                    ns if b.cfg.health.auto_timeout && ns > 0 => Duration::from_nanos(ns),
-                    _ => b.cfg.health.timeout,
-                };
-                let class = res.class(timeout);
+                let class = res.class(effective_timeout(&b.cfg.health, Some(&v.auto_timeout)));
                 Some(ProbeStatus {
                     ok: res.outcome.is_ok(),
                     reason: match (&res.outcome, &class) {

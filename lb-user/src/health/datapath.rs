@@ -62,13 +62,32 @@ impl DatapathTarget {
         }
     }
 
-    /// Connects as [`connect_via_vip`] does, to this target.
+    /// Opens a TCP connection to the VIP whose packets the data plane sends
+    /// to this target's backend (see the module documentation), within
+    /// `deadline`. The prober does the same through [`Self::prepare`].
     ///
     /// # Errors
     ///
-    /// As [`connect_via_vip`].
+    /// - [`io::ErrorKind::TimedOut`] when no handshake completed by
+    ///   `deadline`;
+    /// - the error of `socket`, or of [`Self::prepare`]: local errors;
+    /// - the error of `connect`: ENETUNREACH when the LB has no route to the
+    ///   VIP through the interface (local), ECONNREFUSED when the backend's
+    ///   VIP has nothing listening on the port, and so on.
     pub async fn connect(&self, deadline: Instant) -> io::Result<TcpStream> {
-        connect_via_vip(self.vip, self.mark, &self.interface, deadline).await
+        let socket = if self.vip.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        self.prepare(&socket)?;
+        match timeout_at(deadline, socket.connect(self.vip)).await {
+            Ok(r) => r,
+            Err(_elapsed) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no handshake {self} by the deadline"),
+            )),
+        }
     }
 
     /// Marks `socket` for this target and binds it to the interface where
@@ -80,6 +99,9 @@ impl DatapathTarget {
     /// `SO_BINDTODEVICE` (no such interface).
     pub fn prepare(&self, socket: &TcpSocket) -> io::Result<()> {
         set_mark(socket.as_raw_fd(), self.mark)?;
+        // Only a packet leaving by this interface meets `xlb_hc`: any other
+        // route would reach the VIP's owner on the network, i.e. the LB
+        // itself or nobody, and fail every backend alike.
         socket.bind_device(Some(self.interface.as_bytes()))
     }
 
@@ -100,43 +122,6 @@ impl fmt::Display for DatapathTarget {
     /// `via VIP 10.100.0.1:80 through dsr-ipip`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "via VIP {} through {}", self.vip, self.mode)
-    }
-}
-
-/// Opens a TCP connection to `vip` whose packets the data plane sends to
-/// the backend of `mark` (see the module documentation), within `deadline`.
-///
-/// # Errors
-///
-/// - [`io::ErrorKind::TimedOut`] when no handshake completed by `deadline`
-///   (the prober already reports that kind as a connect timeout);
-/// - the error of `socket`, `setsockopt(SO_MARK)` (EPERM without
-///   CAP_NET_ADMIN) or `SO_BINDTODEVICE`: local errors;
-/// - the error of `connect`: ENETUNREACH when the LB has no route to the VIP
-///   through `interface` (local), ECONNREFUSED when the backend's VIP has
-///   nothing listening on the port, and so on.
-pub async fn connect_via_vip(
-    vip: SocketAddr,
-    mark: u32,
-    interface: &str,
-    deadline: Instant,
-) -> io::Result<TcpStream> {
-    let socket = if vip.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    set_mark(socket.as_raw_fd(), mark)?;
-    // Only a packet leaving by this interface meets `xlb_hc`: any other
-    // route would reach the VIP's owner on the network, i.e. the LB itself
-    // or nobody, and fail every backend alike.
-    socket.bind_device(Some(interface.as_bytes()))?;
-    match timeout_at(deadline, socket.connect(vip)).await {
-        Ok(r) => r,
-        Err(_elapsed) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("no handshake via VIP {vip} by the deadline"),
-        )),
     }
 }
 
@@ -195,12 +180,13 @@ mod tests {
     #[tokio::test]
     async fn no_such_interface_is_a_local_error() {
         let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        let err = connect_via_vip(
+        let err = DatapathTarget::new(
             "192.0.2.1:80".parse().unwrap(),
-            lb_common::hc_mark(1),
+            1,
             "xlb-no-such-if0",
-            deadline,
+            Mode::DsrIpip,
         )
+        .connect(deadline)
         .await
         .unwrap_err();
         // ENODEV from SO_BINDTODEVICE, or EPERM from SO_MARK when the test

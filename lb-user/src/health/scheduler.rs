@@ -100,6 +100,19 @@ struct Task {
     handle: JoinHandle<()>,
 }
 
+/// The deadline a probe of `spec` uses now: its `timeout`, or for
+/// `timeout = "auto"` the one last stored in `auto` (never past
+/// `hang_timeout`). The scheduler and the status both read it here.
+pub fn effective_timeout(spec: &CheckSpec, auto: Option<&AutoTimeout>) -> Duration {
+    let auto = auto
+        .filter(|_| spec.auto_timeout)
+        .map(|a| a.load(Ordering::Relaxed))
+        .filter(|&ns| ns > 0)
+        .map(Duration::from_nanos);
+    auto.unwrap_or(spec.timeout)
+        .min(spec.hang_timeout.max(spec.timeout))
+}
+
 /// The deadline of a `timeout = "auto"` check, in ns, set by whoever sees
 /// the VIP's latencies (the daemon) and read by each probe as it starts; 0 =
 /// not known yet (the spec's `timeout` stands). Shared by a VIP's backends.
@@ -286,15 +299,7 @@ impl BackendTask {
     /// The deadline of the next probe: the spec's `timeout`, or the one the
     /// daemon derived for `timeout = "auto"` (never past `hang_timeout`).
     fn timeout(&self) -> Duration {
-        let auto = self
-            .auto
-            .as_ref()
-            .filter(|_| self.spec.auto_timeout)
-            .map(|a| a.load(Ordering::Relaxed))
-            .filter(|&ns| ns > 0)
-            .map(Duration::from_nanos);
-        auto.unwrap_or(self.spec.timeout)
-            .min(self.spec.hang_timeout.max(self.spec.timeout))
+        effective_timeout(&self.spec, self.auto.as_ref())
     }
 
     /// Feeds one report to the state machine (`result` = `None`: the
