@@ -40,17 +40,17 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use lb_common::{
-    ENCAP_TTL, FAMILY_V6, HC_MARK_BASE, HC_MARK_MASK, HcReal, HcStat, IPIP4_OVERHEAD,
-    IPIP6_OVERHEAD, MODE_DSR_IPIP, PROTO_IPIP, PROTO_IPV6,
+    FAMILY_V6, HC_MARK_BASE, HC_MARK_MASK, HcReal, HcStat, IPIP4_OVERHEAD, IPIP6_OVERHEAD,
+    MODE_DSR_IPIP,
 };
 
 use crate::{
     XLB_GLOBALS, XLB_HC_REALS, XLB_HC_STATS,
-    packet::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, be16, ipv4_csum},
+    packet::{
+        AF_INET, AF_INET6, ETH_LEN, ETH_P_IP, ETH_P_IPV6, be16, fib_params, ipip4_header,
+        ipip6_header,
+    },
 };
-
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
 
 #[inline(always)]
 fn count(stat: HcStat) {
@@ -126,17 +126,7 @@ fn encap_v4(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
     .ok()?;
     let total = (ctx.len() as usize - ETH_LEN) as u16;
     let mut h = [0u8; 20];
-    h[0] = 0x45; // version 4, 5 words
-    h[1] = inner[1]; // TOS
-    h[2..4].copy_from_slice(&total.to_be_bytes());
-    // id 0, no fragment flags: as xlb_lb (the outer is never fragmented).
-    h[8] = ENCAP_TTL;
-    h[9] = PROTO_IPIP;
-    h[12..16].copy_from_slice(&src[..4]);
-    h[16..20].copy_from_slice(&dst[..4]);
-    let c = ipv4_csum(&h).to_be_bytes();
-    h[10] = c[0];
-    h[11] = c[1];
+    ipip4_header(&mut h, inner[1], total, src, dst);
     ctx.store(ETH_LEN, &h, 0).ok()
 }
 
@@ -153,12 +143,7 @@ fn encap_v6(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
     .ok()?;
     let payload = (ctx.len() as usize - ETH_LEN - IPIP6_OVERHEAD as usize) as u16;
     let mut h = [0u8; 40];
-    h[..4].copy_from_slice(&first);
-    h[4..6].copy_from_slice(&payload.to_be_bytes());
-    h[6] = PROTO_IPV6;
-    h[7] = ENCAP_TTL;
-    h[8..24].copy_from_slice(src);
-    h[24..40].copy_from_slice(dst);
+    ipip6_header(&mut h, first, payload, src, dst);
     ctx.store(ETH_LEN, &h, 0).ok()
 }
 
@@ -169,18 +154,15 @@ fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
     // SAFETY: an all-zero bpf_fib_lookup is a valid input.
     let mut p: FibParams = unsafe { core::mem::zeroed() };
     // SAFETY: reading a field of the context the kernel passed.
-    p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    let v6 = real.family == FAMILY_V6;
-    // The union fields are plain byte arrays in network order: copy bytes.
-    // SAFETY: writing union fields of a C struct.
-    unsafe {
-        let s = &mut p.__bindgen_anon_3.ipv6_src as *mut [u32; 4] as *mut u8;
-        let d = &mut p.__bindgen_anon_4.ipv6_dst as *mut [u32; 4] as *mut u8;
-        let n = if v6 { 16 } else { 4 };
-        p.family = if v6 { AF_INET6 } else { AF_INET };
-        core::ptr::copy_nonoverlapping(src.as_ptr(), s, n);
-        core::ptr::copy_nonoverlapping(real.addr.as_ptr(), d, n);
-    }
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    fib_params(
+        &mut p,
+        ifindex,
+        real.family == FAMILY_V6,
+        src,
+        &real.addr,
+        0,
+    );
     // An input lookup from this interface, as `xlb_lb::fib` makes it (the
     // daemon turns forwarding on for the interface, which it requires).
     // SAFETY: the helper reads and writes `p` only.

@@ -31,22 +31,19 @@ use aya_ebpf::{
 };
 use lb_common::{
     BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, CT_FLAG_CLOSING, CT_TOUCH_INTERVAL_NS,
-    CtEntry, DOWN_POLICY_KEEP, ENCAP_TTL, FAMILY_V4, FAMILY_V6, FlowKey, Globals, IPIP4_OVERHEAD,
-    IPIP6_OVERHEAD, MODE_DSR_IPIP, NEXTHOP_TTL_NS, NextHop, PROTO_IPIP, PROTO_IPV6, PROTO_TCP,
-    PROTO_UDP, Stat, VipAddrKey, VipInfo, VipKey, ring_index,
+    CtEntry, DOWN_POLICY_KEEP, FAMILY_V4, FAMILY_V6, FlowKey, Globals, IPIP4_OVERHEAD,
+    IPIP6_OVERHEAD, MODE_DSR_IPIP, NEXTHOP_TTL_NS, NextHop, PROTO_TCP, PROTO_UDP, Stat, VipAddrKey,
+    VipInfo, VipKey, ring_index,
 };
 
 use crate::{
     XLB_BACKENDS, XLB_BE_STATS, XLB_CT, XLB_GLOBALS, XLB_NEXTHOP, XLB_RING, XLB_STATS,
     XLB_VIP_ADDRS, XLB_VIP_INFO, XLB_VIP_PORTS, XLB_VIP_STATS, XLB_VIPS,
     packet::{
-        ETH_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, VLAN_LEN, be16, ipv4_csum, len,
-        ptr_at,
+        ETH_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, VLAN_LEN, be16, fib_params,
+        ipip4_header, ipip6_header, len, ptr_at,
     },
 };
-
-const AF_INET: u8 = 2;
-const AF_INET6: u8 = 10;
 
 /// TCP flag bits in the 14th byte of the TCP header.
 const TCP_FIN: u8 = 0x01;
@@ -513,23 +510,8 @@ fn nexthop(
 /// bytes for IPv4); `tot_len` > 0 also checks it against the egress MTU.
 #[inline(always)]
 fn fib(ctx: &XdpContext, p: &mut FibParams, be: &BackendInfo, src: &[u8; 16], tot_len: u16) -> i64 {
-    p.ifindex = ctx.ingress_ifindex() as u32;
-    p.__bindgen_anon_1.tot_len = tot_len;
-    // The union fields are plain byte arrays in network order: copy bytes.
-    // SAFETY: writing union fields of a C struct.
-    unsafe {
-        let s = &mut p.__bindgen_anon_3.ipv6_src as *mut [u32; 4] as *mut u8;
-        let d = &mut p.__bindgen_anon_4.ipv6_dst as *mut [u32; 4] as *mut u8;
-        if be.family == FAMILY_V4 {
-            p.family = AF_INET;
-            core::ptr::copy_nonoverlapping(src.as_ptr(), s, 4);
-            core::ptr::copy_nonoverlapping(be.addr.as_ptr(), d, 4);
-        } else {
-            p.family = AF_INET6;
-            core::ptr::copy_nonoverlapping(src.as_ptr(), s, 16);
-            core::ptr::copy_nonoverlapping(be.addr.as_ptr(), d, 16);
-        }
-    }
+    let v6 = be.family != FAMILY_V4;
+    fib_params(p, ctx.ingress_ifindex() as u32, v6, src, &be.addr, tot_len);
     // An input lookup, as if the packet were being forwarded from the
     // ingress interface: any route to the backend is found, through this
     // interface (XDP_TX) or another (redirect). BPF_FIB_LOOKUP_OUTPUT would
@@ -664,30 +646,7 @@ fn write_outer_v4(
     // first 20); written in place, the stack is 512 B.
     let h = unsafe { &mut *h };
     let tos = h[IPIP4_OVERHEAD as usize + 1];
-    let len = (outer_len as u16).to_be_bytes();
-    h[0] = 0x45;
-    h[1] = tos;
-    h[2] = len[0];
-    h[3] = len[1];
-    h[4] = 0;
-    h[5] = 0;
-    h[6] = 0;
-    h[7] = 0;
-    h[8] = ENCAP_TTL;
-    h[9] = PROTO_IPIP;
-    h[10] = 0;
-    h[11] = 0;
-    h[12] = src[0];
-    h[13] = src[1];
-    h[14] = src[2];
-    h[15] = src[3];
-    h[16] = dst[0];
-    h[17] = dst[1];
-    h[18] = dst[2];
-    h[19] = dst[3];
-    let c = ipv4_csum(h).to_be_bytes();
-    h[10] = c[0];
-    h[11] = c[1];
+    ipip4_header(h, tos, outer_len as u16, src, dst);
     Some(())
 }
 
@@ -703,23 +662,8 @@ fn write_outer_v6(
     // SAFETY: bounds checked by ptr_at (outer 40 bytes + the inner header's
     // first 4); written in place.
     let h = unsafe { &mut *h };
-    // Version, traffic class and flow label copied from the inner header, so
-    // ECMP on the way to the backend keeps the flow on one path.
     let o = IPIP6_OVERHEAD as usize;
-    h[0] = h[o];
-    h[1] = h[o + 1];
-    h[2] = h[o + 2];
-    h[3] = h[o + 3];
-    let plen = ((outer_len - o) as u16).to_be_bytes();
-    h[4] = plen[0];
-    h[5] = plen[1];
-    h[6] = PROTO_IPV6;
-    h[7] = ENCAP_TTL;
-    let mut i = 0;
-    while i < 16 {
-        h[8 + i] = src[i];
-        h[24 + i] = dst[i];
-        i += 1;
-    }
+    let first = [h[o], h[o + 1], h[o + 2], h[o + 3]];
+    ipip6_header(h, first, (outer_len - o) as u16, src, dst);
     Some(())
 }
