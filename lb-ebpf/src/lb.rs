@@ -92,6 +92,12 @@ impl Packet {
     fn syn(&self) -> bool {
         self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
     }
+
+    /// TCP FIN or RST: the client is closing the flow.
+    #[inline(always)]
+    fn closing(&self) -> bool {
+        self.tcp_flags & (TCP_FIN | TCP_RST) != 0
+    }
 }
 
 pub fn run(ctx: &XdpContext) -> u32 {
@@ -186,7 +192,9 @@ pub fn run(ctx: &XdpContext) -> u32 {
         backend_id: id,
         generation: be.generation,
         vip_id,
-        flags: 0,
+        // A FIN or RST that misses (an evicted or stale entry) starts the
+        // entry closing, as one that hits marks it.
+        flags: if pkt.closing() { CT_FLAG_CLOSING } else { 0 },
         last_seen_ns: now,
     };
     match XLB_CT.insert(&pkt.flow, &entry, 0) {
@@ -433,7 +441,7 @@ fn use_ct(
     }
     // The client is closing: tell the daemon's flow count (a drain waits on
     // it). Written once; the entry keeps forwarding the last packets.
-    if pkt.tcp_flags & (TCP_FIN | TCP_RST) != 0 && e.flags & CT_FLAG_CLOSING == 0 {
+    if pkt.closing() && e.flags & CT_FLAG_CLOSING == 0 {
         e.flags |= CT_FLAG_CLOSING;
     }
     Some((vip, e.backend_id, be))

@@ -489,6 +489,21 @@ fn cases(w: &World) -> Vec<Case> {
             Ok(())
         }),
         case(
+            "client FIN that misses: forwarded by the table, new entry closing",
+            client(&est, None, FIN | ACK),
+            XDP_TX,
+            fwd_to(est, FIN | ACK, MODE_DSR_IPIP, 1),
+            &[(CtMiss, 1), (CtInsert, 1), (FwdTx, 1)],
+        )
+        .check(move |w| {
+            let e = w.dp.ct_get(&est.key())?;
+            anyhow::ensure!(
+                e.map(|e| (e.backend_id, e.flags)) == Some((1, lb_common::CT_FLAG_CLOSING)),
+                "entry {e:?}"
+            );
+            Ok(())
+        }),
+        case(
             "miss falls back to the table and creates an entry",
             client(&est, None, ACK),
             XDP_TX,
