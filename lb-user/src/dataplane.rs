@@ -10,7 +10,7 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray},
-    programs::{Program, ProgramError, SchedClassifier, Xdp},
+    programs::{Program, ProgramError},
 };
 use lb_common::{
     BackendInfo, CtEntry, DECAP_STATS_LEN, DecapAddrKey, DecapStat, FlowKey, Globals, HcReal,
@@ -231,21 +231,12 @@ impl Dataplane {
         Ok(dp)
     }
 
-    /// A loaded program by name (one of `lb_common::PROG_*`).
-    pub fn program(&mut self, name: &'static str) -> Result<&mut Xdp> {
-        self.ebpf
-            .program_mut(name)
-            .ok_or(DataplaneError::Program {
-                name,
-                source: ProgramError::NotLoaded,
-            })?
-            .try_into()
-            .map_err(|source| DataplaneError::Program { name, source })
-    }
-
-    /// The loaded tc classifier `xlb_hc` (data-path probes).
-    pub fn hc_program(&mut self) -> Result<&mut SchedClassifier> {
-        let name = lb_common::PROG_HC;
+    /// A loaded program by name (one of `lb_common::PROG_*`), as its type:
+    /// `Xdp` for the XDP programs, `SchedClassifier` for `xlb_hc`.
+    pub fn program<T>(&mut self, name: &'static str) -> Result<&mut T>
+    where
+        for<'a> &'a mut T: TryFrom<&'a mut Program, Error = ProgramError>,
+    {
         self.ebpf
             .program_mut(name)
             .ok_or(DataplaneError::Program {

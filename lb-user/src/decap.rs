@@ -27,7 +27,7 @@ async fn attach_until_stopped(
         pin_dir: None,
     })?;
     setup(&mut dp)?;
-    let prog = dp.program(program)?;
+    let prog = dp.program::<aya::programs::Xdp>(program)?;
     prog.attach(interface, XdpMode::Default)
         .with_context(|| format!("attaching {program} to {interface}"))?;
     info!("{program} attached to {interface}; Ctrl-C or SIGTERM detaches it");

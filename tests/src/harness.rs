@@ -250,7 +250,7 @@ impl World {
         repeat: u32,
     ) -> anyhow::Result<(u32, Vec<u8>, std::time::Duration)> {
         let ifindex = self.ifindex;
-        let program = self.dp.program(prog)?;
+        let program = self.dp.program::<aya::programs::Xdp>(prog)?;
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
         // rx_queue_index, egress_ifindex. The kernel requires data_end to be
         // the input length and data/data_meta 0 (net/bpf/test_run.c).
@@ -286,7 +286,9 @@ impl World {
         // The kernel writes back the whole __sk_buff (ENOSPC if smaller).
         let mut ctx_out = vec![0u8; 256];
         let mut out = vec![0u8; frame.len() + 256];
-        let program = self.dp.hc_program()?;
+        let program = self
+            .dp
+            .program::<aya::programs::SchedClassifier>(lb_common::PROG_HC)?;
         let res = program
             .test_run(TestRunOptions {
                 data_in: Some(frame),

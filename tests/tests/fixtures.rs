@@ -1119,7 +1119,7 @@ fn verifier_instruction_count() {
             lb_common::PROG_DECAP,
             lb_common::PROG_MINIMAL,
         ] {
-            let info = w.dp.program(name)?.info()?;
+            let info = w.dp.program::<aya::programs::Xdp>(name)?.info()?;
             let n = info
                 .verified_instruction_count()
                 .ok_or_else(|| anyhow::anyhow!("kernel did not report verified_insns"))?;

@@ -1185,7 +1185,7 @@ impl Daemon {
     /// plane keeps forwarding with the last written state.
     pub async fn serve(mut self, listener: tokio::net::UnixListener) -> anyhow::Result<()> {
         let (link_id, adopted_link) = super::attach_lb(&mut self.dp, &self.cfg.daemon)?;
-        super::attach_hc_for(&mut self.dp, &self.cfg.daemon)?;
+        super::attach_hc(&mut self.dp, &self.cfg.daemon)?;
         self.link_id = link_id;
         self.adopted |= adopted_link;
         let vcount = self.vips.len();

@@ -198,7 +198,7 @@ fn write_globals(dp: &mut Dataplane, d: &DaemonConfig, vips: &[VipConfig]) -> an
 /// Returns the link id.
 fn attach(dp: &mut Dataplane, d: &DaemonConfig, pin_dir: &Path) -> anyhow::Result<(u32, bool)> {
     let link_path = pin_dir.join(persist::LINK_PIN);
-    let prog = dp.program(lb_common::PROG_LB)?;
+    let prog = dp.program::<aya::programs::Xdp>(lb_common::PROG_LB)?;
     if link_path.exists() {
         let pinned = PinnedLink::from_pin(&link_path)
             .with_context(|| format!("opening pinned link {}", link_path.display()))?;
@@ -398,11 +398,14 @@ pub(crate) fn attach_lb(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<
 /// interface. On kernel ≥ 6.6 it is a tcx link, pinned next to the XDP link
 /// so a restart replaces its program in place and `xlb detach` removes it;
 /// no qdisc is involved. Older kernels get a clsact qdisc and a netlink
-/// filter, which lives as long as the daemon (probes stop with it anyway).
-fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig, pin_dir: &Path) -> anyhow::Result<()> {
+/// filter, which outlives the daemon: a restart replaces a previous run's
+/// filter, and `xlb detach` leaves it (it passes every unmarked packet).
+pub(crate) fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<()> {
     let iface = &d.interface;
-    let prog = dp.hc_program()?;
-    // tcx: kernel 6.6, "bpf: Add fd-based tcx multi-prog infra with link support".
+    let prog = dp.program::<aya::programs::SchedClassifier>(lb_common::PROG_HC)?;
+    let attach_err = || format!("attaching {} to the egress of {iface}", lb_common::PROG_HC);
+    // tcx: kernel 6.6, "bpf: Add fd-based tcx multi-prog infra with link
+    // support". One decision for the qdisc, the attach mode and the pin.
     let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
     if !tcx {
         match tc::qdisc_add_clsact(iface) {
@@ -414,12 +417,12 @@ fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig, pin_dir: &Path) -> anyhow::Re
         }
         // A previous run's filter (killed before it could remove it).
         let _ = tc::qdisc_detach_program(iface, TcAttachType::Egress, lb_common::PROG_HC);
-        prog.attach(iface, TcAttachType::Egress).with_context(|| {
-            format!("attaching {} to the egress of {iface}", lb_common::PROG_HC)
-        })?;
+        let netlink = tc::TcAttachOptions::Netlink(tc::NlOptions::default());
+        prog.attach_with_options(iface, TcAttachType::Egress, netlink)
+            .with_context(attach_err)?;
         return Ok(());
     }
-    let link_path = pin_dir.join(persist::HC_LINK_PIN);
+    let link_path = persist::pin_dir(&d.instance).join(persist::HC_LINK_PIN);
     if link_path.exists() {
         let pinned = PinnedLink::from_pin(&link_path)
             .with_context(|| format!("opening pinned link {}", link_path.display()))?;
@@ -429,9 +432,10 @@ fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig, pin_dir: &Path) -> anyhow::Re
             .context("replacing the program of the pinned tc link")?;
         return Ok(());
     }
+    let tcx_opts = tc::TcAttachOptions::TcxOrder(aya::programs::LinkOrder::default());
     let link_id = prog
-        .attach(iface, TcAttachType::Egress)
-        .with_context(|| format!("attaching {} to the egress of {iface}", lb_common::PROG_HC))?;
+        .attach_with_options(iface, TcAttachType::Egress, tcx_opts)
+        .with_context(attach_err)?;
     let fd = FdLink::try_from(prog.take_link(link_id)?)
         .context("the tc program was attached without a BPF link, so it cannot be pinned")?;
     fd.pin(&link_path)
@@ -439,36 +443,28 @@ fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig, pin_dir: &Path) -> anyhow::Re
     Ok(())
 }
 
-/// Attaches the data-path probe classifier (see `attach_hc`).
-pub(crate) fn attach_hc_for(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<()> {
-    attach_hc(dp, d, &persist::pin_dir(&d.instance))
-}
-
 /// `xlb detach`: removes everything `xlb run` pinned and attached for
 /// `instance`. Established flows stop being balanced at once.
 pub fn detach(instance: &str) -> anyhow::Result<()> {
     let dir = persist::pin_dir(instance);
     let mut removed = Vec::new();
-    let link_path = dir.join(persist::LINK_PIN);
-    if link_path.exists() {
-        let pinned = PinnedLink::from_pin(&link_path)
-            .with_context(|| format!("opening {}", link_path.display()))?;
+    let links = [
+        (persist::LINK_PIN, "XDP link"),
+        (persist::HC_LINK_PIN, "tc link (data-path probes)"),
+    ];
+    for (pin, what) in links {
+        let path = dir.join(pin);
+        if !path.exists() {
+            continue;
+        }
         // Unpinning drops the last reference once our descriptor closes: the
         // program leaves the interface.
-        let fd = pinned
+        let fd = PinnedLink::from_pin(&path)
+            .with_context(|| format!("opening {}", path.display()))?
             .unpin()
-            .with_context(|| format!("unpinning {}", link_path.display()))?;
+            .with_context(|| format!("unpinning {}", path.display()))?;
         drop(fd);
-        removed.push("XDP link".to_string());
-    }
-    let hc_path = dir.join(persist::HC_LINK_PIN);
-    if hc_path.exists() {
-        let fd = PinnedLink::from_pin(&hc_path)
-            .with_context(|| format!("opening {}", hc_path.display()))?
-            .unpin()
-            .with_context(|| format!("unpinning {}", hc_path.display()))?;
-        drop(fd);
-        removed.push("tc link (data-path probes)".to_string());
+        removed.push(what.to_string());
     }
     if dir.exists() {
         for entry in fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
