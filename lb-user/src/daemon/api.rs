@@ -486,14 +486,20 @@ impl Daemon {
                 format!("a drain deadline {} from now is too far away", human(d))
             })?),
         };
-        let policy = self.vips[vi].cfg.down_policy.to_string();
+        let policy = self.vips[vi].cfg.down_policy;
+        let note = deadline.filter(|_| drained).map(|d| {
+            format!(
+                "down in {}, remaining flows then follow down_policy {policy}",
+                human(d)
+            )
+        });
         let b = &mut self.vips[vi].backends[bi];
         let addr = b.cfg.socket_addr();
         if b.admin_drained == drained {
             if !drained {
                 return Ok(format!("{addr} of vip {vip:?} is already enabled"));
             }
-            let Some(at) = deadline_at else {
+            let Some((at, note)) = deadline_at.zip(note) else {
                 let note = match b.drain_deadline {
                     Some(_) if b.drain_expired => {
                         "; its deadline has passed, it is down".to_string()
@@ -511,10 +517,7 @@ impl Daemon {
             }
             // A new deadline for a drain under way replaces the old one.
             b.drain_deadline = Some(at);
-            let reason = format!(
-                "drain deadline set: down in {}, remaining flows then follow down_policy {policy}",
-                human(deadline.unwrap_or_default())
-            );
+            let reason = format!("drain deadline set: {note}");
             info!(vip, backend = %addr, "{reason}");
             self.event(
                 "admin",
@@ -537,18 +540,12 @@ impl Daemon {
         if let Some(s) = self.sched.as_mut() {
             s.set_admin_drained(id as u64, drained);
         }
-        // The policy records the drain (placement `draining`), writes the
-        // maps, rebuilds and records the `admin` event.
+        // The policy records the drain (placement `draining`, always a
+        // change), writes the maps, rebuilds, records the `admin` event and
+        // saves the state with the deadline.
         self.evaluate_vip(vi)?;
         let to = self.vips[vi].backends[bi].placement_name();
-        let note = match deadline {
-            Some(d) if drained => format!(
-                "; down in {}, remaining flows then follow down_policy {policy}",
-                human(d)
-            ),
-            _ => String::new(),
-        };
-        self.save();
+        let note = note.map_or(String::new(), |n| format!("; {n}"));
         Ok(format!("{addr} of vip {vip:?}: {from} -> {to}{note}"))
     }
 

@@ -64,17 +64,6 @@ pub struct Backend {
     pub policy: MemberState,
 }
 
-/// The placement a backend starts with: from its adopted health and drain,
-/// before any probe (the policy takes over from there).
-pub fn initial_placement(health: HealthState, admin_drained: bool) -> Placement {
-    match (admin_drained, health) {
-        (true, _) => Placement::Draining,
-        (false, HealthState::Up) => Placement::Serving,
-        (false, HealthState::Down) => Placement::Down,
-        (false, HealthState::Unknown) => Placement::Unknown,
-    }
-}
-
 /// A placement's name in events and logs: `up` for serving (as before the
 /// policy existed, so `up`/`down`/`draining`/`unknown` keep their meaning),
 /// else the placement's own name.
@@ -521,7 +510,7 @@ pub fn adopt_or_create_vip(
                         SavedHealth::Down => HealthState::Down,
                         SavedHealth::Unknown => HealthState::Unknown,
                     };
-                    let placement = initial_placement(health, p.admin_drained);
+                    let placement = Placement::of(p.admin_drained, health);
                     let b = Backend {
                         cfg: bcfg,
                         id: p.id,

@@ -162,6 +162,18 @@ impl Placement {
         }
     }
 
+    /// What a backend's drain and hard health alone make it, before
+    /// outliers, damping, ramps and panic: where a restart starts an
+    /// adopted backend, and where every evaluation starts.
+    pub fn of(admin_drained: bool, health: HealthState) -> Self {
+        match (admin_drained, health) {
+            (true, _) => Self::Draining,
+            (false, HealthState::Unknown) => Self::Unknown,
+            (false, HealthState::Down) => Self::Down,
+            (false, HealthState::Up) => Self::Serving,
+        }
+    }
+
     /// Whether the backend holds slots in the table (if its weight is above 0).
     pub fn in_table(self) -> bool {
         matches!(self, Self::Serving | Self::Ramping | Self::PanicRestored)
@@ -415,20 +427,18 @@ fn base_placement(
     if s.held && (!policy.flap_damping || s.penalty < policy.flap_limit / 2.0) {
         s.held = false;
     }
-    if m.admin_drained {
-        return (Placement::Draining, Some("admin drain".to_owned()));
-    }
-    match m.health {
-        HealthState::Unknown => (Placement::Unknown, Some("not probed yet".to_owned())),
-        HealthState::Down => (
+    match Placement::of(m.admin_drained, m.health) {
+        Placement::Draining => (Placement::Draining, Some("admin drain".to_owned())),
+        Placement::Unknown => (Placement::Unknown, Some("not probed yet".to_owned())),
+        Placement::Down => (
             Placement::Down,
             Some(m.last_fail.as_ref().map_or_else(
                 || "failed health checks".to_owned(),
                 |(_, text)| text.clone(),
             )),
         ),
-        HealthState::Up if s.held => (Placement::HeldDown, Some(held_text(policy, s, now))),
-        HealthState::Up => (Placement::Serving, None),
+        _ if s.held => (Placement::HeldDown, Some(held_text(policy, s, now))),
+        p => (p, None),
     }
 }
 
