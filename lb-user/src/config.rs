@@ -368,6 +368,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_nanos(nanos as u64))
 }
 
+/// `"10%"` (spaces allowed around the number) → 10.0; `None` if not that
+/// form. Ranges are the caller's.
+fn parse_percent(text: &str) -> Option<f64> {
+    text.trim()
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse::<f64>().ok())
+}
+
 fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     // Debug prints "2s", "500ms", "1.5s": readable and parseable back.
     s.collect_str(&format_args!("{d:?}"))
@@ -677,16 +685,8 @@ fn validate(raw: &RawConfig, p: &mut Problems<'_>) -> Config {
         .vip
         .iter()
         .map(|v| {
-            let mut vip = validate_vip(v, &daemon, &global_health, &mut names, &mut services, p);
-            let ctx = format!("vip {:?}: protection", v.name);
-            vip.protection = protection::resolve(
-                &[
-                    (raw.protection.as_ref(), "protection"),
-                    (v.protection.as_ref(), &ctx),
-                ],
-                p,
-            );
-            vip
+            let globals = (&global_health, raw.protection.as_ref());
+            validate_vip(v, &daemon, globals, &mut names, &mut services, p)
         })
         .collect();
 
@@ -939,10 +939,12 @@ fn suggest_prime(n: u32, max: u32) -> u32 {
     (2..=n.min(max)).rev().find(|&c| is_prime(c)).unwrap_or(2)
 }
 
+/// `globals`: the daemon-wide `[health_check]` and `[protection]` tables,
+/// which this VIP's own tables override field by field.
 fn validate_vip<'a>(
     raw: &'a RawVip,
     daemon: &DaemonConfig,
-    global_health: &HealthLayer,
+    (global_health, global_protection): (&HealthLayer, Option<&protection::RawProtection>),
     names: &mut HashSet<&'a str>,
     services: &mut HashMap<(IpAddr, u16, Protocol), &'a str>,
     p: &mut Problems<'_>,
@@ -1166,7 +1168,13 @@ fn validate_vip<'a>(
         mode,
         down_policy: raw.down_policy.unwrap_or(defaults::DOWN_POLICY),
         table_size,
-        protection: Policy::default(),
+        protection: protection::resolve(
+            &[
+                (global_protection, "protection"),
+                (raw.protection.as_ref(), &format!("{ctx}: protection")),
+            ],
+            p,
+        ),
         backends,
     }
 }
@@ -1243,13 +1251,7 @@ fn parse_health(raw: &RawHealth, ctx: &str, port_owner: &str, p: &mut Problems<'
     let jitter = raw.jitter.as_ref().and_then(|j| {
         let (value, shown) = match j {
             RawJitter::Fraction(f) => (Some(*f), f.to_string()),
-            RawJitter::Text(t) => {
-                let v = t
-                    .trim()
-                    .strip_suffix('%')
-                    .and_then(|n| n.trim().parse::<f64>().ok());
-                (v.map(|v| v / 100.0), format!("{t:?}"))
-            }
+            RawJitter::Text(t) => (parse_percent(t).map(|v| v / 100.0), format!("{t:?}")),
         };
         match value {
             Some(v) if (0.0..=0.5).contains(&v) => Some(v),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::{Problems, parse_duration};
+use super::{Problems, parse_duration, parse_percent, ser_duration};
 use crate::health::policy::{Limit, Policy};
 
 /// Longest `slow_start` and `flap_half_life`.
@@ -79,7 +79,7 @@ fn apply_layer(raw: &RawProtection, ctx: &str, policy: &mut Policy, p: &mut Prob
         policy.min_healthy = l;
     }
     if let Some(f) = raw.outlier_factor {
-        if f.is_finite() && (1.0..=100.0).contains(&f) && f > 1.0 {
+        if f > 1.0 && f <= 100.0 {
             policy.outlier_factor = f;
         } else {
             p.error(
@@ -132,10 +132,7 @@ fn limit(field: &str, raw: &RawLimit, ctx: &str, p: &mut Problems<'_>) -> Option
             .ok()
             .filter(|&c| c <= max)
             .map(Limit::Count),
-        RawLimit::Text(t) => t
-            .trim()
-            .strip_suffix('%')
-            .and_then(|n| n.trim().parse::<f64>().ok())
+        RawLimit::Text(t) => parse_percent(t)
             .filter(|v| v.is_finite() && (0.0..=100.0).contains(v))
             .map(Limit::Percent),
     };
@@ -185,20 +182,23 @@ pub(super) fn ser_policy<S: Serializer>(policy: &Policy, s: S) -> Result<S::Ok, 
         max_ejected: String,
         min_healthy: String,
         outlier_factor: f64,
-        outlier_margin: String,
-        slow_start: String,
+        #[serde(serialize_with = "ser_duration")]
+        outlier_margin: Duration,
+        #[serde(serialize_with = "ser_duration")]
+        slow_start: Duration,
         flap_damping: bool,
-        flap_half_life: String,
+        #[serde(serialize_with = "ser_duration")]
+        flap_half_life: Duration,
         flap_limit: f64,
     }
     Shown {
         max_ejected: policy.max_ejected.to_string(),
         min_healthy: policy.min_healthy.to_string(),
         outlier_factor: policy.outlier_factor,
-        outlier_margin: format!("{:?}", policy.outlier_margin),
-        slow_start: format!("{:?}", policy.slow_start),
+        outlier_margin: policy.outlier_margin,
+        slow_start: policy.slow_start,
         flap_damping: policy.flap_damping,
-        flap_half_life: format!("{:?}", policy.flap_half_life),
+        flap_half_life: policy.flap_half_life,
         flap_limit: policy.flap_limit,
     }
     .serialize(s)
