@@ -34,14 +34,15 @@ pub const PERIOD_DRAINING: Duration = Duration::from_secs(2);
 /// of a DSR connection, and removes nothing), so an entry outlives its
 /// connection until the LRU evicts it; a client that vanished without FIN
 /// or RST is counted until its `last_seen_ns` (refreshed at most every
-/// `CT_TOUCH_INTERVAL_NS`) is this old. 30 s is the kernel's UDP timeout and longer than the gap between
-/// requests of most keep-alive clients; a connection idle for longer is not
-/// counted (but its packets still reach the backend while it drains).
+/// `CT_TOUCH_INTERVAL_NS`) is this old. 30 s is the kernel's UDP timeout
+/// and longer than the gap between requests of most keep-alive clients; a
+/// connection idle for longer is not counted (but its packets still reach
+/// the backend while it drains).
+pub const ACTIVE_WINDOW: Duration = Duration::from_secs(30);
+
 /// A walk older than this is not reported (the walk keeps failing): better
 /// "not counted" than a count that no longer moves.
 pub const STALE: Duration = Duration::from_secs(60);
-
-pub const ACTIVE_WINDOW: Duration = Duration::from_secs(30);
 
 /// How recent a packet must be for an entry to count as an established flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
