@@ -282,19 +282,21 @@ fn nofile_wanted(cfg: &Config) -> u64 {
 /// limit is 1024) and logs what it got: a probe that cannot open a socket is
 /// a local error, not the backend's fault, but it is a probe lost. Never
 /// fails: the daemon runs with whatever it has.
-fn raise_nofile(cfg: &Config) {
-    let wanted = nofile_wanted(cfg);
+/// Raises the soft RLIMIT_NOFILE to `target`, within the hard limit and
+/// `fs.nr_open`, and returns the limits then in force (soft, hard).
+/// Shared with the health benchmark, which needs as many descriptors.
+///
+/// # Errors
+///
+/// `getrlimit` or `setrlimit` failing.
+pub fn raise_nofile_to(target: u64) -> std::io::Result<(u64, u64)> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `lim` is a valid, writable rlimit for the duration of the call.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        warn!(
-            error = %std::io::Error::last_os_error(),
-            "getrlimit(RLIMIT_NOFILE) failed; keeping the descriptor limit as it is"
-        );
-        return;
+        return Err(std::io::Error::last_os_error());
     }
     // An unlimited hard limit cannot be the soft one: the kernel caps it at
     // fs.nr_open (setrlimit(2), EPERM above it).
@@ -302,7 +304,7 @@ fn raise_nofile(cfg: &Config) {
         .ok()
         .and_then(|t| t.trim().parse::<u64>().ok())
         .unwrap_or(1 << 20);
-    let target = lim.rlim_max.min(nr_open);
+    let target = target.min(lim.rlim_max).min(nr_open);
     if lim.rlim_cur < target {
         let raised = libc::rlimit {
             rlim_cur: target,
@@ -310,17 +312,29 @@ fn raise_nofile(cfg: &Config) {
         };
         // SAFETY: `raised` is a valid rlimit; only the soft limit changed,
         // within the hard one.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            lim.rlim_cur = target;
-        } else {
-            warn!(
-                error = %std::io::Error::last_os_error(),
-                soft = lim.rlim_cur,
-                target,
-                "could not raise RLIMIT_NOFILE"
-            );
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
         }
+        lim.rlim_cur = target;
     }
+    Ok((lim.rlim_cur, lim.rlim_max))
+}
+
+/// Raises the descriptor limit as far as it goes and says whether it fits
+/// what `probe_concurrency` and `hang_timeout` may need.
+fn raise_nofile(cfg: &Config) {
+    let wanted = nofile_wanted(cfg);
+    let (soft, hard) = match raise_nofile_to(u64::MAX) {
+        Ok(lim) => lim,
+        Err(error) => {
+            warn!(%error, "could not raise RLIMIT_NOFILE; keeping the descriptor limit as it is");
+            return;
+        }
+    };
+    let lim = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
     if lim.rlim_cur < wanted {
         warn!(
             soft = lim.rlim_cur,

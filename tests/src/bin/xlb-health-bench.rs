@@ -1206,29 +1206,12 @@ fn rss_kib() -> Result<u64> {
 /// Raises the soft RLIMIT_NOFILE towards `NOFILE_WANTED` (within the hard
 /// limit): 1,000 listeners or probes exceed the usual soft limit of 1,024.
 fn raise_nofile() -> Result<()> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid, writable rlimit for the duration of the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(io::Error::last_os_error()).context("getrlimit(RLIMIT_NOFILE)");
-    }
-    let wanted = NOFILE_WANTED.min(lim.rlim_max);
-    if lim.rlim_cur >= wanted {
-        return Ok(());
-    }
-    lim.rlim_cur = wanted;
-    // SAFETY: `lim` is a valid rlimit; only the soft limit changed.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-        return Err(io::Error::last_os_error())
-            .with_context(|| format!("setrlimit(RLIMIT_NOFILE, soft {wanted})"));
-    }
+    let (soft, hard) =
+        lb_user::daemon::raise_nofile_to(NOFILE_WANTED).context("raising RLIMIT_NOFILE")?;
     ensure!(
-        wanted >= (COST_BACKENDS as u64) * 2,
-        "RLIMIT_NOFILE hard limit is {}, too low for {COST_BACKENDS} backends; raise it \
+        soft >= (COST_BACKENDS as u64) * 2,
+        "RLIMIT_NOFILE hard limit is {hard}, too low for {COST_BACKENDS} backends; raise it \
          (ulimit -Hn) to at least {}",
-        lim.rlim_max,
         COST_BACKENDS * 2
     );
     Ok(())
