@@ -13,7 +13,7 @@ use std::{
 };
 
 use xlb_lab::{
-    client::Report,
+    client::{LoadOptions, Report},
     scenario::{self, ClientRun, Event, LabRun, StateFile, XlbConfig},
     topology::list_namespaces,
 };
@@ -175,6 +175,31 @@ pub fn transitions<'a>(events: &'a [Event], vip: &str, backend: SocketAddr) -> V
 /// Issue 7's cascade scenario (seed 003: a fleet slower than its health
 /// check's timeout at peak), shared by the end-to-end tests (`cascade.rs`)
 /// and its benchmark (`xlb-cascade-bench`), so both replay the same thing.
+/// Allowed on top of the worst case the health settings give, for process
+/// scheduling on a loaded 2-CPU machine and the status poll.
+pub const DETECTION_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long after xlb's event the data plane may still send a new flow to
+/// the old choice: the maps are written right after the event is recorded,
+/// plus one client timeline slice.
+pub const MAP_UPDATE_MARGIN_MS: i64 = 300;
+
+/// Client request timeout of [`steady`] load.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Short connections and keep-alive connections against `target`.
+pub fn steady(target: SocketAddr, duration: Duration) -> LoadOptions {
+    LoadOptions {
+        duration,
+        rate: 100,
+        keepalive: 6,
+        keepalive_interval: Duration::from_millis(50),
+        timeout: CLIENT_TIMEOUT,
+        slice: Duration::from_millis(100),
+        ..LoadOptions::new(target)
+    }
+}
+
 pub mod cascade {
     use std::{net::SocketAddr, thread, time::Duration};
 

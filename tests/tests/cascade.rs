@@ -33,18 +33,11 @@ use xlb_lab::{
     scenario::{Event, Health, LabRun, Protection, Share, XlbConfig},
 };
 use xlb_tests::lab::{
-    answered_by,
+    DETECTION_MARGIN, MAP_UPDATE_MARGIN_MS, answered_by,
     cascade::{COUNTER_TICK, SEED_SLOW, api, config, seed_003, seed_profile, set_all, watch},
-    failure_slices, kill_decap, now_unix_ms, serial, teardown, transitions, up, wait_client_ms,
+    failure_slices, kill_decap, now_unix_ms, serial, steady, teardown, transitions, up,
+    wait_client_ms,
 };
-
-/// Allowed on top of the worst case the health settings give, for process
-/// scheduling on a loaded 2-CPU machine and the status poll.
-const DETECTION_MARGIN: Duration = Duration::from_secs(1);
-
-/// How long after xlb's event the data plane may still send a new flow to
-/// the old choice (maps written right after the event, plus one slice).
-const MAP_UPDATE_MARGIN_MS: i64 = 300;
 
 /// The drain helper's flow count comes from the periodic conntrack walk
 /// (every 10 s) and an entry counts as established until it has been idle
@@ -59,19 +52,6 @@ fn prefix(tag: &str) -> String {
 /// `hang_timeout` as xlb resolves it: as set, or 3 × `timeout`.
 fn effective_hang_timeout(h: &Health) -> Duration {
     h.hang_timeout.unwrap_or(h.timeout * 3)
-}
-
-/// Short connections and keep-alive connections, 1 s timeout.
-fn steady(target: SocketAddr, duration: Duration) -> LoadOptions {
-    LoadOptions {
-        duration,
-        rate: 100,
-        keepalive: 6,
-        keepalive_interval: Duration::from_millis(50),
-        timeout: Duration::from_secs(1),
-        slice: Duration::from_millis(100),
-        ..LoadOptions::new(target)
-    }
 }
 
 /// Events of `kind` about VIP `vip`.

@@ -27,24 +27,13 @@ use xlb_lab::{
     topology,
 };
 use xlb_tests::lab::{
-    answered_by, failure_slices, now_unix_ms, serial, teardown, transitions, up, wait_client_ms,
+    CLIENT_TIMEOUT, DETECTION_MARGIN, MAP_UPDATE_MARGIN_MS, answered_by, failure_slices,
+    now_unix_ms, serial, steady, teardown, transitions, up, wait_client_ms,
 };
-
-/// Allowed on top of the worst case the health settings give, for process
-/// scheduling on a loaded 2-CPU machine and the status poll.
-const DETECTION_MARGIN: Duration = Duration::from_secs(1);
-
-/// How long after xlb's event the data plane may still send a new flow to
-/// the old choice: the maps are written right after the event is recorded,
-/// plus one client timeline slice.
-const MAP_UPDATE_MARGIN_MS: i64 = 300;
 
 /// How stale `xlb status` counters may be: the daemon samples the data
 /// plane's per-CPU counters once per tick (1 s), plus a margin.
 const COUNTER_TICK: Duration = Duration::from_millis(1500);
-
-/// Client request timeout in most tests.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn prefix(tag: &str) -> String {
     format!("e2e{tag}{}", std::process::id() % 1000)
@@ -78,19 +67,6 @@ fn new_flows(status: &Status, vip: &str, backend: SocketAddr) -> u64 {
         .backend(vip, backend)
         .unwrap_or_else(|| panic!("{vip} has no backend {backend}: {}", status.summary()))
         .new_flows
-}
-
-/// Short connections and keep-alive connections against `target`.
-fn steady(target: SocketAddr, duration: Duration) -> LoadOptions {
-    LoadOptions {
-        duration,
-        rate: 100,
-        keepalive: 6,
-        keepalive_interval: Duration::from_millis(50),
-        timeout: CLIENT_TIMEOUT,
-        slice: Duration::from_millis(100),
-        ..LoadOptions::new(target)
-    }
 }
 
 /// Backend 2's application hangs under steady load; HTTP health checks take
