@@ -353,19 +353,7 @@ impl Daemon {
     fn evaluate_vip(&mut self, vi: usize) -> anyhow::Result<()> {
         let now = Instant::now();
         let vip = &mut self.vips[vi];
-        let members: Vec<policy::Member> = vip.backends.iter().map(|b| b.member()).collect();
-        let mut states: Vec<policy::MemberState> =
-            vip.backends.iter().map(|b| b.policy.clone()).collect();
-        let outcome = policy::evaluate(
-            &vip.cfg.protection,
-            &members,
-            &mut states,
-            &mut vip.policy,
-            now,
-        );
-        for (b, st) in vip.backends.iter_mut().zip(states) {
-            b.policy = st;
-        }
+        let outcome = vip.run_policy(now);
         let mut moved = false;
         for change in &outcome.changes {
             if let Change::Placement { member, .. } = change {

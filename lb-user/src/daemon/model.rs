@@ -21,7 +21,7 @@ use crate::{
     health::{
         datapath::DatapathTarget,
         machine::{HealthSnapshot, HealthState},
-        policy::{Member, MemberState, Placement, RAMP_STEPS, VipState},
+        policy::{self, Member, MemberState, Placement, RAMP_STEPS, VipState},
         scheduler::{AutoTimeout, Scheduler},
         spec::{AUTO_SAMPLES, Via, auto_timeout},
     },
@@ -222,6 +222,25 @@ impl Vip {
             }
         }
         maglev::build(&members, self.cfg.table_size)
+    }
+
+    /// Runs the VIP policy over its backends as they are now and records
+    /// each one's new placement; the caller applies the outcome (maps,
+    /// table, events).
+    pub fn run_policy(&mut self, now: Instant) -> policy::Outcome {
+        let members: Vec<Member> = self.backends.iter().map(Backend::member).collect();
+        let mut states: Vec<MemberState> = self.backends.iter().map(|b| b.policy.clone()).collect();
+        let outcome = policy::evaluate(
+            &self.cfg.protection,
+            &members,
+            &mut states,
+            &mut self.policy,
+            now,
+        );
+        for (b, st) in self.backends.iter_mut().zip(states) {
+            b.policy = st;
+        }
+        outcome
     }
 
     /// Records a passing answer's latency for `timeout = "auto"`.

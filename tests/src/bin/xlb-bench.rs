@@ -292,6 +292,7 @@ fn table_swap() -> anyhow::Result<()> {
             for b in &mut vip.backends {
                 b.health = HealthState::Up;
             }
+            vip.run_policy(std::time::Instant::now());
             install_vip(&mut w.dp, &vip)?;
             rebuild(&mut w.dp, &mut vip)?; // fills one half
             rebuild(&mut w.dp, &mut vip)?; // no-op: already live
@@ -304,7 +305,10 @@ fn table_swap() -> anyhow::Result<()> {
                     HealthState::Up
                 };
                 vip.backends[n / 2].health = to;
+                // What the daemon does with the report that crossed `fall`
+                // or `rise`: the VIP policy, the backend's state, the table.
                 let t = std::time::Instant::now();
+                vip.run_policy(t);
                 let info = vip.backends[n / 2].info();
                 w.dp.set_backend(vip.backends[n / 2].id, &info)?;
                 let r = rebuild(&mut w.dp, &mut vip)?.expect("membership changed");
