@@ -1,16 +1,17 @@
 //! The configuration file: one TOML document.
 //!
 //! Parsing happens in two steps. serde reads the file into raw structs that
-//! mirror it ([`raw`]). Validation then checks everything it can, collecting
+//! mirror it (module `raw`). Validation then checks everything it can, collecting
 //! every problem instead of stopping at the first, and resolves defaults into
 //! the structs the daemon uses ([`Config`]). Validation is a list of small
-//! named checks, one module per part of the file:
+//! named checks that push to one collector (`Problems`), one module per
+//! part of the file:
 //!
-//! - [`daemon`]: the `[daemon]` table ([`DaemonConfig`]);
-//! - [`vip`]: each `[[vip]]` and its `[[vip.backend]]`s ([`VipConfig`]);
-//! - [`health`]: the health_check tables, merged into each backend's
+//! - `daemon`: the `[daemon]` table ([`DaemonConfig`]);
+//! - `vip`: each `[[vip]]` and its `[[vip.backend]]`s ([`VipConfig`]);
+//! - `health`: the health_check tables, merged into each backend's
 //!   [`CheckSpec`](crate::health::spec::CheckSpec);
-//! - [`protection`]: the protection tables, merged into each VIP's policy.
+//! - `protection`: the protection tables, merged into each VIP's policy.
 //!
 //! Every default is a constant in [`defaults`] (or in
 //! [`crate::health::spec::defaults`] for health checks) and is shown with a
