@@ -48,16 +48,14 @@ impl HttpCheck {
     /// this at load time; the prober calls it again so a bad spec fails the
     /// probe (with this text) instead of sending garbage to a backend.
     pub fn validate(&self) -> Result<(), HttpCheckError> {
-        let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-        let is_visible = |b: u8| (0x21..=0x7e).contains(&b);
-        if self.method.is_empty() || !self.method.bytes().all(is_tchar) {
+        if !is_method(&self.method) {
             return Err(HttpCheckError::Method(self.method.clone()));
         }
-        if !self.path.starts_with('/') || !self.path.bytes().all(is_visible) {
+        if !is_path(&self.path) {
             return Err(HttpCheckError::Path(self.path.clone()));
         }
         if let Some(host) = &self.host
-            && (host.is_empty() || !host.bytes().all(is_visible))
+            && !is_host(host)
         {
             return Err(HttpCheckError::Host(host.clone()));
         }
@@ -65,7 +63,7 @@ impl HttpCheck {
             return Err(HttpCheckError::NoStatus);
         }
         for &(lo, hi) in &self.expect_status {
-            if lo < 100 || hi > 599 || lo > hi {
+            if !is_status_range(lo, hi) {
                 return Err(HttpCheckError::StatusRange(lo, hi));
             }
         }
@@ -78,6 +76,42 @@ impl HttpCheck {
             .iter()
             .any(|&(lo, hi)| (lo..=hi).contains(&status))
     }
+}
+
+// The rules an `HttpCheck` field must meet, one function each: `validate`
+// applies them all, and `config` applies them one by one so that each
+// message can say where in the file the bad value is.
+
+/// A token character (RFC 9110 §5.6.2): what a method or a header name is
+/// made of.
+pub(crate) fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Visible ASCII, space excluded: a byte that cannot end or split a request
+/// line or a header.
+fn is_visible(b: u8) -> bool {
+    (0x21..=0x7e).contains(&b)
+}
+
+/// A request method: one non-empty token.
+pub(crate) fn is_method(method: &str) -> bool {
+    !method.is_empty() && method.bytes().all(is_tchar)
+}
+
+/// A request target in origin form: '/' then visible ASCII.
+pub(crate) fn is_path(path: &str) -> bool {
+    path.starts_with('/') && path.bytes().all(is_visible)
+}
+
+/// A Host header value: non-empty visible ASCII.
+pub(crate) fn is_host(host: &str) -> bool {
+    !host.is_empty() && host.bytes().all(is_visible)
+}
+
+/// An inclusive range of status codes a server can send (100 to 599).
+pub(crate) fn is_status_range(lo: u16, hi: u16) -> bool {
+    lo >= 100 && hi <= 599 && lo <= hi
 }
 
 /// A complete, validated check specification for one backend.

@@ -1,0 +1,421 @@
+//! The `[daemon]` table: [`DaemonConfig`] and the checks that build it, one
+//! per setting, in the order the settings are documented.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::raw::RawDaemon;
+use super::{Problems, defaults, duration_setting, ser_duration, suggest_prime};
+use crate::maglev::is_prime;
+
+/// Shortest non-zero `daemon.udp_timeout`: twice the data plane's
+/// last-seen refresh period (`lb_common::CT_TOUCH_INTERVAL_NS`).
+pub const MIN_UDP_TIMEOUT: Duration = Duration::from_nanos(2 * lb_common::CT_TOUCH_INTERVAL_NS);
+
+/// Largest `daemon.max_table_size` (the largest prime below 2^20). The ring
+/// is preallocated for every VIP: `MAX_VIPS` × 2 halves × stride × 8 B (the
+/// kernel stores each 4-byte slot in 8), i.e. 1 GiB of kernel memory at this
+/// size (64 MiB at the default).
+pub const MAX_RING_STRIDE: u32 = 1_048_573;
+
+/// A socket path must fit `sockaddr_un.sun_path` (108 bytes with the NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// Where every message about this table is placed.
+const CTX: &str = "daemon";
+
+/// XDP attach mode (`daemon.xdp_mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpMode {
+    /// In the driver, before an skb exists: the fast path.
+    Native,
+    /// In the generic (skb) path: works on any interface, much slower; for testing.
+    Generic,
+}
+
+display_as_toml! {
+    XdpMode { Native => "native", Generic => "generic" }
+}
+
+/// The `[daemon]` table.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DaemonConfig {
+    /// Interface the XDP program is attached to. Required.
+    pub interface: String,
+    /// Default [`XdpMode::Native`].
+    pub xdp_mode: XdpMode,
+    /// Pins live under `/sys/fs/bpf/xlb/<instance>/`; `[a-z0-9_-]{1,32}`.
+    /// Default `"default"`.
+    pub instance: String,
+    /// Unix socket of the control API. Default `/run/xlb/xlb.sock`.
+    pub control_socket: PathBuf,
+    /// Group given the control socket with mode 0660; `None` (the default) =
+    /// mode 0600, root only.
+    pub socket_group: Option<String>,
+    /// Where Prometheus metrics are served; `None` = disabled (`""` in the
+    /// file). Default `127.0.0.1:9813`.
+    pub metrics_address: Option<SocketAddr>,
+    /// Conntrack capacity, entries. Default 1048576.
+    pub conntrack_size: u32,
+    /// Idle time after which a UDP flow may be re-balanced; 0 = never.
+    /// Default 30 s.
+    #[serde(serialize_with = "ser_duration")]
+    pub udp_timeout: Duration,
+    /// Ring stride: the largest `table_size` any VIP may use; a prime.
+    /// Default 65537.
+    pub max_table_size: u32,
+    /// Flow hash key; `None` = random on first start, then kept in the pinned
+    /// maps. Set it (the same on every node) so several xlb nodes send a flow
+    /// to the same backend. Secret, so never serialized.
+    #[serde(skip_serializing)]
+    pub hash_seed: Option<[u64; 2]>,
+    /// Outer source of IPv4-in-IPv4 packets; `None` = the interface's first
+    /// IPv4 address.
+    pub encap_source_v4: Option<Ipv4Addr>,
+    /// Outer source of IPv6-in-IPv6 packets; `None` = the interface's first
+    /// global IPv6 address.
+    pub encap_source_v6: Option<Ipv6Addr>,
+    /// Health probes in flight at once. Default 256.
+    pub probe_concurrency: u32,
+}
+
+/// Checks every setting and resolves its default. Fields are built in the
+/// order of the struct, so errors come in the order of the documentation.
+pub(super) fn validate(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
+    DaemonConfig {
+        interface: interface(raw, p),
+        xdp_mode: xdp_mode(raw, p),
+        instance: instance(raw, p),
+        control_socket: control_socket(raw, p),
+        socket_group: socket_group(raw, p),
+        metrics_address: metrics_address(raw, p),
+        conntrack_size: conntrack_size(raw, p),
+        udp_timeout: udp_timeout(raw, p),
+        max_table_size: max_table_size(raw, p),
+        hash_seed: hash_seed(raw, p),
+        encap_source_v4: encap_source_v4(raw, p),
+        encap_source_v6: encap_source_v6(raw, p),
+        probe_concurrency: probe_concurrency(raw, p),
+    }
+}
+
+/// The kernel's dev_valid_name(): shorter than IFNAMSIZ (16), no '/', ':'
+/// or whitespace, not "." or "..".
+fn interface(raw: &RawDaemon, p: &mut Problems<'_>) -> String {
+    let ifname = &raw.interface;
+    if ifname.is_empty()
+        || ifname.len() > 15
+        || ifname == "."
+        || ifname == ".."
+        || ifname
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace())
+    {
+        p.error(
+            CTX,
+            format!(
+                "interface {ifname:?} is not a valid interface name; \
+                 use the name `ip link` shows, e.g. \"eth0\" (1 to 15 characters)"
+            ),
+        );
+    }
+    ifname.clone()
+}
+
+fn xdp_mode(raw: &RawDaemon, p: &mut Problems<'_>) -> XdpMode {
+    let xdp_mode = raw.xdp_mode.unwrap_or(defaults::XDP_MODE);
+    if xdp_mode == XdpMode::Generic {
+        p.warn(
+            CTX,
+            "xdp_mode = \"generic\" runs XDP after the kernel has built an skb: \
+             much slower than \"native\"; use it for testing only",
+        );
+    }
+    xdp_mode
+}
+
+/// Part of the bpffs pin path, so kept to characters safe in any path.
+fn instance(raw: &RawDaemon, p: &mut Problems<'_>) -> String {
+    let instance = raw
+        .instance
+        .clone()
+        .unwrap_or_else(|| defaults::INSTANCE.to_owned());
+    if instance.is_empty()
+        || instance.len() > 32
+        || !instance
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    {
+        p.error(
+            CTX,
+            format!("instance {instance:?} is invalid; use 1 to 32 characters from a-z 0-9 _ -"),
+        );
+    }
+    instance
+}
+
+fn control_socket(raw: &RawDaemon, p: &mut Problems<'_>) -> PathBuf {
+    let control_socket = raw
+        .control_socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(defaults::CONTROL_SOCKET));
+    if !control_socket.is_absolute() {
+        p.error(
+            CTX,
+            format!(
+                "control_socket {:?} is not an absolute path; use e.g. {:?}",
+                control_socket.display().to_string(),
+                defaults::CONTROL_SOCKET
+            ),
+        );
+    } else if control_socket.as_os_str().len() > MAX_SOCKET_PATH {
+        p.error(
+            CTX,
+            format!(
+                "control_socket is {} bytes long, but a Unix socket path may have at most \
+                 {MAX_SOCKET_PATH}; use a shorter path",
+                control_socket.as_os_str().len()
+            ),
+        );
+    }
+    control_socket
+}
+
+fn socket_group(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<String> {
+    if raw.socket_group.as_deref() == Some("") {
+        p.error(
+            CTX,
+            "socket_group is empty; name a group, or remove socket_group to keep \
+             the control socket root-only (mode 0600)",
+        );
+    }
+    raw.socket_group.clone()
+}
+
+/// `""` disables metrics, hence a string rather than an address in the file.
+fn metrics_address(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<SocketAddr> {
+    match raw.metrics_address.as_deref() {
+        None => Some(defaults::METRICS_ADDRESS),
+        Some("") => None,
+        Some(text) => match text.parse::<SocketAddr>() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                p.error(
+                    CTX,
+                    format!(
+                        "metrics_address {text:?} is not an address:port; use e.g. \
+                         \"127.0.0.1:9813\" or \"[::1]:9813\", or \"\" to disable metrics"
+                    ),
+                );
+                None
+            }
+        },
+    }
+}
+
+fn conntrack_size(raw: &RawDaemon, p: &mut Problems<'_>) -> u32 {
+    let conntrack_size = raw.conntrack_size.unwrap_or(defaults::CONNTRACK_SIZE);
+    if conntrack_size == 0 {
+        p.error(
+            CTX,
+            format!(
+                "conntrack_size must be at least 1 (default {})",
+                defaults::CONNTRACK_SIZE
+            ),
+        );
+    }
+    conntrack_size
+}
+
+/// 0 is meaningful here: UDP flows never expire.
+fn udp_timeout(raw: &RawDaemon, p: &mut Problems<'_>) -> Duration {
+    let Some(text) = raw.udp_timeout.as_deref() else {
+        return defaults::UDP_TIMEOUT;
+    };
+    match duration_setting("udp_timeout", text, CTX, p) {
+        Some(d) if !d.is_zero() && d < MIN_UDP_TIMEOUT => {
+            // The data plane refreshes an entry's last-seen time once a
+            // second; a shorter timeout would expire busy flows.
+            p.error(
+                CTX,
+                format!(
+                    "udp_timeout {d:?} is too short: conntrack refreshes a flow's last-seen time \
+                     once a second, so use 0 (never expire) or at least {MIN_UDP_TIMEOUT:?}"
+                ),
+            );
+            defaults::UDP_TIMEOUT
+        }
+        Some(d) => d,
+        None => defaults::UDP_TIMEOUT,
+    }
+}
+
+/// Maglev needs a prime, and the ring is preallocated at this stride for
+/// every VIP, so it is bounded by kernel memory.
+fn max_table_size(raw: &RawDaemon, p: &mut Problems<'_>) -> u32 {
+    let max_table_size = raw.max_table_size.unwrap_or(defaults::MAX_TABLE_SIZE);
+    if !is_prime(max_table_size) {
+        p.error(
+            CTX,
+            format!(
+                "max_table_size {max_table_size} is not prime; use a prime such as {}",
+                suggest_prime(max_table_size, MAX_RING_STRIDE)
+            ),
+        );
+    } else if max_table_size > MAX_RING_STRIDE {
+        p.error(
+            CTX,
+            format!(
+                "max_table_size {max_table_size} is too large: the ring would take \
+                 {} MiB of kernel memory; use a prime of at most {MAX_RING_STRIDE}",
+                (u64::from(lb_common::MAX_VIPS) * 2 * u64::from(max_table_size) * 8) >> 20
+            ),
+        );
+    }
+    max_table_size
+}
+
+fn hash_seed(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<[u64; 2]> {
+    let text = raw.hash_seed.as_deref()?;
+    let seed = parse_hash_seed(text);
+    if seed.is_none() {
+        p.error(
+            CTX,
+            format!(
+                "hash_seed must be 32 hexadecimal digits (128 bits), got {} characters; \
+                 generate one with `openssl rand -hex 16`, or remove hash_seed to get a \
+                 random one on first start",
+                text.chars().count()
+            ),
+        );
+    }
+    seed
+}
+
+/// 32 hex digits: the first 16 are key word 0, the next 16 word 1, each
+/// read as a big-endian hexadecimal number.
+fn parse_hash_seed(text: &str) -> Option<[u64; 2]> {
+    if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let word = |s: &str| u64::from_str_radix(s, 16).ok();
+    Some([word(&text[..16])?, word(&text[16..])?])
+}
+
+fn encap_source_v4(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<Ipv4Addr> {
+    let a = raw.encap_source_v4?;
+    if a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback() {
+        not_a_source(p, "encap_source_v4", &a);
+    }
+    Some(a)
+}
+
+fn encap_source_v6(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<Ipv6Addr> {
+    let a = raw.encap_source_v6?;
+    if a.is_unspecified() || a.is_multicast() || a.is_loopback() {
+        not_a_source(p, "encap_source_v6", &a);
+    }
+    Some(a)
+}
+
+fn not_a_source(p: &mut Problems<'_>, field: &str, a: &dyn std::fmt::Display) {
+    p.error(
+        CTX,
+        format!(
+            "{field} {a} cannot be a packet's source; use an address of this host \
+             that backends can reach, or remove it to use the interface's address"
+        ),
+    );
+}
+
+/// More probes than backends can never be in flight at once.
+fn probe_concurrency(raw: &RawDaemon, p: &mut Problems<'_>) -> u32 {
+    let probe_concurrency = raw.probe_concurrency.unwrap_or(defaults::PROBE_CONCURRENCY);
+    if probe_concurrency == 0 || probe_concurrency > lb_common::MAX_BACKENDS {
+        p.error(
+            CTX,
+            format!(
+                "probe_concurrency {probe_concurrency} is out of range; use 1 to {} (default {})",
+                lb_common::MAX_BACKENDS,
+                defaults::PROBE_CONCURRENCY
+            ),
+        );
+    }
+    probe_concurrency
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tests::{DAEMON, ONE_BACKEND, ok};
+
+    rejects! {
+        /// Every setting wrong at once: one error each, in documentation order.
+        every_daemon_field_is_checked: r#"
+[daemon]
+interface = "eth0:1"
+instance = "Prod"
+control_socket = "xlb.sock"
+socket_group = ""
+metrics_address = "localhost"
+conntrack_size = 0
+udp_timeout = "30"
+max_table_size = 65536
+hash_seed = "abc"
+encap_source_v4 = "0.0.0.0"
+encap_source_v6 = "::1"
+probe_concurrency = 0
+"# => [
+            r#"xlb.toml: daemon: interface "eth0:1" is not a valid interface name; use the name `ip link` shows, e.g. "eth0" (1 to 15 characters)"#,
+            r#"xlb.toml: daemon: instance "Prod" is invalid; use 1 to 32 characters from a-z 0-9 _ -"#,
+            r#"xlb.toml: daemon: control_socket "xlb.sock" is not an absolute path; use e.g. "/run/xlb/xlb.sock""#,
+            r#"xlb.toml: daemon: socket_group is empty; name a group, or remove socket_group to keep the control socket root-only (mode 0600)"#,
+            r#"xlb.toml: daemon: metrics_address "localhost" is not an address:port; use e.g. "127.0.0.1:9813" or "[::1]:9813", or "" to disable metrics"#,
+            r#"xlb.toml: daemon: conntrack_size must be at least 1 (default 1048576)"#,
+            r#"xlb.toml: daemon: udp_timeout "30" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+            r#"xlb.toml: daemon: max_table_size 65536 is not prime; use a prime such as 65537"#,
+            r#"xlb.toml: daemon: hash_seed must be 32 hexadecimal digits (128 bits), got 3 characters; generate one with `openssl rand -hex 16`, or remove hash_seed to get a random one on first start"#,
+            r#"xlb.toml: daemon: encap_source_v4 0.0.0.0 cannot be a packet's source; use an address of this host that backends can reach, or remove it to use the interface's address"#,
+            r#"xlb.toml: daemon: encap_source_v6 ::1 cannot be a packet's source; use an address of this host that backends can reach, or remove it to use the interface's address"#,
+            r#"xlb.toml: daemon: probe_concurrency 0 is out of range; use 1 to 4096 (default 256)"#,
+        ];
+        udp_timeout_shorter_than_the_conntrack_refresh: format!(r#"{DAEMON}udp_timeout = "500ms""#) => [
+            r#"xlb.toml: daemon: udp_timeout 500ms is too short: conntrack refreshes a flow's last-seen time once a second, so use 0 (never expire) or at least 2s"#,
+        ];
+        max_table_size_too_large: format!("{DAEMON}max_table_size = 2097143") => [
+            r#"xlb.toml: daemon: max_table_size 2097143 is too large: the ring would take 2047 MiB of kernel memory; use a prime of at most 1048573"#,
+        ];
+    }
+
+    #[test]
+    fn metrics_can_be_disabled_and_max_table_size_lowers_the_default() {
+        let config = ok(
+            "metrics off",
+            &format!(
+                r#"
+[daemon]
+interface = "eth0"
+metrics_address = ""
+max_table_size = 1009
+
+[[vip]]
+name = "a"
+address = "10.1.0.1"
+port = 80
+{ONE_BACKEND}"#
+            ),
+        );
+        assert_eq!(config.daemon.metrics_address, None);
+        assert_eq!(config.vips[0].table_size, 1009);
+    }
+
+    #[test]
+    fn max_ring_stride_is_prime() {
+        assert!(is_prime(MAX_RING_STRIDE));
+        assert!(!(MAX_RING_STRIDE + 1..1 << 20).any(is_prime));
+    }
+}

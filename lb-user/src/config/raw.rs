@@ -1,0 +1,299 @@
+//! The file as written: serde structs that mirror the TOML document.
+//!
+//! `deny_unknown_fields` everywhere, so a typo is an error rather than a
+//! silently ignored setting. Every optional setting is an `Option` so that
+//! validation can tell "not set" from "set to the default" (health checks and
+//! protection merge field by field), and values with a unit stay strings until
+//! validation parses them with a message that says where they are.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+use super::{DownPolicy, Mode, Protocol, XdpMode};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) daemon: RawDaemon,
+    pub(super) health_check: Option<RawHealth>,
+    pub(super) protection: Option<RawProtection>,
+    #[serde(default)]
+    pub(super) vip: Vec<RawVip>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDaemon {
+    pub(super) interface: String,
+    pub(super) xdp_mode: Option<XdpMode>,
+    pub(super) instance: Option<String>,
+    pub(super) control_socket: Option<PathBuf>,
+    pub(super) socket_group: Option<String>,
+    /// A string rather than a `SocketAddr` so that `""` can disable metrics.
+    pub(super) metrics_address: Option<String>,
+    pub(super) conntrack_size: Option<u32>,
+    pub(super) udp_timeout: Option<String>,
+    pub(super) max_table_size: Option<u32>,
+    pub(super) hash_seed: Option<String>,
+    pub(super) encap_source_v4: Option<Ipv4Addr>,
+    pub(super) encap_source_v6: Option<Ipv6Addr>,
+    pub(super) probe_concurrency: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawVip {
+    pub(super) name: String,
+    pub(super) address: IpAddr,
+    pub(super) port: u16,
+    pub(super) protocol: Option<Protocol>,
+    pub(super) mode: Option<Mode>,
+    pub(super) down_policy: Option<DownPolicy>,
+    pub(super) table_size: Option<u32>,
+    pub(super) health_check: Option<RawHealth>,
+    pub(super) protection: Option<RawProtection>,
+    #[serde(default)]
+    pub(super) backend: Vec<RawBackend>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBackend {
+    pub(super) address: IpAddr,
+    pub(super) port: Option<u16>,
+    pub(super) weight: Option<u32>,
+    pub(super) health_port: Option<u16>,
+    pub(super) health_check: Option<RawHealth>,
+}
+
+/// `kind = "http"` or `kind = "tcp"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum KindName {
+    Http,
+    Tcp,
+}
+
+/// `via = "vip"` or `via = "direct"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum ViaName {
+    Direct,
+    Vip,
+}
+
+/// A `[health_check]`, `[vip.health_check]` or `[vip.backend.health_check]`
+/// table.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHealth {
+    pub(super) kind: Option<KindName>,
+    pub(super) method: Option<String>,
+    pub(super) path: Option<String>,
+    pub(super) host: Option<String>,
+    pub(super) expect_status: Option<Vec<RawStatus>>,
+    pub(super) body_contains: Option<String>,
+    pub(super) interval: Option<String>,
+    pub(super) timeout: Option<String>,
+    pub(super) hang_timeout: Option<String>,
+    pub(super) rise: Option<u32>,
+    pub(super) fall: Option<u32>,
+    pub(super) fast_interval: Option<String>,
+    pub(super) down_interval: Option<String>,
+    pub(super) jitter: Option<RawJitter>,
+    pub(super) via: Option<ViaName>,
+    /// Accepted by the parser only to answer with a useful message: the
+    /// probed port belongs to each backend (`health_port`).
+    pub(super) port: Option<toml::Value>,
+}
+
+/// A `[protection]` or `[vip.protection]` table.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawProtection {
+    pub(super) max_ejected: Option<RawLimit>,
+    pub(super) min_healthy: Option<RawLimit>,
+    pub(super) outlier_factor: Option<f64>,
+    pub(super) outlier_margin: Option<String>,
+    pub(super) slow_start: Option<String>,
+    pub(super) flap_damping: Option<bool>,
+    pub(super) flap_half_life: Option<String>,
+    pub(super) flap_limit: Option<f64>,
+}
+
+/// `jitter = 0.1` or `jitter = "10%"`.
+pub(super) enum RawJitter {
+    Fraction(f64),
+    Text(String),
+}
+
+/// An `expect_status` item: `200` or `"200"` or `"200-299"`.
+pub(super) enum RawStatus {
+    Code(i64),
+    Text(String),
+}
+
+/// `max_ejected = 2` or `max_ejected = "10%"` (and `min_healthy`).
+#[derive(Clone)]
+pub(super) enum RawLimit {
+    Count(i64),
+    Text(String),
+}
+
+/// Implements `Deserialize` for an enum of a number variant and a
+/// `Text(String)` variant: a value the file may write either way. The
+/// `expecting` text ends up in the TOML error of a value of the wrong type.
+macro_rules! number_or_text {
+    ($ty:ident, $expecting:literal, $number:ident {
+        $($visit:ident($arg:ty) => $convert:expr),* $(,)?
+    }) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl Visitor<'_> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($expecting)
+                    }
+                    $(fn $visit<E: de::Error>(self, v: $arg) -> Result<$ty, E> {
+                        let convert: fn($arg) -> _ = $convert;
+                        Ok($ty::$number(convert(v)))
+                    })*
+                    fn visit_str<E: de::Error>(self, v: &str) -> Result<$ty, E> {
+                        Ok($ty::Text(v.to_owned()))
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+
+        impl $ty {
+            /// The value as the file wrote it, for messages.
+            pub(super) fn shown(&self) -> String {
+                match self {
+                    $ty::$number(n) => n.to_string(),
+                    $ty::Text(t) => format!("{t:?}"),
+                }
+            }
+        }
+    };
+}
+
+number_or_text!(RawJitter, "a fraction such as 0.1 or a percentage such as \"10%\"", Fraction {
+    visit_f64(f64) => |v| v,
+    visit_i64(i64) => |v| v as f64,
+    visit_u64(u64) => |v| v as f64,
+});
+number_or_text!(RawStatus, "a status code such as 200 or a range such as \"200-299\"", Code {
+    visit_i64(i64) => |v| v,
+    visit_u64(u64) => |v| i64::try_from(v).unwrap_or(i64::MAX),
+});
+number_or_text!(RawLimit, "a number of backends or a percentage such as \"10%\"", Count {
+    visit_i64(i64) => |v| v,
+    visit_u64(u64) => |v| i64::try_from(v).unwrap_or(i64::MAX),
+});
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::{DAEMON, api_vip, api_with_backend, parse};
+
+    /// serde/toml stop at the first such error; the message comes from the
+    /// toml crate (with a source excerpt), so this checks the parts a user
+    /// relies on rather than the crate's exact layout: the file, the line of
+    /// `place` (the first line of `text` containing it) and `what`.
+    #[track_caller]
+    fn assert_toml_error(text: &str, place: Option<&str>, what: &str) {
+        let e = parse(text)
+            .err()
+            .unwrap_or_else(|| panic!("accepted:\n{text}"));
+        assert_eq!(e.problems.len(), 1, "{e}");
+        let msg = &e.problems[0];
+        assert!(msg.starts_with("xlb.toml: TOML parse error at "), "{msg}");
+        if let Some(place) = place {
+            let line = 1 + text
+                .lines()
+                .position(|l| l.contains(place))
+                .unwrap_or_else(|| panic!("no {place:?} in the test's text"));
+            let at = format!("line {line}, column");
+            assert!(msg.contains(&at), "no {at:?} in {msg}");
+        }
+        assert!(msg.contains(what), "no {what:?} in {msg}");
+    }
+
+    /// One `#[test]` per file serde refuses: `name: text, at place, what;`.
+    macro_rules! toml_errors {
+        ($($name:ident: $text:expr, at $place:expr, $what:expr;)*) => {$(
+            #[test]
+            fn $name() {
+                assert_toml_error(&$text, $place, $what);
+            }
+        )*};
+    }
+
+    toml_errors! {
+        syntax_error: format!("{DAEMON}[[vip]\n"), at Some("[[vip]"), "";
+        unknown_top_level_table: format!(r#"{DAEMON}
+[[vips]]
+name = "a"
+"#), at Some("[[vips]]"), "unknown field `vips`";
+        unknown_daemon_field: r#"
+[daemon]
+interface = "eth0"
+xdp = "native"
+"#, at Some("xdp ="), "unknown field `xdp`";
+        unknown_vip_field: api_with_backend("weight = 3"), at Some("weight = 3"), "unknown field `weight`";
+        unknown_backend_field: api_vip(r#"
+[[vip.backend]]
+address = "10.0.0.1"
+healthport = 1
+"#), at Some("healthport"), "unknown field `healthport`";
+        unknown_health_field: format!(r#"{DAEMON}
+[health_check]
+retries = 3
+"#), at Some("retries"), "unknown field `retries`";
+        missing_interface: "[daemon]\n", at None, "missing field `interface`";
+        missing_daemon: r#"
+[[vip]]
+name = "api"
+address = "10.100.0.1"
+port = 80
+[[vip.backend]]
+address = "10.0.0.11"
+"#, at None, "missing field `daemon`";
+        missing_vip_port: format!(r#"{DAEMON}
+[[vip]]
+name = "a"
+address = "10.1.0.1"
+"#), at None, "missing field `port`";
+        bad_mode: api_with_backend(r#"mode = "nat""#), at Some("nat"),
+            "unknown variant `nat`, expected `dsr-ipip` or `dsr-l2`";
+        bad_protocol: api_with_backend(r#"protocol = "sctp""#), at Some("sctp"),
+            "unknown variant `sctp`, expected `tcp` or `udp`";
+        bad_address: api_vip(r#"
+[[vip.backend]]
+address = "10.0.0.300"
+"#), at Some("10.0.0.300"), "invalid IP address syntax";
+        encap_source_of_the_wrong_family: r#"
+[daemon]
+interface = "eth0"
+encap_source_v4 = "fd00::2"
+"#, at Some("encap_source_v4"), "invalid IPv4 address syntax";
+        negative_weight: api_vip(r#"
+[[vip.backend]]
+address = "10.0.0.1"
+weight = -1
+"#), at Some("weight = -1"), "weight";
+        jitter_of_the_wrong_type: format!(r#"{DAEMON}
+[health_check]
+jitter = true
+"#), at Some("jitter"), "a fraction such as 0.1 or a percentage such as \"10%\"";
+        duration_as_a_number: format!(r#"{DAEMON}
+[health_check]
+interval = 2
+"#), at Some("interval"), "expected a string";
+    }
+}
