@@ -1,8 +1,15 @@
 //! Runs xlb's XDP programs through `BPF_PROG_TEST_RUN` inside a namespace of
 //! their own, with a veth whose neighbours are fixed, so `bpf_fib_lookup`
-//! gives known MACs and the expected bytes are exact.
+//! gives known MACs and the expected bytes are exact: a fresh world per call
+//! ([`in_world`]) or one loaded once and shared by a test binary's tests
+//! ([`SharedWorld`]).
 
-use std::{collections::HashMap, net::IpAddr};
+use std::{
+    collections::HashMap,
+    fs::File,
+    net::IpAddr,
+    sync::{Mutex, PoisonError},
+};
 
 use anyhow::Context as _;
 use aya::programs::{TestRun as _, TestRunOptions};
@@ -73,20 +80,75 @@ pub fn in_world<T: Send>(
 ) -> anyhow::Result<T> {
     crate::require_root();
     let ns = NetNs::new(tag)?;
-    let backends = default_backends();
-    setup_links(&ns, &backends)?;
+    let (netns, ifindex) = prepare_namespace(&ns)?;
+    on_thread_in(&netns, || {
+        let mut world = World::load(&opts, ifindex)?;
+        f(&mut world)
+    })
+}
+
+/// One world for all the tests of a test binary, loaded once: loading the
+/// object (verifier included) costs more than a fixture does. The tests take
+/// it one at a time, as each sets the map state it starts from.
+///
+/// The namespace is held by an open descriptor, not by a name: its name is
+/// removed as soon as the world is loaded, and the kernel frees it with the
+/// descriptor when the test binary exits, however it exits (a `static` is
+/// never dropped).
+pub struct SharedWorld {
+    netns: File,
+    world: Mutex<World>,
+}
+
+impl SharedWorld {
+    /// Creates the namespace and its links and loads the programs, as
+    /// [`in_world`] does.
+    pub fn new(tag: &str, opts: &LoadOptions) -> anyhow::Result<Self> {
+        crate::require_root();
+        let ns = NetNs::new(tag)?;
+        let (netns, ifindex) = prepare_namespace(&ns)?;
+        let world = on_thread_in(&netns, || World::load(opts, ifindex))?;
+        Ok(Self {
+            netns,
+            world: Mutex::new(world),
+        })
+    }
+
+    /// Runs `f` on a thread inside the namespace, alone with the world.
+    pub fn run<T: Send>(
+        &self,
+        f: impl FnOnce(&mut World) -> anyhow::Result<T> + Send,
+    ) -> anyhow::Result<T> {
+        // A failed test poisons the lock; the next one still starts from
+        // the state it sets itself.
+        let mut guard = self.world.lock().unwrap_or_else(PoisonError::into_inner);
+        let world: &mut World = &mut guard;
+        on_thread_in(&self.netns, || f(world))
+    }
+}
+
+/// Gives `ns` the fixture links and returns a descriptor that keeps it alive
+/// and the ifindex of `xf0`.
+fn prepare_namespace(ns: &NetNs) -> anyhow::Result<(File, u32)> {
+    setup_links(ns, &default_backends())?;
     let ifindex = ns.ifindex("xf0")?;
+    let path = format!("/var/run/netns/{}", ns.name());
+    let netns = File::open(&path).with_context(|| format!("opening {path}"))?;
+    Ok((netns, ifindex))
+}
+
+/// Runs `f` on a thread of its own moved into `netns`: `BPF_PROG_TEST_RUN`
+/// looks the ingress ifindex up in the calling thread's namespace, and only
+/// that thread moves.
+fn on_thread_in<T: Send>(
+    netns: &File,
+    f: impl FnOnce() -> anyhow::Result<T> + Send,
+) -> anyhow::Result<T> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            ns.enter()?;
-            let dp = Dataplane::load(&opts).context("loading the XDP object")?;
-            let mut world = World {
-                dp,
-                ifindex,
-                backends,
-            };
-            world.write_backends()?;
-            f(&mut world)
+            nix::sched::setns(netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .context("entering the fixture namespace")?;
+            f()
         })
         .join()
         .map_err(|_| anyhow::anyhow!("fixture thread panicked"))?
@@ -94,6 +156,22 @@ pub fn in_world<T: Send>(
 }
 
 fn setup_links(ns: &NetNs, backends: &[Backend]) -> anyhow::Result<()> {
+    add_interfaces(ns)?;
+    // bpf_fib_lookup from XDP answers FWD_DISABLED unless forwarding is on
+    // for the ingress device (checked on 6.18); the daemon turns it on for
+    // its interface the same way.
+    ns.exec(&[
+        "sysctl",
+        "-qw",
+        "net.ipv4.conf.xf0.forwarding=1",
+        "net.ipv6.conf.xf0.forwarding=1",
+    ])?;
+    add_neighbours(ns, backends)
+}
+
+/// `xf0` (the LB's interface, v4 and v6 addresses) with its peer `xf1`, and
+/// `xg0`, the second interface, with its peer `xg1`.
+fn add_interfaces(ns: &NetNs) -> anyhow::Result<()> {
     ns.ip(&["link", "add", "xf0", "type", "veth", "peer", "name", "xf1"])?;
     ns.ip(&[
         "link",
@@ -120,19 +198,15 @@ fn setup_links(ns: &NetNs, backends: &[Backend]) -> anyhow::Result<()> {
         "xf0",
         "nodad",
     ])?;
-    // bpf_fib_lookup from XDP answers FWD_DISABLED unless forwarding is on
-    // for the ingress device (checked on 6.18); the daemon turns it on for
-    // its interface the same way.
-    ns.exec(&[
-        "sysctl",
-        "-qw",
-        "net.ipv4.conf.xf0.forwarding=1",
-        "net.ipv6.conf.xf0.forwarding=1",
-    ])?;
+    Ok(())
+}
+
+/// A permanent neighbour entry for every backend that has a MAC, on the
+/// interface whose subnet it is in.
+fn add_neighbours(ns: &NetNs, backends: &[Backend]) -> anyhow::Result<()> {
     for b in backends {
         if let Some(mac) = b.mac {
-            // 10.1.0.0/24 is on the second interface.
-            let dev = if b.addr.to_string().starts_with("10.1.0.") {
+            let dev = if b.on_second_interface() {
                 "xg0"
             } else {
                 "xf0"
@@ -153,7 +227,37 @@ fn setup_links(ns: &NetNs, backends: &[Backend]) -> anyhow::Result<()> {
     Ok(())
 }
 
+impl Backend {
+    /// Whether the backend is on `xg0`'s subnet (10.1.0.0/24): the LB
+    /// reaches it by redirect, from `XG_MAC`, rather than by `XDP_TX`.
+    pub fn on_second_interface(&self) -> bool {
+        self.addr.to_string().starts_with("10.1.0.")
+    }
+
+    /// The MAC the LB sends from to reach this backend.
+    pub fn egress_mac(&self) -> Mac {
+        if self.on_second_interface() {
+            XG_MAC
+        } else {
+            LB_MAC
+        }
+    }
+}
+
 impl World {
+    /// Loads the programs (from a thread inside the namespace) and writes
+    /// the default backends.
+    fn load(opts: &LoadOptions, ifindex: u32) -> anyhow::Result<Self> {
+        let dp = Dataplane::load(opts).context("loading the XDP object")?;
+        let mut world = Self {
+            dp,
+            ifindex,
+            backends: default_backends(),
+        };
+        world.write_backends()?;
+        Ok(world)
+    }
+
     /// Writes every backend as up, generation 0.
     pub fn write_backends(&mut self) -> anyhow::Result<()> {
         for b in self.backends.clone() {
@@ -319,4 +423,19 @@ pub fn stat_delta(before: &HashMap<Stat, u64>, after: &HashMap<Stat, u64>) -> Ve
         .collect();
     d.sort();
     d
+}
+
+/// `bpf_ktime_get_coarse_ns()` as userspace reads it (`CLOCK_MONOTONIC_COARSE`):
+/// the clock the data plane stamps conntrack entries with.
+pub fn ktime_coarse_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write to.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) },
+        0
+    );
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
