@@ -11,7 +11,7 @@ use std::{
 use anyhow::Context as _;
 use lb_common::{
     BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, HcReal, MAX_BACKENDS, MAX_VIPS,
-    VipInfo, VipKey,
+    VipInfo, VipKey, addr16, family_of,
 };
 use tracing::{info, warn};
 
@@ -29,8 +29,6 @@ use crate::{
 };
 
 use super::persist::{Saved, SavedBackend, SavedHealth};
-
-pub use lb_common::{addr16, family_of as family};
 
 pub fn vip_key(cfg: &VipConfig) -> VipKey {
     VipKey::new(cfg.addr, cfg.port, cfg.protocol.as_raw())
@@ -131,7 +129,7 @@ impl Backend {
             addr: addr16(self.cfg.addr),
             generation: self.generation,
             state: self.dp_state(),
-            family: family(self.cfg.addr),
+            family: family_of(self.cfg.addr),
             _pad: [0; 2],
         }
     }
@@ -148,7 +146,7 @@ pub fn hc_reals(vips: &[Vip]) -> HashMap<u32, HcReal> {
                     lb_common::hc_mark(b.id),
                     HcReal {
                         addr: addr16(b.cfg.addr),
-                        family: family(b.cfg.addr),
+                        family: family_of(b.cfg.addr),
                         mode: v.cfg.mode.as_raw(),
                         _pad: [0; 2],
                     },
@@ -388,19 +386,13 @@ impl Ids {
         self.used_backends.insert(id);
     }
     pub fn alloc_vip(&mut self) -> anyhow::Result<u32> {
-        let id = (0..MAX_VIPS)
-            .find(|i| !self.used_vips.contains(i))
-            .context("no free VIP id: at most lb_common::MAX_VIPS VIPs")?;
-        self.used_vips.insert(id);
-        Ok(id)
+        alloc(&mut self.used_vips, 0..MAX_VIPS)
+            .context("no free VIP id: at most lb_common::MAX_VIPS VIPs")
     }
     /// Backend id 0 means "none" in the ring.
     pub fn alloc_backend(&mut self) -> anyhow::Result<u32> {
-        let id = (1..MAX_BACKENDS)
-            .find(|i| !self.used_backends.contains(i))
-            .context("no free backend id: at most lb_common::MAX_BACKENDS - 1 backends")?;
-        self.used_backends.insert(id);
-        Ok(id)
+        alloc(&mut self.used_backends, 1..MAX_BACKENDS)
+            .context("no free backend id: at most lb_common::MAX_BACKENDS - 1 backends")
     }
     pub fn free_vip(&mut self, id: u32) {
         self.used_vips.remove(&id);
@@ -408,6 +400,13 @@ impl Ids {
     pub fn free_backend(&mut self, id: u32) {
         self.used_backends.remove(&id);
     }
+}
+
+/// The lowest id of `range` not in `used`, now in it.
+fn alloc(used: &mut HashSet<u32>, mut range: std::ops::Range<u32>) -> Option<u32> {
+    let id = range.find(|i| !used.contains(i))?;
+    used.insert(id);
+    Some(id)
 }
 
 /// Brings a backend into service under a fresh id: a new generation, so any
@@ -437,6 +436,39 @@ pub fn new_backend(
     Ok(b)
 }
 
+/// The pinned entry of VIP `cfg`, if the previous run's state file gave it
+/// the id the entry still holds (else the key now belongs to another VIP,
+/// or the entry was not ours).
+fn pinned_vip(
+    dp: &Dataplane,
+    cfg: &VipConfig,
+    saved: Option<&Saved>,
+) -> anyhow::Result<Option<VipInfo>> {
+    let Some(&id) = saved.and_then(|s| s.vips.get(&cfg.name)) else {
+        return Ok(None);
+    };
+    Ok(dp.vip(&vip_key(cfg))?.filter(|info| info.vip_id == id))
+}
+
+/// The previous run's record of backend `bcfg` of VIP `vip` and its pinned
+/// entry, if that entry is still in use at the same address.
+fn pinned_backend<'s>(
+    dp: &Dataplane,
+    saved: Option<&'s Saved>,
+    vip: &str,
+    bcfg: &BackendConfig,
+) -> anyhow::Result<Option<(&'s SavedBackend, BackendInfo)>> {
+    let Some(prev) = saved.and_then(|s| {
+        s.backends
+            .iter()
+            .find(|b| b.vip == vip && b.addr == bcfg.socket_addr())
+    }) else {
+        return Ok(None);
+    };
+    let info = dp.backend(prev.id)?;
+    Ok((info.addr == addr16(bcfg.addr) && info.state != 0).then_some((prev, info)))
+}
+
 /// What `adopt_or_create_vip` will adopt for `cfg`: its pinned VIP id (if the
 /// saved id still holds its key) and the saved backend ids whose pinned
 /// address still matches. Reserving all of these before any new id is handed
@@ -447,11 +479,7 @@ pub fn reserve_adoptable(
     cfg: &VipConfig,
     saved: Option<&Saved>,
 ) -> anyhow::Result<()> {
-    let Some(s) = saved else { return Ok(()) };
-    let Some(&id) = s.vips.get(&cfg.name) else {
-        return Ok(());
-    };
-    let Some(info) = dp.vip(&vip_key(cfg))?.filter(|i| i.vip_id == id) else {
+    let Some(info) = pinned_vip(dp, cfg, saved)? else {
         return Ok(());
     };
     ids.take_vip(info.vip_id);
@@ -459,15 +487,8 @@ pub fn reserve_adoptable(
         return Ok(());
     }
     for bcfg in &cfg.backends {
-        if let Some(p) = s
-            .backends
-            .iter()
-            .find(|b| b.vip == cfg.name && b.addr == bcfg.socket_addr())
-        {
-            let pinned = dp.backend(p.id)?;
-            if pinned.addr == addr16(bcfg.addr) && pinned.state != 0 {
-                ids.take_backend(p.id);
-            }
+        if let Some((prev, _)) = pinned_backend(dp, saved, &cfg.name, bcfg)? {
+            ids.take_backend(prev.id);
         }
     }
     Ok(())
@@ -482,25 +503,14 @@ pub fn adopt_or_create_vip(
     saved: Option<&Saved>,
 ) -> anyhow::Result<(Vip, bool)> {
     let key = vip_key(&cfg);
-    let saved_id = saved.and_then(|s| s.vips.get(&cfg.name).copied());
-    let pinned = match saved_id {
-        Some(id) => dp.vip(&key)?.filter(|info| info.vip_id == id),
-        None => None,
-    };
-    let mut backends = Vec::new();
-    let mut adopted = false;
+    let pinned = pinned_vip(dp, &cfg, saved)?;
+    // Backends are adopted only with their table, when its size is still
+    // the configured one.
+    let adopted = pinned.is_some_and(|info| info.table_size == cfg.table_size);
     let (id, active, halves) = match pinned {
-        Some(info) if info.table_size == cfg.table_size => {
-            ids.take_vip(info.vip_id);
-            adopted = true;
-            let live = dp.ring_half(info.vip_id, info.active & 1, info.table_size)?;
-            let mut halves = [None, None];
-            halves[info.active as usize & 1] = Some(live);
-            (info.vip_id, info.active & 1, halves)
-        }
         Some(info) => {
-            // Same VIP, new table size: keep the id; the new table goes into
-            // the spare half (the live one keeps serving until the flip).
+            // Same VIP (with a new table size, the new table goes into the
+            // spare half; the live one keeps serving until the flip).
             ids.take_vip(info.vip_id);
             let live = info.active & 1;
             let mut halves = [None, None];
@@ -513,46 +523,16 @@ pub fn adopt_or_create_vip(
             (id, 0, [None, None])
         }
     };
+    let mut backends = Vec::new();
     for bcfg in cfg.backends.clone() {
-        let prev = saved.and_then(|s| {
-            s.backends
-                .iter()
-                .find(|b| b.vip == cfg.name && b.addr == bcfg.socket_addr())
-        });
-        let b = match prev {
-            Some(p) if adopted => {
-                let info = dp.backend(p.id)?;
-                if info.addr == addr16(bcfg.addr) && info.state != 0 {
-                    ids.take_backend(p.id);
-                    let health = match p.health {
-                        SavedHealth::Up => HealthState::Up,
-                        SavedHealth::Down => HealthState::Down,
-                        SavedHealth::Unknown => HealthState::Unknown,
-                    };
-                    let placement = Placement::of(p.admin_drained, health);
-                    let b = Backend {
-                        cfg: bcfg,
-                        id: p.id,
-                        generation: info.generation,
-                        health,
-                        admin_drained: p.admin_drained,
-                        drain_deadline: p
-                            .drain_deadline_unix_ms
-                            .filter(|_| p.admin_drained)
-                            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
-                        drain_expired: p.admin_drained && p.drain_expired,
-                        drained_at: None,
-                        snapshot: None,
-                        since: Instant::now(),
-                        policy: MemberState::new(placement, Instant::now()),
-                    };
-                    dp.set_backend(b.id, &b.info())?;
-                    b
-                } else {
-                    new_backend(dp, ids, bcfg)?
-                }
-            }
-            _ => new_backend(dp, ids, bcfg)?,
+        let pinned = if adopted {
+            pinned_backend(dp, saved, &cfg.name, &bcfg)?
+        } else {
+            None
+        };
+        let b = match pinned {
+            Some((prev, info)) => adopt_backend(dp, ids, bcfg, prev, &info)?,
+            None => new_backend(dp, ids, bcfg)?,
         };
         backends.push(b);
     }
@@ -568,6 +548,38 @@ pub fn adopt_or_create_vip(
         answers: VecDeque::new(),
     };
     Ok((vip, adopted))
+}
+
+/// Takes a backend over from the previous run: its id and generation (so
+/// its established flows stay), health, drain and deadline.
+fn adopt_backend(
+    dp: &mut Dataplane,
+    ids: &mut Ids,
+    cfg: BackendConfig,
+    prev: &SavedBackend,
+    pinned: &BackendInfo,
+) -> anyhow::Result<Backend> {
+    ids.take_backend(prev.id);
+    let health = HealthState::from(prev.health);
+    let placement = Placement::of(prev.admin_drained, health);
+    let b = Backend {
+        cfg,
+        id: prev.id,
+        generation: pinned.generation,
+        health,
+        admin_drained: prev.admin_drained,
+        drain_deadline: prev
+            .drain_deadline_unix_ms
+            .filter(|_| prev.admin_drained)
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+        drain_expired: prev.admin_drained && prev.drain_expired,
+        drained_at: None,
+        snapshot: None,
+        since: Instant::now(),
+        policy: MemberState::new(placement, Instant::now()),
+    };
+    dp.set_backend(b.id, &b.info())?;
+    Ok(b)
 }
 
 /// Writes a VIP's entry (key → id, info) to the maps.
@@ -640,11 +652,7 @@ pub fn to_saved(vips: &[Vip]) -> Saved {
                     vip: v.cfg.name.clone(),
                     addr: b.cfg.socket_addr(),
                     id: b.id,
-                    health: match b.health {
-                        HealthState::Up => SavedHealth::Up,
-                        HealthState::Down => SavedHealth::Down,
-                        HealthState::Unknown => SavedHealth::Unknown,
-                    },
+                    health: SavedHealth::from(b.health),
                     admin_drained: b.admin_drained,
                     drain_deadline_unix_ms: b.drain_deadline.map(|t| {
                         t.duration_since(UNIX_EPOCH)
