@@ -22,7 +22,7 @@ impl Daemon {
         drained: bool,
         deadline: Option<Duration>,
     ) -> anyhow::Result<String> {
-        let (vi, bi) = model::find_backend(&mut self.vips, vip, backend)?;
+        let (vi, bi) = model::find_backend(&self.vips, vip, backend)?;
         let deadline_at = match deadline {
             None => None,
             Some(d) => Some(SystemTime::now().checked_add(d).with_context(|| {

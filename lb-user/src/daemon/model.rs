@@ -665,12 +665,18 @@ pub fn to_saved(vips: &[Vip]) -> Saved {
     }
 }
 
+/// Whether `name`, as an operator names a backend (`xlb drain VIP BACKEND`:
+/// "addr:port", or just the address), names the backend at `addr`.
+/// Shared by the daemon and `xlb drain --wait`, so both find the same one.
+pub fn names_backend(name: &str, addr: SocketAddr) -> bool {
+    match name.parse::<SocketAddr>() {
+        Ok(sock) => sock == addr,
+        Err(_) => name.parse::<IpAddr>().is_ok_and(|ip| ip == addr.ip()),
+    }
+}
+
 /// Finds a backend of VIP `vip_name` by "addr:port" (or just the address).
-pub fn find_backend(
-    vips: &mut [Vip],
-    vip_name: &str,
-    backend: &str,
-) -> anyhow::Result<(usize, usize)> {
+pub fn find_backend(vips: &[Vip], vip_name: &str, backend: &str) -> anyhow::Result<(usize, usize)> {
     let vi = vips
         .iter()
         .position(|v| v.cfg.name == vip_name)
@@ -681,12 +687,10 @@ pub fn find_backend(
                 names.join(", ")
             )
         })?;
-    let want_sock: Option<SocketAddr> = backend.parse().ok();
-    let want_ip: Option<IpAddr> = backend.parse().ok();
     let bi = vips[vi]
         .backends
         .iter()
-        .position(|b| Some(b.cfg.socket_addr()) == want_sock || Some(b.cfg.addr) == want_ip)
+        .position(|b| names_backend(backend, b.cfg.socket_addr()))
         .with_context(|| {
             let list: Vec<String> = vips[vi]
                 .backends
