@@ -247,12 +247,10 @@ pub fn drain_progress(
             "vip {vip:?} is no longer configured (reloaded?); stopped waiting"
         ));
     };
-    let want_sock = backend.parse::<SocketAddr>().ok();
-    let want_ip = backend.parse::<IpAddr>().ok();
     let Some(b) = v.backends.iter().find(|b| {
-        let addr = b.address.parse::<SocketAddr>().ok();
-        (want_sock.is_some() && addr == want_sock)
-            || (want_ip.is_some() && addr.map(|a| a.ip()) == want_ip)
+        b.address
+            .parse()
+            .is_ok_and(|addr| crate::daemon::model::names_backend(backend, addr))
     }) else {
         return DrainProgress::Gone(format!(
             "vip {vip:?} no longer has backend {backend} (reloaded?); stopped waiting"

@@ -142,6 +142,27 @@ pub fn pinned_layout_version(dir: &Path) -> Result<Option<u32>> {
     Ok(Some(g.layout_version))
 }
 
+/// Loads every program of the object into the kernel (the verifier runs
+/// here).
+fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
+    for name in [
+        lb_common::PROG_LB,
+        lb_common::PROG_DECAP,
+        lb_common::PROG_MINIMAL,
+        lb_common::PROG_PASS,
+        lb_common::PROG_HC,
+    ] {
+        let err = |source| DataplaneError::Program { name, source };
+        match ebpf.program_mut(name).ok_or(err(ProgramError::NotLoaded))? {
+            Program::Xdp(prog) => prog.load(),
+            Program::SchedClassifier(prog) => prog.load(),
+            _ => Err(ProgramError::UnexpectedProgramType),
+        }
+        .map_err(err)?;
+    }
+    Ok(())
+}
+
 impl Dataplane {
     /// Loads the object, creating its maps (or adopting pinned ones), and
     /// loads every program into the kernel (verifier included).
@@ -175,22 +196,22 @@ impl Dataplane {
             loader.map_pin_path(name, path.as_path());
         }
         let mut ebpf = loader.load(OBJECT)?;
-        for name in [
-            lb_common::PROG_LB,
-            lb_common::PROG_DECAP,
-            lb_common::PROG_MINIMAL,
-            lb_common::PROG_PASS,
-            lb_common::PROG_HC,
-        ] {
-            let err = |source| DataplaneError::Program { name, source };
-            match ebpf.program_mut(name).ok_or(err(ProgramError::NotLoaded))? {
-                Program::Xdp(prog) => prog.load(),
-                Program::SchedClassifier(prog) => prog.load(),
-                _ => Err(ProgramError::UnexpectedProgramType),
-            }
-            .map_err(err)?;
+        load_programs(&mut ebpf)?;
+        let mut dp = Self::with_maps(ebpf, opts.ring_stride)?;
+        // A fresh globals map is all zeroes: stamp layout and stride at once,
+        // so a crash before the daemon finishes still leaves a valid version.
+        let mut g = dp.globals()?;
+        if g.layout_version == 0 {
+            g.layout_version = LAYOUT_VERSION;
+            g.ring_stride = opts.ring_stride;
+            dp.set_globals(&g)?;
         }
-        // The next-hop cache stays in `ebpf`: only the kernel uses it.
+        Ok(dp)
+    }
+
+    /// Takes every map userspace uses out of `ebpf`, typed. The next-hop
+    /// cache stays in `ebpf`: only the kernel uses it.
+    fn with_maps(mut ebpf: Ebpf, ring_stride: u32) -> Result<Self> {
         let mut take = |name: &'static str| -> Result<Map> {
             ebpf.take_map(name)
                 .ok_or(DataplaneError::MissingMap { name })
@@ -201,7 +222,7 @@ impl Dataplane {
                 take(name)?.try_into().map_err(map_err(name))?
             }};
         }
-        let mut dp = Self {
+        Ok(Self {
             vips: typed!(lb_common::MAP_VIPS),
             vip_info: typed!(lb_common::MAP_VIP_INFO),
             vip_ports: typed!(lb_common::MAP_VIP_PORTS),
@@ -218,17 +239,8 @@ impl Dataplane {
             hc_reals: typed!(lb_common::MAP_HC_REALS),
             hc_stats: typed!(lb_common::MAP_HC_STATS),
             ebpf,
-            ring_stride: opts.ring_stride,
-        };
-        // A fresh globals map is all zeroes: stamp layout and stride at once,
-        // so a crash before the daemon finishes still leaves a valid version.
-        let mut g = dp.globals()?;
-        if g.layout_version == 0 {
-            g.layout_version = LAYOUT_VERSION;
-            g.ring_stride = opts.ring_stride;
-            dp.set_globals(&g)?;
-        }
-        Ok(dp)
+            ring_stride,
+        })
     }
 
     /// A loaded program by name (one of `lb_common::PROG_*`), as its type:
@@ -433,13 +445,7 @@ impl Dataplane {
     pub fn stats(&self) -> Result<StdHashMap<Stat, u64>> {
         Stat::ALL
             .iter()
-            .map(|&s| {
-                let v = self
-                    .stats
-                    .get(&(s as u32), 0)
-                    .map_err(map_err(lb_common::MAP_STATS))?;
-                Ok((s, v.iter().sum()))
-            })
+            .map(|&s| Ok((s, sum_counter(&self.stats, s as u32, lb_common::MAP_STATS)?)))
             .collect()
     }
 
@@ -503,11 +509,8 @@ impl Dataplane {
         HcStat::ALL
             .iter()
             .map(|&s| {
-                let v = self
-                    .hc_stats
-                    .get(&(s as u32), 0)
-                    .map_err(map_err(lb_common::MAP_HC_STATS))?;
-                Ok((s, v.iter().sum()))
+                let n = sum_counter(&self.hc_stats, s as u32, lb_common::MAP_HC_STATS)?;
+                Ok((s, n))
             })
             .collect()
     }
@@ -515,14 +518,16 @@ impl Dataplane {
     pub fn decap_stats(&self) -> Result<[u64; DECAP_STATS_LEN as usize]> {
         let mut out = [0u64; DECAP_STATS_LEN as usize];
         for s in [DecapStat::Decap, DecapStat::Pass, DecapStat::DropMalformed] {
-            let v = self
-                .decap_stats
-                .get(&(s as u32), 0)
-                .map_err(map_err(lb_common::MAP_DECAP_STATS))?;
-            out[s as usize] = v.iter().sum();
+            out[s as usize] = sum_counter(&self.decap_stats, s as u32, lb_common::MAP_DECAP_STATS)?;
         }
         Ok(out)
     }
+}
+
+/// Counter `idx` of the per-CPU array `name`, summed over CPUs.
+fn sum_counter(map: &PerCpuArray<MapData, u64>, idx: u32, name: &'static str) -> Result<u64> {
+    let v = map.get(&idx, 0).map_err(map_err(name))?;
+    Ok(v.iter().sum())
 }
 
 fn zero_per_cpu() -> Result<aya::maps::PerCpuValues<TrafficStats>> {

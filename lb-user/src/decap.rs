@@ -5,12 +5,12 @@ use std::net::IpAddr;
 
 use anyhow::Context as _;
 use aya::programs::XdpMode;
-use lb_common::DecapAddrKey;
+use lb_common::{DecapAddrKey, addr16, family_of};
 use tracing::info;
 
 use crate::{
-    daemon::model::{addr16, family},
     dataplane::{Dataplane, LoadOptions},
+    host,
 };
 
 /// Loads the object with minimal map sizes (only the decapsulator's maps are
@@ -44,7 +44,7 @@ async fn attach_until_stopped(
 pub async fn run(interface: String, addresses: Vec<IpAddr>) -> anyhow::Result<()> {
     let addrs = if addresses.is_empty() {
         // The addresses IPIP packets to this backend are sent to.
-        crate::daemon::interface_addresses(&interface)?
+        host::interface_addresses(&interface)?
     } else {
         addresses
     };
@@ -58,7 +58,7 @@ pub async fn run(interface: String, addresses: Vec<IpAddr>) -> anyhow::Result<()
         for a in &addrs {
             dp.add_decap_addr(&DecapAddrKey {
                 addr: addr16(*a),
-                family: family(*a),
+                family: family_of(*a),
                 _pad: [0; 3],
             })?;
         }

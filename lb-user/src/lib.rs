@@ -7,5 +7,6 @@ pub mod daemon;
 pub mod dataplane;
 pub mod decap;
 pub mod health;
+pub mod host;
 pub mod maglev;
 pub mod metrics;

@@ -9,7 +9,7 @@ use std::{
     collections::HashMap,
     io,
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -217,87 +217,130 @@ impl Shared {
 pub fn spawn(pin: PathBuf, limit: u32, entries: Arc<AtomicU64>, shared: Arc<Shared>) {
     let spawned = std::thread::Builder::new()
         .name("xlb-conntrack".into())
-        .spawn(move || {
-            let map = match aya::maps::MapData::from_pin(&pin) {
-                Ok(m) => aya::maps::Map::LruHashMap(m),
-                Err(e) => {
-                    warn!(
-                        "conntrack fill and flows per backend will not be reported: opening {}: {e}",
-                        pin.display()
-                    );
-                    return;
-                }
-            };
-            let Ok(ct) = aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(&map) else {
-                warn!(
-                    "conntrack fill and flows per backend will not be reported: {} is not the conntrack map",
-                    pin.display()
-                );
-                return;
-            };
-            let aya::maps::Map::LruHashMap(data) = &map else {
-                return;
-            };
-            let fd = data.fd().as_fd();
-            let mut batch = true;
-            let mut last_error = String::new();
-            loop {
-                let started = Instant::now();
-                let window = Window::new(shared.udp_timeout_ns.load(Ordering::Relaxed));
-                let mut c = Counter::new(super::api::coarse_now_ns(), window, u64::from(limit));
-                let mut result = Ok(());
-                if batch {
-                    result = walk_batch(fd, &mut c);
-                    if let Err(e) = &result
-                        && c.counts.entries == 0
-                        && batch_unsupported(e)
-                    {
-                        info!(
-                            "conntrack walk: this kernel has no BPF_MAP_LOOKUP_BATCH for LRU hash maps ({e}); \
-                             walking key by key instead (two syscalls per entry)"
-                        );
-                        batch = false;
-                    }
-                }
-                if !batch {
-                    let now = super::api::coarse_now_ns();
-                    result = walk_keys(&ct, now, window, u64::from(limit))
-                        .map(|counts| c.counts = counts);
-                }
-                match result {
-                    Ok(()) => {
-                        debug!(
-                            entries = c.counts.entries,
-                            took_ms = started.elapsed().as_millis() as u64,
-                            "conntrack walked"
-                        );
-                        last_error.clear();
-                        entries.store(c.counts.entries, Ordering::Relaxed);
-                        shared.publish(started, c.counts);
-                    }
-                    Err(e) => {
-                        // Once per distinct error, not every walk.
-                        let text = e.to_string();
-                        if text != last_error {
-                            warn!("walking conntrack {}: {text}", pin.display());
-                            last_error = text;
-                        }
-                    }
-                }
-                // Re-read the period while sleeping: a drain with a deadline
-                // should not wait out a 10 s sleep for its first fresh count.
-                loop {
-                    let left = shared.period().saturating_sub(started.elapsed());
-                    if left.is_zero() {
-                        break;
-                    }
-                    std::thread::sleep(left.min(Duration::from_millis(250)));
-                }
-            }
-        });
+        .spawn(move || walk_for_ever(&pin, u64::from(limit), &entries, &shared));
     if let Err(e) = spawned {
         warn!("conntrack fill and flows per backend will not be reported: starting a thread: {e}");
     }
+}
+
+/// The walking thread: opens the map, then walks it every period.
+fn walk_for_ever(pin: &Path, limit: u64, entries: &AtomicU64, shared: &Shared) {
+    let map = match aya::maps::MapData::from_pin(pin) {
+        Ok(m) => aya::maps::Map::LruHashMap(m),
+        Err(e) => {
+            warn!(
+                "conntrack fill and flows per backend will not be reported: opening {}: {e}",
+                pin.display()
+            );
+            return;
+        }
+    };
+    let Ok(ct) = aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(&map) else {
+        warn!(
+            "conntrack fill and flows per backend will not be reported: {} is not the conntrack map",
+            pin.display()
+        );
+        return;
+    };
+    let aya::maps::Map::LruHashMap(data) = &map else {
+        return;
+    };
+    let mut walker = Walker {
+        pin,
+        fd: data.fd().as_fd(),
+        ct,
+        limit,
+        batch: true,
+        last_error: String::new(),
+    };
+    loop {
+        let started = Instant::now();
+        let window = Window::new(shared.udp_timeout_ns.load(Ordering::Relaxed));
+        if let Some(counts) = walker.walk(window) {
+            debug!(
+                entries = counts.entries,
+                took_ms = started.elapsed().as_millis() as u64,
+                "conntrack walked"
+            );
+            entries.store(counts.entries, Ordering::Relaxed);
+            shared.publish(started, counts);
+        }
+        // Re-read the period while sleeping: a drain with a deadline
+        // should not wait out a 10 s sleep for its first fresh count.
+        loop {
+            let left = shared.period().saturating_sub(started.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(250)));
+        }
+    }
+}
+
+/// The conntrack map as the walking thread reads it, and what it learnt
+/// between walks.
+struct Walker<'m> {
+    pin: &'m Path,
+    fd: BorrowedFd<'m>,
+    ct: aya::maps::HashMap<&'m aya::maps::MapData, FlowKey, CtEntry>,
+    limit: u64,
+    /// Whether to try `BPF_MAP_LOOKUP_BATCH` (until the kernel says it
+    /// has none for this map type).
+    batch: bool,
+    /// The last error logged: each distinct error once, not every walk.
+    last_error: String,
+}
+
+impl Walker<'_> {
+    /// One walk; `None` if it failed (logged).
+    fn walk(&mut self, window: Window) -> Option<FlowCounts> {
+        let mut c = Counter::new(coarse_now_ns(), window, self.limit);
+        let mut result = Ok(());
+        if self.batch {
+            result = walk_batch(self.fd, &mut c);
+            if let Err(e) = &result
+                && c.counts.entries == 0
+                && batch_unsupported(e)
+            {
+                info!(
+                    "conntrack walk: this kernel has no BPF_MAP_LOOKUP_BATCH for LRU hash maps ({e}); \
+                     walking key by key instead (two syscalls per entry)"
+                );
+                self.batch = false;
+            }
+        }
+        if !self.batch {
+            let now = coarse_now_ns();
+            result = walk_keys(&self.ct, now, window, self.limit).map(|counts| c.counts = counts);
+        }
+        match result {
+            Ok(()) => {
+                self.last_error.clear();
+                Some(c.counts)
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if text != self.last_error {
+                    warn!("walking conntrack {}: {text}", self.pin.display());
+                    self.last_error = text;
+                }
+                None
+            }
+        }
+    }
+}
+
+/// `bpf_ktime_get_coarse_ns()` as userspace reads it.
+pub(super) fn coarse_now_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write to.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) } != 0 {
+        return 0;
+    }
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// `BPF_MAP_LOOKUP_BATCH` in `enum bpf_cmd` (include/uapi/linux/bpf.h);
@@ -583,7 +626,7 @@ mod tests {
             return;
         };
         let mut ct = aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(&mut map).unwrap();
-        let now = super::super::api::coarse_now_ns();
+        let now = super::coarse_now_ns();
         // More than one batch, spread over three backends.
         let n = 3 * BATCH as u32 + 17;
         for i in 0..n {

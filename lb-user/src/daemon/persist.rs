@@ -15,6 +15,8 @@ use std::{
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
+use crate::health::machine::HealthState;
+
 /// Root of the pinned objects: `/sys/fs/bpf/xlb/<instance>/`.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/xlb";
 /// Root of the state files: `/run/xlb/state/<instance>.json`.
@@ -29,12 +31,6 @@ pub fn pin_dir(instance: &str) -> PathBuf {
     Path::new(PIN_ROOT).join(instance)
 }
 
-/// Whether `path` is the root of a bpffs mount.
-pub fn is_bpffs(path: &Path) -> bool {
-    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-    nix::sys::statfs::statfs(path).is_ok_and(|st| st.filesystem_type().0 == BPF_FS_MAGIC)
-}
-
 pub fn state_path(instance: &str) -> PathBuf {
     Path::new(STATE_ROOT).join(format!("{instance}.json"))
 }
@@ -46,6 +42,26 @@ pub enum SavedHealth {
     Unknown,
     Up,
     Down,
+}
+
+impl From<HealthState> for SavedHealth {
+    fn from(h: HealthState) -> Self {
+        match h {
+            HealthState::Up => Self::Up,
+            HealthState::Down => Self::Down,
+            HealthState::Unknown => Self::Unknown,
+        }
+    }
+}
+
+impl From<SavedHealth> for HealthState {
+    fn from(h: SavedHealth) -> Self {
+        match h {
+            SavedHealth::Up => Self::Up,
+            SavedHealth::Down => Self::Down,
+            SavedHealth::Unknown => Self::Unknown,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -32,6 +32,14 @@ use super::machine::{HealthSnapshot, HealthState};
 use super::probe::Compact;
 use super::spec::CheckSpec;
 
+mod panic;
+mod slowness;
+
+use self::{
+    panic::panic,
+    slowness::{eject_outliers, fleet_slow},
+};
+
 /// Steps of a slow-start ramp: the weight goes 1/10, 2/10, … 10/10.
 pub const RAMP_STEPS: u32 = 10;
 
@@ -467,210 +475,6 @@ fn round_secs(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs_f64().round() as u64)
 }
 
-/// Ejects slow outliers among the members placed `Serving`, within
-/// `max_ejected`: those already ejected and still slow keep their place in
-/// the budget, then the slowest new ones.
-fn eject_outliers(
-    policy: &Policy,
-    members: &[Member],
-    states: &[MemberState],
-    next: &mut [(Placement, Option<String>)],
-) {
-    let serving: Vec<usize> = (0..members.len())
-        .filter(|&i| next[i].0 == Placement::Serving)
-        .collect();
-    let eligible = members.iter().filter(|m| m.eligible()).count();
-    let budget = policy.max_ejected.max_of(eligible);
-    let mut outliers: Vec<(bool, Duration, usize, String)> = Vec::new();
-    for &i in &serving {
-        let m = &members[i];
-        let was_ejected = states[i].placement == Placement::EjectedSlow;
-        // An ejected backend returns only after `rise` answers within timeout.
-        let recovered = m.consecutive_slow == 0 && m.consecutive_ok >= m.rise;
-        if was_ejected && !recovered {
-            let reason = states[i].reason.clone().unwrap_or_default();
-            outliers.push((true, m.latency.unwrap_or_default(), i, reason));
-            continue;
-        }
-        if !m.slow() {
-            continue;
-        }
-        let Some(lat) = m.latency else { continue };
-        let peers: Vec<Duration> = serving
-            .iter()
-            .filter(|&&j| j != i)
-            .filter_map(|&j| members[j].latency)
-            .collect();
-        let Some(med) = super::median(peers.iter().copied()) else {
-            continue;
-        };
-        let outlier = lat.as_secs_f64() > policy.outlier_factor * med.as_secs_f64()
-            && lat > med + policy.outlier_margin;
-        if outlier {
-            let reason = format!(
-                "slow outlier: answers in {} against a median of {} for its {} peer{} \
-                 (more than {}× and {} slower)",
-                Compact(lat),
-                Compact(med),
-                peers.len(),
-                if peers.len() == 1 { "" } else { "s" },
-                policy.outlier_factor,
-                Compact(policy.outlier_margin),
-            );
-            outliers.push((false, lat, i, reason));
-        }
-    }
-    // Already ejected first, then slowest first.
-    outliers.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
-    for (_, _, i, reason) in outliers.into_iter().take(budget) {
-        next[i] = (Placement::EjectedSlow, Some(reason));
-    }
-}
-
-/// Reports a VIP whose backends are slow as a whole (and not ejected for it).
-fn fleet_slow(
-    members: &[Member],
-    next: &[(Placement, Option<String>)],
-    vip: &mut VipState,
-    changes: &mut Vec<Change>,
-) {
-    let up: Vec<usize> = (0..members.len())
-        .filter(|&i| matches!(next[i].0, Placement::Serving | Placement::EjectedSlow))
-        .collect();
-    let slow: Vec<Duration> = up
-        .iter()
-        .filter(|&&i| members[i].slow() && next[i].0 == Placement::Serving)
-        .filter_map(|&i| members[i].latency)
-        .collect();
-    let now_slow = !slow.is_empty() && slow.len() * 2 >= up.len();
-    let n = slow.len();
-    match (now_slow, vip.fleet_slow.is_some()) {
-        (true, false) => {
-            let med = super::median(slow.iter().copied()).unwrap_or_default();
-            let text = fleet_slow_text(n, up.len(), med);
-            vip.fleet_slow = Some(text.clone());
-            changes.push(Change::FleetSlow(text));
-        }
-        (true, true) => {
-            // Same episode, no new event; the status text follows the count.
-            let med = super::median(slow.iter().copied()).unwrap_or_default();
-            vip.fleet_slow = Some(fleet_slow_text(n, up.len(), med));
-        }
-        (false, true) => {
-            vip.fleet_slow = None;
-            changes.push(Change::FleetRecovered(
-                "backends answer within timeout again".to_owned(),
-            ));
-        }
-        (false, false) => {}
-    }
-}
-
-fn fleet_slow_text(slow: usize, up: usize, median: Duration) -> String {
-    let who = if slow == up {
-        format!("all {slow} backends")
-    } else {
-        format!("{slow} of {up} backends")
-    };
-    format!(
-        "{who} slow, median {}; not ejecting (slowness shared by the VIP is load, not failure)",
-        Compact(median)
-    )
-}
-
-/// Puts the least-bad backends back while fewer than `min_healthy` are in.
-fn panic(
-    policy: &Policy,
-    members: &[Member],
-    states: &[MemberState],
-    next: &mut [(Placement, Option<String>)],
-    vip: &mut VipState,
-    changes: &mut Vec<Change>,
-) {
-    let eligible = members.iter().filter(|m| m.eligible()).count();
-    // Never more than there are: min_healthy 2 of a VIP with one probed
-    // backend must not mean panic for ever (nor 1 of none at start).
-    let min = policy.min_healthy.min_of(eligible).min(eligible);
-    let in_table = |next: &[(Placement, Option<String>)]| {
-        (0..members.len())
-            .filter(|&i| next[i].0.in_table() && members[i].weight > 0)
-            .count()
-    };
-    let healthy = in_table(next);
-    if min == 0 || healthy >= min {
-        if vip.panic.take().is_some() {
-            changes.push(Change::PanicExit(format!(
-                "{healthy} of {eligible} backends healthy (min_healthy {})",
-                policy.min_healthy
-            )));
-        }
-        return;
-    }
-    // Least bad first: slow outliers (fastest first), then flapping ones that
-    // pass probes, then those failing only by timeouts (fewest failures
-    // first). Within a class, the ones panic already keeps come first, so
-    // panic does not swap backends back and forth as failure counts move.
-    let mut candidates: Vec<(u8, bool, u128, usize)> = Vec::new();
-    for (i, m) in members.iter().enumerate() {
-        if m.weight == 0 || m.admin_drained {
-            continue;
-        }
-        let kept = states[i].placement != Placement::PanicRestored;
-        let timeouts_only = m
-            .last_fail
-            .as_ref()
-            .is_some_and(|(code, _)| TIMEOUT_CODES.contains(code));
-        match next[i].0 {
-            Placement::EjectedSlow => {
-                candidates.push((0, kept, m.latency.unwrap_or_default().as_nanos(), i));
-            }
-            Placement::HeldDown => candidates.push((1, kept, 0, i)),
-            Placement::Down if timeouts_only => {
-                candidates.push((2, kept, u128::from(m.consecutive_fail), i));
-            }
-            _ => {}
-        }
-    }
-    candidates.sort();
-    let mut kept = Vec::new();
-    for (_, _, _, i) in candidates.into_iter().take(min - healthy) {
-        let why = next[i].1.clone().unwrap_or_default();
-        kept.push(format!("{} ({why})", members[i].name));
-        next[i] = (
-            Placement::PanicRestored,
-            Some(format!(
-                "panic: kept in the table although {why}; fewer than min_healthy {} backends healthy",
-                policy.min_healthy
-            )),
-        );
-    }
-    let text = if kept.is_empty() {
-        format!(
-            "{healthy} of {eligible} backends healthy (min_healthy {}); none can be put back: \
-             every failing backend refused, reset or answered wrongly{}",
-            policy.min_healthy,
-            if healthy == 0 {
-                "; the table is empty"
-            } else {
-                ""
-            }
-        )
-    } else {
-        format!(
-            "{healthy} of {eligible} backends healthy (min_healthy {}); keeping {} in the table \
-             (timeouts and slowness may be overload)",
-            policy.min_healthy,
-            kept.join(", ")
-        )
-    };
-    if vip.panic.as_deref() != Some(text.as_str()) {
-        if vip.panic.is_none() {
-            changes.push(Change::PanicEnter(text.clone()));
-        }
-        vip.panic = Some(text);
-    }
-}
-
 /// Records the new placements: slow-start ramps, flap penalties, changes.
 fn apply(
     policy: &Policy,
@@ -689,27 +493,14 @@ fn apply(
                 .any(|(j, s)| j != i && s.placement.in_table() && members[j].weight > 0)
         })
         .collect();
-    for (i, (mut to, reason)) in next.into_iter().enumerate() {
+    for (i, (to, reason)) in next.into_iter().enumerate() {
+        let m = &members[i];
         let s = &mut states[i];
         let from = s.placement;
-        // Slow start: entering the table of a VIP that others have served
-        // for a while starts a ramp (not the first probes after a start,
-        // when backends come up one by one within one interval); a ramp in
-        // progress goes on until it ends.
-        if to == Placement::Serving {
-            let settled = serving_since
-                .is_some_and(|t| now.saturating_duration_since(t) >= members[i].interval);
-            if !from.in_table() && others_in[i] && settled && !policy.slow_start.is_zero() {
-                s.ramp_start = Some(now);
-            }
-            if ramp_step(policy, s.ramp_start, now) < RAMP_STEPS {
-                to = Placement::Ramping;
-            } else {
-                s.ramp_start = None;
-            }
-        } else if !to.in_table() {
-            s.ramp_start = None;
-        }
+        // Not the first probes after a start, when backends come up one by
+        // one within one interval.
+        let settled = serving_since.is_some_and(|t| now.saturating_duration_since(t) >= m.interval);
+        let to = slow_start(policy, s, to, others_in[i] && settled, now);
         let reason = match to {
             Placement::Ramping => Some(format!(
                 "slow start: weight at {}/{RAMP_STEPS} for {}",
@@ -718,56 +509,91 @@ fn apply(
             )),
             _ => reason,
         };
-        // Damping counts exits for health reasons, not drains, and not the
-        // end of a panic's reprieve (the backend was failing all along).
-        if matches!(from, Placement::Serving | Placement::Ramping)
-            && matches!(to, Placement::Down | Placement::EjectedSlow)
-        {
-            s.exits.push_back(now);
-            while s.exits.len() > EXITS_KEPT {
-                s.exits.pop_front();
-            }
-            if policy.flap_damping {
-                s.penalty += 1.0;
-                if s.penalty >= policy.flap_limit {
-                    s.held = true;
-                }
-            }
-        }
-        // Forget exits the penalty has forgotten (below 1/16 of one).
-        let horizon = policy.flap_half_life * 4;
-        while s
-            .exits
-            .front()
-            .is_some_and(|&t| now.saturating_duration_since(t) > horizon)
-        {
-            s.exits.pop_front();
-        }
+        count_exit(policy, s, from, to, now);
         if from != to {
             s.since = now;
-            let text = reason.clone().unwrap_or_else(|| match from {
-                Placement::Ramping => "slow start complete".to_owned(),
-                Placement::EjectedSlow => "answers within timeout again".to_owned(),
-                Placement::HeldDown => "flap penalty decayed".to_owned(),
-                Placement::PanicRestored => "panic over".to_owned(),
-                Placement::Draining => "admin enable".to_owned(),
-                _ => {
-                    let n = members[i].consecutive_ok;
-                    format!(
-                        "passed {n} consecutive check{}",
-                        if n == 1 { "" } else { "s" }
-                    )
-                }
-            });
             changes.push(Change::Placement {
                 member: i,
                 from,
                 to,
-                reason: text,
+                reason: reason.clone().unwrap_or_else(|| return_text(from, m)),
             });
         }
         s.placement = to;
         s.reason = reason;
+    }
+}
+
+/// Slow start: entering the table of a VIP that others have served for a
+/// while (`may_ramp`) starts a ramp; a ramp in progress goes on until it
+/// ends. Returns the placement with the ramp applied.
+fn slow_start(
+    policy: &Policy,
+    s: &mut MemberState,
+    to: Placement,
+    may_ramp: bool,
+    now: Instant,
+) -> Placement {
+    if to == Placement::Serving {
+        if !s.placement.in_table() && may_ramp && !policy.slow_start.is_zero() {
+            s.ramp_start = Some(now);
+        }
+        if ramp_step(policy, s.ramp_start, now) < RAMP_STEPS {
+            return Placement::Ramping;
+        }
+        s.ramp_start = None;
+    } else if !to.in_table() {
+        s.ramp_start = None;
+    }
+    to
+}
+
+/// Flap damping: counts an exit from the table for health reasons (not a
+/// drain, nor the end of a panic's reprieve: the backend was failing all
+/// along), holds the backend down past `flap_limit`, and forgets exits the
+/// penalty has forgotten.
+fn count_exit(policy: &Policy, s: &mut MemberState, from: Placement, to: Placement, now: Instant) {
+    if matches!(from, Placement::Serving | Placement::Ramping)
+        && matches!(to, Placement::Down | Placement::EjectedSlow)
+    {
+        s.exits.push_back(now);
+        while s.exits.len() > EXITS_KEPT {
+            s.exits.pop_front();
+        }
+        if policy.flap_damping {
+            s.penalty += 1.0;
+            if s.penalty >= policy.flap_limit {
+                s.held = true;
+            }
+        }
+    }
+    // Below 1/16 of one.
+    let horizon = policy.flap_half_life * 4;
+    while s
+        .exits
+        .front()
+        .is_some_and(|&t| now.saturating_duration_since(t) > horizon)
+    {
+        s.exits.pop_front();
+    }
+}
+
+/// Why a member leaving placement `from` without a reason of its own is
+/// back in the table.
+fn return_text(from: Placement, m: &Member) -> String {
+    match from {
+        Placement::Ramping => "slow start complete".to_owned(),
+        Placement::EjectedSlow => "answers within timeout again".to_owned(),
+        Placement::HeldDown => "flap penalty decayed".to_owned(),
+        Placement::PanicRestored => "panic over".to_owned(),
+        Placement::Draining => "admin enable".to_owned(),
+        _ => {
+            let n = m.consecutive_ok;
+            format!(
+                "passed {n} consecutive check{}",
+                if n == 1 { "" } else { "s" }
+            )
+        }
     }
 }
 

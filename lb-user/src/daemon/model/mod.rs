@@ -1,17 +1,18 @@
 //! The daemon's model of VIPs and backends, and every write it makes to the
 //! maps: backend states, Maglev tables (written into the inactive half, then
-//! made live by one `VipInfo` write), VIP entries.
+//! made live by one `VipInfo` write), VIP entries. What a restart adopts
+//! from the previous run is in `adopt`.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     net::{IpAddr, SocketAddr},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::Context as _;
 use lb_common::{
     BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, HcReal, MAX_BACKENDS, MAX_VIPS,
-    VipInfo, VipKey,
+    VipInfo, VipKey, addr16, family_of,
 };
 use tracing::{info, warn};
 
@@ -28,10 +29,11 @@ use crate::{
     maglev,
 };
 
-use super::persist::{Saved, SavedBackend, SavedHealth};
+mod adopt;
 
-pub use lb_common::{addr16, family_of as family};
+pub use self::adopt::{adopt_or_create_vip, reserve_adoptable, to_saved};
 
+/// The map key of VIP `cfg`.
 pub fn vip_key(cfg: &VipConfig) -> VipKey {
     VipKey::new(cfg.addr, cfg.port, cfg.protocol.as_raw())
 }
@@ -131,7 +133,7 @@ impl Backend {
             addr: addr16(self.cfg.addr),
             generation: self.generation,
             state: self.dp_state(),
-            family: family(self.cfg.addr),
+            family: family_of(self.cfg.addr),
             _pad: [0; 2],
         }
     }
@@ -148,7 +150,7 @@ pub fn hc_reals(vips: &[Vip]) -> HashMap<u32, HcReal> {
                     lb_common::hc_mark(b.id),
                     HcReal {
                         addr: addr16(b.cfg.addr),
-                        family: family(b.cfg.addr),
+                        family: family_of(b.cfg.addr),
                         mode: v.cfg.mode.as_raw(),
                         _pad: [0; 2],
                     },
@@ -388,19 +390,13 @@ impl Ids {
         self.used_backends.insert(id);
     }
     pub fn alloc_vip(&mut self) -> anyhow::Result<u32> {
-        let id = (0..MAX_VIPS)
-            .find(|i| !self.used_vips.contains(i))
-            .context("no free VIP id: at most lb_common::MAX_VIPS VIPs")?;
-        self.used_vips.insert(id);
-        Ok(id)
+        alloc(&mut self.used_vips, 0..MAX_VIPS)
+            .context("no free VIP id: at most lb_common::MAX_VIPS VIPs")
     }
     /// Backend id 0 means "none" in the ring.
     pub fn alloc_backend(&mut self) -> anyhow::Result<u32> {
-        let id = (1..MAX_BACKENDS)
-            .find(|i| !self.used_backends.contains(i))
-            .context("no free backend id: at most lb_common::MAX_BACKENDS - 1 backends")?;
-        self.used_backends.insert(id);
-        Ok(id)
+        alloc(&mut self.used_backends, 1..MAX_BACKENDS)
+            .context("no free backend id: at most lb_common::MAX_BACKENDS - 1 backends")
     }
     pub fn free_vip(&mut self, id: u32) {
         self.used_vips.remove(&id);
@@ -408,6 +404,13 @@ impl Ids {
     pub fn free_backend(&mut self, id: u32) {
         self.used_backends.remove(&id);
     }
+}
+
+/// The lowest id of `range` not in `used`, now in it.
+fn alloc(used: &mut HashSet<u32>, mut range: std::ops::Range<u32>) -> Option<u32> {
+    let id = range.find(|i| !used.contains(i))?;
+    used.insert(id);
+    Some(id)
 }
 
 /// Brings a backend into service under a fresh id: a new generation, so any
@@ -435,139 +438,6 @@ pub fn new_backend(
     dp.set_backend(id, &b.info())?;
     dp.reset_backend_stats(id)?;
     Ok(b)
-}
-
-/// What `adopt_or_create_vip` will adopt for `cfg`: its pinned VIP id (if the
-/// saved id still holds its key) and the saved backend ids whose pinned
-/// address still matches. Reserving all of these before any new id is handed
-/// out keeps a new VIP from taking an id a later VIP is about to adopt.
-pub fn reserve_adoptable(
-    dp: &Dataplane,
-    ids: &mut Ids,
-    cfg: &VipConfig,
-    saved: Option<&Saved>,
-) -> anyhow::Result<()> {
-    let Some(s) = saved else { return Ok(()) };
-    let Some(&id) = s.vips.get(&cfg.name) else {
-        return Ok(());
-    };
-    let Some(info) = dp.vip(&vip_key(cfg))?.filter(|i| i.vip_id == id) else {
-        return Ok(());
-    };
-    ids.take_vip(info.vip_id);
-    if info.table_size != cfg.table_size {
-        return Ok(());
-    }
-    for bcfg in &cfg.backends {
-        if let Some(p) = s
-            .backends
-            .iter()
-            .find(|b| b.vip == cfg.name && b.addr == bcfg.socket_addr())
-        {
-            let pinned = dp.backend(p.id)?;
-            if pinned.addr == addr16(bcfg.addr) && pinned.state != 0 {
-                ids.take_backend(p.id);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Builds the VIP model from configuration, adopting ids, states and the
-/// live table from a previous run where `saved` and the maps have them.
-pub fn adopt_or_create_vip(
-    dp: &mut Dataplane,
-    ids: &mut Ids,
-    cfg: VipConfig,
-    saved: Option<&Saved>,
-) -> anyhow::Result<(Vip, bool)> {
-    let key = vip_key(&cfg);
-    let saved_id = saved.and_then(|s| s.vips.get(&cfg.name).copied());
-    let pinned = match saved_id {
-        Some(id) => dp.vip(&key)?.filter(|info| info.vip_id == id),
-        None => None,
-    };
-    let mut backends = Vec::new();
-    let mut adopted = false;
-    let (id, active, halves) = match pinned {
-        Some(info) if info.table_size == cfg.table_size => {
-            ids.take_vip(info.vip_id);
-            adopted = true;
-            let live = dp.ring_half(info.vip_id, info.active & 1, info.table_size)?;
-            let mut halves = [None, None];
-            halves[info.active as usize & 1] = Some(live);
-            (info.vip_id, info.active & 1, halves)
-        }
-        Some(info) => {
-            // Same VIP, new table size: keep the id; the new table goes into
-            // the spare half (the live one keeps serving until the flip).
-            ids.take_vip(info.vip_id);
-            let live = info.active & 1;
-            let mut halves = [None, None];
-            halves[live as usize] = Some(dp.ring_half(info.vip_id, live, info.table_size)?);
-            (info.vip_id, live, halves)
-        }
-        None => {
-            let id = ids.alloc_vip()?;
-            dp.reset_vip_stats(id)?;
-            (id, 0, [None, None])
-        }
-    };
-    for bcfg in cfg.backends.clone() {
-        let prev = saved.and_then(|s| {
-            s.backends
-                .iter()
-                .find(|b| b.vip == cfg.name && b.addr == bcfg.socket_addr())
-        });
-        let b = match prev {
-            Some(p) if adopted => {
-                let info = dp.backend(p.id)?;
-                if info.addr == addr16(bcfg.addr) && info.state != 0 {
-                    ids.take_backend(p.id);
-                    let health = match p.health {
-                        SavedHealth::Up => HealthState::Up,
-                        SavedHealth::Down => HealthState::Down,
-                        SavedHealth::Unknown => HealthState::Unknown,
-                    };
-                    let placement = Placement::of(p.admin_drained, health);
-                    let b = Backend {
-                        cfg: bcfg,
-                        id: p.id,
-                        generation: info.generation,
-                        health,
-                        admin_drained: p.admin_drained,
-                        drain_deadline: p
-                            .drain_deadline_unix_ms
-                            .filter(|_| p.admin_drained)
-                            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
-                        drain_expired: p.admin_drained && p.drain_expired,
-                        drained_at: None,
-                        snapshot: None,
-                        since: Instant::now(),
-                        policy: MemberState::new(placement, Instant::now()),
-                    };
-                    dp.set_backend(b.id, &b.info())?;
-                    b
-                } else {
-                    new_backend(dp, ids, bcfg)?
-                }
-            }
-            _ => new_backend(dp, ids, bcfg)?,
-        };
-        backends.push(b);
-    }
-    let vip = Vip {
-        cfg,
-        id,
-        key,
-        active,
-        halves,
-        backends,
-        policy: VipState::default(),
-        auto_timeout: AutoTimeout::default(),
-        answers: VecDeque::new(),
-    };
-    Ok((vip, adopted))
 }
 
 /// Writes a VIP's entry (key → id, info) to the maps.
@@ -625,44 +495,18 @@ pub fn retire_backend(dp: &mut Dataplane, ids: &mut Ids, b: &Backend) -> anyhow:
     Ok(())
 }
 
-/// The state file's view of `vips`.
-pub fn to_saved(vips: &[Vip]) -> Saved {
-    Saved {
-        layout_version: lb_common::LAYOUT_VERSION,
-        vips: vips
-            .iter()
-            .map(|v| (v.cfg.name.clone(), v.id))
-            .collect::<BTreeMap<_, _>>(),
-        backends: vips
-            .iter()
-            .flat_map(|v| {
-                v.backends.iter().map(|b| SavedBackend {
-                    vip: v.cfg.name.clone(),
-                    addr: b.cfg.socket_addr(),
-                    id: b.id,
-                    health: match b.health {
-                        HealthState::Up => SavedHealth::Up,
-                        HealthState::Down => SavedHealth::Down,
-                        HealthState::Unknown => SavedHealth::Unknown,
-                    },
-                    admin_drained: b.admin_drained,
-                    drain_deadline_unix_ms: b.drain_deadline.map(|t| {
-                        t.duration_since(UNIX_EPOCH)
-                            .map_or(0, |d| d.as_millis() as u64)
-                    }),
-                    drain_expired: b.drain_expired,
-                })
-            })
-            .collect(),
+/// Whether `name`, as an operator names a backend (`xlb drain VIP BACKEND`:
+/// "addr:port", or just the address), names the backend at `addr`.
+/// Shared by the daemon and `xlb drain --wait`, so both find the same one.
+pub fn names_backend(name: &str, addr: SocketAddr) -> bool {
+    match name.parse::<SocketAddr>() {
+        Ok(sock) => sock == addr,
+        Err(_) => name.parse::<IpAddr>().is_ok_and(|ip| ip == addr.ip()),
     }
 }
 
 /// Finds a backend of VIP `vip_name` by "addr:port" (or just the address).
-pub fn find_backend(
-    vips: &mut [Vip],
-    vip_name: &str,
-    backend: &str,
-) -> anyhow::Result<(usize, usize)> {
+pub fn find_backend(vips: &[Vip], vip_name: &str, backend: &str) -> anyhow::Result<(usize, usize)> {
     let vi = vips
         .iter()
         .position(|v| v.cfg.name == vip_name)
@@ -673,12 +517,10 @@ pub fn find_backend(
                 names.join(", ")
             )
         })?;
-    let want_sock: Option<SocketAddr> = backend.parse().ok();
-    let want_ip: Option<IpAddr> = backend.parse().ok();
     let bi = vips[vi]
         .backends
         .iter()
-        .position(|b| Some(b.cfg.socket_addr()) == want_sock || Some(b.cfg.addr) == want_ip)
+        .position(|b| names_backend(backend, b.cfg.socket_addr()))
         .with_context(|| {
             let list: Vec<String> = vips[vi]
                 .backends

@@ -1,0 +1,167 @@
+//! The programs' links: attaching `xlb_lb` (XDP) and `xlb_hc` (tc egress),
+//! adopting the links a previous run pinned so a restart replaces programs
+//! in place, and `xlb detach`, which removes all of it.
+
+use std::{fs, path::Path};
+
+use anyhow::Context as _;
+use aya::{
+    programs::{
+        TcAttachType, XdpMode,
+        links::{FdLink, PinnedLink},
+        tc::{self, SchedClassifierLink},
+        xdp::XdpLink,
+    },
+    util::KernelVersion,
+};
+use tracing::warn;
+
+use super::persist;
+use crate::{
+    config::{DaemonConfig, XdpMode as CfgXdpMode},
+    dataplane::Dataplane,
+};
+
+/// Attaches `xlb_lb`: adopts the pinned link if there is one (replacing its
+/// program in place: no detach, no gap), else attaches and pins a new one.
+/// Returns the link id.
+fn attach(dp: &mut Dataplane, d: &DaemonConfig, pin_dir: &Path) -> anyhow::Result<(u32, bool)> {
+    let link_path = pin_dir.join(persist::LINK_PIN);
+    let prog = dp.program::<aya::programs::Xdp>(lb_common::PROG_LB)?;
+    if link_path.exists() {
+        let pinned = PinnedLink::from_pin(&link_path)
+            .with_context(|| format!("opening pinned link {}", link_path.display()))?;
+        let fd: FdLink = pinned.into();
+        let id = fd.info().context("reading pinned link info")?.id();
+        let link = XdpLink::try_from(fd).context("pinned link is not an XDP link")?;
+        prog.attach_to_link(link)
+            .context("replacing the program of the pinned XDP link")?;
+        // The kernel holds the link through its pin; our descriptor may go.
+        return Ok((id, true));
+    }
+    let mode = match d.xdp_mode {
+        CfgXdpMode::Native => XdpMode::Driver,
+        CfgXdpMode::Generic => {
+            warn!(interface = %d.interface, "xdp_mode = generic: XDP runs in the skb path, far slower than native; for testing");
+            XdpMode::Skb
+        }
+    };
+    let link_id = prog.attach(&d.interface, mode).with_context(|| {
+        format!(
+            "attaching XDP to {} in {:?} mode (is the interface up and its driver XDP-capable? try xdp_mode = \"generic\")",
+            d.interface, d.xdp_mode
+        )
+    })?;
+    let link = prog.take_link(link_id)?;
+    let fd = FdLink::try_from(link).context(
+        "the kernel attached XDP through netlink, not a BPF link, so it cannot be pinned (kernel ≥ 5.9 needed)",
+    )?;
+    let id = fd.info()?.id();
+    fd.pin(&link_path)
+        .with_context(|| format!("pinning the XDP link at {}", link_path.display()))?;
+    Ok((id, false))
+}
+
+/// Attaches and returns (link id, adopted).
+pub(super) fn attach_lb(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<(u32, bool)> {
+    attach(dp, d, &persist::pin_dir(&d.instance))
+}
+
+/// Attaches `xlb_hc` (data-path probes) to the egress of the daemon's
+/// interface. On kernel ≥ 6.6 it is a tcx link, pinned next to the XDP link
+/// so a restart replaces its program in place and `xlb detach` removes it;
+/// no qdisc is involved. Older kernels get a clsact qdisc and a netlink
+/// filter, which outlives the daemon: a restart replaces a previous run's
+/// filter, and `xlb detach` leaves it (it passes every unmarked packet).
+pub(super) fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<()> {
+    let iface = &d.interface;
+    let prog = dp.program::<aya::programs::SchedClassifier>(lb_common::PROG_HC)?;
+    let attach_err = || format!("attaching {} to the egress of {iface}", lb_common::PROG_HC);
+    // tcx: kernel 6.6, "bpf: Add fd-based tcx multi-prog infra with link
+    // support". One decision for the qdisc, the attach mode and the pin.
+    let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
+    if !tcx {
+        match tc::qdisc_add_clsact(iface) {
+            Ok(()) => {}
+            // EEXIST: the qdisc is there already (ours from a previous run or
+            // someone else's); filters share it.
+            Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(e).with_context(|| format!("adding a clsact qdisc to {iface}")),
+        }
+        // A previous run's filter (killed before it could remove it).
+        let _ = tc::qdisc_detach_program(iface, TcAttachType::Egress, lb_common::PROG_HC);
+        let netlink = tc::TcAttachOptions::Netlink(tc::NlOptions::default());
+        prog.attach_with_options(iface, TcAttachType::Egress, netlink)
+            .with_context(attach_err)?;
+        return Ok(());
+    }
+    let link_path = persist::pin_dir(&d.instance).join(persist::HC_LINK_PIN);
+    if link_path.exists() {
+        let pinned = PinnedLink::from_pin(&link_path)
+            .with_context(|| format!("opening pinned link {}", link_path.display()))?;
+        let link = SchedClassifierLink::try_from(FdLink::from(pinned))
+            .context("pinned data-path probe link is not a tc link")?;
+        prog.attach_to_link(link)
+            .context("replacing the program of the pinned tc link")?;
+        return Ok(());
+    }
+    let tcx_opts = tc::TcAttachOptions::TcxOrder(aya::programs::LinkOrder::default());
+    let link_id = prog
+        .attach_with_options(iface, TcAttachType::Egress, tcx_opts)
+        .with_context(attach_err)?;
+    let fd = FdLink::try_from(prog.take_link(link_id)?)
+        .context("the tc program was attached without a BPF link, so it cannot be pinned")?;
+    fd.pin(&link_path)
+        .with_context(|| format!("pinning the tc link at {}", link_path.display()))?;
+    Ok(())
+}
+
+/// `xlb detach`: removes everything `xlb run` pinned and attached for
+/// `instance`. Established flows stop being balanced at once.
+pub fn detach(instance: &str) -> anyhow::Result<()> {
+    let dir = persist::pin_dir(instance);
+    let mut removed = Vec::new();
+    let links = [
+        (persist::LINK_PIN, "XDP link"),
+        (persist::HC_LINK_PIN, "tc link (data-path probes)"),
+    ];
+    for (pin, what) in links {
+        let path = dir.join(pin);
+        if !path.exists() {
+            continue;
+        }
+        // Unpinning drops the last reference once our descriptor closes: the
+        // program leaves the interface.
+        let fd = PinnedLink::from_pin(&path)
+            .with_context(|| format!("opening {}", path.display()))?
+            .unpin()
+            .with_context(|| format!("unpinning {}", path.display()))?;
+        drop(fd);
+        removed.push(what.to_string());
+    }
+    if dir.exists() {
+        for entry in fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+            let entry = entry?;
+            fs::remove_file(entry.path())
+                .with_context(|| format!("removing {}", entry.path().display()))?;
+            removed.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        fs::remove_dir(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        // The shared root goes too once no instance is left.
+        let _ = fs::remove_dir(persist::PIN_ROOT);
+    }
+    let state = persist::state_path(instance);
+    // The state file, and a temporary one a kill mid-write left behind.
+    for path in [state.clone(), state.with_extension("json.tmp")] {
+        if path.exists() {
+            fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+            removed.push(path.display().to_string());
+        }
+    }
+    if removed.is_empty() {
+        println!("xlb instance {instance:?}: nothing pinned, nothing to remove");
+    } else {
+        println!("xlb instance {instance:?}: removed {}", removed.join(", "));
+    }
+    Ok(())
+}

@@ -1,0 +1,126 @@
+//! The main loop: goes live (attaches the programs, starts the probes, the
+//! control socket, metrics and the conntrack walk), then applies health
+//! reports, answers requests, reloads on SIGHUP and runs the 1 s tick until
+//! SIGTERM or SIGINT. It is the only task that writes the maps.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::{
+    net::UnixListener,
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
+use tracing::{error, info};
+
+use super::{
+    Daemon, TICK, conntrack,
+    control::{self, Call},
+    links, persist,
+};
+use crate::health::scheduler::Report;
+
+impl Daemon {
+    /// Goes live and runs the main loop until SIGTERM/SIGINT. On exit
+    /// nothing is detached: the data plane keeps forwarding with the last
+    /// written state.
+    pub async fn main_loop(mut self, listener: UnixListener) -> anyhow::Result<()> {
+        self.go_live()?;
+        let calls = control::spawn_control(listener, self.events_tx.clone());
+        if let Some(addr) = self.cfg.daemon.metrics_address {
+            control::spawn_metrics(addr, Arc::clone(&self.published));
+        }
+        conntrack::spawn(
+            persist::pin_dir(&self.cfg.daemon.instance).join(lb_common::MAP_CT),
+            self.cfg.daemon.conntrack_size,
+            self.ct_entries.clone(),
+            self.flows.clone(),
+        );
+        // Deadlines that passed while no daemon ran apply now.
+        self.check_drains();
+        self.sample();
+        let reports = self.reports.take().context("probes not started")?;
+        self.select_loop(reports, calls).await?;
+        info!(
+            "xlb stopping; the XDP program stays attached with the last state (xlb detach removes it)"
+        );
+        self.save();
+        let _ = std::fs::remove_file(&self.cfg.daemon.control_socket);
+        Ok(())
+    }
+
+    /// Attaches the programs (adopting pinned links), says so once, and
+    /// starts probing.
+    fn go_live(&mut self) -> anyhow::Result<()> {
+        let (link_id, adopted_link) = links::attach_lb(&mut self.dp, &self.cfg.daemon)?;
+        links::attach_hc(&mut self.dp, &self.cfg.daemon)?;
+        self.link_id = link_id;
+        self.adopted |= adopted_link;
+        let vcount = self.vips.len();
+        let bcount: usize = self.vips.iter().map(|v| v.backends.len()).sum();
+        let msg = format!(
+            "xlb started on {} (link {link_id}, {}): {vcount} VIPs, {bcount} backends",
+            self.cfg.daemon.interface,
+            if adopted_link {
+                "adopted the pinned link and maps"
+            } else {
+                "attached"
+            }
+        );
+        info!("{msg}");
+        self.event("start", None, None, None, None, msg, None);
+        self.save();
+        self.start_probes();
+        Ok(())
+    }
+
+    /// One thing at a time, until SIGTERM or SIGINT: a health report, a
+    /// control request, SIGHUP, or the tick.
+    async fn select_loop(
+        &mut self,
+        mut reports: mpsc::Receiver<Report>,
+        mut calls: mpsc::Receiver<Call>,
+    ) -> anyhow::Result<()> {
+        let mut hup = signal(SignalKind::hangup())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                Some(r) = reports.recv() => {
+                    if let Err(e) = self.on_report(r) {
+                        error!("applying a health report: {e:#}");
+                    }
+                }
+                Some((req, reply)) = calls.recv() => {
+                    let resp = self.handle(req).await;
+                    let _ = reply.send(resp);
+                }
+                _ = hup.recv() => {
+                    match self.reload() {
+                        Ok(m) => info!("SIGHUP: {m}"),
+                        Err(e) => error!("SIGHUP: {e:#}"),
+                    }
+                }
+                _ = tick.tick() => self.on_tick(),
+                _ = term.recv() => return Ok(()),
+                _ = tokio::signal::ctrl_c() => return Ok(()),
+            }
+        }
+    }
+
+    /// Every [`TICK`]: drain deadlines, then the policy of every VIP (slow-
+    /// start steps and flap-penalty decay move with time, and automatic
+    /// timeouts follow the VIPs' latency), then the rates.
+    fn on_tick(&mut self) {
+        self.check_drains();
+        for v in &self.vips {
+            v.update_auto_timeout();
+        }
+        for vi in 0..self.vips.len() {
+            if let Err(e) = self.evaluate_vip(vi) {
+                error!("applying the health policy: {e:#}");
+            }
+        }
+        self.sample();
+    }
+}

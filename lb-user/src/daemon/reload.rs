@@ -1,0 +1,272 @@
+//! Reload (SIGHUP, `xlb reload`): re-reads the configuration and applies
+//! only what changed. Settings the pinned state or the running process fix
+//! are kept and reported; an unchanged VIP is not touched at all (same
+//! table, same flows); a changed one keeps the backends it still lists,
+//! with their health.
+
+use tracing::{error, info, warn};
+
+use super::{
+    Daemon,
+    model::{self, Rebuild},
+};
+use crate::config::{Config, DaemonConfig, VipConfig};
+
+impl Daemon {
+    /// Re-reads the configuration and applies only what changed. An
+    /// unchanged VIP is not touched at all: same table, same flows.
+    pub fn reload(&mut self) -> anyhow::Result<String> {
+        let result = self.apply_reload();
+        // Whatever was applied, even if a step failed part-way.
+        self.index = model::backend_index(&self.vips);
+        if let Err(e) = self.dp.sync_hc_reals(&model::hc_reals(&self.vips)) {
+            error!("updating the data-path probe map: {e:#}");
+        }
+        result
+    }
+
+    fn apply_reload(&mut self) -> anyhow::Result<String> {
+        let mut new = Config::from_file(&self.config_path).map_err(|e| {
+            anyhow::anyhow!("{e}\nconfiguration rejected: still running the previous one")
+        })?;
+        for w in &new.warnings {
+            warn!("{w}");
+        }
+        let mut notes = daemon_changes(&self.cfg.daemon, &new.daemon);
+        if live_settings_changed(&self.cfg.daemon, &new.daemon) {
+            let mut d = new.daemon.clone();
+            d.interface = self.cfg.daemon.interface.clone();
+            super::start::write_globals(&mut self.dp, &d, &new.vips)?;
+            notes.push("daemon settings updated".to_string());
+        }
+        let removed = self.remove_vips_gone(&new)?;
+        self.release_moved_keys(&new)?;
+        let (added, changed) = self.add_or_change_vips(&new)?;
+        // Keep file order.
+        let order: Vec<String> = new.vips.iter().map(|v| v.name.clone()).collect();
+        self.vips
+            .sort_by_key(|v| order.iter().position(|n| *n == v.cfg.name));
+        keep_running_values(&mut new.daemon, &self.cfg.daemon);
+        self.cfg = new;
+        self.save();
+        let summary = format!(
+            "reloaded: {added} VIPs added, {changed} changed, {removed} removed, {} unchanged",
+            self.vips.len() - added - changed
+        );
+        self.event("reload", None, None, None, None, summary.clone(), None);
+        notes.insert(0, summary);
+        Ok(notes.join("\n"))
+    }
+
+    /// Removes the VIPs `new` no longer lists; how many.
+    fn remove_vips_gone(&mut self, new: &Config) -> anyhow::Result<usize> {
+        let mut removed = 0;
+        let mut i = 0;
+        while i < self.vips.len() {
+            if new.vip(&self.vips[i].cfg.name).is_some() {
+                i += 1;
+                continue;
+            }
+            let v = self.vips.remove(i);
+            for b in &v.backends {
+                self.forget_backend(b.id);
+            }
+            model::remove_vip(&mut self.dp, &mut self.ids, &v)?;
+            info!(vip = %v.cfg.name, "vip removed");
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// VIPs moving to another (address, port, protocol) give up their old
+    /// key first, so one VIP taking another's old key is never undone.
+    fn release_moved_keys(&mut self, new: &Config) -> anyhow::Result<()> {
+        for v in &self.vips {
+            if let Some(n) = new.vip(&v.cfg.name)
+                && model::vip_key(n) != v.key
+                && self.dp.vip(&v.key)?.map(|i| i.vip_id) == Some(v.id)
+            {
+                self.dp.remove_vip(&v.key)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the VIPs `new` lists for the first time and applies the changed
+    /// ones; how many of each.
+    fn add_or_change_vips(&mut self, new: &Config) -> anyhow::Result<(usize, usize)> {
+        let (mut added, mut changed) = (0, 0);
+        for ncfg in new.vips.iter().cloned() {
+            match self.vips.iter().position(|v| v.cfg.name == ncfg.name) {
+                Some(vi) if self.vips[vi].cfg == ncfg => {} // untouched
+                Some(vi) => {
+                    let r = self.change_vip(vi, ncfg)?;
+                    self.table_event(vi, "vip changed by reload", r);
+                    changed += 1;
+                }
+                None => {
+                    self.add_vip(ncfg)?;
+                    added += 1;
+                }
+            }
+        }
+        Ok((added, changed))
+    }
+
+    /// A VIP the configuration did not have: new ids, probes, its table.
+    fn add_vip(&mut self, cfg: VipConfig) -> anyhow::Result<()> {
+        let (vip, _) = model::adopt_or_create_vip(&mut self.dp, &mut self.ids, cfg, None)?;
+        self.vips.push(vip);
+        let vi = self.vips.len() - 1;
+        if let Some(s) = self.sched.as_mut() {
+            let v = &self.vips[vi];
+            for b in &v.backends {
+                model::upsert_probe(s, &self.cfg.daemon.interface, &v.cfg, &v.auto_timeout, b);
+            }
+        }
+        let r = self.install(vi)?;
+        info!(vip = %self.vips[vi].cfg.name, "vip added");
+        self.table_event(vi, "vip added by reload", r);
+        Ok(())
+    }
+
+    /// Stops probing a backend that leaves the configuration and forgets
+    /// what was recorded of it (its id may go to another backend).
+    fn forget_backend(&mut self, id: u32) {
+        if let Some(s) = self.sched.as_mut() {
+            s.remove(u64::from(id));
+        }
+        self.histograms.remove(&id);
+        self.transitions.remove(&id);
+    }
+
+    /// Records a table rebuild that no backend transition caused.
+    fn table_event(&mut self, vi: usize, why: &str, r: Option<Rebuild>) {
+        let Some(r) = r else { return };
+        let name = self.vips[vi].cfg.name.clone();
+        let up = self.vips[vi].up_count();
+        let total = self.vips[vi].backends.len();
+        let reason = format!("{why}: table rebuilt with {up}/{total} backends up");
+        self.event("table", Some(&name), None, None, None, reason, Some(r));
+    }
+
+    /// Applies a changed VIP configuration: backends kept where address and
+    /// port are the same (with their health), others added or retired.
+    fn change_vip(&mut self, vi: usize, ncfg: VipConfig) -> anyhow::Result<Option<Rebuild>> {
+        let old_key = self.vips[vi].key;
+        let new_key = model::vip_key(&ncfg);
+        // Normally removed already by `reload` (before any VIP took a new
+        // key); never remove a key that another VIP has since taken.
+        if old_key != new_key && self.dp.vip(&old_key)?.map(|i| i.vip_id) == Some(self.vips[vi].id)
+        {
+            self.dp.remove_vip(&old_key)?;
+        }
+        let mut old_backends = std::mem::take(&mut self.vips[vi].backends);
+        let auto = self.vips[vi].auto_timeout.clone();
+        let mut backends = Vec::new();
+        for bcfg in ncfg.backends.iter().cloned() {
+            let kept = old_backends
+                .iter()
+                .position(|b| b.cfg.socket_addr() == bcfg.socket_addr());
+            let b = match kept {
+                Some(pos) => {
+                    let mut b = old_backends.remove(pos);
+                    b.cfg = bcfg;
+                    b
+                }
+                None => model::new_backend(&mut self.dp, &mut self.ids, bcfg)?,
+            };
+            // For a kept backend, a no-op unless the check or the VIP's path
+            // to it changed.
+            if let Some(s) = self.sched.as_mut() {
+                model::upsert_probe(s, &self.cfg.daemon.interface, &ncfg, &auto, &b);
+            }
+            backends.push(b);
+        }
+        let vip = &mut self.vips[vi];
+        // A new table size is handled by `rebuild`: the resized table goes
+        // into the spare half, and one write switches size and half together.
+        vip.key = new_key;
+        vip.cfg = ncfg;
+        vip.backends = backends;
+        for b in &vip.backends {
+            self.dp.set_backend(b.id, &b.info())?;
+        }
+        let r = self.install(vi)?;
+        // Retired only once the live table no longer points at them.
+        for b in old_backends {
+            self.forget_backend(b.id);
+            model::retire_backend(&mut self.dp, &mut self.ids, &b)?;
+        }
+        info!(vip = %self.vips[vi].cfg.name, rebuilt = r.is_some(), "vip changed");
+        Ok(r)
+    }
+}
+
+/// What a reload applies to the globals map at once.
+fn live_settings_changed(old: &DaemonConfig, new: &DaemonConfig) -> bool {
+    old.udp_timeout != new.udp_timeout
+        || old.hash_seed != new.hash_seed
+        || old.encap_source_v4 != new.encap_source_v4
+        || old.encap_source_v6 != new.encap_source_v6
+}
+
+/// One note for each daemon setting that changed but is not applied now.
+fn daemon_changes(old: &DaemonConfig, new: &DaemonConfig) -> Vec<String> {
+    // What the pinned state fixes: changing it means `xlb detach` (which
+    // drops established flows) and a fresh start.
+    let pinned = [
+        ("interface", old.interface != new.interface),
+        ("instance", old.instance != new.instance),
+        ("conntrack_size", old.conntrack_size != new.conntrack_size),
+        ("max_table_size", old.max_table_size != new.max_table_size),
+        ("xdp_mode", old.xdp_mode != new.xdp_mode),
+    ];
+    // What the running process holds: applied at the next restart.
+    let restart = [
+        ("control_socket", old.control_socket != new.control_socket),
+        ("socket_group", old.socket_group != new.socket_group),
+        (
+            "metrics_address",
+            old.metrics_address != new.metrics_address,
+        ),
+        (
+            "probe_concurrency",
+            old.probe_concurrency != new.probe_concurrency,
+        ),
+    ];
+    let changed = |list: &[(&'static str, bool)]| -> Vec<&'static str> {
+        list.iter()
+            .filter(|(_, c)| *c)
+            .map(|(what, _)| *what)
+            .collect()
+    };
+    let mut notes = Vec::new();
+    for what in changed(&pinned) {
+        notes.push(format!(
+            "daemon.{what} changed: not applied; it is fixed by the pinned state until \
+             `xlb detach --instance {}` (drops established flows) and a new start",
+            old.instance
+        ));
+    }
+    for what in changed(&restart) {
+        notes.push(format!(
+            "daemon.{what} changed: takes effect at the next restart"
+        ));
+    }
+    notes
+}
+
+/// Settings not applied live keep their running values, so status and the
+/// state file describe what is really in force.
+fn keep_running_values(new: &mut DaemonConfig, old: &DaemonConfig) {
+    new.interface = old.interface.clone();
+    new.instance = old.instance.clone();
+    new.conntrack_size = old.conntrack_size;
+    new.max_table_size = old.max_table_size;
+    new.xdp_mode = old.xdp_mode;
+    new.control_socket = old.control_socket.clone();
+    new.socket_group = old.socket_group.clone();
+    new.metrics_address = old.metrics_address;
+    new.probe_concurrency = old.probe_concurrency;
+}

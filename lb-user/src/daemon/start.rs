@@ -1,0 +1,223 @@
+//! `xlb run` up to the main loop: checks the host, raises the descriptor
+//! limit, binds the control socket, then loads or adopts the maps, writes
+//! the globals and builds the model ([`start`]).
+
+use std::{fs, net::IpAddr, path::PathBuf, time::Instant};
+
+use anyhow::{Context as _, bail};
+use lb_common::{Globals, LAYOUT_VERSION, addr16};
+use tracing::{info, warn};
+
+use super::{Daemon, persist};
+use crate::{
+    config::{Config, DaemonConfig, Mode, VipConfig},
+    dataplane::{Dataplane, LoadOptions},
+    host,
+};
+
+/// `xlb run --config FILE`.
+pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
+    host::check_capabilities()?;
+    let cfg = Config::from_file(&config_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for w in &cfg.warnings {
+        warn!("{w}");
+    }
+    raise_nofile(&cfg);
+    // The control socket first: a second daemon for the same socket stops
+    // here, before it touches the maps or the link of the running one.
+    let listener = crate::ctl::bind(
+        &cfg.daemon.control_socket,
+        cfg.daemon.socket_group.as_deref(),
+    )?;
+    let daemon = start(config_path, cfg)?;
+    daemon.main_loop(listener).await
+}
+
+/// Descriptors wanted besides probes: maps, links, the control socket and
+/// its clients, metrics connections.
+const NOFILE_RESERVE: u64 = 1024;
+
+/// Descriptors `cfg` may need: every probe holds a socket, and with
+/// hang_timeout a backend can have `ceil(hang_timeout / interval) + 1`
+/// probes in flight, so `probe_concurrency × that + NOFILE_RESERVE`.
+fn nofile_wanted(cfg: &Config) -> u64 {
+    let per_backend = cfg
+        .vips
+        .iter()
+        .flat_map(|v| &v.backends)
+        .map(|b| {
+            let h = &b.health;
+            h.hang_timeout
+                .as_nanos()
+                .div_ceil(h.interval.as_nanos().max(1))
+                + 1
+        })
+        .max()
+        .unwrap_or(1);
+    let per_backend = u64::try_from(per_backend).unwrap_or(u64::MAX);
+    u64::from(cfg.daemon.probe_concurrency)
+        .saturating_mul(per_backend)
+        .saturating_add(NOFILE_RESERVE)
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (systemd's default soft
+/// limit is 1024) and says whether it fits what `probe_concurrency` and
+/// `hang_timeout` may need: a probe that cannot open a socket is a local
+/// error, not the backend's fault, but it is a probe lost. Never fails: the
+/// daemon runs with whatever it has.
+fn raise_nofile(cfg: &Config) {
+    let wanted = nofile_wanted(cfg);
+    let (soft, hard) = match host::raise_nofile_to(u64::MAX) {
+        Ok(lim) => lim,
+        Err(error) => {
+            warn!(%error, "could not raise RLIMIT_NOFILE; keeping the descriptor limit as it is");
+            return;
+        }
+    };
+    if soft < wanted {
+        warn!(
+            soft,
+            hard,
+            wanted,
+            "descriptor limit below what probe_concurrency and hang_timeout may need: probes \
+             may fail with local errors (too many open files); raise the hard limit \
+             (systemd LimitNOFILE=, ulimit -Hn) or lower daemon.probe_concurrency"
+        );
+    } else {
+        info!(soft, hard, wanted, "descriptor limit");
+    }
+}
+
+/// Writes `Globals`: keeps the pinned hash key unless the configuration sets
+/// one (so a restart never moves flows), else draws a random one.
+pub(super) fn write_globals(
+    dp: &mut Dataplane,
+    d: &DaemonConfig,
+    vips: &[VipConfig],
+) -> anyhow::Result<()> {
+    let mut g = dp.globals()?;
+    let (v4, v6) = host::interface_source_addrs(&d.interface)?;
+    let key = match d.hash_seed {
+        Some(k) => {
+            if g.hash_key != [0, 0] && g.hash_key != k {
+                warn!(
+                    "daemon.hash_seed differs from the pinned hash key: new flows may move to other backends (established ones keep theirs)"
+                );
+            }
+            k
+        }
+        None if g.hash_key != [0, 0] => g.hash_key,
+        None => [rand::random(), rand::random()],
+    };
+    let src4 = d.encap_source_v4.or(v4);
+    let src6 = d.encap_source_v6.or(v6);
+    g = Globals {
+        layout_version: LAYOUT_VERSION,
+        ring_stride: dp.ring_stride(),
+        hash_key: key,
+        udp_timeout_ns: d.udp_timeout.as_nanos() as u64,
+        encap_src_v4: src4.map(|a| addr16(IpAddr::V4(a))).unwrap_or_default(),
+        encap_src_v6: src6.map(|a| addr16(IpAddr::V6(a))).unwrap_or_default(),
+    };
+    dp.set_globals(&g)?;
+    let ipip = |v6: bool| {
+        vips.iter()
+            .any(|v| v.mode == Mode::DsrIpip && v.addr.is_ipv6() == v6)
+    };
+    if src4.is_none() && ipip(false) {
+        warn!(interface = %d.interface, "no IPv4 address on the interface and no daemon.encap_source_v4: IPv4 dsr-ipip packets get source 0.0.0.0");
+    }
+    if src6.is_none() && ipip(true) {
+        warn!(interface = %d.interface, "no global IPv6 address on the interface and no daemon.encap_source_v6: IPv6 dsr-ipip packets get source ::");
+    }
+    Ok(())
+}
+
+/// Everything up to serving: maps, globals, VIPs, tables, attach.
+pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
+    let d = &cfg.daemon;
+    host::ensure_bpffs()?;
+    let pin_dir = persist::pin_dir(&d.instance);
+    fs::create_dir_all(&pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
+    let t0 = Instant::now();
+    // aya adopts a pinned map whatever its size: check the one size that a
+    // configuration can change.
+    let ct_pin = pin_dir.join(lb_common::MAP_CT);
+    if ct_pin.exists() {
+        let pinned = aya::maps::MapData::from_pin(&ct_pin)
+            .and_then(|m| m.info())
+            .with_context(|| format!("reading {}", ct_pin.display()))?
+            .max_entries();
+        if pinned != d.conntrack_size {
+            bail!(
+                "pinned conntrack in {} holds {pinned} entries, the configuration says \
+                 conntrack_size = {}: run `xlb detach --instance {}` first (this drops \
+                 established flows) or restore the old value",
+                pin_dir.display(),
+                d.conntrack_size,
+                d.instance
+            );
+        }
+    }
+    let mut dp = Dataplane::load(&LoadOptions {
+        ct_size: d.conntrack_size,
+        ring_stride: d.max_table_size,
+        pin_dir: Some(pin_dir.clone()),
+    })?;
+    if dp.ring_stride() != dp.globals()?.ring_stride {
+        bail!(
+            "pinned maps in {} were made for max_table_size {}, the configuration says {}: \
+             run `xlb detach --instance {}` first (this drops established flows) or restore the old value",
+            pin_dir.display(),
+            dp.globals()?.ring_stride,
+            dp.ring_stride(),
+            d.instance
+        );
+    }
+    write_globals(&mut dp, d, &cfg.vips)?;
+    host::enable_forwarding(&d.interface, cfg.vips.iter().any(|v| v.addr.is_ipv6()))?;
+    let saved = persist::Saved::load(&persist::state_path(&d.instance))?;
+    let daemon = Daemon::new(config_path, cfg, dp, saved)?;
+    info!(took_ms = t0.elapsed().as_millis() as u64, "maps ready");
+    Ok(daemon)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nofile_wanted_cases() {
+        let vip = "[[vip]]\nname = \"a\"\naddress = \"10.100.0.1\"\nport = 80\n\
+                   [[vip.backend]]\naddress = \"10.0.0.1\"\n";
+        // (name, extra config, wanted)
+        let cases = [
+            ("no backends", String::new(), 256 + 1024),
+            (
+                "defaults: 3s hang, 2s interval",
+                vip.to_owned(),
+                256 * 3 + 1024,
+            ),
+            (
+                "hang_timeout = timeout",
+                format!("[health_check]\nhang_timeout = \"1s\"\n{vip}"),
+                256 * 2 + 1024,
+            ),
+            (
+                "long hang, small concurrency",
+                format!("[health_check]\ninterval = \"1s\"\nhang_timeout = \"60s\"\n{vip}"),
+                16 * 61 + 1024,
+            ),
+        ];
+        for (name, extra, want) in cases {
+            let concurrency = if name.contains("small") {
+                "probe_concurrency = 16\n"
+            } else {
+                ""
+            };
+            let text = format!("[daemon]\ninterface = \"eth0\"\n{concurrency}{extra}");
+            let cfg = Config::from_str(&text, "xlb.toml").unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(nofile_wanted(&cfg), want, "{name}");
+        }
+    }
+}

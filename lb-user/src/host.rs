@@ -1,0 +1,167 @@
+//! Preparing the host for xlb: the capabilities it needs, bpffs for its
+//! pins, the forwarding sysctl `bpf_fib_lookup` depends on, the addresses of
+//! an interface, and the descriptor limit. Shared by the daemon, the
+//! decapsulator and the benchmarks; nothing here knows about VIPs.
+
+use std::{
+    fs,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
+
+use anyhow::{Context as _, bail};
+use tracing::{info, warn};
+
+/// Capabilities `xlb run` needs, with why.
+const NEEDED_CAPS: &[(u32, &str, &str)] = &[
+    (
+        21,
+        "CAP_SYS_ADMIN",
+        "load BPF programs and pin them in bpffs",
+    ),
+    (
+        12,
+        "CAP_NET_ADMIN",
+        "attach XDP to an interface and set its forwarding sysctl",
+    ),
+];
+
+/// Fails with the missing capabilities named, before anything is touched.
+pub fn check_capabilities() -> anyhow::Result<()> {
+    let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .context("no CapEff line in /proc/self/status")?;
+    let missing: Vec<String> = NEEDED_CAPS
+        .iter()
+        .filter(|(bit, _, _)| eff & (1u64 << bit) == 0)
+        .map(|(_, name, why)| format!("{name} (to {why})"))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "xlb run lacks capabilities: {}; run it as root (e.g. `cargo xtask run -- run --config FILE`) \
+             or grant them with setcap/systemd AmbientCapabilities",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Whether `path` is the root of a bpffs mount.
+pub fn is_bpffs(path: &Path) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    nix::sys::statfs::statfs(path).is_ok_and(|st| st.filesystem_type().0 == BPF_FS_MAGIC)
+}
+
+/// Mounts bpffs at /sys/fs/bpf if it is not there (pins need it).
+pub fn ensure_bpffs() -> anyhow::Result<()> {
+    if is_bpffs(Path::new("/sys/fs/bpf")) {
+        return Ok(());
+    }
+    nix::mount::mount(
+        Some("bpf"),
+        "/sys/fs/bpf",
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .context("mounting bpffs on /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf)")?;
+    // `ip netns exec` gives its command a private mount namespace with a
+    // fresh /sys: a bpffs mounted there dies with this process, and so would
+    // the pins. Say so; `nsenter --net=/var/run/netns/NAME` keeps the host's.
+    warn!(
+        "mounted bpffs on /sys/fs/bpf; if this process runs in a private mount namespace \
+         (ip netns exec), pinned state vanishes when it exits: start xlb with \
+         `nsenter --net=/var/run/netns/NAME` instead"
+    );
+    Ok(())
+}
+
+/// `bpf_fib_lookup` from XDP answers "forwarding disabled" unless forwarding
+/// is on for the ingress interface (checked on 6.18), so turn it on there,
+/// and only there.
+pub fn enable_forwarding(iface: &str, v6: bool) -> anyhow::Result<()> {
+    let mut keys = vec![format!("/proc/sys/net/ipv4/conf/{iface}/forwarding")];
+    if v6 {
+        keys.push(format!("/proc/sys/net/ipv6/conf/{iface}/forwarding"));
+    }
+    for k in keys {
+        let cur = fs::read_to_string(&k).with_context(|| format!("reading {k}"))?;
+        if cur.trim() != "1" {
+            fs::write(&k, "1").with_context(|| format!("writing 1 to {k}"))?;
+            info!("set {k} = 1 (bpf_fib_lookup needs it for the XDP interface)");
+        }
+    }
+    Ok(())
+}
+
+/// Every address of `iface`, in the order the kernel lists them.
+pub fn interface_addresses(iface: &str) -> anyhow::Result<Vec<IpAddr>> {
+    let mut out = Vec::new();
+    for ifa in nix::ifaddrs::getifaddrs().context("getifaddrs")? {
+        if ifa.interface_name != iface {
+            continue;
+        }
+        let Some(addr) = ifa.address else { continue };
+        if let Some(sin) = addr.as_sockaddr_in() {
+            out.push(IpAddr::V4(sin.ip()));
+        } else if let Some(sin6) = addr.as_sockaddr_in6() {
+            out.push(IpAddr::V6(sin6.ip()));
+        }
+    }
+    Ok(out)
+}
+
+/// The interface's first IPv4 and first global IPv6 address.
+pub fn interface_source_addrs(iface: &str) -> anyhow::Result<(Option<Ipv4Addr>, Option<Ipv6Addr>)> {
+    let addrs = interface_addresses(iface)?;
+    let v4 = addrs.iter().find_map(|a| match a {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    });
+    let v6 = addrs.iter().find_map(|a| match a {
+        IpAddr::V6(v6) if !v6.is_loopback() && !v6.is_unicast_link_local() => Some(*v6),
+        _ => None,
+    });
+    Ok((v4, v6))
+}
+
+/// Raises the soft RLIMIT_NOFILE to `target`, within the hard limit and
+/// `fs.nr_open`, and returns the limits then in force (soft, hard).
+/// Shared with the health benchmark, which needs as many descriptors.
+///
+/// # Errors
+///
+/// `getrlimit` or `setrlimit` failing.
+pub fn raise_nofile_to(target: u64) -> std::io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit for the duration of the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // An unlimited hard limit cannot be the soft one: the kernel caps it at
+    // fs.nr_open (setrlimit(2), EPERM above it).
+    let nr_open = fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20);
+    let target = target.min(lim.rlim_max).min(nr_open);
+    if lim.rlim_cur < target {
+        let raised = libc::rlimit {
+            rlim_cur: target,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit; only the soft limit changed,
+        // within the hard one.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        lim.rlim_cur = target;
+    }
+    Ok((lim.rlim_cur, lim.rlim_max))
+}
