@@ -49,6 +49,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                             format!("reading the instance name from {}", path.display())
                         })?
                         .daemon
+                        .pinned
                         .instance
                 }
                 (None, None) => config::defaults::INSTANCE.to_owned(),

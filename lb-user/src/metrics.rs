@@ -96,7 +96,7 @@ pub trait MetricsSource: Send + Sync + 'static {
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
     #[error(
-        "cannot serve metrics on {addr}: {source}; set daemon.metrics_address to a free \
+        "cannot serve metrics on {addr}: {source}; set daemon.restart.metrics_address to a free \
          address, or to \"\" to disable metrics"
     )]
     Bind {
@@ -168,7 +168,7 @@ pub fn render(status: &StatusReport, extra: &MetricsExtra) -> String {
     out.family(
         "xlb_conntrack_capacity",
         "gauge",
-        "Capacity of the connection tracking table (daemon.conntrack_size).",
+        "Capacity of the connection tracking table (daemon.pinned.conntrack_size).",
     );
     out.sample("xlb_conntrack_capacity", &[], status.conntrack.capacity);
 
@@ -1001,7 +1001,7 @@ mod tests {
         );
         assert!(
             msg.ends_with(
-                "set daemon.metrics_address to a free address, or to \"\" to disable metrics"
+                "set daemon.restart.metrics_address to a free address, or to \"\" to disable metrics"
             ),
             "{msg}"
         );

@@ -713,8 +713,8 @@ fn lab_configurations_are_valid() {
             .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
         assert_eq!(cfg.warnings, Vec::<String>::new(), "{name}");
         let (instance, socket) = scenario::instance_and_socket(&text);
-        assert_eq!(cfg.daemon.instance, instance, "{name}");
-        assert_eq!(cfg.daemon.control_socket, socket, "{name}");
+        assert_eq!(cfg.daemon.pinned.instance, instance, "{name}");
+        assert_eq!(cfg.daemon.restart.control_socket, socket, "{name}");
     }
     // The demo's file names its instance and socket after the default prefix.
     let demo = include_str!("../../examples/lab.toml");

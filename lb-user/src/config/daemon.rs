@@ -41,9 +41,23 @@ display_as_toml! {
     XdpMode { Native => "native", Generic => "generic" }
 }
 
-/// The `[daemon]` table.
+/// The `[daemon]` table, grouped by what a change to a setting requires, so
+/// a reload compares three groups instead of listing settings. The file
+/// keeps one flat table; so does the serialized form.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DaemonConfig {
+    #[serde(flatten)]
+    pub pinned: PinnedSettings,
+    #[serde(flatten)]
+    pub restart: RestartSettings,
+    #[serde(flatten)]
+    pub live: LiveSettings,
+}
+
+/// What the pinned state fixes: changing one means `xlb detach` (which drops
+/// established flows) and a fresh start.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PinnedSettings {
     /// Interface the XDP program is attached to. Required.
     pub interface: String,
     /// Default [`XdpMode::Native`].
@@ -51,6 +65,17 @@ pub struct DaemonConfig {
     /// Pins live under `/sys/fs/bpf/xlb/<instance>/`; `[a-z0-9_-]{1,32}`.
     /// Default `"default"`.
     pub instance: String,
+    /// Conntrack capacity, entries. Default 1048576.
+    pub conntrack_size: u32,
+    /// Ring stride: the largest `table_size` any VIP may use; a prime.
+    /// Default 65537.
+    pub max_table_size: u32,
+}
+
+/// What the running process holds: a change takes effect at the next
+/// restart.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RestartSettings {
     /// Unix socket of the control API. Default `/run/xlb/xlb.sock`.
     pub control_socket: PathBuf,
     /// Group given the control socket with mode 0660; `None` (the default) =
@@ -59,15 +84,18 @@ pub struct DaemonConfig {
     /// Where Prometheus metrics are served; `None` = disabled (`""` in the
     /// file). Default `127.0.0.1:9813`.
     pub metrics_address: Option<SocketAddr>,
-    /// Conntrack capacity, entries. Default 1048576.
-    pub conntrack_size: u32,
+    /// Health probes in flight at once. Default 256.
+    pub probe_concurrency: u32,
+}
+
+/// What the data plane reads from its globals map: a reload applies a change
+/// at once.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LiveSettings {
     /// Idle time after which a UDP flow may be re-balanced; 0 = never.
     /// Default 30 s.
     #[serde(serialize_with = "ser_duration")]
     pub udp_timeout: Duration,
-    /// Ring stride: the largest `table_size` any VIP may use; a prime.
-    /// Default 65537.
-    pub max_table_size: u32,
     /// Flow hash key; `None` = random on first start, then kept in the pinned
     /// maps. Set it (the same on every node) so several xlb nodes send a flow
     /// to the same backend. Secret, so never serialized.
@@ -79,27 +107,44 @@ pub struct DaemonConfig {
     /// Outer source of IPv6-in-IPv6 packets; `None` = the interface's first
     /// global IPv6 address.
     pub encap_source_v6: Option<Ipv6Addr>,
-    /// Health probes in flight at once. Default 256.
-    pub probe_concurrency: u32,
 }
 
-/// Checks every setting and resolves its default. Fields are built in the
-/// order of the struct, so errors come in the order of the documentation.
+/// Checks every setting and resolves its default. Settings are checked in
+/// the order of the documentation, so errors come in that order.
 pub(super) fn validate(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
+    let interface = interface(raw, p);
+    let xdp_mode = xdp_mode(raw, p);
+    let instance = instance(raw, p);
+    let control_socket = control_socket(raw, p);
+    let socket_group = socket_group(raw, p);
+    let metrics_address = metrics_address(raw, p);
+    let conntrack_size = conntrack_size(raw, p);
+    let udp_timeout = udp_timeout(raw, p);
+    let max_table_size = max_table_size(raw, p);
+    let hash_seed = hash_seed(raw, p);
+    let encap_source_v4 = encap_source_v4(raw, p);
+    let encap_source_v6 = encap_source_v6(raw, p);
+    let probe_concurrency = probe_concurrency(raw, p);
     DaemonConfig {
-        interface: interface(raw, p),
-        xdp_mode: xdp_mode(raw, p),
-        instance: instance(raw, p),
-        control_socket: control_socket(raw, p),
-        socket_group: socket_group(raw, p),
-        metrics_address: metrics_address(raw, p),
-        conntrack_size: conntrack_size(raw, p),
-        udp_timeout: udp_timeout(raw, p),
-        max_table_size: max_table_size(raw, p),
-        hash_seed: hash_seed(raw, p),
-        encap_source_v4: encap_source_v4(raw, p),
-        encap_source_v6: encap_source_v6(raw, p),
-        probe_concurrency: probe_concurrency(raw, p),
+        pinned: PinnedSettings {
+            interface,
+            xdp_mode,
+            instance,
+            conntrack_size,
+            max_table_size,
+        },
+        restart: RestartSettings {
+            control_socket,
+            socket_group,
+            metrics_address,
+            probe_concurrency,
+        },
+        live: LiveSettings {
+            udp_timeout,
+            hash_seed,
+            encap_source_v4,
+            encap_source_v6,
+        },
     }
 }
 
@@ -409,7 +454,7 @@ port = 80
 {ONE_BACKEND}"#
             ),
         );
-        assert_eq!(config.daemon.metrics_address, None);
+        assert_eq!(config.daemon.restart.metrics_address, None);
         assert_eq!(config.vips[0].table_size, 1009);
     }
 

@@ -60,7 +60,10 @@ mod protection;
 mod raw;
 mod vip;
 
-pub use daemon::{DaemonConfig, MAX_RING_STRIDE, MIN_UDP_TIMEOUT, XdpMode};
+pub use daemon::{
+    DaemonConfig, LiveSettings, MAX_RING_STRIDE, MIN_UDP_TIMEOUT, PinnedSettings, RestartSettings,
+    XdpMode,
+};
 pub use vip::{BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig};
 
 use raw::RawConfig;
@@ -72,22 +75,22 @@ pub mod defaults {
     use std::net::{IpAddr, Ipv4Addr, SocketAddr};
     use std::time::Duration;
 
-    /// `daemon.xdp_mode`: native (driver) XDP.
+    /// `daemon.pinned.xdp_mode`: native (driver) XDP.
     pub const XDP_MODE: XdpMode = XdpMode::Native;
-    /// `daemon.instance`: pins live under `/sys/fs/bpf/xlb/default/`.
+    /// `daemon.pinned.instance`: pins live under `/sys/fs/bpf/xlb/default/`.
     pub const INSTANCE: &str = "default";
-    /// `daemon.control_socket`.
+    /// `daemon.restart.control_socket`.
     pub const CONTROL_SOCKET: &str = "/run/xlb/xlb.sock";
-    /// `daemon.metrics_address`: Prometheus metrics on localhost only, since
+    /// `daemon.restart.metrics_address`: Prometheus metrics on localhost only, since
     /// they name every VIP and backend.
     pub const METRICS_ADDRESS: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9813);
-    /// `daemon.conntrack_size` (entries).
+    /// `daemon.pinned.conntrack_size` (entries).
     pub const CONNTRACK_SIZE: u32 = lb_common::DEFAULT_CT_SIZE;
-    /// `daemon.udp_timeout`.
+    /// `daemon.live.udp_timeout`.
     pub const UDP_TIMEOUT: Duration = Duration::from_nanos(lb_common::DEFAULT_UDP_TIMEOUT_NS);
-    /// `daemon.max_table_size`: the ring stride.
+    /// `daemon.pinned.max_table_size`: the ring stride.
     pub const MAX_TABLE_SIZE: u32 = lb_common::DEFAULT_TABLE_SIZE;
-    /// `daemon.probe_concurrency`: health probes in flight at once.
+    /// `daemon.restart.probe_concurrency`: health probes in flight at once.
     pub const PROBE_CONCURRENCY: u32 = 256;
     /// `vip.protocol`.
     pub const PROTOCOL: Protocol = Protocol::Tcp;
@@ -95,7 +98,7 @@ pub mod defaults {
     pub const MODE: Mode = Mode::DsrIpip;
     /// `vip.down_policy`.
     pub const DOWN_POLICY: DownPolicy = DownPolicy::Rehash;
-    /// `vip.table_size`, lowered to `daemon.max_table_size` when that is smaller.
+    /// `vip.table_size`, lowered to `daemon.pinned.max_table_size` when that is smaller.
     pub const TABLE_SIZE: u32 = lb_common::DEFAULT_TABLE_SIZE;
     /// `vip.backend.weight`.
     pub const WEIGHT: u32 = 1;
@@ -445,19 +448,25 @@ port = 80
         );
         let want = Config {
             daemon: DaemonConfig {
-                interface: "eth0".into(),
-                xdp_mode: XdpMode::Native,
-                instance: "default".into(),
-                control_socket: PathBuf::from("/run/xlb/xlb.sock"),
-                socket_group: None,
-                metrics_address: Some("127.0.0.1:9813".parse().unwrap()),
-                conntrack_size: 1_048_576,
-                udp_timeout: Duration::from_secs(30),
-                max_table_size: 65_537,
-                hash_seed: None,
-                encap_source_v4: None,
-                encap_source_v6: None,
-                probe_concurrency: 256,
+                pinned: PinnedSettings {
+                    interface: "eth0".into(),
+                    xdp_mode: XdpMode::Native,
+                    instance: "default".into(),
+                    conntrack_size: 1_048_576,
+                    max_table_size: 65_537,
+                },
+                restart: RestartSettings {
+                    control_socket: PathBuf::from("/run/xlb/xlb.sock"),
+                    socket_group: None,
+                    metrics_address: Some("127.0.0.1:9813".parse().unwrap()),
+                    probe_concurrency: 256,
+                },
+                live: LiveSettings {
+                    udp_timeout: Duration::from_secs(30),
+                    hash_seed: None,
+                    encap_source_v4: None,
+                    encap_source_v6: None,
+                },
             },
             vips: vec![VipConfig {
                 name: "api".into(),
@@ -581,19 +590,25 @@ port = 80
         };
         let want = Config {
             daemon: DaemonConfig {
-                interface: "ens5f0".into(),
-                xdp_mode: XdpMode::Generic,
-                instance: "edge_1".into(),
-                control_socket: PathBuf::from("/run/xlb-edge/ctl.sock"),
-                socket_group: Some("xlbops".into()),
-                metrics_address: Some("[::1]:9900".parse().unwrap()),
-                conntrack_size: 4096,
-                udp_timeout: Duration::from_secs(60),
-                max_table_size: 131_071,
-                hash_seed: Some([0x0001_0203_0405_0607, 0x0809_0a0b_0c0d_0e0f]),
-                encap_source_v4: Some(Ipv4Addr::new(10, 0, 0, 2)),
-                encap_source_v6: Some("fd00::2".parse().unwrap()),
-                probe_concurrency: 16,
+                pinned: PinnedSettings {
+                    interface: "ens5f0".into(),
+                    xdp_mode: XdpMode::Generic,
+                    instance: "edge_1".into(),
+                    conntrack_size: 4096,
+                    max_table_size: 131_071,
+                },
+                restart: RestartSettings {
+                    control_socket: PathBuf::from("/run/xlb-edge/ctl.sock"),
+                    socket_group: Some("xlbops".into()),
+                    metrics_address: Some("[::1]:9900".parse().unwrap()),
+                    probe_concurrency: 16,
+                },
+                live: LiveSettings {
+                    udp_timeout: Duration::from_secs(60),
+                    hash_seed: Some([0x0001_0203_0405_0607, 0x0809_0a0b_0c0d_0e0f]),
+                    encap_source_v4: Some(Ipv4Addr::new(10, 0, 0, 2)),
+                    encap_source_v6: Some("fd00::2".parse().unwrap()),
+                },
             },
             vips: vec![VipConfig {
                 name: "web.v6".into(),
@@ -765,7 +780,7 @@ port = 80
 address = "10.0.0.11"
 "#,
         );
-        assert_eq!(config.daemon.hash_seed, Some([0xff, 0xee]));
+        assert_eq!(config.daemon.live.hash_seed, Some([0xff, 0xee]));
         let json = serde_json::to_value(&config).unwrap();
         assert!(json["daemon"].get("hash_seed").is_none(), "{json}");
         assert_eq!(json["daemon"]["udp_timeout"], "30s");

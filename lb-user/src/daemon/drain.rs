@@ -141,7 +141,7 @@ impl Daemon {
             }
         }
         self.flows.set_fast(fast);
-        self.flows.set_udp_timeout(self.cfg.daemon.udp_timeout);
+        self.flows.set_udp_timeout(self.cfg.daemon.live.udp_timeout);
         for (vi, bi) in due {
             if let Err(e) = self.expire_drain(vi, bi) {
                 error!("applying a drain deadline: {e:#}");

@@ -21,12 +21,12 @@ const ALARM_PERIOD: Duration = Duration::from_secs(10);
 impl Daemon {
     /// Starts probing every backend; adopted states stand until probes say otherwise.
     pub(super) fn start_probes(&mut self) {
-        let (mut sched, rx) = Scheduler::new(self.cfg.daemon.probe_concurrency as usize);
+        let (mut sched, rx) = Scheduler::new(self.cfg.daemon.restart.probe_concurrency as usize);
         for v in &self.vips {
             for b in &v.backends {
                 model::upsert_probe(
                     &mut sched,
-                    &self.cfg.daemon.interface,
+                    &self.cfg.daemon.pinned.interface,
                     &v.cfg,
                     &v.auto_timeout,
                     b,

@@ -39,17 +39,17 @@ fn attach(dp: &mut Dataplane, d: &DaemonConfig, pin_dir: &Path) -> anyhow::Resul
         // The kernel holds the link through its pin; our descriptor may go.
         return Ok((id, true));
     }
-    let mode = match d.xdp_mode {
+    let mode = match d.pinned.xdp_mode {
         CfgXdpMode::Native => XdpMode::Driver,
         CfgXdpMode::Generic => {
-            warn!(interface = %d.interface, "xdp_mode = generic: XDP runs in the skb path, far slower than native; for testing");
+            warn!(interface = %d.pinned.interface, "xdp_mode = generic: XDP runs in the skb path, far slower than native; for testing");
             XdpMode::Skb
         }
     };
-    let link_id = prog.attach(&d.interface, mode).with_context(|| {
+    let link_id = prog.attach(&d.pinned.interface, mode).with_context(|| {
         format!(
             "attaching XDP to {} in {:?} mode (is the interface up and its driver XDP-capable? try xdp_mode = \"generic\")",
-            d.interface, d.xdp_mode
+            d.pinned.interface, d.pinned.xdp_mode
         )
     })?;
     let link = prog.take_link(link_id)?;
@@ -64,7 +64,7 @@ fn attach(dp: &mut Dataplane, d: &DaemonConfig, pin_dir: &Path) -> anyhow::Resul
 
 /// Attaches and returns (link id, adopted).
 pub(super) fn attach_lb(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<(u32, bool)> {
-    attach(dp, d, &persist::pin_dir(&d.instance))
+    attach(dp, d, &persist::pin_dir(&d.pinned.instance))
 }
 
 /// Attaches `xlb_hc` (data-path probes) to the egress of the daemon's
@@ -74,7 +74,7 @@ pub(super) fn attach_lb(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<
 /// filter, which outlives the daemon: a restart replaces a previous run's
 /// filter, and `xlb detach` leaves it (it passes every unmarked packet).
 pub(super) fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<()> {
-    let iface = &d.interface;
+    let iface = &d.pinned.interface;
     let prog = dp.program::<aya::programs::SchedClassifier>(lb_common::PROG_HC)?;
     let attach_err = || format!("attaching {} to the egress of {iface}", lb_common::PROG_HC);
     // tcx: kernel 6.6, "bpf: Add fd-based tcx multi-prog infra with link
@@ -95,7 +95,7 @@ pub(super) fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<
             .with_context(attach_err)?;
         return Ok(());
     }
-    let link_path = persist::pin_dir(&d.instance).join(persist::HC_LINK_PIN);
+    let link_path = persist::pin_dir(&d.pinned.instance).join(persist::HC_LINK_PIN);
     if link_path.exists() {
         let pinned = PinnedLink::from_pin(&link_path)
             .with_context(|| format!("opening pinned link {}", link_path.display()))?;

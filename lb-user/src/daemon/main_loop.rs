@@ -27,12 +27,12 @@ impl Daemon {
     pub async fn main_loop(mut self, listener: UnixListener) -> anyhow::Result<()> {
         self.go_live()?;
         let calls = control::spawn_control(listener, self.events_tx.clone());
-        if let Some(addr) = self.cfg.daemon.metrics_address {
+        if let Some(addr) = self.cfg.daemon.restart.metrics_address {
             control::spawn_metrics(addr, Arc::clone(&self.published));
         }
         conntrack::spawn(
-            persist::pin_dir(&self.cfg.daemon.instance).join(lb_common::MAP_CT),
-            self.cfg.daemon.conntrack_size,
+            persist::pin_dir(&self.cfg.daemon.pinned.instance).join(lb_common::MAP_CT),
+            self.cfg.daemon.pinned.conntrack_size,
             self.ct_entries.clone(),
             self.flows.clone(),
         );
@@ -45,7 +45,7 @@ impl Daemon {
             "xlb stopping; the XDP program stays attached with the last state (xlb detach removes it)"
         );
         self.save();
-        let _ = std::fs::remove_file(&self.cfg.daemon.control_socket);
+        let _ = std::fs::remove_file(&self.cfg.daemon.restart.control_socket);
         Ok(())
     }
 
@@ -60,7 +60,7 @@ impl Daemon {
         let bcount: usize = self.vips.iter().map(|v| v.backends.len()).sum();
         let msg = format!(
             "xlb started on {} (link {link_id}, {}): {vcount} VIPs, {bcount} backends",
-            self.cfg.daemon.interface,
+            self.cfg.daemon.pinned.interface,
             if adopted_link {
                 "adopted the pinned link and maps"
             } else {

@@ -244,7 +244,7 @@ impl Daemon {
     }
 
     fn save(&self) {
-        let path = persist::state_path(&self.cfg.daemon.instance);
+        let path = persist::state_path(&self.cfg.daemon.pinned.instance);
         if let Err(e) = model::to_saved(&self.vips).store(&path) {
             warn!("{e:#}");
         }

@@ -4,6 +4,8 @@
 //! table, same flows); a changed one keeps the backends it still lists,
 //! with their health.
 
+use serde::Serialize;
+use serde_json::Value;
 use tracing::{error, info, warn};
 
 use super::{
@@ -33,9 +35,9 @@ impl Daemon {
             warn!("{w}");
         }
         let mut notes = daemon_changes(&self.cfg.daemon, &new.daemon);
-        if live_settings_changed(&self.cfg.daemon, &new.daemon) {
+        if self.cfg.daemon.live != new.daemon.live {
             let mut d = new.daemon.clone();
-            d.interface = self.cfg.daemon.interface.clone();
+            d.pinned = self.cfg.daemon.pinned.clone();
             super::start::write_globals(&mut self.dp, &d, &new.vips)?;
             notes.push("daemon settings updated".to_string());
         }
@@ -46,7 +48,10 @@ impl Daemon {
         let order: Vec<String> = new.vips.iter().map(|v| v.name.clone()).collect();
         self.vips
             .sort_by_key(|v| order.iter().position(|n| *n == v.cfg.name));
-        keep_running_values(&mut new.daemon, &self.cfg.daemon);
+        // Settings not applied live keep their running values, so status and
+        // the state file describe what is really in force.
+        new.daemon.pinned = self.cfg.daemon.pinned.clone();
+        new.daemon.restart = self.cfg.daemon.restart.clone();
         self.cfg = new;
         self.save();
         let summary = format!(
@@ -121,7 +126,13 @@ impl Daemon {
         if let Some(s) = self.sched.as_mut() {
             let v = &self.vips[vi];
             for b in &v.backends {
-                model::upsert_probe(s, &self.cfg.daemon.interface, &v.cfg, &v.auto_timeout, b);
+                model::upsert_probe(
+                    s,
+                    &self.cfg.daemon.pinned.interface,
+                    &v.cfg,
+                    &v.auto_timeout,
+                    b,
+                );
             }
         }
         let r = self.install(vi)?;
@@ -179,7 +190,7 @@ impl Daemon {
             // For a kept backend, a no-op unless the check or the VIP's path
             // to it changed.
             if let Some(s) = self.sched.as_mut() {
-                model::upsert_probe(s, &self.cfg.daemon.interface, &ncfg, &auto, &b);
+                model::upsert_probe(s, &self.cfg.daemon.pinned.interface, &ncfg, &auto, &b);
             }
             backends.push(b);
         }
@@ -203,53 +214,19 @@ impl Daemon {
     }
 }
 
-/// What a reload applies to the globals map at once.
-fn live_settings_changed(old: &DaemonConfig, new: &DaemonConfig) -> bool {
-    old.udp_timeout != new.udp_timeout
-        || old.hash_seed != new.hash_seed
-        || old.encap_source_v4 != new.encap_source_v4
-        || old.encap_source_v6 != new.encap_source_v6
-}
-
 /// One note for each daemon setting that changed but is not applied now.
 fn daemon_changes(old: &DaemonConfig, new: &DaemonConfig) -> Vec<String> {
-    // What the pinned state fixes: changing it means `xlb detach` (which
-    // drops established flows) and a fresh start.
-    let pinned = [
-        ("interface", old.interface != new.interface),
-        ("instance", old.instance != new.instance),
-        ("conntrack_size", old.conntrack_size != new.conntrack_size),
-        ("max_table_size", old.max_table_size != new.max_table_size),
-        ("xdp_mode", old.xdp_mode != new.xdp_mode),
-    ];
-    // What the running process holds: applied at the next restart.
-    let restart = [
-        ("control_socket", old.control_socket != new.control_socket),
-        ("socket_group", old.socket_group != new.socket_group),
-        (
-            "metrics_address",
-            old.metrics_address != new.metrics_address,
-        ),
-        (
-            "probe_concurrency",
-            old.probe_concurrency != new.probe_concurrency,
-        ),
-    ];
-    let changed = |list: &[(&'static str, bool)]| -> Vec<&'static str> {
-        list.iter()
-            .filter(|(_, c)| *c)
-            .map(|(what, _)| *what)
-            .collect()
-    };
+    let pinned = changed_settings(&old.pinned, &new.pinned);
+    let restart = changed_settings(&old.restart, &new.restart);
     let mut notes = Vec::new();
-    for what in changed(&pinned) {
+    for what in pinned {
         notes.push(format!(
             "daemon.{what} changed: not applied; it is fixed by the pinned state until \
              `xlb detach --instance {}` (drops established flows) and a new start",
-            old.instance
+            old.pinned.instance
         ));
     }
-    for what in changed(&restart) {
+    for what in restart {
         notes.push(format!(
             "daemon.{what} changed: takes effect at the next restart"
         ));
@@ -257,16 +234,16 @@ fn daemon_changes(old: &DaemonConfig, new: &DaemonConfig) -> Vec<String> {
     notes
 }
 
-/// Settings not applied live keep their running values, so status and the
-/// state file describe what is really in force.
-fn keep_running_values(new: &mut DaemonConfig, old: &DaemonConfig) {
-    new.interface = old.interface.clone();
-    new.instance = old.instance.clone();
-    new.conntrack_size = old.conntrack_size;
-    new.max_table_size = old.max_table_size;
-    new.xdp_mode = old.xdp_mode;
-    new.control_socket = old.control_socket.clone();
-    new.socket_group = old.socket_group.clone();
-    new.metrics_address = old.metrics_address;
-    new.probe_concurrency = old.probe_concurrency;
+/// The settings (as named in the file) whose values differ between `old` and
+/// `new`, in alphabetical order.
+fn changed_settings<T: Serialize>(old: &T, new: &T) -> Vec<String> {
+    let (Ok(Value::Object(old)), Ok(Value::Object(new))) =
+        (serde_json::to_value(old), serde_json::to_value(new))
+    else {
+        unreachable!("settings serialize to a JSON object");
+    };
+    old.into_iter()
+        .filter(|(name, value)| new.get(name) != Some(value))
+        .map(|(name, _)| name)
+        .collect()
 }

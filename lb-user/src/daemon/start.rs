@@ -26,8 +26,8 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     // The control socket first: a second daemon for the same socket stops
     // here, before it touches the maps or the link of the running one.
     let listener = crate::ctl::bind(
-        &cfg.daemon.control_socket,
-        cfg.daemon.socket_group.as_deref(),
+        &cfg.daemon.restart.control_socket,
+        cfg.daemon.restart.socket_group.as_deref(),
     )?;
     let daemon = start(config_path, cfg)?;
     daemon.main_loop(listener).await
@@ -55,7 +55,7 @@ fn nofile_wanted(cfg: &Config) -> u64 {
         .max()
         .unwrap_or(1);
     let per_backend = u64::try_from(per_backend).unwrap_or(u64::MAX);
-    u64::from(cfg.daemon.probe_concurrency)
+    u64::from(cfg.daemon.restart.probe_concurrency)
         .saturating_mul(per_backend)
         .saturating_add(NOFILE_RESERVE)
 }
@@ -81,7 +81,7 @@ fn raise_nofile(cfg: &Config) {
             wanted,
             "descriptor limit below what probe_concurrency and hang_timeout may need: probes \
              may fail with local errors (too many open files); raise the hard limit \
-             (systemd LimitNOFILE=, ulimit -Hn) or lower daemon.probe_concurrency"
+             (systemd LimitNOFILE=, ulimit -Hn) or lower daemon.restart.probe_concurrency"
         );
     } else {
         info!(soft, hard, wanted, "descriptor limit");
@@ -96,12 +96,12 @@ pub(super) fn write_globals(
     vips: &[VipConfig],
 ) -> anyhow::Result<()> {
     let mut g = dp.globals()?;
-    let (v4, v6) = host::interface_source_addrs(&d.interface)?;
-    let key = match d.hash_seed {
+    let (v4, v6) = host::interface_source_addrs(&d.pinned.interface)?;
+    let key = match d.live.hash_seed {
         Some(k) => {
             if g.hash_key != [0, 0] && g.hash_key != k {
                 warn!(
-                    "daemon.hash_seed differs from the pinned hash key: new flows may move to other backends (established ones keep theirs)"
+                    "daemon.live.hash_seed differs from the pinned hash key: new flows may move to other backends (established ones keep theirs)"
                 );
             }
             k
@@ -109,13 +109,13 @@ pub(super) fn write_globals(
         None if g.hash_key != [0, 0] => g.hash_key,
         None => [rand::random(), rand::random()],
     };
-    let src4 = d.encap_source_v4.or(v4);
-    let src6 = d.encap_source_v6.or(v6);
+    let src4 = d.live.encap_source_v4.or(v4);
+    let src6 = d.live.encap_source_v6.or(v6);
     g = Globals {
         layout_version: LAYOUT_VERSION,
         ring_stride: dp.ring_stride(),
         hash_key: key,
-        udp_timeout_ns: d.udp_timeout.as_nanos() as u64,
+        udp_timeout_ns: d.live.udp_timeout.as_nanos() as u64,
         encap_src_v4: src4.map(|a| addr16(IpAddr::V4(a))).unwrap_or_default(),
         encap_src_v6: src6.map(|a| addr16(IpAddr::V6(a))).unwrap_or_default(),
     };
@@ -125,10 +125,10 @@ pub(super) fn write_globals(
             .any(|v| v.mode == Mode::DsrIpip && v.addr.is_ipv6() == v6)
     };
     if src4.is_none() && ipip(false) {
-        warn!(interface = %d.interface, "no IPv4 address on the interface and no daemon.encap_source_v4: IPv4 dsr-ipip packets get source 0.0.0.0");
+        warn!(interface = %d.pinned.interface, "no IPv4 address on the interface and no daemon.live.encap_source_v4: IPv4 dsr-ipip packets get source 0.0.0.0");
     }
     if src6.is_none() && ipip(true) {
-        warn!(interface = %d.interface, "no global IPv6 address on the interface and no daemon.encap_source_v6: IPv6 dsr-ipip packets get source ::");
+        warn!(interface = %d.pinned.interface, "no global IPv6 address on the interface and no daemon.live.encap_source_v6: IPv6 dsr-ipip packets get source ::");
     }
     Ok(())
 }
@@ -137,7 +137,7 @@ pub(super) fn write_globals(
 pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     let d = &cfg.daemon;
     host::ensure_bpffs()?;
-    let pin_dir = persist::pin_dir(&d.instance);
+    let pin_dir = persist::pin_dir(&d.pinned.instance);
     fs::create_dir_all(&pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
     let t0 = Instant::now();
     // aya adopts a pinned map whatever its size: check the one size that a
@@ -148,20 +148,20 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
             .and_then(|m| m.info())
             .with_context(|| format!("reading {}", ct_pin.display()))?
             .max_entries();
-        if pinned != d.conntrack_size {
+        if pinned != d.pinned.conntrack_size {
             bail!(
                 "pinned conntrack in {} holds {pinned} entries, the configuration says \
                  conntrack_size = {}: run `xlb detach --instance {}` first (this drops \
                  established flows) or restore the old value",
                 pin_dir.display(),
-                d.conntrack_size,
-                d.instance
+                d.pinned.conntrack_size,
+                d.pinned.instance
             );
         }
     }
     let mut dp = Dataplane::load(&LoadOptions {
-        ct_size: d.conntrack_size,
-        ring_stride: d.max_table_size,
+        ct_size: d.pinned.conntrack_size,
+        ring_stride: d.pinned.max_table_size,
         pin_dir: Some(pin_dir.clone()),
     })?;
     if dp.ring_stride() != dp.globals()?.ring_stride {
@@ -171,12 +171,15 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
             pin_dir.display(),
             dp.globals()?.ring_stride,
             dp.ring_stride(),
-            d.instance
+            d.pinned.instance
         );
     }
     write_globals(&mut dp, d, &cfg.vips)?;
-    host::enable_forwarding(&d.interface, cfg.vips.iter().any(|v| v.addr.is_ipv6()))?;
-    let saved = persist::Saved::load(&persist::state_path(&d.instance))?;
+    host::enable_forwarding(
+        &d.pinned.interface,
+        cfg.vips.iter().any(|v| v.addr.is_ipv6()),
+    )?;
+    let saved = persist::Saved::load(&persist::state_path(&d.pinned.instance))?;
     let daemon = Daemon::new(config_path, cfg, dp, saved)?;
     info!(took_ms = t0.elapsed().as_millis() as u64, "maps ready");
     Ok(daemon)

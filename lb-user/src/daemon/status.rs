@@ -107,15 +107,15 @@ impl Daemon {
         let vips = self.vips.iter().map(|v| self.vip_status(v)).collect();
         StatusReport {
             version: ctl::PROTOCOL_VERSION,
-            instance: self.cfg.daemon.instance.clone(),
-            interface: self.cfg.daemon.interface.clone(),
-            xdp_mode: self.cfg.daemon.xdp_mode.to_string(),
+            instance: self.cfg.daemon.pinned.instance.clone(),
+            interface: self.cfg.daemon.pinned.interface.clone(),
+            xdp_mode: self.cfg.daemon.pinned.xdp_mode.to_string(),
             started_unix_ms: unix_ms(self.started),
             adopted: self.adopted,
             config_path: self.config_path.display().to_string(),
             conntrack: ctl::ConntrackStatus {
                 entries: self.ct_entries.load(Ordering::Relaxed),
-                capacity: self.cfg.daemon.conntrack_size as u64,
+                capacity: self.cfg.daemon.pinned.conntrack_size as u64,
             },
             counters,
             vips,
