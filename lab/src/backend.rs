@@ -368,44 +368,84 @@ async fn closing(fault: &mut watch::Receiver<Fault>, shutdown: &mut watch::Recei
     }
 }
 
+/// One service connection: requests in order, each answered as the current
+/// fault says, until the peer or the fault closes it.
 async fn service_conn(mut stream: TcpStream, shared: Arc<Shared>) {
-    let mut fault = shared.fault.subscribe();
-    let mut shutdown = shared.shutdown.subscribe();
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
+    let mut conn = ServiceConn {
+        fault: shared.fault.subscribe(),
+        shutdown: shared.shutdown.subscribe(),
+        buf: Vec::new(),
+    };
     loop {
-        let head = match http::parse_request_head(&buf) {
-            Ok(Some((head, used))) => {
-                buf.drain(..used);
-                head
+        let Some(head) = conn.next_request(&mut stream, &shared).await else {
+            return;
+        };
+        let Some(mode) = conn.wait_turn().await else {
+            return;
+        };
+        let keep_alive = head.keep_alive();
+        let result = match (mode, head.method.as_str(), head.path()) {
+            (Fault::Error503, _, _) => {
+                respond(&mut stream, &shared, 503, b"503 fault on\n", keep_alive).await
             }
-            Ok(None) => {
-                tokio::select! {
-                    r = stream.read(&mut chunk) => match r {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    },
-                    _ = closing(&mut fault, &mut shutdown) => return,
-                }
-                continue;
+            (_, "GET", "/health") => respond(&mut stream, &shared, 200, b"ok", keep_alive).await,
+            (_, "GET", "/api") => {
+                let body = shared.name.clone();
+                respond(&mut stream, &shared, 200, body.as_bytes(), keep_alive).await
             }
-            Err(e) => {
-                let status = match e {
-                    HttpError::HeadTooLarge => 431,
-                    _ => 400,
-                };
-                let _ = respond(
-                    &mut stream,
-                    &shared,
-                    status,
-                    e.to_string().as_bytes(),
-                    false,
-                )
-                .await;
+            (_, "GET", "/stream") => {
+                let ServiceConn {
+                    fault, shutdown, ..
+                } = &mut conn;
+                stream_lines(&mut stream, &shared, &head, fault, shutdown).await;
                 return;
             }
+            (_, _, "/health" | "/api" | "/stream") => {
+                respond(&mut stream, &shared, 405, b"use GET\n", keep_alive).await
+            }
+            _ => respond(&mut stream, &shared, 404, b"not found\n", keep_alive).await,
         };
-        // Read (and drop) any request body so the next request parses.
+        if result.is_err() || !keep_alive {
+            let _ = stream.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// What a service connection watches, and the bytes it has read but not
+/// yet used.
+struct ServiceConn {
+    fault: watch::Receiver<Fault>,
+    shutdown: watch::Receiver<bool>,
+    buf: Vec<u8>,
+}
+
+impl ServiceConn {
+    /// The next request's head, its body read and dropped. `None`: close
+    /// (the peer left, the backend crashed, or the request was refused with
+    /// an error response).
+    async fn next_request(
+        &mut self,
+        stream: &mut TcpStream,
+        shared: &Shared,
+    ) -> Option<RequestHead> {
+        let head = loop {
+            match http::parse_request_head(&self.buf) {
+                Ok(Some((head, used))) => {
+                    self.buf.drain(..used);
+                    break head;
+                }
+                Ok(None) => self.read_more(stream).await?,
+                Err(e) => {
+                    let status = match e {
+                        HttpError::HeadTooLarge => 431,
+                        _ => 400,
+                    };
+                    let _ = respond(stream, shared, status, e.to_string().as_bytes(), false).await;
+                    return None;
+                }
+            }
+        };
         let body_len = match head.body_len() {
             Ok(n) => n,
             Err(e) => {
@@ -413,63 +453,48 @@ async fn service_conn(mut stream: TcpStream, shared: Arc<Shared>) {
                     HttpError::BodyTooLarge { .. } => 413,
                     _ => 501,
                 };
-                let _ = respond(
-                    &mut stream,
-                    &shared,
-                    status,
-                    e.to_string().as_bytes(),
-                    false,
-                )
-                .await;
-                return;
+                let _ = respond(stream, shared, status, e.to_string().as_bytes(), false).await;
+                return None;
             }
         };
-        while buf.len() < body_len {
-            tokio::select! {
-                r = stream.read(&mut chunk) => match r {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                },
-                _ = closing(&mut fault, &mut shutdown) => return,
-            }
+        // Read (and drop) any request body so the next request parses.
+        while self.buf.len() < body_len {
+            self.read_more(stream).await?;
         }
-        buf.drain(..body_len);
+        self.buf.drain(..body_len);
+        Some(head)
+    }
 
+    /// Reads more request bytes; `None` when the peer closed or the backend
+    /// crashed or shut down.
+    async fn read_more(&mut self, stream: &mut TcpStream) -> Option<()> {
+        let mut chunk = [0u8; 4096];
+        tokio::select! {
+            r = stream.read(&mut chunk) => match r {
+                Ok(0) | Err(_) => None,
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    Some(())
+                }
+            },
+            _ = closing(&mut self.fault, &mut self.shutdown) => None,
+        }
+    }
+
+    /// Waits until the fault lets the answer go out (a hang holds it, a
+    /// slow fault delays it). `None`: close instead.
+    async fn wait_turn(&mut self) -> Option<Fault> {
         let mode = tokio::select! {
-            m = gate(&mut fault) => m,
-            _ = stopped(&mut shutdown) => None,
-        };
-        let Some(mode) = mode else { return };
+            m = gate(&mut self.fault) => m,
+            _ = stopped(&mut self.shutdown) => None,
+        }?;
         if let Fault::Slow { ms } = mode {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
-                _ = closing(&mut fault, &mut shutdown) => return,
+                _ = closing(&mut self.fault, &mut self.shutdown) => return None,
             }
         }
-        let keep_alive = head.keep_alive();
-        let result = if mode == Fault::Error503 {
-            respond(&mut stream, &shared, 503, b"503 fault on\n", keep_alive).await
-        } else {
-            match (head.method.as_str(), head.path()) {
-                ("GET", "/health") => respond(&mut stream, &shared, 200, b"ok", keep_alive).await,
-                ("GET", "/api") => {
-                    let body = shared.name.clone();
-                    respond(&mut stream, &shared, 200, body.as_bytes(), keep_alive).await
-                }
-                ("GET", "/stream") => {
-                    stream_lines(&mut stream, &shared, &head, &mut fault, &mut shutdown).await;
-                    return;
-                }
-                (_, "/health" | "/api" | "/stream") => {
-                    respond(&mut stream, &shared, 405, b"use GET\n", keep_alive).await
-                }
-                _ => respond(&mut stream, &shared, 404, b"not found\n", keep_alive).await,
-            }
-        };
-        if result.is_err() || !keep_alive {
-            let _ = stream.shutdown().await;
-            return;
-        }
+        Some(mode)
     }
 }
 

@@ -9,7 +9,6 @@
 
 use std::{
     collections::BTreeMap,
-    fmt::Write as _,
     io::{self, ErrorKind},
     net::SocketAddr,
     sync::{Arc, Mutex},
@@ -26,6 +25,8 @@ use tokio::{
 };
 
 use crate::http;
+
+mod render;
 
 /// A connect that takes longer than this waited on a retransmitted SYN:
 /// Linux retransmits an unanswered SYN after its initial RTO of 1 s, and in
@@ -559,49 +560,20 @@ async fn keepalive_conn(
     }
 }
 
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
 async fn long_conn(id: u32, opts: Arc<LoadOptions>, start: Instant, deadline: Instant) -> LongConn {
-    let ms = |d: Duration| d.as_millis() as u64;
     let mut report = LongConn {
         id,
         ..LongConn::default()
     };
-    let path = format!(
-        "/stream?interval_ms={}",
-        opts.stream_interval.as_millis().max(1)
-    );
-    let req = request_bytes(&opts, &path, false);
-    let setup = tokio::time::timeout(opts.timeout, async {
-        let mut s = connect(opts.target).await?;
-        s.write_all(&req).await?;
-        let mut buf = Vec::new();
-        loop {
-            if let Some((head, used)) = http::parse_response_head(&buf).map_err(io::Error::other)? {
-                buf.drain(..used);
-                return Ok::<_, io::Error>((s, head, buf));
-            }
-            let mut chunk = [0u8; 4096];
-            let n = s.read(&mut chunk).await?;
-            if n == 0 {
-                return Err(io::Error::new(
-                    ErrorKind::UnexpectedEof,
-                    "closed before the response head",
-                ));
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-    })
-    .await;
-    let (mut stream, head, rest) = match setup {
-        Ok(Ok(x)) => x,
-        Ok(Err(e)) => {
-            report.setup = Some(Outcome::from_io(&e));
-            report.end = Outcome::from_io(&e).name().to_string();
-            report.ended_ms = Some(ms(start.elapsed()));
-            return report;
-        }
-        Err(_) => {
-            report.setup = Some(Outcome::TimedOut);
-            report.end = Outcome::TimedOut.name().to_string();
+    let (stream, head, rest) = match open_stream(&opts).await {
+        Ok(opened) => opened,
+        Err(outcome) => {
+            report.setup = Some(outcome);
+            report.end = outcome.name().to_string();
             report.ended_ms = Some(ms(start.elapsed()));
             return report;
         }
@@ -613,11 +585,50 @@ async fn long_conn(id: u32, opts: Arc<LoadOptions>, start: Instant, deadline: In
         report.ended_ms = Some(ms(start.elapsed()));
         return report;
     }
+    watch_stream(stream, &rest, &opts, &mut report, start, deadline).await;
+    report
+}
+
+/// Connects and asks for `/stream`: the connection, the response head and
+/// the bytes read past it, or how that failed.
+async fn open_stream(
+    opts: &LoadOptions,
+) -> Result<(TcpStream, http::ResponseHead, Vec<u8>), Outcome> {
+    let path = format!(
+        "/stream?interval_ms={}",
+        opts.stream_interval.as_millis().max(1)
+    );
+    let req = request_bytes(opts, &path, false);
+    let setup = tokio::time::timeout(opts.timeout, async {
+        let mut s = connect(opts.target).await?;
+        s.write_all(&req).await?;
+        let mut buf = Vec::new();
+        let head = http::read_response_head(&mut s, &mut buf).await?;
+        Ok::<_, io::Error>((s, head, buf))
+    })
+    .await;
+    match setup {
+        Ok(Ok(opened)) => Ok(opened),
+        Ok(Err(e)) => Err(Outcome::from_io(&e)),
+        Err(_) => Err(Outcome::TimedOut),
+    }
+}
+
+/// Reads a stream's body (`rest` already came with the head) until it ends
+/// or the run does, noting the bytes, lines, gaps and stalls in `report`.
+async fn watch_stream(
+    mut stream: TcpStream,
+    rest: &[u8],
+    opts: &LoadOptions,
+    report: &mut LongConn,
+    start: Instant,
+    deadline: Instant,
+) {
     let account = |data: &[u8], report: &mut LongConn| {
         report.bytes += data.len() as u64;
         report.lines += data.iter().filter(|b| **b == b'\n').count() as u64;
     };
-    account(&rest, &mut report);
+    account(rest, report);
     let mut last = Instant::now();
     let mut chunk = [0u8; 4096];
     let end = loop {
@@ -629,7 +640,7 @@ async fn long_conn(id: u32, opts: Arc<LoadOptions>, start: Instant, deadline: In
                 match r {
                     Ok(0) => break Some("closed".to_string()),
                     Ok(n) => {
-                        account(&chunk[..n], &mut report);
+                        account(&chunk[..n], report);
                         last = now;
                     }
                     Err(e) => break Some(Outcome::from_io(&e).name().to_string()),
@@ -654,7 +665,6 @@ async fn long_conn(id: u32, opts: Arc<LoadOptions>, start: Instant, deadline: In
             report.ended_ms = Some(ms(now - start));
         }
     }
-    report
 }
 
 /// Runs the load described by `opts` and returns what happened. Takes at
@@ -719,120 +729,6 @@ pub async fn run_load(opts: LoadOptions) -> Result<Report, ClientError> {
         .into_inner()
         .unwrap_or_else(|e| e.into_inner());
     Ok(rec.finish(&opts, long))
-}
-
-impl Report {
-    /// The readable form printed by `xlb-client`: summary, then one row per
-    /// second of the timeline, then the long connections.
-    pub fn render_text(&self) -> String {
-        let s = &self.summary;
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "target {}  duration {} ms",
-            self.target, self.duration_ms
-        );
-        let _ = writeln!(
-            out,
-            "requests {}  ok {}  failures {}  (refused {}, reset {}, timed_out {}, http_5xx {}, closed {}, other_error {})  skipped {}",
-            s.requests,
-            s.counts.ok,
-            s.failures,
-            s.counts.refused,
-            s.counts.reset,
-            s.counts.timed_out,
-            s.counts.http_5xx,
-            s.counts.closed,
-            s.counts.other_error,
-            s.skipped
-        );
-        if let (Some(f), Some(l)) = (s.first_failure_ms, s.last_failure_ms) {
-            let _ = writeln!(out, "failures from {f} ms to {l} ms");
-        }
-        let _ = writeln!(
-            out,
-            "connects over {} ms (waited on a SYN retransmit): {}  longest connect {:.1} ms",
-            SYN_RETRANSMIT_CONNECT.as_millis(),
-            s.syn_retransmit_waits,
-            s.max_connect_ms
-        );
-        let _ = writeln!(
-            out,
-            "latency ok: p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
-            s.latency.p50_ms, s.latency.p90_ms, s.latency.p99_ms, s.latency.max_ms
-        );
-        let backends: Vec<&String> = s.per_backend.keys().collect();
-        let per_backend = backends
-            .iter()
-            .map(|b| format!("{b} {}", s.per_backend[*b]))
-            .collect::<Vec<_>>()
-            .join("  ");
-        let _ = writeln!(out, "per backend: {per_backend}");
-
-        let _ = write!(
-            out,
-            "\n{:>7} {:>6} {:>7} {:>6} {:>7} {:>6} {:>6} {:>6}",
-            "t(s)", "ok", "refused", "reset", "timeout", "5xx", "closed", "other"
-        );
-        for b in &backends {
-            let _ = write!(out, " {b:>6}");
-        }
-        out.push('\n');
-        let per_row = (1000 / self.slice_ms.max(1)).max(1) as usize;
-        for rows in self.timeline.chunks(per_row) {
-            let mut c = Counts::default();
-            let mut pb: BTreeMap<&str, u64> = BTreeMap::new();
-            for sl in rows {
-                c.add(&sl.counts);
-                for (b, n) in &sl.per_backend {
-                    *pb.entry(b).or_default() += n;
-                }
-            }
-            let _ = write!(
-                out,
-                "{:>7.1} {:>6} {:>7} {:>6} {:>7} {:>6} {:>6} {:>6}",
-                rows[0].t_ms as f64 / 1000.0,
-                c.ok,
-                c.refused,
-                c.reset,
-                c.timed_out,
-                c.http_5xx,
-                c.closed,
-                c.other_error
-            );
-            for b in &backends {
-                let _ = write!(out, " {:>6}", pb.get(b.as_str()).copied().unwrap_or(0));
-            }
-            out.push('\n');
-        }
-        if !self.long.is_empty() {
-            let _ = writeln!(
-                out,
-                "\nlong connections: {} of {} kept flowing",
-                s.long_total - s.long_broken,
-                s.long_total
-            );
-            for l in &self.long {
-                let _ = writeln!(
-                    out,
-                    "  #{:<3} backend {:<6} lines {:<6} longest gap {:>5} ms  stalled {}{}  end {}{}",
-                    l.id,
-                    l.backend.as_deref().unwrap_or("-"),
-                    l.lines,
-                    l.longest_gap_ms,
-                    l.stalled,
-                    l.first_stall_ms
-                        .map(|t| format!(" (at {t} ms)"))
-                        .unwrap_or_default(),
-                    l.end,
-                    l.ended_ms
-                        .map(|t| format!(" at {t} ms"))
-                        .unwrap_or_default(),
-                );
-            }
-        }
-        out
-    }
 }
 
 /// Parses `500ms`, `2s`, `1.5s`, `1m`; a bare number is seconds.

@@ -1,6 +1,8 @@
-//! Just enough HTTP/1.1 for the lab: request and response heads, bodies
-//! delimited by `Content-Length` (or by close), keep-alive. No chunked
-//! request bodies, no pipelining guarantees beyond in-order answers.
+//! Just enough HTTP/1.1 for the lab: request and response heads (parsed by
+//! `httparse`), bodies delimited by `Content-Length` (or by close),
+//! keep-alive. No chunked request bodies, no pipelining guarantees beyond
+//! in-order answers. Responses are written by hand, and so can be wrong on
+//! purpose where the backend's faults need them to be.
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -27,27 +29,56 @@ pub enum HttpError {
     Unsupported { what: String },
 }
 
-/// Position just past the blank line ending the head, if it is complete.
-pub fn head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+/// Header slots for parsing the head at the start of `buf`: one per line
+/// within [`MAX_HEAD`], so a head within the cap never runs out of them.
+fn header_slots(buf: &[u8]) -> Vec<httparse::Header<'static>> {
+    let window = &buf[..buf.len().min(MAX_HEAD)];
+    let lines = window.iter().filter(|&&b| b == b'\n').count();
+    vec![httparse::EMPTY_HEADER; lines]
 }
 
-fn parse_headers<'a>(
-    lines: impl Iterator<Item = &'a str>,
+/// The length of the head at the start of `buf` once httparse has all of
+/// it; `None` while more bytes may complete it.
+fn head_len(
+    parsed: httparse::Result<usize>,
+    buf: &[u8],
+    what: &'static str,
+) -> Result<Option<usize>, HttpError> {
+    let first_line = || {
+        let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
+        String::from_utf8_lossy(line.strip_suffix(b"\r").unwrap_or(line)).into_owned()
+    };
+    match parsed {
+        Ok(httparse::Status::Complete(end)) if end <= MAX_HEAD => Ok(Some(end)),
+        Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD => Ok(None),
+        // Past the cap, complete or not; or more headers than there are
+        // lines within the cap, which only a longer head can have.
+        Ok(_) | Err(httparse::Error::TooManyHeaders) => Err(HttpError::HeadTooLarge),
+        Err(httparse::Error::Version) => Err(HttpError::Unsupported {
+            what: format!("version in {:?}", first_line()),
+        }),
+        Err(e) => Err(HttpError::Malformed {
+            what,
+            detail: format!("{e} (head starting {:?})", first_line()),
+        }),
+    }
+}
+
+/// The parsed headers as owned strings.
+fn owned_headers(
+    headers: &[httparse::Header<'_>],
     what: &'static str,
 ) -> Result<Vec<(String, String)>, HttpError> {
-    let mut headers = Vec::new();
-    for line in lines {
-        if line.is_empty() {
-            continue;
-        }
-        let (name, value) = line.split_once(':').ok_or_else(|| HttpError::Malformed {
-            what,
-            detail: format!("header line without ':': {line:?}"),
-        })?;
-        headers.push((name.trim().to_string(), value.trim().to_string()));
-    }
-    Ok(headers)
+    headers
+        .iter()
+        .map(|h| {
+            let value = std::str::from_utf8(h.value).map_err(|_| HttpError::Malformed {
+                what,
+                detail: "head is not UTF-8".to_string(),
+            })?;
+            Ok((h.name.to_string(), value.trim().to_string()))
+        })
+        .collect()
 }
 
 fn find_header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -135,53 +166,27 @@ impl RequestHead {
 /// Parses a request head at the start of `buf`. `Ok(None)` means more bytes
 /// are needed; otherwise returns the head and the bytes it used.
 pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HttpError> {
-    let Some(end) = head_end(buf) else {
-        return if buf.len() > MAX_HEAD {
-            Err(HttpError::HeadTooLarge)
-        } else {
-            Ok(None)
-        };
+    let mut slots = header_slots(buf);
+    let mut request = httparse::Request::new(&mut slots);
+    let Some(end) = head_len(request.parse(buf), buf, "request")? else {
+        return Ok(None);
     };
-    if end > MAX_HEAD {
-        return Err(HttpError::HeadTooLarge);
-    }
-    let text = std::str::from_utf8(&buf[..end]).map_err(|_| HttpError::Malformed {
-        what: "request",
-        detail: "head is not UTF-8".to_string(),
-    })?;
-    let mut lines = text.split("\r\n");
-    let request_line = lines.next().unwrap_or("");
-    let mut parts = request_line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
+    let (method, target) = (
+        request.method.unwrap_or_default(),
+        request.path.unwrap_or_default(),
+    );
+    if !target.starts_with('/') {
         return Err(HttpError::Malformed {
             what: "request",
-            detail: format!("request line {request_line:?}"),
-        });
-    };
-    let minor_version = match version {
-        "HTTP/1.1" => 1,
-        "HTTP/1.0" => 0,
-        _ => {
-            return Err(HttpError::Unsupported {
-                what: format!("version {version:?}"),
-            });
-        }
-    };
-    if method.is_empty() || !target.starts_with('/') {
-        return Err(HttpError::Malformed {
-            what: "request",
-            detail: format!("request line {request_line:?}"),
+            detail: format!("request target {target:?} is not a path"),
         });
     }
-    let headers = parse_headers(lines, "request")?;
     Ok(Some((
         RequestHead {
             method: method.to_string(),
             target: target.to_string(),
-            minor_version,
-            headers,
+            minor_version: request.version.unwrap_or_default(),
+            headers: owned_headers(request.headers, "request")?,
         },
         end,
     )))
@@ -218,38 +223,16 @@ impl ResponseHead {
 
 /// Parses a response head at the start of `buf`; like [`parse_request_head`].
 pub fn parse_response_head(buf: &[u8]) -> Result<Option<(ResponseHead, usize)>, HttpError> {
-    let Some(end) = head_end(buf) else {
-        return if buf.len() > MAX_HEAD {
-            Err(HttpError::HeadTooLarge)
-        } else {
-            Ok(None)
-        };
+    let mut slots = header_slots(buf);
+    let mut response = httparse::Response::new(&mut slots);
+    let Some(end) = head_len(response.parse(buf), buf, "response")? else {
+        return Ok(None);
     };
-    let text = std::str::from_utf8(&buf[..end]).map_err(|_| HttpError::Malformed {
-        what: "response",
-        detail: "head is not UTF-8".to_string(),
-    })?;
-    let mut lines = text.split("\r\n");
-    let status_line = lines.next().unwrap_or("");
-    let mut parts = status_line.splitn(3, ' ');
-    let (Some(version), Some(code)) = (parts.next(), parts.next()) else {
-        return Err(HttpError::Malformed {
-            what: "response",
-            detail: format!("status line {status_line:?}"),
-        });
+    let head = ResponseHead {
+        status: response.code.unwrap_or_default(),
+        headers: owned_headers(response.headers, "response")?,
     };
-    if !version.starts_with("HTTP/1.") {
-        return Err(HttpError::Malformed {
-            what: "response",
-            detail: format!("status line {status_line:?}"),
-        });
-    }
-    let status = code.parse().map_err(|_| HttpError::Malformed {
-        what: "response",
-        detail: format!("status line {status_line:?}"),
-    })?;
-    let headers = parse_headers(lines, "response")?;
-    Ok(Some((ResponseHead { status, headers }, end)))
+    Ok(Some((head, end)))
 }
 
 /// Standard reason phrase for the status codes the lab sends.
@@ -295,13 +278,7 @@ pub struct Response {
 /// keeps any bytes past this response. A close before the response is
 /// complete is `UnexpectedEof`.
 pub async fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<Response> {
-    let (head, used) = loop {
-        if let Some(parsed) = parse_response_head(buf).map_err(std::io::Error::other)? {
-            break parsed;
-        }
-        read_more(stream, buf).await?;
-    };
-    buf.drain(..used);
+    let head = read_response_head(stream, buf).await?;
     let body = match head.body_len().map_err(std::io::Error::other)? {
         Some(len) => {
             while buf.len() < len {
@@ -327,6 +304,22 @@ pub async fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io
         }
     };
     Ok(Response { head, body })
+}
+
+/// Reads one response head from `stream`. `buf` holds bytes already read
+/// and keeps the bytes past the head (the start of the body). A close
+/// before the head is complete is `UnexpectedEof`.
+pub async fn read_response_head(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<ResponseHead> {
+    loop {
+        if let Some((head, used)) = parse_response_head(buf).map_err(std::io::Error::other)? {
+            buf.drain(..used);
+            return Ok(head);
+        }
+        read_more(stream, buf).await?;
+    }
 }
 
 async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<()> {

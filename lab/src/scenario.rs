@@ -497,7 +497,7 @@ impl XlbConfig {
     }
 }
 
-/// `daemon.pinned.max_table_size` of lab configurations: a prime ≥ 10 × the lab's
+/// `daemon.max_table_size` of lab configurations: a prime ≥ 10 × the lab's
 /// backends per VIP, and small, so that maps are quick to build.
 pub const LAB_TABLE_SIZE: u32 = 1009;
 

@@ -118,7 +118,7 @@ pub enum Command {
     ///
     /// Established flows stop being balanced at once. Stop `xlb run` first.
     Detach {
-        /// Instance name (daemon.pinned.instance).
+        /// Instance name (daemon.instance).
         #[arg(long, value_name = "NAME", conflicts_with = "config")]
         instance: Option<String>,
         /// Take the instance name from this configuration file.

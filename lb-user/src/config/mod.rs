@@ -75,22 +75,22 @@ pub mod defaults {
     use std::net::{IpAddr, Ipv4Addr, SocketAddr};
     use std::time::Duration;
 
-    /// `daemon.pinned.xdp_mode`: native (driver) XDP.
+    /// `daemon.xdp_mode`: native (driver) XDP.
     pub const XDP_MODE: XdpMode = XdpMode::Native;
-    /// `daemon.pinned.instance`: pins live under `/sys/fs/bpf/xlb/default/`.
+    /// `daemon.instance`: pins live under `/sys/fs/bpf/xlb/default/`.
     pub const INSTANCE: &str = "default";
-    /// `daemon.restart.control_socket`.
+    /// `daemon.control_socket`.
     pub const CONTROL_SOCKET: &str = "/run/xlb/xlb.sock";
-    /// `daemon.restart.metrics_address`: Prometheus metrics on localhost only, since
+    /// `daemon.metrics_address`: Prometheus metrics on localhost only, since
     /// they name every VIP and backend.
     pub const METRICS_ADDRESS: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9813);
-    /// `daemon.pinned.conntrack_size` (entries).
+    /// `daemon.conntrack_size` (entries).
     pub const CONNTRACK_SIZE: u32 = lb_common::DEFAULT_CT_SIZE;
-    /// `daemon.live.udp_timeout`.
+    /// `daemon.udp_timeout`.
     pub const UDP_TIMEOUT: Duration = Duration::from_nanos(lb_common::DEFAULT_UDP_TIMEOUT_NS);
-    /// `daemon.pinned.max_table_size`: the ring stride.
+    /// `daemon.max_table_size`: the ring stride.
     pub const MAX_TABLE_SIZE: u32 = lb_common::DEFAULT_TABLE_SIZE;
-    /// `daemon.restart.probe_concurrency`: health probes in flight at once.
+    /// `daemon.probe_concurrency`: health probes in flight at once.
     pub const PROBE_CONCURRENCY: u32 = 256;
     /// `vip.protocol`.
     pub const PROTOCOL: Protocol = Protocol::Tcp;
@@ -98,7 +98,7 @@ pub mod defaults {
     pub const MODE: Mode = Mode::DsrIpip;
     /// `vip.down_policy`.
     pub const DOWN_POLICY: DownPolicy = DownPolicy::Rehash;
-    /// `vip.table_size`, lowered to `daemon.pinned.max_table_size` when that is smaller.
+    /// `vip.table_size`, lowered to `daemon.max_table_size` when that is smaller.
     pub const TABLE_SIZE: u32 = lb_common::DEFAULT_TABLE_SIZE;
     /// `vip.backend.weight`.
     pub const WEIGHT: u32 = 1;

@@ -98,7 +98,7 @@ pub struct VipConfig {
     pub mode: Mode,
     /// Default [`DownPolicy::Rehash`].
     pub down_policy: DownPolicy,
-    /// Maglev table size, a prime ≤ `daemon.pinned.max_table_size`. Default 65537
+    /// Maglev table size, a prime ≤ `daemon.max_table_size`. Default 65537
     /// (or `max_table_size` if that is smaller).
     pub table_size: u32,
     /// What the VIP does when backends are slow or failing: `[protection]`
@@ -278,7 +278,7 @@ fn table_size(raw: &RawVip, daemon: &DaemonConfig, ctx: &str, p: &mut Problems<'
         p.error(
             ctx,
             format!(
-                "table_size {table_size} is larger than daemon.pinned.max_table_size {}; \
+                "table_size {table_size} is larger than daemon.max_table_size {}; \
                  use a smaller prime or raise max_table_size",
                 daemon.pinned.max_table_size
             ),
@@ -479,7 +479,7 @@ port = 80
         table_size_not_prime: api_with_backend("table_size = 65536") => [
             r#"xlb.toml: vip "api": table_size 65536 is not prime; use a prime such as 65537"#,
         ];
-        /// The suggestion stays within daemon.pinned.max_table_size.
+        /// The suggestion stays within daemon.max_table_size.
         table_size_not_prime_next_prime_above_the_max: api_with_backend("table_size = 65538") => [
             r#"xlb.toml: vip "api": table_size 65538 is not prime; use a prime such as 65537"#,
         ];
@@ -487,7 +487,7 @@ port = 80
             r#"xlb.toml: vip "api": table_size 0 is not prime; use a prime such as 2"#,
         ];
         table_size_above_max: api_with_backend("table_size = 131071") => [
-            r#"xlb.toml: vip "api": table_size 131071 is larger than daemon.pinned.max_table_size 65537; use a smaller prime or raise max_table_size"#,
+            r#"xlb.toml: vip "api": table_size 131071 is larger than daemon.max_table_size 65537; use a smaller prime or raise max_table_size"#,
         ];
         table_smaller_than_backends: api_vip(r#"
 table_size = 2

@@ -211,11 +211,11 @@ impl Response {
 pub struct StatusReport {
     /// Version of this schema: [`PROTOCOL_VERSION`].
     pub version: u32,
-    /// `daemon.pinned.instance`: pins live under `/sys/fs/bpf/xlb/<instance>/`.
+    /// `daemon.instance`: pins live under `/sys/fs/bpf/xlb/<instance>/`.
     pub instance: String,
     /// Interface the XDP program is attached to.
     pub interface: String,
-    /// `"native"` or `"generic"` (`daemon.pinned.xdp_mode`).
+    /// `"native"` or `"generic"` (`daemon.xdp_mode`).
     pub xdp_mode: String,
     /// When the daemon started, ms since the Unix epoch.
     pub started_unix_ms: u64,
@@ -240,7 +240,7 @@ pub struct ConntrackStatus {
     /// counted every 10 s off the daemon's main loop: walking a million keys
     /// takes a syscall each.
     pub entries: u64,
-    /// `daemon.pinned.conntrack_size`.
+    /// `daemon.conntrack_size`.
     pub capacity: u64,
 }
 
@@ -650,18 +650,18 @@ pub enum CtlError {
     )]
     PermissionDenied { path: PathBuf },
     #[error(
-        "another xlb is running on {}; stop it, or give this one another daemon.restart.control_socket",
+        "another xlb is running on {}; stop it, or give this one another daemon.control_socket",
         path.display()
     )]
     AlreadyRunning { path: PathBuf },
     #[error(
-        "{} exists and is not a socket; remove it, or set daemon.restart.control_socket to another path",
+        "{} exists and is not a socket; remove it, or set daemon.control_socket to another path",
         path.display()
     )]
     NotASocket { path: PathBuf },
     #[error(
         "socket_group {group:?} does not exist; create it (groupadd {group}), or remove \
-         daemon.restart.socket_group to keep the control socket root-only"
+         daemon.socket_group to keep the control socket root-only"
     )]
     NoSuchGroup { group: String },
     #[error("{what} {}: {source}", path.display())]

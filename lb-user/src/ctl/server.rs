@@ -617,7 +617,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "socket_group \"no-such-group-xlb-test\" does not exist; create it (groupadd \
-             no-such-group-xlb-test), or remove daemon.restart.socket_group to keep the control socket root-only"
+             no-such-group-xlb-test), or remove daemon.socket_group to keep the control socket root-only"
         );
         assert!(
             !path.exists(),
@@ -639,7 +639,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "another xlb is running on {}; stop it, or give this one another daemon.restart.control_socket",
+                "another xlb is running on {}; stop it, or give this one another daemon.control_socket",
                 path.display()
             )
         );

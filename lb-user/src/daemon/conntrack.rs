@@ -52,7 +52,7 @@ pub struct Window {
 }
 
 impl Window {
-    /// UDP entries by the data plane's own expiry (`daemon.live.udp_timeout`;
+    /// UDP entries by the data plane's own expiry (`daemon.udp_timeout`;
     /// 0 = never expires, then by [`ACTIVE_WINDOW`] like TCP).
     pub fn new(udp_timeout_ns: u64) -> Self {
         let active = ACTIVE_WINDOW.as_nanos() as u64;
@@ -168,7 +168,7 @@ pub struct Shared {
     latest: Mutex<Option<Walk>>,
     /// Walk every [`PERIOD_DRAINING`] instead of [`PERIOD_IDLE`].
     fast: AtomicBool,
-    /// `daemon.live.udp_timeout` in ns (it can change on reload).
+    /// `daemon.udp_timeout` in ns (it can change on reload).
     udp_timeout_ns: AtomicU64,
 }
 

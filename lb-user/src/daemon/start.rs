@@ -81,7 +81,7 @@ fn raise_nofile(cfg: &Config) {
             wanted,
             "descriptor limit below what probe_concurrency and hang_timeout may need: probes \
              may fail with local errors (too many open files); raise the hard limit \
-             (systemd LimitNOFILE=, ulimit -Hn) or lower daemon.restart.probe_concurrency"
+             (systemd LimitNOFILE=, ulimit -Hn) or lower daemon.probe_concurrency"
         );
     } else {
         info!(soft, hard, wanted, "descriptor limit");
@@ -101,7 +101,7 @@ pub(super) fn write_globals(
         Some(k) => {
             if g.hash_key != [0, 0] && g.hash_key != k {
                 warn!(
-                    "daemon.live.hash_seed differs from the pinned hash key: new flows may move to other backends (established ones keep theirs)"
+                    "daemon.hash_seed differs from the pinned hash key: new flows may move to other backends (established ones keep theirs)"
                 );
             }
             k
@@ -125,10 +125,10 @@ pub(super) fn write_globals(
             .any(|v| v.mode == Mode::DsrIpip && v.addr.is_ipv6() == v6)
     };
     if src4.is_none() && ipip(false) {
-        warn!(interface = %d.pinned.interface, "no IPv4 address on the interface and no daemon.live.encap_source_v4: IPv4 dsr-ipip packets get source 0.0.0.0");
+        warn!(interface = %d.pinned.interface, "no IPv4 address on the interface and no daemon.encap_source_v4: IPv4 dsr-ipip packets get source 0.0.0.0");
     }
     if src6.is_none() && ipip(true) {
-        warn!(interface = %d.pinned.interface, "no global IPv6 address on the interface and no daemon.live.encap_source_v6: IPv6 dsr-ipip packets get source ::");
+        warn!(interface = %d.pinned.interface, "no global IPv6 address on the interface and no daemon.encap_source_v6: IPv6 dsr-ipip packets get source ::");
     }
     Ok(())
 }

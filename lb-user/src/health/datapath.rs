@@ -45,7 +45,7 @@ pub struct DatapathTarget {
     pub vip: SocketAddr,
     /// `SO_MARK` of the probe socket: `lb_common::hc_mark(backend id)`.
     pub mark: u32,
-    /// The daemon's interface (`daemon.pinned.interface`), where `xlb_hc` runs.
+    /// The daemon's interface (`daemon.interface`), where `xlb_hc` runs.
     pub interface: String,
     /// The VIP's forwarding mode, for operators' texts.
     pub mode: Mode,

@@ -1,0 +1,124 @@
+//! The metric families of each backend, labelled `vip` and `backend`.
+
+use super::exposition::{Family, Kind, Subject, Value};
+use super::{LatencyHistogram, MetricsExtra};
+use crate::ctl::{BACKEND_STATES, BackendStatus, PLACEMENTS, StatusReport};
+
+/// One backend of one VIP, with what the metrics add to its status. A copy
+/// of the snapshot's parts, so that the family table can be a constant
+/// (a view borrowing the snapshot would give it a lifetime).
+pub(super) struct BackendView {
+    vip: String,
+    status: BackendStatus,
+    latency: LatencyHistogram,
+    transitions: u64,
+}
+
+impl Subject for BackendView {
+    fn labels(&self) -> Vec<(&'static str, &str)> {
+        vec![("vip", &self.vip), ("backend", &self.status.address)]
+    }
+}
+
+/// Every backend of every VIP, in configuration order. A backend without
+/// extras still has its (empty) latency series.
+pub(super) fn views(status: &StatusReport, extra: &MetricsExtra) -> Vec<BackendView> {
+    let views = status.vips.iter().flat_map(|v| {
+        v.backends.iter().map(|b| {
+            let (latency, transitions) = extra
+                .per_backend
+                .get(&(v.name.clone(), b.address.clone()))
+                .cloned()
+                .unwrap_or_default();
+            BackendView {
+                vip: v.name.clone(),
+                status: b.clone(),
+                latency,
+                transitions,
+            }
+        })
+    });
+    views.collect()
+}
+
+pub(super) const FAMILIES: [Family<BackendView>; 13] = [
+    Family {
+        name: "xlb_backend_up",
+        kind: Kind::Gauge,
+        help: "1 if the backend is in its VIP's table (takes new flows), else 0.",
+        value: |b| Value::Int(u64::from(b.status.in_table)),
+    },
+    Family {
+        name: "xlb_backend_state",
+        kind: Kind::Gauge,
+        help: "1 for the backend's current data-plane state (up, down, draining, unknown), 0 for the others.",
+        value: |b| Value::one_of("state", &BACKEND_STATES, &b.status.state),
+    },
+    Family {
+        name: "xlb_backend_placement",
+        kind: Kind::Gauge,
+        help: "1 for what the VIP's health policy does with the backend now (serving, ramping, ejected_slow, down, held_down, panic_restored, draining, unknown), 0 for the others.",
+        value: |b| Value::one_of("placement", &PLACEMENTS, &b.status.placement),
+    },
+    Family {
+        name: "xlb_backend_probe_local_errors_total",
+        kind: Kind::Counter,
+        help: "Probes of the backend that failed for the load balancer's own reason (out of descriptors or buffers, no route from this host); never counted against the backend.",
+        value: |b| Value::Int(b.status.probe_local_errors),
+    },
+    Family {
+        name: "xlb_backend_effective_weight",
+        kind: Kind::Gauge,
+        help: "Weight of the backend in its VIP's table now: the configured weight, less while ramping up (slow start), 0 when out.",
+        value: |b| Value::Float(b.status.effective_weight),
+    },
+    Family {
+        name: "xlb_backend_admin_drained",
+        kind: Kind::Gauge,
+        help: "1 if an operator drained the backend (xlb drain).",
+        value: |b| Value::Int(u64::from(b.status.admin_drained)),
+    },
+    Family {
+        name: "xlb_backend_weight",
+        kind: Kind::Gauge,
+        help: "Configured weight of the backend.",
+        value: |b| Value::Int(u64::from(b.status.weight)),
+    },
+    Family {
+        name: "xlb_backend_flows",
+        kind: Kind::Gauge,
+        help: "Established flows of the backend: conntrack entries that carried a packet in the last 30 s \
+               (UDP: within udp_timeout), from the periodic conntrack walk; absent before the first walk.",
+        value: |b| b.status.flows.map_or(Value::Absent, Value::Int),
+    },
+    Family {
+        name: "xlb_backend_probe_latency_seconds",
+        kind: Kind::Histogram,
+        help: "Duration of health probes, failed ones included.",
+        value: |b| Value::Histogram(&b.latency),
+    },
+    Family {
+        name: "xlb_backend_transitions_total",
+        kind: Kind::Counter,
+        help: "State transitions of the backend since the daemon started.",
+        value: |b| Value::Int(b.transitions),
+    },
+    Family {
+        name: "xlb_backend_packets_total",
+        kind: Kind::Counter,
+        help: "Packets forwarded to the backend.",
+        value: |b| Value::Int(b.status.packets),
+    },
+    Family {
+        name: "xlb_backend_bytes_total",
+        kind: Kind::Counter,
+        help: "Bytes forwarded to the backend (frame length as received).",
+        value: |b| Value::Int(b.status.bytes),
+    },
+    Family {
+        name: "xlb_backend_new_flows_total",
+        kind: Kind::Counter,
+        help: "Flows given to the backend from the table.",
+        value: |b| Value::Int(b.status.new_flows),
+    },
+];

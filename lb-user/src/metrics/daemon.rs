@@ -1,0 +1,78 @@
+//! The daemon's own metric families: what runs, since when, and the
+//! data plane's global counters.
+
+use std::borrow::Cow;
+
+use super::exposition::{Family, Kind, Subject, Value};
+use crate::ctl::StatusReport;
+
+impl Subject for StatusReport {
+    fn labels(&self) -> Vec<(&'static str, &str)> {
+        Vec::new()
+    }
+}
+
+pub(super) const FAMILIES: [Family<StatusReport>; 6] = [
+    Family {
+        name: "xlb_info",
+        kind: Kind::Gauge,
+        help: "Always 1; the labels describe the running daemon.",
+        value: |s| {
+            Value::Info(vec![
+                ("instance", s.instance.as_str().into()),
+                ("interface", s.interface.as_str().into()),
+                ("xdp_mode", s.xdp_mode.as_str().into()),
+            ])
+        },
+    },
+    Family {
+        name: "xlb_start_time_seconds",
+        kind: Kind::Gauge,
+        help: "When the daemon started, seconds since the Unix epoch.",
+        value: |s| Value::Float(s.started_unix_ms as f64 / 1000.0),
+    },
+    Family {
+        name: "xlb_adopted",
+        kind: Kind::Gauge,
+        help: "1 if the daemon took over the pinned maps of a previous run at start.",
+        value: |s| Value::Int(u64::from(s.adopted)),
+    },
+    Family {
+        name: "xlb_packets_total",
+        kind: Kind::Counter,
+        help: "Packets by data-plane outcome (forwards, passes, drops) and conntrack events.",
+        value: packets_by_reason,
+    },
+    Family {
+        name: "xlb_conntrack_entries",
+        kind: Kind::Gauge,
+        help: "Entries in the connection tracking table.",
+        value: |s| Value::Int(s.conntrack.entries),
+    },
+    Family {
+        name: "xlb_conntrack_capacity",
+        kind: Kind::Gauge,
+        help: "Capacity of the connection tracking table (daemon.conntrack_size).",
+        value: |s| Value::Int(s.conntrack.capacity),
+    },
+];
+
+/// Every reason this build knows, even at 0, so a rate() works from the
+/// first drop; then any the daemon reports that this build does not know.
+fn packets_by_reason(s: &StatusReport) -> Value<'_> {
+    let known: Vec<&'static str> = lb_common::Stat::ALL.iter().map(|s| s.label()).collect();
+    let mut samples: Vec<(Cow<'_, str>, u64)> = known
+        .iter()
+        .map(|&reason| {
+            let n = s.counters.get(reason).copied().unwrap_or(0);
+            (Cow::Borrowed(reason), n)
+        })
+        .collect();
+    samples.extend(
+        s.counters
+            .iter()
+            .filter(|(reason, _)| !known.contains(&reason.as_str()))
+            .map(|(reason, &n)| (Cow::Borrowed(reason.as_str()), n)),
+    );
+    Value::ByLabel("reason", samples)
+}
