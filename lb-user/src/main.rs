@@ -54,7 +54,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 (None, None) => config::defaults::INSTANCE.to_owned(),
             };
-            lb_user::daemon::detach(&instance)
+            println!("{}", lb_user::daemon::detach(&instance)?);
+            Ok(())
         }
         Command::Decap {
             interface,

@@ -117,8 +117,9 @@ pub(super) fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<
 }
 
 /// `xlb detach`: removes everything `xlb run` pinned and attached for
-/// `instance`. Established flows stop being balanced at once.
-pub fn detach(instance: &str) -> anyhow::Result<()> {
+/// `instance`, and says what it removed. Established flows stop being
+/// balanced at once.
+pub fn detach(instance: &str) -> anyhow::Result<String> {
     let dir = persist::pin_dir(instance);
     let mut removed = Vec::new();
     let links = [
@@ -158,10 +159,9 @@ pub fn detach(instance: &str) -> anyhow::Result<()> {
             removed.push(path.display().to_string());
         }
     }
-    if removed.is_empty() {
-        println!("xlb instance {instance:?}: nothing pinned, nothing to remove");
+    Ok(if removed.is_empty() {
+        format!("xlb instance {instance:?}: nothing pinned, nothing to remove")
     } else {
-        println!("xlb instance {instance:?}: removed {}", removed.join(", "));
-    }
-    Ok(())
+        format!("xlb instance {instance:?}: removed {}", removed.join(", "))
+    })
 }
