@@ -9,8 +9,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{self, Config, ConfigErrors, Protocol};
-use crate::ctl::{BackendStatus, Event, ExplainReport, Request, StatusReport, VipStatus};
+use crate::config::{self, Config, ConfigErrors};
+use crate::ctl::{
+    BackendStatus, DEFAULT_CONTROL_SOCKET, Event, ExplainReport, Protocol, Request, StatusReport,
+    VipStatus,
+};
 
 /// xlb: an XDP layer-4 load balancer (Maglev hashing, direct server return).
 #[derive(Debug, Parser)]
@@ -23,7 +26,7 @@ pub struct Cli {
         global = true,
         env = "XLB_SOCKET",
         value_name = "PATH",
-        default_value = config::defaults::CONTROL_SOCKET
+        default_value = DEFAULT_CONTROL_SOCKET
     )]
     pub socket: PathBuf,
 
@@ -242,7 +245,7 @@ pub fn drain_progress(
     backend: &str,
     now_unix_ms: u64,
 ) -> DrainProgress {
-    let Some(v) = report.vips.iter().find(|v| v.name == vip) else {
+    let Some(v) = report.vip(vip) else {
         return DrainProgress::Gone(format!(
             "vip {vip:?} is no longer configured (reloaded?); stopped waiting"
         ));
@@ -695,7 +698,7 @@ pub fn render_event(e: &Event, color: bool) -> String {
     let mut line = format!(
         "{} {}",
         format_utc(e.at_unix_ms),
-        paint(&e.kind, Style::Bold, color)
+        paint(e.kind.as_str(), Style::Bold, color)
     );
     for part in [&e.vip, &e.backend].into_iter().flatten() {
         line.push(' ');
@@ -790,6 +793,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ctl::EventKind;
     use crate::ctl::tests::{SAMPLE_NOW_MS, sample_event, sample_report};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
@@ -1343,14 +1347,14 @@ VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
         let mut e = sample_event(1);
         e.at_unix_ms = 1_796_000_000_000 + 3_120; // 2026-11-30 00:53:20.000 + 3.12 s
         let mut table = sample_event(2);
-        table.kind = "table".to_owned();
+        table.kind = EventKind::Table;
         table.backend = None;
         table.from = None;
         table.to = None;
         table.reason = "1 of 3 backends up".to_owned();
         table.table_build_us = Some(12_345);
         let mut start = sample_event(3);
-        start.kind = "start".to_owned();
+        start.kind = EventKind::Start;
         start.vip = None;
         start.backend = None;
         start.from = None;

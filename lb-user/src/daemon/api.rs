@@ -9,7 +9,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::Context as _;
@@ -25,8 +25,8 @@ use super::{
 use crate::{
     config::{Config, Protocol},
     ctl::{
-        self, BackendStatus, Event, ExplainReport, ProbeStatus, Request, Response, StatusReport,
-        VipStatus,
+        self, BackendStatus, Event, EventKind, ExplainReport, ProbeStatus, Request, Response,
+        StatusReport, VipStatus, unix_ms,
     },
     dataplane::Dataplane,
     health::{
@@ -42,12 +42,6 @@ const EVENT_LOG: usize = 1000;
 
 /// Least time between two `alarm` events (each local error is still logged).
 const ALARM_PERIOD: Duration = Duration::from_secs(10);
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// Converts a monotonic instant to wall-clock milliseconds.
 fn instant_ms(t: Instant) -> u64 {
@@ -219,7 +213,7 @@ impl Daemon {
     )]
     fn event(
         &mut self,
-        kind: &str,
+        kind: EventKind,
         vip: Option<&str>,
         backend: Option<String>,
         from: Option<&str>,
@@ -230,7 +224,7 @@ impl Daemon {
         let ev = Event {
             seq: self.next_seq,
             at_unix_ms: unix_ms(SystemTime::now()),
-            kind: kind.to_string(),
+            kind,
             vip: vip.map(str::to_string),
             backend,
             from: from.map(str::to_string),
@@ -344,7 +338,15 @@ impl Daemon {
             return;
         }
         self.last_alarm = Some(now);
-        self.event("alarm", Some(&vip), Some(addr), None, None, text, None);
+        self.event(
+            EventKind::Alarm,
+            Some(&vip),
+            Some(addr),
+            None,
+            None,
+            text,
+            None,
+        );
     }
 
     /// Runs the VIP policy over VIP `vi` and applies what changed: backend
@@ -390,7 +392,11 @@ impl Daemon {
                         (b.id, b.cfg.socket_addr().to_string(), b.placement_name());
                     *self.transitions.entry(id).or_default() += 1;
                     self.event(
-                        if admin { "admin" } else { "transition" },
+                        if admin {
+                            EventKind::Admin
+                        } else {
+                            EventKind::Transition
+                        },
                         Some(&name),
                         Some(addr),
                         Some(from),
@@ -403,7 +409,7 @@ impl Daemon {
                     warn!(vip = %name, "vip {name:?} enters panic: {text}");
                     let r = rebuild.take();
                     self.event(
-                        "panic",
+                        EventKind::Panic,
                         Some(&name),
                         None,
                         Some("normal"),
@@ -416,7 +422,7 @@ impl Daemon {
                     info!(vip = %name, "vip {name:?} leaves panic: {text}");
                     let r = rebuild.take();
                     self.event(
-                        "panic",
+                        EventKind::Panic,
                         Some(&name),
                         None,
                         Some("panic"),
@@ -428,7 +434,7 @@ impl Daemon {
                 Change::FleetSlow(text) => {
                     warn!(vip = %name, "vip {name:?}: {text}");
                     self.event(
-                        "fleet_slow",
+                        EventKind::FleetSlow,
                         Some(&name),
                         None,
                         Some("normal"),
@@ -440,7 +446,7 @@ impl Daemon {
                 Change::FleetRecovered(text) => {
                     info!(vip = %name, "vip {name:?}: {text}");
                     self.event(
-                        "fleet_slow",
+                        EventKind::FleetSlow,
                         Some(&name),
                         None,
                         Some("slow"),
@@ -508,7 +514,7 @@ impl Daemon {
             let reason = format!("drain deadline set: {note}");
             info!(vip, backend = %addr, "{reason}");
             self.event(
-                "admin",
+                EventKind::Admin,
                 Some(vip),
                 Some(addr.to_string()),
                 None,
@@ -614,7 +620,7 @@ impl Daemon {
             b.state_name(),
         );
         self.event(
-            "drain",
+            EventKind::Drain,
             Some(&name),
             Some(addr),
             Some(from),
@@ -790,7 +796,15 @@ impl Daemon {
             "reloaded: {added} VIPs added, {changed} changed, {removed} removed, {} unchanged",
             self.vips.len() - added - changed
         );
-        self.event("reload", None, None, None, None, summary.clone(), None);
+        self.event(
+            EventKind::Reload,
+            None,
+            None,
+            None,
+            None,
+            summary.clone(),
+            None,
+        );
         notes.insert(0, summary);
         Ok(notes.join("\n"))
     }
@@ -804,7 +818,15 @@ impl Daemon {
         let up = self.vips[vi].up_count();
         let total = self.vips[vi].backends.len();
         let reason = format!("{why}: table rebuilt with {up}/{total} backends up");
-        self.event("table", Some(&name), None, None, None, reason, Some(r));
+        self.event(
+            EventKind::Table,
+            Some(&name),
+            None,
+            None,
+            None,
+            reason,
+            Some(r),
+        );
     }
 
     fn change_vip(
@@ -1185,7 +1207,7 @@ impl Daemon {
             }
         );
         info!("{msg}");
-        self.event("start", None, None, None, None, msg, None);
+        self.event(EventKind::Start, None, None, None, None, msg, None);
         self.save();
         self.start_probes();
 
