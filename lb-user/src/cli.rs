@@ -445,46 +445,7 @@ fn table(out: &mut String, indent: &str, rows: &[Vec<Cell>], color: bool) {
 /// `xlb status`: the daemon line, nonzero drop counters, then each VIP with
 /// a table of its backends. `now_unix_ms` dates the FOR column.
 pub fn render_status(report: &StatusReport, now_unix_ms: u64, color: bool) -> String {
-    let mut out = String::new();
-    let ct = &report.conntrack;
-    let ct_pct = if ct.capacity > 0 {
-        ct.entries as f64 * 100.0 / ct.capacity as f64
-    } else {
-        0.0
-    };
-    let _ = write!(
-        out,
-        "{} on {} ({} XDP)  up {}  conntrack {}/{} ({ct_pct:.1}%)  config {}",
-        paint(
-            &format!("xlb instance {}", report.instance),
-            Style::Bold,
-            color
-        ),
-        report.interface,
-        report.xdp_mode,
-        span(now_unix_ms.saturating_sub(report.started_unix_ms)),
-        ct.entries,
-        ct.capacity,
-        report.config_path,
-    );
-    if report.adopted {
-        out.push_str(" (adopted pinned state)");
-    }
-    out.push('\n');
-    let drops: Vec<String> = report
-        .counters
-        .iter()
-        .filter(|&(k, &v)| v > 0 && (k.starts_with("drop_") || k == "aborted"))
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect();
-    if !drops.is_empty() {
-        let _ = writeln!(
-            out,
-            "{} {}",
-            paint("dropped:", Style::Red, color),
-            drops.join(", ")
-        );
-    }
+    let mut out = daemon_lines(report, now_unix_ms, color);
     if report.vips.is_empty() {
         out.push_str("no VIPs configured: all traffic passes to the host\n");
     }
@@ -526,6 +487,52 @@ pub fn render_status(report: &StatusReport, now_unix_ms: u64, color: bool) -> St
             out.push_str(line);
             out.push('\n');
         }
+    }
+    out
+}
+
+/// The daemon's line (instance, interface, uptime, conntrack, config), and
+/// a line of the nonzero drop counters if any.
+fn daemon_lines(report: &StatusReport, now_unix_ms: u64, color: bool) -> String {
+    let mut out = String::new();
+    let ct = &report.conntrack;
+    let ct_pct = if ct.capacity > 0 {
+        ct.entries as f64 * 100.0 / ct.capacity as f64
+    } else {
+        0.0
+    };
+    let _ = write!(
+        out,
+        "{} on {} ({} XDP)  up {}  conntrack {}/{} ({ct_pct:.1}%)  config {}",
+        paint(
+            &format!("xlb instance {}", report.instance),
+            Style::Bold,
+            color
+        ),
+        report.interface,
+        report.xdp_mode,
+        span(now_unix_ms.saturating_sub(report.started_unix_ms)),
+        ct.entries,
+        ct.capacity,
+        report.config_path,
+    );
+    if report.adopted {
+        out.push_str(" (adopted pinned state)");
+    }
+    out.push('\n');
+    let drops: Vec<String> = report
+        .counters
+        .iter()
+        .filter(|&(k, &v)| v > 0 && (k.starts_with("drop_") || k == "aborted"))
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    if !drops.is_empty() {
+        let _ = writeln!(
+            out,
+            "{} {}",
+            paint("dropped:", Style::Red, color),
+            drops.join(", ")
+        );
     }
     out
 }
