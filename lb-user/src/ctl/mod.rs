@@ -1,5 +1,5 @@
 //! The control socket: how `xlb status`, `xlb drain` and friends reach a
-//! running daemon ([`client`] and [`server`] ends, and their errors).
+//! running daemon (its client and server ends, and their errors).
 //!
 //! The messages, their wire format and the protocol's defaults are in the
 //! `lb_ctl` crate, shared with the test lab; they are re-exported here, so
