@@ -3,10 +3,11 @@
 //! ([`backend`], binary `xlb-backend`) and a load client that records every
 //! request's outcome ([`client`], binary `xlb-client`).
 //!
-//! The lab does not depend on the rest of xlb: whoever holds the eBPF object
-//! attaches programs to the interfaces the topology names. [`scenario`] does
-//! that by running the `xlb` binary (given its path) in the lab, for the
-//! end-to-end tests and `cargo xtask lab`/`demo`.
+//! The lab does not depend on the rest of xlb, but for the control
+//! protocol's types (`lb_ctl`) that it reads xlb's answers into: whoever
+//! holds the eBPF object attaches programs to the interfaces the topology
+//! names. [`scenario`] does that by running the `xlb` binary (given its
+//! path) in the lab, for the end-to-end tests and `cargo xtask lab`/`demo`.
 
 pub mod backend;
 pub mod client;

@@ -9,8 +9,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{self, Config, ConfigErrors, Protocol};
-use crate::ctl::{BackendStatus, Event, ExplainReport, Request, StatusReport, VipStatus};
+use crate::config::{self, Config, ConfigErrors};
+use crate::ctl::{
+    BackendStatus, DEFAULT_CONTROL_SOCKET, Event, ExplainReport, Protocol, Request, StatusReport,
+    VipStatus,
+};
 
 /// xlb: an XDP layer-4 load balancer (Maglev hashing, direct server return).
 #[derive(Debug, Parser)]
@@ -23,7 +26,7 @@ pub struct Cli {
         global = true,
         env = "XLB_SOCKET",
         value_name = "PATH",
-        default_value = config::defaults::CONTROL_SOCKET
+        default_value = DEFAULT_CONTROL_SOCKET
     )]
     pub socket: PathBuf,
 
@@ -242,7 +245,7 @@ pub fn drain_progress(
     backend: &str,
     now_unix_ms: u64,
 ) -> DrainProgress {
-    let Some(v) = report.vips.iter().find(|v| v.name == vip) else {
+    let Some(v) = report.vip(vip) else {
         return DrainProgress::Gone(format!(
             "vip {vip:?} is no longer configured (reloaded?); stopped waiting"
         ));
@@ -440,46 +443,7 @@ fn table(out: &mut String, indent: &str, rows: &[Vec<Cell>], color: bool) {
 /// `xlb status`: the daemon line, nonzero drop counters, then each VIP with
 /// a table of its backends. `now_unix_ms` dates the FOR column.
 pub fn render_status(report: &StatusReport, now_unix_ms: u64, color: bool) -> String {
-    let mut out = String::new();
-    let ct = &report.conntrack;
-    let ct_pct = if ct.capacity > 0 {
-        ct.entries as f64 * 100.0 / ct.capacity as f64
-    } else {
-        0.0
-    };
-    let _ = write!(
-        out,
-        "{} on {} ({} XDP)  up {}  conntrack {}/{} ({ct_pct:.1}%)  config {}",
-        paint(
-            &format!("xlb instance {}", report.instance),
-            Style::Bold,
-            color
-        ),
-        report.interface,
-        report.xdp_mode,
-        span(now_unix_ms.saturating_sub(report.started_unix_ms)),
-        ct.entries,
-        ct.capacity,
-        report.config_path,
-    );
-    if report.adopted {
-        out.push_str(" (adopted pinned state)");
-    }
-    out.push('\n');
-    let drops: Vec<String> = report
-        .counters
-        .iter()
-        .filter(|&(k, &v)| v > 0 && (k.starts_with("drop_") || k == "aborted"))
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect();
-    if !drops.is_empty() {
-        let _ = writeln!(
-            out,
-            "{} {}",
-            paint("dropped:", Style::Red, color),
-            drops.join(", ")
-        );
-    }
+    let mut out = daemon_lines(report, now_unix_ms, color);
     if report.vips.is_empty() {
         out.push_str("no VIPs configured: all traffic passes to the host\n");
     }
@@ -521,6 +485,52 @@ pub fn render_status(report: &StatusReport, now_unix_ms: u64, color: bool) -> St
             out.push_str(line);
             out.push('\n');
         }
+    }
+    out
+}
+
+/// The daemon's line (instance, interface, uptime, conntrack, config), and
+/// a line of the nonzero drop counters if any.
+fn daemon_lines(report: &StatusReport, now_unix_ms: u64, color: bool) -> String {
+    let mut out = String::new();
+    let ct = &report.conntrack;
+    let ct_pct = if ct.capacity > 0 {
+        ct.entries as f64 * 100.0 / ct.capacity as f64
+    } else {
+        0.0
+    };
+    let _ = write!(
+        out,
+        "{} on {} ({} XDP)  up {}  conntrack {}/{} ({ct_pct:.1}%)  config {}",
+        paint(
+            &format!("xlb instance {}", report.instance),
+            Style::Bold,
+            color
+        ),
+        report.interface,
+        report.xdp_mode,
+        span(now_unix_ms.saturating_sub(report.started_unix_ms)),
+        ct.entries,
+        ct.capacity,
+        report.config_path,
+    );
+    if report.adopted {
+        out.push_str(" (adopted pinned state)");
+    }
+    out.push('\n');
+    let drops: Vec<String> = report
+        .counters
+        .iter()
+        .filter(|&(k, &v)| v > 0 && (k.starts_with("drop_") || k == "aborted"))
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    if !drops.is_empty() {
+        let _ = writeln!(
+            out,
+            "{} {}",
+            paint("dropped:", Style::Red, color),
+            drops.join(", ")
+        );
     }
     out
 }
@@ -693,7 +703,7 @@ pub fn render_event(e: &Event, color: bool) -> String {
     let mut line = format!(
         "{} {}",
         format_utc(e.at_unix_ms),
-        paint(&e.kind, Style::Bold, color)
+        paint(e.kind.as_str(), Style::Bold, color)
     );
     for part in [&e.vip, &e.backend].into_iter().flatten() {
         line.push(' ');
@@ -788,6 +798,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ctl::EventKind;
     use crate::ctl::tests::{SAMPLE_NOW_MS, sample_event, sample_report};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
@@ -1341,14 +1352,14 @@ VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
         let mut e = sample_event(1);
         e.at_unix_ms = 1_796_000_000_000 + 3_120; // 2026-11-30 00:53:20.000 + 3.12 s
         let mut table = sample_event(2);
-        table.kind = "table".to_owned();
+        table.kind = EventKind::Table;
         table.backend = None;
         table.from = None;
         table.to = None;
         table.reason = "1 of 3 backends up".to_owned();
         table.table_build_us = Some(12_345);
         let mut start = sample_event(3);
-        start.kind = "start".to_owned();
+        start.kind = EventKind::Start;
         start.vip = None;
         start.backend = None;
         start.from = None;

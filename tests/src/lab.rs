@@ -9,12 +9,13 @@ use std::{
     path::{Path, PathBuf},
     sync::{Mutex, MutexGuard},
     thread,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime},
 };
 
+pub use lb_ctl::now_unix_ms;
 use xlb_lab::{
     client::{LoadOptions, Report},
-    scenario::{self, ClientRun, Event, LabRun, StateFile, XlbConfig},
+    scenario::{self, ClientRun, Event, EventKind, LabRun, StateFile, XlbConfig},
     topology::list_namespaces,
 };
 
@@ -25,12 +26,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 pub fn serial() -> MutexGuard<'static, ()> {
     // A failed test poisons the lock; the next one still gets a clean lab.
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-pub fn now_unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Newest modification time of the files under `paths` (recursively).
@@ -165,7 +160,7 @@ pub fn transitions<'a>(events: &'a [Event], vip: &str, backend: SocketAddr) -> V
     events
         .iter()
         .filter(|e| {
-            e.kind == "transition"
+            e.kind == EventKind::Transition
                 && e.vip.as_deref() == Some(vip)
                 && e.backend.as_deref() == Some(b.as_str())
         })

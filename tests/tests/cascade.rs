@@ -339,7 +339,7 @@ fn one_slow_outlier_is_ejected_within_max_ejected() {
         }
         if v.backends
             .iter()
-            .any(|b| b.address != b3 && b.state != "up")
+            .any(|b| b.address != b3.to_string() && b.state != "up")
         {
             others_out.push((t, s.summary()));
         }
@@ -534,7 +534,7 @@ fn two_hung_with_min_healthy_two_enter_panic() {
         .backends
         .iter()
         .filter(|b| b.placement == "panic_restored")
-        .map(|b| b.address)
+        .map(|b| b.address.parse().unwrap())
         .collect();
     eprintln!(
         "[{p}] panic after {after:?}: {:?}; {}; restored {restored:?}",

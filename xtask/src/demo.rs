@@ -92,8 +92,12 @@ pub fn run(keep: bool) -> Result<()> {
             status.summary()
         );
     };
-    let target = SocketAddr::new(vip.address, vip.port);
-    let hung = scenario::backend_addr(vip.address, vip.port, HUNG);
+    let address: std::net::IpAddr = vip
+        .address
+        .parse()
+        .with_context(|| format!("xlb status: VIP {VIP} has address {:?}", vip.address))?;
+    let target = SocketAddr::new(address, vip.port);
+    let hung = scenario::backend_addr(address, vip.port, HUNG);
     println!(
         "xlb is up after {:.1} s; every backend of {VIP} ({target}) passes its health checks.",
         began.elapsed().as_secs_f64()

@@ -372,7 +372,7 @@ async fn follow(
 #[cfg(test)]
 mod tests {
     use super::super::tests::{sample_event, sample_report};
-    use super::super::{Client, parse_response};
+    use super::super::{Client, EventKind, parse_response};
     use super::*;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -715,7 +715,7 @@ mod tests {
         // The server subscribed before asking for the backlog, so a repeat of
         // seq 3 is skipped and new events follow in order.
         let mut start = sample_event(4);
-        start.kind = "start".to_owned();
+        start.kind = EventKind::Start;
         for e in [sample_event(3), start.clone(), sample_event(5)] {
             fake.events.send(e).unwrap();
         }

@@ -2,6 +2,7 @@
 //! backend goes `down`) and `xlb enable`, the deadlines applied every tick,
 //! and the established flows per backend that `xlb drain --wait` watches.
 
+use crate::ctl::EventKind;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
@@ -92,7 +93,7 @@ impl Daemon {
         let reason = format!("drain deadline set: {note}");
         info!(vip, backend = %addr, "{reason}");
         self.event(
-            "admin",
+            EventKind::Admin,
             Some(vip),
             Some(addr.to_string()),
             None,
@@ -181,7 +182,7 @@ impl Daemon {
             b.state_name(),
         );
         self.event(
-            "drain",
+            EventKind::Drain,
             Some(&name),
             Some(addr),
             Some(from),

@@ -2,6 +2,7 @@
 //! VIP policy decides placements, and every change is applied (backend
 //! state, then table) and told once (one log line, one event).
 
+use crate::ctl::EventKind;
 use std::time::{Duration, Instant};
 
 use super::{
@@ -109,7 +110,15 @@ impl Daemon {
             return;
         }
         self.last_alarm = Some(now);
-        self.event("alarm", Some(&vip), Some(addr), None, None, text, None);
+        self.event(
+            EventKind::Alarm,
+            Some(&vip),
+            Some(addr),
+            None,
+            None,
+            text,
+            None,
+        );
     }
 
     /// Runs the VIP policy over VIP `vi` and applies what changed: backend
@@ -172,19 +181,19 @@ impl Daemon {
             } => return self.tell_placement(vi, member, (from, to), reason, rebuild.take()),
             Change::PanicEnter(text) => {
                 warn!(vip = %name, "vip {name:?} enters panic: {text}");
-                ("panic", "normal", "panic", text, rebuild.take())
+                (EventKind::Panic, "normal", "panic", text, rebuild.take())
             }
             Change::PanicExit(text) => {
                 info!(vip = %name, "vip {name:?} leaves panic: {text}");
-                ("panic", "panic", "normal", text, rebuild.take())
+                (EventKind::Panic, "panic", "normal", text, rebuild.take())
             }
             Change::FleetSlow(text) => {
                 warn!(vip = %name, "vip {name:?}: {text}");
-                ("fleet_slow", "normal", "slow", text, None)
+                (EventKind::FleetSlow, "normal", "slow", text, None)
             }
             Change::FleetRecovered(text) => {
                 info!(vip = %name, "vip {name:?}: {text}");
-                ("fleet_slow", "slow", "normal", text, None)
+                (EventKind::FleetSlow, "slow", "normal", text, None)
             }
         };
         self.event(kind, Some(&name), None, Some(from), Some(to), text, r);
@@ -209,7 +218,11 @@ impl Daemon {
         let (id, addr, to) = (b.id, b.cfg.socket_addr().to_string(), b.placement_name());
         *self.transitions.entry(id).or_default() += 1;
         self.event(
-            if admin { "admin" } else { "transition" },
+            if admin {
+                EventKind::Admin
+            } else {
+                EventKind::Transition
+            },
             Some(&name),
             Some(addr),
             Some(from),

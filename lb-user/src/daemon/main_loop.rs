@@ -3,6 +3,7 @@
 //! reports, answers requests, reloads on SIGHUP and runs the 1 s tick until
 //! SIGTERM or SIGINT. It is the only task that writes the maps.
 
+use crate::ctl::EventKind;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -68,7 +69,7 @@ impl Daemon {
             }
         );
         info!("{msg}");
-        self.event("start", None, None, None, None, msg, None);
+        self.event(EventKind::Start, None, None, None, None, msg, None);
         self.save();
         self.start_probes();
         Ok(())

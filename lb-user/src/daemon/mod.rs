@@ -40,7 +40,7 @@ use std::{
     collections::{HashMap, VecDeque},
     path::PathBuf,
     sync::{Arc, Mutex, atomic::AtomicU64},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime},
 };
 
 use lb_common::LAYOUT_VERSION;
@@ -54,7 +54,7 @@ use self::{
 };
 use crate::{
     config::Config,
-    ctl::{Event, StatusReport},
+    ctl::{self, Event, EventKind, StatusReport},
     dataplane::Dataplane,
     health::scheduler::{Report, Scheduler},
     metrics::{LatencyHistogram, MetricsExtra},
@@ -69,12 +69,6 @@ pub use crate::host::raise_nofile_to;
 
 /// Events kept for `xlb events`.
 const EVENT_LOG: usize = 1000;
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// The daemon state, owned by the main loop.
 pub struct Daemon {
@@ -215,7 +209,7 @@ impl Daemon {
     )]
     fn event(
         &mut self,
-        kind: &str,
+        kind: EventKind,
         vip: Option<&str>,
         backend: Option<String>,
         from: Option<&str>,
@@ -225,8 +219,8 @@ impl Daemon {
     ) {
         let ev = Event {
             seq: self.next_seq,
-            at_unix_ms: unix_ms(SystemTime::now()),
-            kind: kind.to_string(),
+            at_unix_ms: ctl::now_unix_ms(),
+            kind,
             vip: vip.map(str::to_string),
             backend,
             from: from.map(str::to_string),

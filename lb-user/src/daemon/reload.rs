@@ -4,6 +4,7 @@
 //! table, same flows); a changed one keeps the backends it still lists,
 //! with their health.
 
+use crate::ctl::EventKind;
 use serde::Serialize;
 use serde_json::Value;
 use tracing::{error, info, warn};
@@ -58,7 +59,15 @@ impl Daemon {
             "reloaded: {added} VIPs added, {changed} changed, {removed} removed, {} unchanged",
             self.vips.len() - added - changed
         );
-        self.event("reload", None, None, None, None, summary.clone(), None);
+        self.event(
+            EventKind::Reload,
+            None,
+            None,
+            None,
+            None,
+            summary.clone(),
+            None,
+        );
         notes.insert(0, summary);
         Ok(notes.join("\n"))
     }
@@ -158,7 +167,15 @@ impl Daemon {
         let up = self.vips[vi].up_count();
         let total = self.vips[vi].backends.len();
         let reason = format!("{why}: table rebuilt with {up}/{total} backends up");
-        self.event("table", Some(&name), None, None, None, reason, Some(r));
+        self.event(
+            EventKind::Table,
+            Some(&name),
+            None,
+            None,
+            None,
+            reason,
+            Some(r),
+        );
     }
 
     /// Applies a changed VIP configuration: backends kept where address and

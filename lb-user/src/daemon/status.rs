@@ -13,7 +13,6 @@ use lb_common::{Stat, TrafficStats};
 use super::{
     Daemon,
     model::{Backend, Vip},
-    unix_ms,
 };
 use crate::{
     ctl::{self, BackendStatus, ProbeStatus, StatusReport, VipStatus},
@@ -30,7 +29,7 @@ fn instant_ms(t: Instant) -> u64 {
     } else {
         wall + (t - now)
     };
-    unix_ms(wall)
+    ctl::unix_ms(wall)
 }
 
 /// Packets and new flows per second of a VIP or backend, from the
@@ -110,7 +109,7 @@ impl Daemon {
             instance: self.cfg.daemon.pinned.instance.clone(),
             interface: self.cfg.daemon.pinned.interface.clone(),
             xdp_mode: self.cfg.daemon.pinned.xdp_mode.to_string(),
-            started_unix_ms: unix_ms(self.started),
+            started_unix_ms: ctl::unix_ms(self.started),
             adopted: self.adopted,
             config_path: self.config_path.display().to_string(),
             conntrack: ctl::ConntrackStatus {
@@ -216,7 +215,10 @@ impl Daemon {
             latency_ms: member.latency.map(|d| d.as_secs_f64() * 1e3),
             probe_local_errors: snap.map_or(0, |s| s.local_errors),
             flows: self.flows_of(b),
-            drain_deadline_unix_ms: b.drain_deadline.filter(|_| b.admin_drained).map(unix_ms),
+            drain_deadline_unix_ms: b
+                .drain_deadline
+                .filter(|_| b.admin_drained)
+                .map(ctl::unix_ms),
         }
     }
 }

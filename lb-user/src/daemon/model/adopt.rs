@@ -186,10 +186,7 @@ pub fn to_saved(vips: &[Vip]) -> Saved {
                     id: b.id,
                     health: SavedHealth::from(b.health),
                     admin_drained: b.admin_drained,
-                    drain_deadline_unix_ms: b.drain_deadline.map(|t| {
-                        t.duration_since(UNIX_EPOCH)
-                            .map_or(0, |d| d.as_millis() as u64)
-                    }),
+                    drain_deadline_unix_ms: b.drain_deadline.map(crate::ctl::unix_ms),
                     drain_expired: b.drain_expired,
                 })
             })

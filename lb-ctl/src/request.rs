@@ -1,0 +1,316 @@
+//! What a client asks the daemon.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::wire::to_line;
+
+/// Transport protocol of the flow an `explain` asks about, spelled as in the
+/// configuration's `vip.protocol`.
+///
+/// The daemon's configuration has its own `Protocol`, which also knows the
+/// IANA number the data plane keys on; this crate has no access to those
+/// numbers (it depends on serde only), and the daemon reads this one by its
+/// spelling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    /// The spelling on the wire and in the configuration: `tcp` or `udp`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a client asks the daemon. On the wire the variant is the `command`
+/// field, next to `version`: `{"version":1,"command":"events","follow":true}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Everything about the daemon, its VIPs and backends: a
+    /// [`StatusReport`](crate::StatusReport).
+    Status,
+    /// Recent events (state changes, table rebuilds, admin actions, reloads):
+    /// [`Response::Events`](crate::Response::Events). With `follow`, the
+    /// events retained so far and then each new one as it happens, one
+    /// [`Response::Event`](crate::Response::Event) per line, until the client
+    /// closes the connection.
+    Events {
+        /// Only events with `seq` greater than this (the `seq` of the last
+        /// event the client saw); `null` = every event the daemon retains.
+        #[serde(default)]
+        since_seq: Option<u64>,
+        /// Keep the connection open and stream new events.
+        #[serde(default)]
+        follow: bool,
+    },
+    /// Which backend a flow goes to, and why: an
+    /// [`ExplainReport`](crate::ExplainReport).
+    Explain {
+        /// `"tcp"` or `"udp"`.
+        protocol: Protocol,
+        /// The client's address and port, e.g. `"192.0.2.10:51234"`.
+        client: SocketAddr,
+        /// The VIP address and port, e.g. `"10.100.0.1:80"`.
+        vip: SocketAddr,
+    },
+    /// Stop sending new flows to a backend (existing flows continue) until
+    /// `enable`, whatever its health checks say.
+    Drain {
+        /// VIP name, as in the configuration.
+        vip: String,
+        /// `"addr:port"` or `"[v6]:port"`.
+        backend: String,
+        /// Milliseconds from now after which the backend becomes `down`:
+        /// its remaining flows then follow the VIP's `down_policy`. Absent =
+        /// no deadline (a drain already under way keeps its deadline).
+        /// Left out of the line when absent, so a request without one reads
+        /// the same to daemons that predate it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline_ms: Option<u64>,
+    },
+    /// Undo a `drain`: the backend takes new flows again once healthy.
+    Enable {
+        /// VIP name, as in the configuration.
+        vip: String,
+        /// `"addr:port"` or `"[v6]:port"`.
+        backend: String,
+    },
+    /// Re-read the configuration file and apply the difference.
+    Reload,
+}
+
+impl Request {
+    /// Whether the request changes the daemon's state (to be logged with who
+    /// asked, and refused by read-only front ends).
+    pub fn is_mutating(&self) -> bool {
+        match self {
+            Request::Status | Request::Events { .. } | Request::Explain { .. } => false,
+            Request::Drain { .. } | Request::Enable { .. } | Request::Reload => true,
+        }
+    }
+
+    /// The request as one line of the wire format, newline included.
+    pub fn to_line(&self) -> String {
+        to_line(self)
+    }
+}
+
+impl fmt::Display for Request {
+    /// A short description for logs, e.g. `drain api 10.99.0.12:80`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Request::Status => f.write_str("status"),
+            Request::Events { since_seq, follow } => {
+                f.write_str("events")?;
+                if let Some(seq) = since_seq {
+                    write!(f, " since {seq}")?;
+                }
+                if *follow {
+                    f.write_str(" (follow)")?;
+                }
+                Ok(())
+            }
+            Request::Explain {
+                protocol,
+                client,
+                vip,
+            } => write!(f, "explain {protocol} {client} {vip}"),
+            Request::Drain {
+                vip,
+                backend,
+                deadline_ms: None,
+            } => write!(f, "drain {vip} {backend}"),
+            Request::Drain {
+                vip,
+                backend,
+                deadline_ms: Some(ms),
+            } => write!(f, "drain {vip} {backend} (deadline in {ms} ms)"),
+            Request::Enable { vip, backend } => write!(f, "enable {vip} {backend}"),
+            Request::Reload => f.write_str("reload"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{COMMANDS, parse_request};
+
+    #[test]
+    fn requests_round_trip() {
+        let cases = [
+            (
+                "status",
+                Request::Status,
+                r#"{"version":1,"command":"status"}"#,
+            ),
+            (
+                "events",
+                Request::Events {
+                    since_seq: Some(7),
+                    follow: true,
+                },
+                r#"{"version":1,"command":"events","since_seq":7,"follow":true}"#,
+            ),
+            (
+                "explain v6",
+                Request::Explain {
+                    protocol: Protocol::Udp,
+                    client: "[2001:db8::1]:5353".parse().unwrap(),
+                    vip: "[2001:db8::100]:53".parse().unwrap(),
+                },
+                r#"{"version":1,"command":"explain","protocol":"udp","client":"[2001:db8::1]:5353","vip":"[2001:db8::100]:53"}"#,
+            ),
+            (
+                "drain",
+                Request::Drain {
+                    vip: "api".to_owned(),
+                    backend: "10.99.0.12:80".to_owned(),
+                    deadline_ms: None,
+                },
+                r#"{"version":1,"command":"drain","vip":"api","backend":"10.99.0.12:80"}"#,
+            ),
+            (
+                "drain with a deadline",
+                Request::Drain {
+                    vip: "api".to_owned(),
+                    backend: "10.99.0.12:80".to_owned(),
+                    deadline_ms: Some(300_000),
+                },
+                r#"{"version":1,"command":"drain","vip":"api","backend":"10.99.0.12:80","deadline_ms":300000}"#,
+            ),
+            (
+                "enable",
+                Request::Enable {
+                    vip: "api".to_owned(),
+                    backend: "[fd00::2]:80".to_owned(),
+                },
+                r#"{"version":1,"command":"enable","vip":"api","backend":"[fd00::2]:80"}"#,
+            ),
+            (
+                "reload",
+                Request::Reload,
+                r#"{"version":1,"command":"reload"}"#,
+            ),
+        ];
+        for (name, req, wire) in cases {
+            let line = req.to_line();
+            assert_eq!(line, format!("{wire}\n"), "{name}");
+            assert_eq!(parse_request(line.as_bytes()), Ok(req), "{name}");
+        }
+    }
+
+    #[test]
+    fn every_command_is_listed() {
+        let reqs = [
+            Request::Status,
+            Request::Events {
+                since_seq: None,
+                follow: false,
+            },
+            Request::Explain {
+                protocol: Protocol::Tcp,
+                client: "192.0.2.1:1".parse().unwrap(),
+                vip: "192.0.2.2:2".parse().unwrap(),
+            },
+            Request::Drain {
+                vip: "a".to_owned(),
+                backend: "b".to_owned(),
+                deadline_ms: None,
+            },
+            Request::Enable {
+                vip: "a".to_owned(),
+                backend: "b".to_owned(),
+            },
+            Request::Reload,
+        ];
+        let names: Vec<String> = reqs
+            .iter()
+            .map(|r| {
+                serde_json::to_value(r).unwrap()["command"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(names, COMMANDS);
+        let mutating: Vec<bool> = reqs.iter().map(Request::is_mutating).collect();
+        assert_eq!(mutating, [false, false, false, true, true, true]);
+    }
+
+    #[test]
+    fn events_defaults() {
+        assert_eq!(
+            parse_request(br#"{"version":1,"command":"events"}"#),
+            Ok(Request::Events {
+                since_seq: None,
+                follow: false
+            })
+        );
+    }
+
+    #[test]
+    fn protocols_are_spelled_as_in_the_configuration() {
+        for (p, want) in [(Protocol::Tcp, "tcp"), (Protocol::Udp, "udp")] {
+            assert_eq!(p.to_string(), want);
+            assert_eq!(serde_json::to_value(p).unwrap(), want);
+        }
+    }
+
+    #[test]
+    fn request_display() {
+        let cases = [
+            (Request::Status, "status"),
+            (
+                Request::Events {
+                    since_seq: Some(3),
+                    follow: true,
+                },
+                "events since 3 (follow)",
+            ),
+            (
+                Request::Explain {
+                    protocol: Protocol::Udp,
+                    client: "192.0.2.1:1".parse().unwrap(),
+                    vip: "192.0.2.2:2".parse().unwrap(),
+                },
+                "explain udp 192.0.2.1:1 192.0.2.2:2",
+            ),
+            (
+                Request::Drain {
+                    vip: "api".to_owned(),
+                    backend: "10.99.0.12:80".to_owned(),
+                    deadline_ms: None,
+                },
+                "drain api 10.99.0.12:80",
+            ),
+            (
+                Request::Drain {
+                    vip: "api".to_owned(),
+                    backend: "10.99.0.12:80".to_owned(),
+                    deadline_ms: Some(300_000),
+                },
+                "drain api 10.99.0.12:80 (deadline in 300000 ms)",
+            ),
+        ];
+        for (req, want) in cases {
+            assert_eq!(req.to_string(), want);
+        }
+    }
+}
