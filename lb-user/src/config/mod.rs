@@ -64,7 +64,7 @@ pub use daemon::{
     DaemonConfig, LiveSettings, MAX_RING_STRIDE, MIN_UDP_TIMEOUT, PinnedSettings, RestartSettings,
     XdpMode,
 };
-pub use vip::{BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig};
+pub use vip::{BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, ip_proto};
 
 use raw::RawConfig;
 
@@ -78,9 +78,9 @@ pub mod defaults {
     /// `daemon.xdp_mode`: native (driver) XDP.
     pub const XDP_MODE: XdpMode = XdpMode::Native;
     /// `daemon.instance`: pins live under `/sys/fs/bpf/xlb/default/`.
-    pub const INSTANCE: &str = "default";
+    pub const INSTANCE: &str = lb_ctl::DEFAULT_INSTANCE;
     /// `daemon.control_socket`.
-    pub const CONTROL_SOCKET: &str = "/run/xlb/xlb.sock";
+    pub const CONTROL_SOCKET: &str = lb_ctl::DEFAULT_CONTROL_SOCKET;
     /// `daemon.metrics_address`: Prometheus metrics on localhost only, since
     /// they name every VIP and backend.
     pub const METRICS_ADDRESS: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9813);

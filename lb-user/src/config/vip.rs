@@ -19,21 +19,15 @@ use crate::maglev::is_prime;
 /// next to one of 1000 claims a slot every 1000 rounds).
 pub const MAX_WEIGHT: u32 = 1000;
 
-/// Transport protocol of a VIP (`vip.protocol`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Protocol {
-    Tcp,
-    Udp,
-}
+/// Transport protocol of a VIP (`vip.protocol`): the control protocol's
+/// type, so the configuration and `xlb explain` spell it alike.
+pub use lb_ctl::Protocol;
 
-impl Protocol {
-    /// The IANA protocol number stored in map keys.
-    pub fn as_raw(self) -> u8 {
-        match self {
-            Protocol::Tcp => lb_common::PROTO_TCP,
-            Protocol::Udp => lb_common::PROTO_UDP,
-        }
+/// The IANA protocol number of `protocol`, as stored in map keys.
+pub fn ip_proto(protocol: Protocol) -> u8 {
+    match protocol {
+        Protocol::Tcp => lb_common::PROTO_TCP,
+        Protocol::Udp => lb_common::PROTO_UDP,
     }
 }
 
@@ -80,7 +74,6 @@ impl DownPolicy {
 }
 
 display_as_toml! {
-    Protocol { Tcp => "tcp", Udp => "udp" }
     Mode { DsrIpip => "dsr-ipip", DsrL2 => "dsr-l2" }
     DownPolicy { Rehash => "rehash", Keep => "keep" }
 }
@@ -623,8 +616,8 @@ address = "10.0.0.2"
     #[test]
     fn raw_values_match_lb_common() {
         let cases = [
-            ("tcp", Protocol::Tcp.as_raw(), lb_common::PROTO_TCP),
-            ("udp", Protocol::Udp.as_raw(), lb_common::PROTO_UDP),
+            ("tcp", ip_proto(Protocol::Tcp), lb_common::PROTO_TCP),
+            ("udp", ip_proto(Protocol::Udp), lb_common::PROTO_UDP),
             ("dsr-ipip", Mode::DsrIpip.as_raw(), lb_common::MODE_DSR_IPIP),
             ("dsr-l2", Mode::DsrL2.as_raw(), lb_common::MODE_DSR_L2),
             (

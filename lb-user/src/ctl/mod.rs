@@ -9,8 +9,6 @@ use std::path::PathBuf;
 
 pub use lb_ctl::*;
 
-use crate::health::probe::{FailReason, ProbeResult};
-
 mod client;
 mod server;
 
@@ -18,28 +16,6 @@ pub use client::{CONNECT_TIMEOUT, Client, REQUEST_TIMEOUT, request};
 pub use server::{
     Handler, HandlerFuture, IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_LINE, WRITE_TIMEOUT, bind, serve,
 };
-
-/// The status of probe `result`, finished at `at_unix_ms`.
-pub fn probe_status(result: &ProbeResult, at_unix_ms: u64) -> ProbeStatus {
-    let (ok, reason, code, status) = match &result.outcome {
-        Ok(ok) => (true, "ok".to_owned(), "ok".to_owned(), ok.status),
-        Err(fail) => {
-            let status = match fail {
-                FailReason::UnexpectedStatus { status } => Some(*status),
-                _ => None,
-            };
-            (false, fail.to_string(), fail.code().to_owned(), status)
-        }
-    };
-    ProbeStatus {
-        ok,
-        reason,
-        code,
-        status,
-        latency_ms: result.latency.as_secs_f64() * 1000.0,
-        at_unix_ms,
-    }
-}
 
 /// Errors of the control socket, on either end.
 #[derive(Debug, thiserror::Error)]
@@ -91,9 +67,7 @@ pub enum CtlError {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::health::probe::ProbeOk;
     use serde_json::{Value, json};
-    use std::time::Duration;
 
     pub(crate) const SAMPLE_NOW_MS: u64 = 1_800_000_000_000;
 
@@ -512,41 +486,6 @@ pub(crate) mod tests {
         assert_eq!(v["backend"], Value::Null);
     }
 
-    #[test]
-    fn probe_status_of_a_result() {
-        let ok = ProbeResult {
-            outcome: Ok(ProbeOk { status: Some(204) }),
-            latency: Duration::from_micros(1500),
-        };
-        assert_eq!(
-            probe_status(&ok, 7),
-            ProbeStatus {
-                ok: true,
-                reason: "ok".to_owned(),
-                code: "ok".to_owned(),
-                status: Some(204),
-                latency_ms: 1.5,
-                at_unix_ms: 7,
-            }
-        );
-        let bad = ProbeResult {
-            outcome: Err(FailReason::UnexpectedStatus { status: 503 }),
-            latency: Duration::from_millis(3),
-        };
-        let s = probe_status(&bad, 9);
-        assert_eq!(
-            (s.ok, s.reason.as_str(), s.code.as_str(), s.status),
-            (
-                false,
-                "unexpected status 503",
-                "unexpected_status",
-                Some(503)
-            )
-        );
-    }
-
-    /// The configuration's defaults are the protocol's: a CLI without
-    /// `--socket` finds a daemon whose configuration does not name one.
     #[test]
     fn configuration_defaults_are_the_protocols() {
         use crate::config::defaults;

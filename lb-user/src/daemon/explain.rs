@@ -12,8 +12,8 @@ use super::{
     model::{Backend, Vip},
 };
 use crate::{
-    config::{DownPolicy, Protocol},
-    ctl::ExplainReport,
+    config::{self, DownPolicy, Protocol},
+    ctl::{self, ExplainReport},
 };
 
 impl Daemon {
@@ -41,7 +41,7 @@ impl Daemon {
                     && v.cfg.protocol == proto
             })
             .with_context(|| format!("no VIP serves {vipaddr}/{protocol}"))?;
-        let flow = FlowKey::new(client, vipaddr, proto.as_raw());
+        let flow = FlowKey::new(client, vipaddr, config::ip_proto(proto));
         let g = self.dp.globals()?;
         let hash = lb_common::flow_hash(&g.hash_key, &flow);
         let slot = flow.slot(&g.hash_key, vip.cfg.table_size);
@@ -54,7 +54,7 @@ impl Daemon {
             via: "none".to_string(),
             slot: Some(slot),
             table_size: vip.cfg.table_size,
-            flow_hash: format!("{hash:016x}"),
+            flow_hash: ctl::flow_hash_hex(hash),
             backend_state: None,
             detail: String::new(),
         };

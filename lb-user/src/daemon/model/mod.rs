@@ -35,7 +35,7 @@ pub use self::adopt::{adopt_or_create_vip, reserve_adoptable, to_saved};
 
 /// The map key of VIP `cfg`.
 pub fn vip_key(cfg: &VipConfig) -> VipKey {
-    VipKey::new(cfg.addr, cfg.port, cfg.protocol.as_raw())
+    VipKey::new(cfg.addr, cfg.port, crate::config::ip_proto(cfg.protocol))
 }
 
 /// One backend of one VIP.
