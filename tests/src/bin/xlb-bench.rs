@@ -107,13 +107,23 @@ fn judged(targets: &[(String, bool)]) -> String {
     )
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs `f` in a test world of the default table size, without pinning,
+/// with a conntrack table of `ct_size` entries.
+fn in_world_with_ct<R: Send>(
+    ct_size: u32,
+    name: &str,
+    f: impl FnOnce(&mut World) -> anyhow::Result<R> + Send,
+) -> anyhow::Result<R> {
     let opts = LoadOptions {
-        ct_size: 65_536,
+        ct_size,
         ring_stride: lb_common::DEFAULT_TABLE_SIZE,
         pin_dir: None,
     };
-    let rows = in_world("bench", opts, |w| {
+    in_world(name, opts, f)
+}
+
+fn main() -> anyhow::Result<()> {
+    let rows = in_world_with_ct(65_536, "bench", |w| {
         let flows = Flows::install(w)?;
         let mut rows = repeat_rows(w, &flows)?;
         rows.extend(single_rows(w, &flows)?);
@@ -253,12 +263,7 @@ fn print_rows(rows: &[Row]) {
 /// the live half), for VIPs of 10, 100 and 1,000 backends at the default
 /// table size. Best and median of 9 transitions each (alternating down/up).
 fn table_swap() -> anyhow::Result<()> {
-    let opts = LoadOptions {
-        ct_size: 1024,
-        ring_stride: lb_common::DEFAULT_TABLE_SIZE,
-        pin_dir: None,
-    };
-    let rows = in_world("swap", opts, |w| {
+    let rows = in_world_with_ct(1024, "swap", |w| {
         let mut rows = Vec::new();
         for n in [10usize, 100, 1000] {
             let (best, median, changed) = time_swaps(w, n)?;

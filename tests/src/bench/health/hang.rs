@@ -133,22 +133,33 @@ async fn start_backends(rep: usize) -> Result<Vec<BackendHandle>> {
     Ok(backends)
 }
 
+/// The next probe report before `deadline`; if none comes (or the
+/// scheduler is gone), an error saying what was awaited.
+async fn next_report(
+    rx: &mut Receiver<Report>,
+    deadline: Instant,
+    waiting_for: impl FnOnce() -> String,
+) -> Result<Report> {
+    timeout_at(deadline, rx.recv())
+        .await
+        .ok()
+        .flatten()
+        .with_context(waiting_for)
+}
+
 /// Every backend is probed within one interval and enters the table.
 async fn wait_all_serving(vip: &mut VipModel, rx: &mut Receiver<Report>) -> Result<()> {
     let up_limit = vip.spec.interval + vip.spec.hang_timeout + Duration::from_secs(2);
     let up_deadline = Instant::now() + up_limit;
     while !vip.all_serving() {
-        let report = timeout_at(up_deadline, rx.recv())
-            .await
-            .ok()
-            .flatten()
-            .with_context(|| {
-                format!(
-                    "the VIP's backends were not all serving within {}: {:?}",
-                    Secs(up_limit),
-                    vip.states.iter().map(|s| s.placement).collect::<Vec<_>>()
-                )
-            })?;
+        let report = next_report(rx, up_deadline, || {
+            format!(
+                "the VIP's backends were not all serving within {}: {:?}",
+                Secs(up_limit),
+                vip.states.iter().map(|s| s.placement).collect::<Vec<_>>()
+            )
+        })
+        .await?;
         vip.observe(&report);
     }
     Ok(())
@@ -192,18 +203,15 @@ async fn watch_hang(
     let limit = Bounds::of(&vip.spec).schedule * 2 + Duration::from_secs(5);
     let deadline = Instant::now() + limit;
     while watch.out.is_none() || watch.down.is_none() {
-        let report = timeout_at(deadline, rx.recv())
-            .await
-            .ok()
-            .flatten()
-            .with_context(|| {
-                format!(
-                    "hung backend {hung}: out of the table {}, down {} after {}",
-                    watch.out.is_some(),
-                    watch.down.is_some(),
-                    Secs(limit)
-                )
-            })?;
+        let report = next_report(rx, deadline, || {
+            format!(
+                "hung backend {hung}: out of the table {}, down {} after {}",
+                watch.out.is_some(),
+                watch.down.is_some(),
+                Secs(limit)
+            )
+        })
+        .await?;
         let at = Instant::now() - t0;
         let changes = vip.observe(&report);
         watch.report(&report, at, hung)?;
