@@ -25,6 +25,11 @@
 //! - This kernel has neither `CONFIG_NET_IPIP` nor `CONFIG_IPV6_TUNNEL`, so a
 //!   backend cannot decapsulate with a tunnel device: attach `xlb_decap` to
 //!   each backend's `eth0`.
+//!
+//! This module holds the lab's handle ([`Lab`]: bring up, spawn, remove);
+//! `addressing` every address and MAC, `build` the steps that wire the
+//! segment, `netns` the `ip`/`sysctl` runners and namespace entry, `ping`
+//! an echo request. Everything public is re-exported here.
 
 mod addressing;
 mod build;
