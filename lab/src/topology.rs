@@ -25,30 +25,40 @@
 //! - This kernel has neither `CONFIG_NET_IPIP` nor `CONFIG_IPV6_TUNNEL`, so a
 //!   backend cannot decapsulate with a tunnel device: attach `xlb_decap` to
 //!   each backend's `eth0`.
+//!
+//! This module holds the lab's handle ([`Lab`]: bring up, spawn, remove);
+//! `addressing` every address and MAC, `build` the steps that wire the
+//! segment, `netns` the `ip`/`sysctl` runners and namespace entry, `ping`
+//! an echo request. Everything public is re-exported here.
+
+mod addressing;
+mod build;
+mod netns;
+mod ping;
 
 use std::{
     ffi::OsStr,
     fs::File,
-    io::{self, ErrorKind},
-    mem::MaybeUninit,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    io,
+    net::{Ipv4Addr, Ipv6Addr},
     os::unix::process::CommandExt,
     path::PathBuf,
     process::{Child, Command, Stdio},
-    sync::{
-        Mutex,
-        atomic::{AtomicU16, Ordering},
-    },
+    sync::Mutex,
     thread,
     time::{Duration, Instant},
 };
 
 use nix::{
-    sched::{CloneFlags, setns},
     sys::signal::{Signal, kill, killpg},
     unistd::Pid,
 };
-use socket2::{Domain, Protocol, Socket, Type};
+
+pub use addressing::*;
+pub use netns::{ifindex, in_netns, is_root, list_namespaces, netns_fd, sysctl_get};
+pub use ping::ping;
+
+use netns::{describe, ip, ip_in, namespace_exists, sysctl_in};
 
 /// Where `ip netns add` bind-mounts namespaces (iproute2's NETNS_RUN_DIR).
 pub const NETNS_RUN_DIR: &str = "/var/run/netns";
@@ -73,107 +83,11 @@ pub const LAB_MTU: u32 = 1600;
 /// after the LB adds an outer header.
 pub const CLIENT_MTU: u32 = 1500;
 
-/// The lab segment, IPv4.
-pub const NET_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 0);
-pub const NET_V4_PREFIX: u8 = 24;
-/// The lab segment, IPv6.
-pub const NET_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0);
-pub const NET_V6_PREFIX: u8 = 64;
-
-pub const LB_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
-pub const LB_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x2);
-pub const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
-pub const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x10);
-
-/// The main VIPs, held on every backend's `lo` and routed by the client via the LB.
-pub const VIP_V4: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 1);
-pub const VIP_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0x1);
-/// A second IPv4 VIP (for reload tests), also on every backend's `lo`.
-pub const VIP2_V4: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 2);
-
-/// The LB host's stand-in for a default gateway towards the VIPs (see
-/// `build`): an address no namespace holds, with a permanent neighbour
-/// entry for [`LB_GW_MAC`], which no interface has.
-pub const LB_GW_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
-pub const LB_GW_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x1);
-pub const LB_GW_MAC: [u8; 6] = [0x02, 0x99, 0, 0, 0, 0x01];
-
-/// The VIP ranges the client routes via the LB.
-pub const VIP_NET_V4: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 0);
-pub const VIP_NET_V4_PREFIX: u8 = 24;
-pub const VIP_NET_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x100, 0, 0, 0, 0, 0, 0);
-pub const VIP_NET_V6_PREFIX: u8 = 64;
-
-/// Most backends a lab can have: host numbers 11..=60 keep every backend's
-/// address, written with the same digits in v4, v6 and the MAC, valid.
-pub const MAX_BACKENDS: usize = 50;
-
 /// How long `up` waits for every eth0 to report carrier.
 const LINK_UP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a spawned process gets between SIGTERM and SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(2);
-
-/// The lab's host numbers use the same digits in every notation: host 11 is
-/// 10.99.0.11, fd00:99::11 (0x11) and MAC 02:99:00:00:00:11. `n` ≤ 99.
-fn hex_digits(n: u8) -> u8 {
-    (n / 10) * 16 + n % 10
-}
-
-/// Host number of backend `i` (1-based).
-fn backend_host(i: usize) -> u8 {
-    assert!(
-        (1..=MAX_BACKENDS).contains(&i),
-        "backend index {i} out of range 1..={MAX_BACKENDS}"
-    );
-    10 + i as u8
-}
-
-/// IPv4 address of backend `i` (1-based): 10.99.0.(10+i).
-pub fn backend_v4(i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(10, 99, 0, backend_host(i))
-}
-
-/// IPv6 address of backend `i` (1-based): fd00:99::(10+i), same digits as v4.
-pub fn backend_v6(i: usize) -> Ipv6Addr {
-    Ipv6Addr::new(
-        0xfd00,
-        0x99,
-        0,
-        0,
-        0,
-        0,
-        0,
-        u16::from(hex_digits(backend_host(i))),
-    )
-}
-
-fn host_mac(host: u8) -> [u8; 6] {
-    [0x02, 0x99, 0, 0, 0, hex_digits(host)]
-}
-
-/// MAC address of the LB's eth0 (fixed, so configs can name it).
-pub fn lb_mac() -> [u8; 6] {
-    host_mac(2)
-}
-
-/// MAC address of the client's eth0.
-pub fn client_mac() -> [u8; 6] {
-    host_mac(10)
-}
-
-/// MAC address of backend `i`'s eth0 (1-based): 02:99:00:00:00:(10+i).
-pub fn backend_mac(i: usize) -> [u8; 6] {
-    host_mac(backend_host(i))
-}
-
-/// Formats a MAC the way `ip` writes it.
-pub fn format_mac(mac: [u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
 
 /// Everything that can go wrong building, using or removing a lab.
 #[derive(Debug, thiserror::Error)]
@@ -284,223 +198,6 @@ fn is_lab_namespace(prefix: &str, name: &str) -> bool {
     }
 }
 
-/// True if this process runs as root; the lab needs it.
-pub fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-fn describe(cmd: &Command) -> String {
-    let mut s = cmd.get_program().to_string_lossy().into_owned();
-    for a in cmd.get_args() {
-        s.push(' ');
-        s.push_str(&a.to_string_lossy());
-    }
-    s
-}
-
-/// Runs `cmd` to completion; returns its stdout, or an error carrying stderr.
-fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| LabError::Spawn {
-            cmd: describe(cmd),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(LabError::Command {
-            cmd: describe(cmd),
-            status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Runs `ip ARGS…`.
-fn ip<S: AsRef<OsStr>>(args: &[S]) -> Result<String> {
-    run(Command::new("ip").args(args))
-}
-
-/// Runs `ip -n NS ARGS…`.
-fn ip_in<S: AsRef<OsStr>>(ns: &str, args: &[S]) -> Result<String> {
-    run(Command::new("ip").args(["-n", ns]).args(args))
-}
-
-/// Sets sysctls inside `ns` in one `sysctl` call.
-fn sysctl_in(ns: &str, settings: &[(&str, &str)]) -> Result<()> {
-    let mut cmd = Lab::exec(ns, ["sysctl", "-q", "-w"]);
-    for (k, v) in settings {
-        cmd.arg(format!("{k}={v}"));
-    }
-    run(&mut cmd).map(drop)
-}
-
-/// Reads one sysctl inside `ns` (e.g. `net.ipv4.ip_forward`).
-pub fn sysctl_get(ns: &str, key: &str) -> Result<String> {
-    run(&mut Lab::exec(ns, ["sysctl", "-n", key])).map(|s| s.trim().to_string())
-}
-
-/// Names of all named network namespaces (`ip netns list`).
-pub fn list_namespaces() -> Result<Vec<String>> {
-    let out = ip(&["netns", "list"])?;
-    // Lines look like `name` or `name (id: 3)`.
-    Ok(out
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .map(str::to_string)
-        .collect())
-}
-
-fn namespace_exists(name: &str) -> bool {
-    PathBuf::from(NETNS_RUN_DIR).join(name).exists()
-}
-
-/// Opens a handle on a named network namespace, for `setns(2)`.
-pub fn netns_fd(ns: &str) -> Result<File> {
-    let path = PathBuf::from(NETNS_RUN_DIR).join(ns);
-    File::open(&path).map_err(|source| {
-        if source.kind() == ErrorKind::NotFound {
-            LabError::MissingNamespace { ns: ns.to_string() }
-        } else {
-            LabError::Io {
-                what: format!("opening {}", path.display()),
-                source,
-            }
-        }
-    })
-}
-
-/// Runs `f` on a new thread that has entered network namespace `ns`, and
-/// returns its result. Sockets keep the namespace they were created in, and
-/// threads inherit their creator's, so `f` may build a tokio runtime and run
-/// a whole client or server inside the namespace.
-pub fn in_netns<F, R>(ns: &str, f: F) -> Result<R>
-where
-    F: FnOnce() -> R + Send,
-    R: Send,
-{
-    let fd = netns_fd(ns)?;
-    thread::scope(|s| {
-        let worker = s.spawn(move || {
-            setns(&fd, CloneFlags::CLONE_NEWNET).map_err(|e| LabError::Io {
-                what: format!("entering network namespace {ns} (setns)"),
-                source: e.into(),
-            })?;
-            Ok(f())
-        });
-        match worker.join() {
-            Ok(r) => r,
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
-    })
-}
-
-/// Sends one ICMP (v4) or ICMPv6 echo request from inside `ns` to `dst` and
-/// waits up to `timeout` for the reply; returns the round-trip time. A
-/// replacement for `ping -c1`, which this machine does not have.
-pub fn ping(ns: &str, dst: IpAddr, timeout: Duration) -> Result<Duration> {
-    in_netns(ns, || ping_here(dst, timeout))?.map_err(|source| LabError::Io {
-        what: format!("ping {dst} from namespace {ns}"),
-        source,
-    })
-}
-
-fn inet_checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-static PING_SEQ: AtomicU16 = AtomicU16::new(1);
-
-fn ping_here(dst: IpAddr, timeout: Duration) -> io::Result<Duration> {
-    let (domain, proto, request_type, reply_type) = match dst {
-        IpAddr::V4(_) => (Domain::IPV4, Protocol::ICMPV4, 8u8, 0u8),
-        IpAddr::V6(_) => (Domain::IPV6, Protocol::ICMPV6, 128, 129),
-    };
-    // A raw socket (root) rather than a ping socket: new namespaces start
-    // with ping_group_range "1 0", which allows nobody.
-    let sock = Socket::new(domain, Type::RAW, Some(proto))?;
-    let id = (std::process::id() as u16) ^ 0x5a5a;
-    let seq = PING_SEQ.fetch_add(1, Ordering::Relaxed);
-    let mut pkt = vec![request_type, 0, 0, 0];
-    pkt.extend_from_slice(&id.to_be_bytes());
-    pkt.extend_from_slice(&seq.to_be_bytes());
-    pkt.extend_from_slice(b"xlb-lab-ping-pad");
-    if dst.is_ipv4() {
-        // The kernel fills in the ICMPv6 checksum (it needs the pseudo-header);
-        // ICMPv4's is ours.
-        let csum = inet_checksum(&pkt);
-        pkt[2..4].copy_from_slice(&csum.to_be_bytes());
-    }
-    let start = Instant::now();
-    sock.send_to(&pkt, &SocketAddr::new(dst, 0).into())?;
-    let mut buf = [MaybeUninit::<u8>::uninit(); 2048];
-    loop {
-        let left = timeout.saturating_sub(start.elapsed());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                ErrorKind::TimedOut,
-                format!("no echo reply within {timeout:?}"),
-            ));
-        }
-        sock.set_read_timeout(Some(left))?;
-        let (n, from) = match sock.recv_from(&mut buf) {
-            Ok(r) => r,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
-            Err(e) => return Err(e),
-        };
-        // SAFETY: recv_from initialised the first n bytes.
-        let data: &[u8] = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast(), n) };
-        // Raw IPv4 sockets deliver the IP header too; IPv6 ones do not.
-        let icmp = if dst.is_ipv4() {
-            let ihl = usize::from(data.first().copied().unwrap_or(0) & 0x0f) * 4;
-            data.get(ihl..).unwrap_or(&[])
-        } else {
-            data
-        };
-        let from_ip = from.as_socket().map(|a| a.ip());
-        if icmp.len() >= 8
-            && icmp[0] == reply_type
-            && icmp[4..6] == id.to_be_bytes()
-            && icmp[6..8] == seq.to_be_bytes()
-            && from_ip == Some(dst)
-        {
-            return Ok(start.elapsed());
-        }
-    }
-}
-
-/// Interface index of `ifname` inside `ns`.
-pub fn ifindex(ns: &str, ifname: &str) -> Result<u32> {
-    let out = ip_in(ns, &["-o", "link", "show", "dev", ifname])?;
-    // `7: eth0@if8: <BROADCAST,…`
-    out.split(':')
-        .next()
-        .and_then(|n| n.trim().parse().ok())
-        .ok_or_else(|| LabError::Parse {
-            cmd: format!("ip -n {ns} -o link show dev {ifname}"),
-            output: out.clone(),
-        })
-}
-
-/// One host namespace's end of the segment.
-struct HostSpec {
-    ns: String,
-    /// Name of the veth peer in the bridge namespace.
-    peer: String,
-    v4: Ipv4Addr,
-    v6: Ipv6Addr,
-    mac: [u8; 6],
-    mtu: u32,
-}
-
 /// A running lab. Dropping it kills what [`Lab::spawn`] started and removes
 /// every namespace, unless [`Lab::keep`] was called.
 #[derive(Debug)]
@@ -584,272 +281,6 @@ impl Lab {
     /// is dropped (for `cargo xtask lab up`).
     pub fn keep(&mut self) {
         self.keep = true;
-    }
-
-    fn build(&self) -> Result<()> {
-        let br = self.ns_bridge();
-        for ns in self.namespaces() {
-            ip(&["netns", "add", &ns])?;
-            ip_in(&ns, &["link", "set", "lo", "up"])?;
-        }
-        // The bridge namespace only switches frames; no IPv6 link-local
-        // chatter from its ports.
-        sysctl_in(
-            &br,
-            &[
-                ("net.ipv6.conf.all.disable_ipv6", "1"),
-                ("net.ipv6.conf.default.disable_ipv6", "1"),
-            ],
-        )?;
-        let mtu = LAB_MTU.to_string();
-        // STP off and forward_delay 0: ports forward as soon as they are up.
-        // Multicast snooping off: neighbour discovery must reach every port
-        // whatever the bridge has (not) learnt about MLD listeners.
-        ip_in(
-            &br,
-            &[
-                "link",
-                "add",
-                BRIDGE_IFNAME,
-                "mtu",
-                &mtu,
-                "type",
-                "bridge",
-                "stp_state",
-                "0",
-                "forward_delay",
-                "0",
-                "mcast_snooping",
-                "0",
-            ],
-        )?;
-        ip_in(&br, &["link", "set", BRIDGE_IFNAME, "up"])?;
-
-        let client = self.ns_client();
-        let lb = self.ns_lb();
-        let mut hosts = vec![
-            HostSpec {
-                ns: client.clone(),
-                peer: "v-cl".to_string(),
-                v4: CLIENT_V4,
-                v6: CLIENT_V6,
-                mac: client_mac(),
-                mtu: CLIENT_MTU,
-            },
-            HostSpec {
-                ns: lb.clone(),
-                peer: self.lb_peer_ifname().to_string(),
-                v4: LB_V4,
-                v6: LB_V6,
-                mac: lb_mac(),
-                mtu: LAB_MTU,
-            },
-        ];
-        hosts.extend((1..=self.cfg.backends).map(|i| HostSpec {
-            ns: self.ns_backend(i),
-            peer: self.backend_peer_ifname(i),
-            v4: backend_v4(i),
-            v6: backend_v6(i),
-            mac: backend_mac(i),
-            mtu: LAB_MTU,
-        }));
-        for HostSpec {
-            ns,
-            peer,
-            v4,
-            v6,
-            mac,
-            mtu: host_mtu,
-        } in &hosts
-        {
-            // Addresses go on with nodad, but eth0's link-local would still
-            // be tentative for a second; no DAD at all in the lab.
-            sysctl_in(
-                ns,
-                &[
-                    ("net.ipv6.conf.all.accept_dad", "0"),
-                    ("net.ipv6.conf.default.accept_dad", "0"),
-                ],
-            )?;
-            // Created inside the namespaces directly, so nothing ever appears
-            // in the root namespace and parallel labs cannot clash on names.
-            ip_in(
-                ns,
-                &[
-                    "link",
-                    "add",
-                    HOST_IFNAME,
-                    "mtu",
-                    &host_mtu.to_string(),
-                    "address",
-                    &format_mac(*mac),
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    peer,
-                    "mtu",
-                    &mtu,
-                    "netns",
-                    &br,
-                ],
-            )?;
-            ip_in(&br, &["link", "set", peer, "master", BRIDGE_IFNAME, "up"])?;
-            ip_in(
-                ns,
-                &[
-                    "addr",
-                    "add",
-                    &format!("{v4}/{NET_V4_PREFIX}"),
-                    "dev",
-                    HOST_IFNAME,
-                ],
-            )?;
-            ip_in(
-                ns,
-                &[
-                    "addr",
-                    "add",
-                    &format!("{v6}/{NET_V6_PREFIX}"),
-                    "dev",
-                    HOST_IFNAME,
-                    "nodad",
-                ],
-            )?;
-            ip_in(ns, &["link", "set", HOST_IFNAME, "up"])?;
-        }
-
-        ip_in(
-            &client,
-            &[
-                "route",
-                "add",
-                &format!("{VIP_NET_V4}/{VIP_NET_V4_PREFIX}"),
-                "via",
-                &LB_V4.to_string(),
-                "dev",
-                HOST_IFNAME,
-            ],
-        )?;
-        ip_in(
-            &client,
-            &[
-                "-6",
-                "route",
-                "add",
-                &format!("{VIP_NET_V6}/{VIP_NET_V6_PREFIX}"),
-                "via",
-                &LB_V6.to_string(),
-                "dev",
-                HOST_IFNAME,
-            ],
-        )?;
-
-        // The LB host never routes: forwarding is XDP's job, and a kernel
-        // that forwarded would hide a data-plane bug.
-        sysctl_in(
-            &lb,
-            &[
-                ("net.ipv4.ip_forward", "0"),
-                ("net.ipv6.conf.all.forwarding", "0"),
-            ],
-        )?;
-
-        // Data-path health probes: the LB host connects to the VIPs itself
-        // and `xlb_hc` takes the marked packets on eth0's egress. So, like a
-        // real LB host with its default route, it needs a route to the VIPs
-        // out of eth0 whose next hop resolves (an on-link route would wait
-        // forever for an ARP answer nobody gives: backends ignore ARP for
-        // VIPs). The lab has no router: the next hop is a fixed neighbour
-        // whose MAC nobody owns, so an unmarked packet from the LB host to a
-        // VIP is flooded by the bridge and dropped everywhere, as a real
-        // gateway would send it back to the LB's XDP program (never to a
-        // backend directly). Replies from the VIP then also pass strict
-        // rp_filter: their source routes back out of eth0.
-        let gw_mac = format_mac(LB_GW_MAC);
-        for (family, gw, net) in [
-            (
-                "-4",
-                LB_GW_V4.to_string(),
-                format!("{VIP_NET_V4}/{VIP_NET_V4_PREFIX}"),
-            ),
-            (
-                "-6",
-                LB_GW_V6.to_string(),
-                format!("{VIP_NET_V6}/{VIP_NET_V6_PREFIX}"),
-            ),
-        ] {
-            ip_in(
-                &lb,
-                &[
-                    family,
-                    "neigh",
-                    "add",
-                    &gw,
-                    "lladdr",
-                    &gw_mac,
-                    "dev",
-                    HOST_IFNAME,
-                    "nud",
-                    "permanent",
-                ],
-            )?;
-            ip_in(
-                &lb,
-                &[family, "route", "add", &net, "via", &gw, "dev", HOST_IFNAME],
-            )?;
-        }
-
-        for i in 1..=self.cfg.backends {
-            let ns = self.ns_backend(i);
-            for vip in [
-                format!("{VIP_V4}/32"),
-                format!("{VIP2_V4}/32"),
-                format!("{VIP_V6}/128"),
-            ] {
-                ip_in(&ns, &["addr", "add", &vip, "dev", "lo"])?;
-            }
-            sysctl_in(
-                &ns,
-                &[
-                    // Answer ARP only for addresses on the receiving interface
-                    // (not the VIPs on lo), and source ARP from eth0's own
-                    // address: the LB alone owns the VIPs on the segment.
-                    ("net.ipv4.conf.all.arp_ignore", "1"),
-                    ("net.ipv4.conf.eth0.arp_ignore", "1"),
-                    ("net.ipv4.conf.all.arp_announce", "2"),
-                    ("net.ipv4.conf.eth0.arp_announce", "2"),
-                    // Decapsulated packets (client → VIP) arrive on eth0; no
-                    // reverse-path check may drop them. The effective value
-                    // is max(all, iface), so both.
-                    ("net.ipv4.conf.all.rp_filter", "0"),
-                    ("net.ipv4.conf.default.rp_filter", "0"),
-                    ("net.ipv4.conf.eth0.rp_filter", "0"),
-                    ("net.ipv4.conf.lo.rp_filter", "0"),
-                ],
-            )?;
-        }
-        self.wait_links_up()
-    }
-
-    fn wait_links_up(&self) -> Result<()> {
-        let start = Instant::now();
-        for ns in self.host_namespaces() {
-            loop {
-                let out = ip_in(&ns, &["-o", "link", "show", "dev", HOST_IFNAME])?;
-                if out.contains("state UP") {
-                    break;
-                }
-                if start.elapsed() > LINK_UP_TIMEOUT {
-                    return Err(LabError::Timeout {
-                        what: format!("{HOST_IFNAME} in {ns} to come up (last: {})", out.trim()),
-                        after: LINK_UP_TIMEOUT,
-                    });
-                }
-                thread::sleep(Duration::from_millis(20));
-            }
-        }
-        Ok(())
     }
 
     /// A `Command` running `args[0] args[1..]` inside namespace `ns`
@@ -1086,26 +517,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn addresses_use_the_same_digits_everywhere() {
-        let cases = [
-            ("b1", 1, "10.99.0.11", "fd00:99::11", "02:99:00:00:00:11"),
-            ("b3", 3, "10.99.0.13", "fd00:99::13", "02:99:00:00:00:13"),
-            ("b10", 10, "10.99.0.20", "fd00:99::20", "02:99:00:00:00:20"),
-            ("b50", 50, "10.99.0.60", "fd00:99::60", "02:99:00:00:00:60"),
-        ];
-        for (name, i, v4, v6, mac) in cases {
-            assert_eq!(backend_v4(i).to_string(), v4, "{name}");
-            assert_eq!(backend_v6(i).to_string(), v6, "{name}");
-            assert_eq!(format_mac(backend_mac(i)), mac, "{name}");
-        }
-        assert_eq!(LB_V6.to_string(), "fd00:99::2");
-        assert_eq!(CLIENT_V6.to_string(), "fd00:99::10");
-        assert_eq!(VIP_V6.to_string(), "fd00:100::1");
-        assert_eq!(format_mac(lb_mac()), "02:99:00:00:00:02");
-        assert_eq!(format_mac(client_mac()), "02:99:00:00:00:10");
-    }
-
-    #[test]
     fn lab_namespace_names() {
         let cases = [
             ("bridge", "xlb", "xlb-br", true),
@@ -1161,15 +572,5 @@ mod tests {
         for (name, cfg, ok) in cases {
             assert_eq!(cfg.validate().is_ok(), ok, "{name}");
         }
-    }
-
-    #[test]
-    fn checksum_of_known_echo_request() {
-        // Echo request, id 0x1234, seq 1, no payload: 0x08 0x00 + 0x12 0x34 + 0x00 0x01
-        // sum = 0x0800 + 0x1234 + 0x0001 = 0x1a35 → !0x1a35 = 0xe5ca.
-        let pkt = [8, 0, 0, 0, 0x12, 0x34, 0, 1];
-        assert_eq!(inet_checksum(&pkt), 0xe5ca);
-        // An odd length pads with a zero byte.
-        assert_eq!(inet_checksum(&[0xff]), !0xff00);
     }
 }

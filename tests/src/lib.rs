@@ -2,6 +2,7 @@
 //! guards, a packet builder, and a harness that runs the XDP programs through
 //! `BPF_PROG_TEST_RUN` inside a namespace of its own.
 
+pub mod bench;
 pub mod harness;
 pub mod lab;
 pub mod netns;

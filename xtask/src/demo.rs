@@ -14,6 +14,7 @@
 use std::{
     fmt::Write as _,
     net::SocketAddr,
+    path::Path,
     thread,
     time::{Duration, Instant},
 };
@@ -71,13 +72,53 @@ pub fn run(keep: bool) -> Result<()> {
     lab::build_then_become_root("the demo (network namespaces, XDP programs)", Some(true))?;
     let began = Instant::now();
     let xlb = paths.release_bin("xlb");
+    let (run, target, hung) = bring_up(&paths, &xlb, &config, began)?;
+
+    println!(
+        "\n== Steady load on {target}: 200 new connections/s + 10 keep-alive connections, 1 s client timeout =="
+    );
+    let mut story = Story::new(&run)?;
+    let client = run.start_client(LoadOptions {
+        duration: LOAD,
+        rate: 200,
+        keepalive: 10,
+        keepalive_interval: Duration::from_millis(100),
+        timeout: Duration::from_secs(1),
+        slice: SLICE,
+        ..LoadOptions::new(target)
+    })?;
+    story.watch(&run, &client, BASELINE, |_| false)?;
+    let moments = hang_and_recover(&run, &client, &mut story, hung, &config)?;
+    let report = client.join()?;
+
+    println!("\n== What the client saw (requests by start time; ok = answered, by backend) ==");
+    print!("{}", timeline(&report, &story.marks));
+    println!("\n== In short ==");
+    print!("{}", summary(&report, &moments));
+    println!("\n== xlb status ==");
+    print!("{}", run.status_text()?);
+    let took = began.elapsed();
+    finish(run, keep, &xlb, target)?;
+    println!("demo took {:.0} s after the build", took.as_secs_f64());
+    Ok(())
+}
+
+/// Removes what a previous demo left, brings the lab up with xlb running
+/// [`CONFIG`] and says so; returns the run, the VIP's address and the hung
+/// backend's.
+fn bring_up(
+    paths: &Paths,
+    xlb: &Path,
+    config: &str,
+    began: Instant,
+) -> Result<(LabRun, SocketAddr, SocketAddr)> {
     let dir = paths.lab_dir(PREFIX);
-    let (instance, _) = scenario::instance_and_socket(&config);
-    LabRun::down(PREFIX, &dir, &xlb, &instance)
+    let (instance, _) = scenario::instance_and_socket(config);
+    LabRun::down(PREFIX, &dir, xlb, &instance)
         .with_context(|| format!("removing the previous lab {PREFIX:?}"))?;
 
     println!("\n== The lab: a client, the LB host running xlb ({CONFIG}), backends b1, b2, b3 ==");
-    let mut opts = RunOptions::new(PREFIX, &xlb, &config);
+    let mut opts = RunOptions::new(PREFIX, xlb, config);
     opts.work_dir = Some(dir.clone());
     let run = LabRun::up_with(opts).with_context(|| {
         format!(
@@ -104,37 +145,34 @@ pub fn run(keep: bool) -> Result<()> {
     );
     println!(
         "health checks: {} {} every {}, timeout {}; down after fall = {} failures, up after rise = {} passes",
-        setting(&config, "kind"),
-        setting(&config, "path"),
-        setting(&config, "interval"),
-        setting(&config, "timeout"),
-        setting(&config, "fall"),
-        setting(&config, "rise"),
+        setting(config, "kind"),
+        setting(config, "path"),
+        setting(config, "interval"),
+        setting(config, "timeout"),
+        setting(config, "fall"),
+        setting(config, "rise"),
     );
+    Ok((run, target, hung))
+}
 
-    println!(
-        "\n== Steady load on {target}: 200 new connections/s + 10 keep-alive connections, 1 s client timeout =="
-    );
-    let mut story = Story::new(&run)?;
-    let client = run.start_client(LoadOptions {
-        duration: LOAD,
-        rate: 200,
-        keepalive: 10,
-        keepalive_interval: Duration::from_millis(100),
-        timeout: Duration::from_secs(1),
-        slice: SLICE,
-        ..LoadOptions::new(target)
-    })?;
-    story.watch(&run, &client, BASELINE, |_| false)?;
-
+/// The incident: backend [`HUNG`] hangs, xlb takes it out, it recovers and
+/// xlb takes it back; the load runs on to its end. Returns when each
+/// happened.
+fn hang_and_recover(
+    run: &LabRun,
+    client: &ClientRun,
+    story: &mut Story,
+    hung: SocketAddr,
+    config: &str,
+) -> Result<Moments> {
     run.set_fault(HUNG, Fault::Hang)?;
     let hang_ms = story.mark(
-        &client,
+        client,
         format!(
             "b{HUNG} hangs: its application stops answering (the kernel still accepts connections)"
         ),
     );
-    let is_b2 = |e: &Event, to: &str| {
+    let is_hung = |e: &Event, to: &str| {
         e.kind == "transition"
             && e.vip.as_deref() == Some(VIP)
             && e.backend.as_deref() == Some(&hung.to_string())
@@ -143,50 +181,36 @@ pub fn run(keep: bool) -> Result<()> {
     // Out of the table: as a slow outlier among answering peers (after
     // `fall` late probes), or `down` (after `fall` probes reached
     // hang_timeout), whichever comes first.
-    let detected = story.watch(&run, &client, ms(hang_ms) + MAX_DETECTION, |e| {
-        is_b2(e, "ejected_slow") || is_b2(e, "down")
+    let detected = story.watch(run, client, ms(hang_ms) + MAX_DETECTION, |e| {
+        is_hung(e, "ejected_slow") || is_hung(e, "down")
     })?;
     let detect_ms = detected.as_ref().map(|e| client.timeline_ms(e.at_unix_ms));
     let recover_at = match detect_ms {
         Some(d) => ms(d) + OUT_FOR,
         None => client.elapsed(),
     };
-    story.watch(&run, &client, recover_at, |_| false)?;
+    story.watch(run, client, recover_at, |_| false)?;
 
     run.set_fault(HUNG, Fault::None)?;
-    let recover_ms = story.mark(&client, format!("b{HUNG} recovers"));
-    let returned = story.watch(&run, &client, ms(recover_ms) + MAX_RETURN, |e| {
-        is_b2(e, "up")
+    let recover_ms = story.mark(client, format!("b{HUNG} recovers"));
+    let returned = story.watch(run, client, ms(recover_ms) + MAX_RETURN, |e| {
+        is_hung(e, "up")
     })?;
     let return_ms = returned.as_ref().map(|e| client.timeline_ms(e.at_unix_ms));
-    story.watch(&run, &client, LOAD + Duration::from_secs(3), |_| false)?;
-    let report = client.join()?;
+    story.watch(run, client, LOAD + Duration::from_secs(3), |_| false)?;
+    Ok(Moments {
+        hang_ms,
+        detect_ms,
+        recover_ms,
+        return_ms,
+        reason: detected.map(|e| format!("{}: {}", e.to.as_deref().unwrap_or("out"), e.reason)),
+        rise: setting(config, "rise"),
+    })
+}
 
-    println!("\n== What the client saw (requests by start time; ok = answered, by backend) ==");
-    print!("{}", timeline(&report, &story.marks));
-    println!("\n== In short ==");
-    print!(
-        "{}",
-        summary(
-            &report,
-            &Moments {
-                hang_ms,
-                detect_ms,
-                recover_ms,
-                return_ms,
-                reason: detected.map(|e| format!(
-                    "{}: {}",
-                    e.to.as_deref().unwrap_or("out"),
-                    e.reason
-                )),
-                rise: setting(&config, "rise"),
-            }
-        )
-    );
-
-    println!("\n== xlb status ==");
-    print!("{}", run.status_text()?);
-    let took = began.elapsed();
+/// Leaves the lab up (`--keep`), saying how to use and remove it, or
+/// removes it.
+fn finish(run: LabRun, keep: bool, xlb: &Path, target: SocketAddr) -> Result<()> {
     if keep {
         let socket = run.socket().to_path_buf();
         run.keep();
@@ -195,14 +219,13 @@ pub fn run(keep: bool) -> Result<()> {
              {s}ip netns exec {PREFIX}-cl curl http://{target}/api\n\
              remove it with `cargo xtask lab down`.",
             s = lab::sudo_prefix(),
-            xlb = lab::short(&xlb),
+            xlb = lab::short(xlb),
             sock = socket.display(),
         );
     } else {
         run.shutdown().context("tearing the lab down")?;
         println!("\nlab removed (run with --keep to leave it up).");
     }
-    println!("demo took {:.0} s after the build", took.as_secs_f64());
     Ok(())
 }
 
@@ -339,13 +362,43 @@ fn failures_between(report: &Report, from: i64, to: i64) -> u64 {
 }
 
 fn summary(report: &Report, m: &Moments) -> String {
-    let s = |ms: i64| format!("{:.1} s", ms as f64 / 1000.0);
-    let slice = report.slice_ms as i64;
+    let mut out = totals(report);
+    match m.detect_ms {
+        Some(d) => out += &detected(report, m, d),
+        None => {
+            let _ = writeln!(
+                out,
+                "b{HUNG} hung at t={}, and xlb did NOT mark it down within {} s: see `xlb events` \
+                 and the daemon log (xlb-run.log in the lab's directory).",
+                secs(m.hang_ms),
+                MAX_DETECTION.as_secs(),
+            );
+        }
+    }
+    match m.return_ms {
+        Some(r) => out += &returned(report, m, r),
+        None => {
+            let _ = writeln!(
+                out,
+                "b{HUNG} recovered at t={}, but xlb had not taken it back within {} s.",
+                secs(m.recover_ms),
+                MAX_RETURN.as_secs()
+            );
+        }
+    }
+    out
+}
+
+/// Client ms as `1.2 s`.
+fn secs(ms: i64) -> String {
+    format!("{:.1} s", ms as f64 / 1000.0)
+}
+
+/// The summary's first line: every request and how it ended.
+fn totals(report: &Report) -> String {
     let total = &report.summary;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{} requests, {} answered, {} failed (timed out {}, reset {}, refused {}, other {})",
+    format!(
+        "{} requests, {} answered, {} failed (timed out {}, reset {}, refused {}, other {})\n",
         total.requests,
         total.counts.ok,
         total.failures,
@@ -353,75 +406,61 @@ fn summary(report: &Report, m: &Moments) -> String {
         total.counts.reset,
         total.counts.refused,
         total.counts.closed + total.counts.http_5xx + total.counts.other_error
+    )
+}
+
+/// When xlb took the hung backend out (client ms `d`), and the failed
+/// requests before the hang, until detection and after it.
+fn detected(report: &Report, m: &Moments, d: i64) -> String {
+    let slice = report.slice_ms as i64;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "b{HUNG} hung at t={}; xlb took it out of the table at t={}, {} later ({}).",
+        secs(m.hang_ms),
+        secs(d),
+        secs(d - m.hang_ms),
+        m.reason.as_deref().unwrap_or("no reason given")
     );
-    match m.detect_ms {
-        Some(d) => {
-            let _ = writeln!(
-                out,
-                "b{HUNG} hung at t={}; xlb took it out of the table at t={}, {} later ({}).",
-                s(m.hang_ms),
-                s(d),
-                s(d - m.hang_ms),
-                m.reason.as_deref().unwrap_or("no reason given")
-            );
-            // Rows are by request start: a row that contains the detection
-            // still holds requests sent before it.
-            let after_start = (d / slice + 1) * slice;
-            let _ = writeln!(
-                out,
-                "failed requests: {} before the hang, {} between the hang and detection, {} after detection (until the end).",
-                failures_between(report, 0, m.hang_ms / slice * slice),
-                failures_between(report, m.hang_ms / slice * slice, after_start),
-                failures_between(report, after_start, i64::MAX),
-            );
-            let _ = writeln!(
-                out,
-                "(Requests that b{HUNG} took before detection time out after the client's 1 s; \
-                 after detection new connections go to b1 and b3 only.)"
-            );
-        }
-        None => {
-            let _ = writeln!(
-                out,
-                "b{HUNG} hung at t={}, and xlb did NOT mark it down within {} s: see `xlb events` \
-                 and the daemon log (xlb-run.log in the lab's directory).",
-                s(m.hang_ms),
-                MAX_DETECTION.as_secs(),
-            );
-        }
-    }
-    match m.return_ms {
-        Some(r) => {
-            let served: u64 = report
-                .timeline
-                .iter()
-                .filter(|sl| sl.t_ms as i64 >= r)
-                .map(|sl| {
-                    sl.per_backend
-                        .get(&format!("b{HUNG}"))
-                        .copied()
-                        .unwrap_or(0)
-                })
-                .sum();
-            let _ = writeln!(
-                out,
-                "b{HUNG} recovered at t={}; xlb took it back at t={} (after rise = {} good probes) and \
-                 it answered {served} requests from then on.",
-                s(m.recover_ms),
-                s(r),
-                m.rise
-            );
-        }
-        None => {
-            let _ = writeln!(
-                out,
-                "b{HUNG} recovered at t={}, but xlb had not taken it back within {} s.",
-                s(m.recover_ms),
-                MAX_RETURN.as_secs()
-            );
-        }
-    }
+    // Rows are by request start: a row that contains the detection
+    // still holds requests sent before it.
+    let after_start = (d / slice + 1) * slice;
+    let _ = writeln!(
+        out,
+        "failed requests: {} before the hang, {} between the hang and detection, {} after detection (until the end).",
+        failures_between(report, 0, m.hang_ms / slice * slice),
+        failures_between(report, m.hang_ms / slice * slice, after_start),
+        failures_between(report, after_start, i64::MAX),
+    );
+    let _ = writeln!(
+        out,
+        "(Requests that b{HUNG} took before detection time out after the client's 1 s; \
+         after detection new connections go to b1 and b3 only.)"
+    );
     out
+}
+
+/// When xlb took the recovered backend back (client ms `r`), and what it
+/// answered from then on.
+fn returned(report: &Report, m: &Moments, r: i64) -> String {
+    let served: u64 = report
+        .timeline
+        .iter()
+        .filter(|sl| sl.t_ms as i64 >= r)
+        .map(|sl| {
+            sl.per_backend
+                .get(&format!("b{HUNG}"))
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum();
+    format!(
+        "b{HUNG} recovered at t={}; xlb took it back at t={} (after rise = {} good probes) and \
+         it answered {served} requests from then on.\n",
+        secs(m.recover_ms),
+        secs(r),
+        m.rise
+    )
 }
 
 #[cfg(test)]

@@ -16,7 +16,15 @@
 use std::time::Duration;
 
 use lb_common::{CtEntry, DOWN_POLICY_REHASH, MODE_DSR_IPIP, MODE_DSR_L2, PROTO_TCP};
-use lb_user::dataplane::LoadOptions;
+use lb_user::{
+    config::{BackendConfig, DownPolicy, Mode, Protocol, VipConfig},
+    daemon::model::{Ids, adopt_or_create_vip, install_vip, rebuild},
+    dataplane::LoadOptions,
+    health::{
+        machine::HealthState,
+        spec::{CheckKind, CheckSpec},
+    },
+};
 use xlb_tests::{
     harness::{LB_MAC, PEER_MAC, World, in_world},
     packet::{ACK, Flow, SYN},
@@ -71,13 +79,73 @@ fn single_ns(
     })
 }
 
-fn main() -> anyhow::Result<()> {
+impl Row {
+    /// A row reported without a target.
+    fn info(name: &'static str, ns: f64, base: f64) -> Self {
+        Self {
+            name,
+            ns,
+            base,
+            target_ns: None,
+            target_ratio: None,
+        }
+    }
+}
+
+/// `"<= 60 ns, <= 1.5x met"`, `"… MISSED"` if any target was missed, or
+/// nothing when there are no targets.
+fn judged(targets: &[(String, bool)]) -> String {
+    if targets.is_empty() {
+        return String::new();
+    }
+    let names: Vec<&str> = targets.iter().map(|(t, _)| t.as_str()).collect();
+    let met = targets.iter().all(|(_, met)| *met);
+    format!(
+        "{} {}",
+        names.join(", "),
+        if met { "met" } else { "MISSED" }
+    )
+}
+
+/// Runs `f` in a test world of the default table size, without pinning,
+/// with a conntrack table of `ct_size` entries.
+fn in_world_with_ct<R: Send>(
+    ct_size: u32,
+    name: &str,
+    f: impl FnOnce(&mut World) -> anyhow::Result<R> + Send,
+) -> anyhow::Result<R> {
     let opts = LoadOptions {
-        ct_size: 65_536,
+        ct_size,
         ring_stride: lb_common::DEFAULT_TABLE_SIZE,
         pin_dir: None,
     };
-    let rows = in_world("bench", opts, |w| {
+    in_world(name, opts, f)
+}
+
+fn main() -> anyhow::Result<()> {
+    let rows = in_world_with_ct(65_536, "bench", |w| {
+        let flows = Flows::install(w)?;
+        let mut rows = repeat_rows(w, &flows)?;
+        rows.extend(single_rows(w, &flows)?);
+        Ok(rows)
+    })?;
+    print_rows(&rows);
+    println!();
+    table_swap()
+}
+
+/// The benchmark's flows: one to each VIP, established in conntrack, and
+/// one to an address that is no VIP.
+struct Flows {
+    l2: Flow,
+    ipip: Flow,
+    other: Flow,
+}
+
+impl Flows {
+    /// Sets up the two VIPs (dsr-ipip and dsr-l2, two backends) and the
+    /// conntrack entries of their flows.
+    fn install(w: &mut World) -> anyhow::Result<Self> {
         w.set_globals([0x1234, 0x5678], 30_000_000_000)?;
         let size = lb_common::DEFAULT_TABLE_SIZE as usize;
         let table: Vec<u32> = (0..size).map(|i| 1 + (i % 2) as u32).collect();
@@ -99,12 +167,13 @@ fn main() -> anyhow::Result<()> {
             DOWN_POLICY_REHASH,
             &table,
         )?;
-        let l2 = Flow::tcp("192.0.2.1", 40001, "10.100.0.2", 80);
-        let ipip = Flow::tcp("192.0.2.1", 40001, "10.100.0.1", 80);
-        let other = Flow::tcp("192.0.2.1", 40001, "10.0.0.1", 22);
-        let frame = |f: &Flow, flags| f.frame(LB_MAC, PEER_MAC, None, flags, &[0u8; 18]);
+        let flows = Self {
+            l2: Flow::tcp("192.0.2.1", 40001, "10.100.0.2", 80),
+            ipip: Flow::tcp("192.0.2.1", 40001, "10.100.0.1", 80),
+            other: Flow::tcp("192.0.2.1", 40001, "10.0.0.1", 22),
+        };
         let now = 0; // refreshed by the program on the first packet
-        for (f, vip_id) in [(&l2, 1), (&ipip, 0)] {
+        for (f, vip_id) in [(&flows.l2, 1), (&flows.ipip, 0)] {
             w.dp.ct_insert(
                 &f.key(),
                 &CtEntry {
@@ -116,86 +185,51 @@ fn main() -> anyhow::Result<()> {
                 },
             )?;
         }
-        let mut rows = Vec::new();
-        let minimal = repeat_ns(w, lb_common::PROG_MINIMAL, &frame(&l2, ACK), XDP_TX)?;
-        rows.push(Row {
-            name: "minimal (parse, swap MACs, XDP_TX)",
-            ns: minimal,
-            base: minimal,
-            target_ns: None,
-            target_ratio: None,
-        });
-        let est = repeat_ns(w, lb_common::PROG_LB, &frame(&l2, ACK), XDP_TX)?;
-        rows.push(Row {
-            name: "established hit, dsr-l2",
-            ns: est,
-            base: minimal,
+        Ok(flows)
+    }
+}
+
+fn frame(f: &Flow, flags: u8) -> Vec<u8> {
+    f.frame(LB_MAC, PEER_MAC, None, flags, &[0u8; 18])
+}
+
+/// Repeat mode: dsr-l2, whose output takes the same path again.
+fn repeat_rows(w: &mut World, f: &Flows) -> anyhow::Result<Vec<Row>> {
+    let minimal = repeat_ns(w, lb_common::PROG_MINIMAL, &frame(&f.l2, ACK), XDP_TX)?;
+    let est = repeat_ns(w, lb_common::PROG_LB, &frame(&f.l2, ACK), XDP_TX)?;
+    let syn = repeat_ns(w, lb_common::PROG_LB, &frame(&f.l2, SYN), XDP_TX)?;
+    let pass = repeat_ns(w, lb_common::PROG_LB, &frame(&f.other, SYN), XDP_PASS)?;
+    Ok(vec![
+        Row::info("minimal (parse, swap MACs, XDP_TX)", minimal, minimal),
+        Row {
             target_ns: Some(60.0),
             target_ratio: Some(1.5),
-        });
-        let syn = repeat_ns(w, lb_common::PROG_LB, &frame(&l2, SYN), XDP_TX)?;
-        rows.push(Row {
-            name: "new flow (SYN), dsr-l2",
-            ns: syn,
-            base: minimal,
+            ..Row::info("established hit, dsr-l2", est, minimal)
+        },
+        Row {
             target_ns: Some(300.0),
-            target_ratio: None,
-        });
-        let pass = repeat_ns(w, lb_common::PROG_LB, &frame(&other, SYN), XDP_PASS)?;
-        rows.push(Row {
-            name: "non-VIP pass",
-            ns: pass,
-            base: minimal,
-            target_ns: None,
-            target_ratio: None,
-        });
+            ..Row::info("new flow (SYN), dsr-l2", syn, minimal)
+        },
+        Row::info("non-VIP pass", pass, minimal),
+    ])
+}
 
-        let mut nothing = |_: &mut World| Ok(());
-        let minimal1 = single_ns(
-            w,
-            lb_common::PROG_MINIMAL,
-            &frame(&ipip, ACK),
-            XDP_TX,
-            &mut nothing,
-        )?;
-        rows.push(Row {
-            name: "minimal, one packet per run",
-            ns: minimal1,
-            base: minimal1,
-            target_ns: None,
-            target_ratio: None,
-        });
-        let est1 = single_ns(
-            w,
-            lb_common::PROG_LB,
-            &frame(&ipip, ACK),
-            XDP_TX,
-            &mut nothing,
-        )?;
-        rows.push(Row {
-            name: "established hit, dsr-ipip, one per run",
-            ns: est1,
-            base: minimal1,
-            target_ns: None,
-            target_ratio: None,
-        });
-        let syn1 = single_ns(
-            w,
-            lb_common::PROG_LB,
-            &frame(&ipip, SYN),
-            XDP_TX,
-            &mut nothing,
-        )?;
-        rows.push(Row {
-            name: "new flow (SYN), dsr-ipip, one per run",
-            ns: syn1,
-            base: minimal1,
-            target_ns: None,
-            target_ratio: None,
-        });
-        Ok(rows)
-    })?;
+/// Single mode: dsr-ipip, one packet per run, each on a fresh copy.
+fn single_rows(w: &mut World, f: &Flows) -> anyhow::Result<Vec<Row>> {
+    let mut nothing = |_: &mut World| Ok(());
+    let ack = frame(&f.ipip, ACK);
+    let syn = frame(&f.ipip, SYN);
+    let minimal = single_ns(w, lb_common::PROG_MINIMAL, &ack, XDP_TX, &mut nothing)?;
+    let est = single_ns(w, lb_common::PROG_LB, &ack, XDP_TX, &mut nothing)?;
+    let new = single_ns(w, lb_common::PROG_LB, &syn, XDP_TX, &mut nothing)?;
+    Ok(vec![
+        Row::info("minimal, one packet per run", minimal, minimal),
+        Row::info("established hit, dsr-ipip, one per run", est, minimal),
+        Row::info("new flow (SYN), dsr-ipip, one per run", new, minimal),
+    ])
+}
 
+fn print_rows(rows: &[Row]) {
     println!(
         "xlb data-plane benchmark (BPF_PROG_TEST_RUN, best of {ROUNDS}; repeat mode: {REPEAT} packets per run; single mode: {SINGLES} runs)"
     );
@@ -203,32 +237,24 @@ fn main() -> anyhow::Result<()> {
         "{:<42} {:>9} {:>9} {:>7}  target",
         "case", "ns/pkt", "baseline", "ratio"
     );
-    for r in &rows {
+    for r in rows {
         let ratio = r.ns / r.base;
-        let mut target = Vec::new();
-        let mut met = true;
+        let mut targets = Vec::new();
         if let Some(t) = r.target_ns {
-            target.push(format!("<= {t} ns"));
-            met &= r.ns <= t;
+            targets.push((format!("<= {t} ns"), r.ns <= t));
         }
         if let Some(t) = r.target_ratio {
-            target.push(format!("<= {t}x"));
-            met &= ratio <= t;
+            targets.push((format!("<= {t}x"), ratio <= t));
         }
-        let verdict = if target.is_empty() {
-            String::new()
-        } else if met {
-            format!("{} met", target.join(", "))
-        } else {
-            format!("{} MISSED", target.join(", "))
-        };
         println!(
             "{:<42} {:>9.1} {:>9.1} {:>6.2}x  {}",
-            r.name, r.ns, r.base, ratio, verdict
+            r.name,
+            r.ns,
+            r.base,
+            ratio,
+            judged(&targets)
         );
     }
-    println!();
-    table_swap()
 }
 
 /// Time from the probe result that crosses `fall` to the data plane using the
@@ -237,88 +263,11 @@ fn main() -> anyhow::Result<()> {
 /// the live half), for VIPs of 10, 100 and 1,000 backends at the default
 /// table size. Best and median of 9 transitions each (alternating down/up).
 fn table_swap() -> anyhow::Result<()> {
-    use lb_user::{
-        config::{BackendConfig, DownPolicy, Mode, Protocol, VipConfig},
-        daemon::model::{Ids, adopt_or_create_vip, install_vip, rebuild},
-        health::{
-            machine::HealthState,
-            spec::{CheckKind, CheckSpec},
-        },
-    };
-    let opts = LoadOptions {
-        ct_size: 1024,
-        ring_stride: lb_common::DEFAULT_TABLE_SIZE,
-        pin_dir: None,
-    };
-    let rows = in_world("swap", opts, |w| {
+    let rows = in_world_with_ct(1024, "swap", |w| {
         let mut rows = Vec::new();
         for n in [10usize, 100, 1000] {
-            let spec = CheckSpec {
-                kind: CheckKind::Tcp,
-                port: 80,
-                interval: Duration::from_secs(2),
-                timeout: Duration::from_secs(1),
-                hang_timeout: Duration::from_secs(3),
-                rise: 2,
-                fall: 3,
-                fast_interval: Duration::from_millis(500),
-                down_interval: Duration::from_secs(5),
-                jitter: 0.1,
-                via: lb_user::health::spec::Via::Direct,
-                auto_timeout: false,
-            };
-            let cfg = VipConfig {
-                name: format!("v{n}"),
-                addr: "10.100.0.1".parse()?,
-                port: 80,
-                protocol: Protocol::Tcp,
-                mode: Mode::DsrL2,
-                down_policy: DownPolicy::Rehash,
-                table_size: lb_common::DEFAULT_TABLE_SIZE,
-                protection: Default::default(),
-                backends: (0..n)
-                    .map(|i| BackendConfig {
-                        addr: std::net::IpAddr::V4(std::net::Ipv4Addr::from(
-                            0x0a01_0000 + i as u32,
-                        )),
-                        port: 80,
-                        weight: 1,
-                        health: spec.clone(),
-                    })
-                    .collect(),
-            };
-            let mut ids = Ids::default();
-            let (mut vip, _) = adopt_or_create_vip(&mut w.dp, &mut ids, cfg, None)?;
-            for b in &mut vip.backends {
-                b.health = HealthState::Up;
-            }
-            vip.run_policy(std::time::Instant::now());
-            install_vip(&mut w.dp, &vip)?;
-            rebuild(&mut w.dp, &mut vip)?; // fills one half
-            rebuild(&mut w.dp, &mut vip)?; // no-op: already live
-            let mut times = Vec::new();
-            let mut changed = 0;
-            for round in 0..9 {
-                let to = if round % 2 == 0 {
-                    HealthState::Down
-                } else {
-                    HealthState::Up
-                };
-                vip.backends[n / 2].health = to;
-                // What the daemon does with the report that crossed `fall`
-                // or `rise`: the VIP policy, the backend's state, the table.
-                let t = std::time::Instant::now();
-                vip.run_policy(t);
-                let info = vip.backends[n / 2].info();
-                w.dp.set_backend(vip.backends[n / 2].id, &info)?;
-                let r = rebuild(&mut w.dp, &mut vip)?.expect("membership changed");
-                times.push(t.elapsed());
-                changed = changed.max(r.slots_changed);
-            }
-            times.sort();
-            rows.push((n, times[0], times[times.len() / 2], changed));
-            // Free the ids for the next size.
-            w.dp.remove_vip(&vip.key)?;
+            let (best, median, changed) = time_swaps(w, n)?;
+            rows.push((n, best, median, changed));
         }
         Ok(rows)
     })?;
@@ -330,13 +279,9 @@ fn table_swap() -> anyhow::Result<()> {
     for (n, best, median, changed) in rows {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let target = if n == 1000 {
-            if ms(median) <= 10.0 {
-                "<= 10 ms met"
-            } else {
-                "<= 10 ms MISSED"
-            }
+            judged(&[("<= 10 ms".to_string(), ms(median) <= 10.0)])
         } else {
-            ""
+            String::new()
         };
         println!(
             "{:<10} {:>8.2}ms {:>8.2}ms {:>14}  {target}",
@@ -347,4 +292,78 @@ fn table_swap() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A VIP of `n` healthy backends installed as the daemon installs it, then
+/// one backend taken down and up 9 times; returns the best and median time
+/// to the new table and the most slots one transition changed.
+fn time_swaps(w: &mut World, n: usize) -> anyhow::Result<(Duration, Duration, u32)> {
+    let mut ids = Ids::default();
+    let (mut vip, _) = adopt_or_create_vip(&mut w.dp, &mut ids, vip_config(n)?, None)?;
+    for b in &mut vip.backends {
+        b.health = HealthState::Up;
+    }
+    vip.run_policy(std::time::Instant::now());
+    install_vip(&mut w.dp, &vip)?;
+    rebuild(&mut w.dp, &mut vip)?; // fills one half
+    rebuild(&mut w.dp, &mut vip)?; // no-op: already live
+    let mut times = Vec::new();
+    let mut changed = 0;
+    for round in 0..9 {
+        let to = if round % 2 == 0 {
+            HealthState::Down
+        } else {
+            HealthState::Up
+        };
+        vip.backends[n / 2].health = to;
+        // What the daemon does with the report that crossed `fall`
+        // or `rise`: the VIP policy, the backend's state, the table.
+        let t = std::time::Instant::now();
+        vip.run_policy(t);
+        let info = vip.backends[n / 2].info();
+        w.dp.set_backend(vip.backends[n / 2].id, &info)?;
+        let r = rebuild(&mut w.dp, &mut vip)?.expect("membership changed");
+        times.push(t.elapsed());
+        changed = changed.max(r.slots_changed);
+    }
+    times.sort();
+    // Free the ids for the next size.
+    w.dp.remove_vip(&vip.key)?;
+    Ok((times[0], times[times.len() / 2], changed))
+}
+
+/// A dsr-l2 VIP of `n` backends with TCP checks, at the default table size.
+fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
+    let spec = CheckSpec {
+        kind: CheckKind::Tcp,
+        port: 80,
+        interval: Duration::from_secs(2),
+        timeout: Duration::from_secs(1),
+        hang_timeout: Duration::from_secs(3),
+        rise: 2,
+        fall: 3,
+        fast_interval: Duration::from_millis(500),
+        down_interval: Duration::from_secs(5),
+        jitter: 0.1,
+        via: lb_user::health::spec::Via::Direct,
+        auto_timeout: false,
+    };
+    Ok(VipConfig {
+        name: format!("v{n}"),
+        addr: "10.100.0.1".parse()?,
+        port: 80,
+        protocol: Protocol::Tcp,
+        mode: Mode::DsrL2,
+        down_policy: DownPolicy::Rehash,
+        table_size: lb_common::DEFAULT_TABLE_SIZE,
+        protection: Default::default(),
+        backends: (0..n)
+            .map(|i| BackendConfig {
+                addr: std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a01_0000 + i as u32)),
+                port: 80,
+                weight: 1,
+                health: spec.clone(),
+            })
+            .collect(),
+    })
 }

@@ -26,9 +26,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use xlb_lab::scenario::{Health, Protection, Status};
-use xlb_tests::lab::{
-    cascade::{POLL, SEED_SLOW, config, seed_003, seed_profile},
-    teardown, up,
+use xlb_tests::{
+    bench::print_command,
+    lab::{
+        cascade::{POLL, SEED_SLOW, config, seed_003, seed_profile},
+        teardown, up,
+    },
 };
 
 const USAGE: &str = "usage: xlb-cascade-bench [--quick]
@@ -219,14 +222,8 @@ fn main() -> Result<()> {
             _ => bail!("unknown argument {arg:?}\n{USAGE}"),
         }
     }
-    let argv: Vec<String> = std::env::args().collect();
-    let shown: Vec<&str> = argv.iter().skip(1).map(String::as_str).collect();
     println!("xlb cascade benchmark: seed 003 replayed in the lab");
-    println!("command:   {}", argv.join(" "));
-    println!(
-        "reproduce: cargo xtask bench --bin xlb-cascade-bench -- {}",
-        shown.join(" ")
-    );
+    print_command("xlb-cascade-bench");
     println!(
         "scenario:  3 backends behind VIP api (dsr-ipip), 50 new connections/s for {} s, one \
          request each, 5 s client timeout; every backend {} ms late, probes included, from +5 s \

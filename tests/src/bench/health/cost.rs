@@ -1,0 +1,336 @@
+//! Figure 2: CPU cost of probing 1,000 backends every second.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::{Ipv4Addr, SocketAddr},
+    process::Stdio,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use lb_user::health::{
+    machine::HealthState,
+    probe::Compact,
+    scheduler::Scheduler,
+    scheduler::{DEFAULT_MAX_CONCURRENT, Report},
+    spec::CheckSpec,
+};
+use tokio::{
+    io::{AsyncBufReadExt as _, BufReader},
+    sync::mpsc::Receiver,
+    time::{Instant, timeout, timeout_at},
+};
+
+use super::{
+    COST_BACKENDS,
+    detection::http_spec,
+    report::{Row, Secs, Verdict},
+    resources::{CpuTime, cpu_time, rss_kib},
+};
+
+/// How far the probe rate may stray from one probe per backend per interval.
+const RATE_TOLERANCE: f64 = 0.15;
+
+pub(super) async fn cost(quick: bool) -> Result<Vec<Row>> {
+    let n = COST_BACKENDS;
+    let window = Duration::from_secs(if quick { 5 } else { 15 });
+    let warmup = Duration::from_secs(if quick { 1 } else { 3 });
+    let spec = http_spec(|s| s.interval = Duration::from_secs(1));
+    print_method(n, &spec, warmup, window);
+
+    let mut server = ServerChild::spawn(n).await?;
+    let rss_before = rss_kib()?;
+    let (mut scheduler, mut rx) = Scheduler::new(DEFAULT_MAX_CONCURRENT);
+    for (id, port) in (0u64..).zip(&server.ports) {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, *port));
+        let spec = CheckSpec {
+            port: *port,
+            ..spec.clone()
+        };
+        scheduler.upsert(id, addr, spec, HealthState::Unknown);
+    }
+    wait_all_up(&mut rx, n, &spec).await?;
+    let warm_end = Instant::now() + warmup;
+    while timeout_at(warm_end, rx.recv()).await.is_ok() {}
+
+    let counts = count_probes(&mut rx, window).await?;
+    let rss_after = rss_kib()?;
+    drop(scheduler);
+    server.stop().await;
+    Ok(Measured {
+        n,
+        spec,
+        window,
+        counts,
+        rss_before,
+        rss_after,
+    }
+    .rows())
+}
+
+fn print_method(n: usize, spec: &CheckSpec, warmup: Duration, window: Duration) {
+    println!();
+    println!("figure 2, probe cost: {n} backends probed every second");
+    println!(
+        "  check:   GET /health, interval {}, timeout {}, rise {}, fall {}, jitter ±{:.0}%, \
+         max {DEFAULT_MAX_CONCURRENT} probes in flight",
+        Compact(spec.interval),
+        Compact(spec.timeout),
+        spec.rise,
+        spec.fall,
+        spec.jitter * 100.0
+    );
+    println!(
+        "  method:  {n} HTTP listeners on 127.0.0.1 in a child process (this binary, --serve \
+         {n}); all Up, then {} of warm-up; CPU = getrusage(RUSAGE_SELF) user+system of this \
+         process (prober and report consumer) over a {} window",
+        Secs(warmup),
+        Secs(window)
+    );
+    println!(
+        "  caveat:  on loopback the kernel runs the receive side of a packet in the sender's \
+         context, so each process pays for the other's TCP input of what it sends (the \
+         servers' handling of SYNs and requests counts here, the prober's handling of \
+         responses counts in the server): the system share is loopback's, not a NIC's"
+    );
+}
+
+/// Every backend is probed once within the first interval (the initial
+/// delay is spread over it), which takes it Unknown → Up.
+async fn wait_all_up(rx: &mut Receiver<Report>, n: usize, spec: &CheckSpec) -> Result<()> {
+    let mut up = HashSet::new();
+    let up_limit = spec.interval + spec.timeout + Duration::from_secs(5);
+    let deadline = Instant::now() + up_limit;
+    while up.len() < n {
+        match timeout_at(deadline, rx.recv()).await {
+            Ok(Some(report)) => match &report.transition {
+                Some(t) if t.to == HealthState::Up => {
+                    up.insert(report.id);
+                }
+                Some(t) => bail!(
+                    "backend {} went {} → {} during warm-up: {}",
+                    report.addr,
+                    t.from,
+                    t.to,
+                    t.reason
+                ),
+                None => {}
+            },
+            Ok(None) => bail!("the scheduler's report channel closed"),
+            Err(_) => bail!(
+                "only {} of {n} backends came up within {}",
+                up.len(),
+                Secs(up_limit)
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// Probes counted over the window, and the CPU they cost.
+struct ProbeCounts {
+    per_backend: HashMap<u64, u32>,
+    /// Failed probes by failure code.
+    failed: HashMap<String, u32>,
+    cpu: CpuTime,
+    wall: Duration,
+}
+
+async fn count_probes(rx: &mut Receiver<Report>, window: Duration) -> Result<ProbeCounts> {
+    let mut per_backend: HashMap<u64, u32> = HashMap::new();
+    let mut failed: HashMap<String, u32> = HashMap::new();
+    let cpu_start = cpu_time()?;
+    let start = Instant::now();
+    let end = start + window;
+    while let Ok(received) = timeout_at(end, rx.recv()).await {
+        let report = received.context("the scheduler's report channel closed")?;
+        // Probes, not reports: an interim Late report is not a probe.
+        let Some(result) = &report.result else {
+            continue;
+        };
+        *per_backend.entry(report.id).or_default() += 1;
+        if let Err(e) = &result.outcome {
+            *failed.entry(e.code().to_owned()).or_default() += 1;
+        }
+    }
+    let cpu = cpu_time()? - cpu_start;
+    let wall = start.elapsed();
+    Ok(ProbeCounts {
+        per_backend,
+        failed,
+        cpu,
+        wall,
+    })
+}
+
+/// Everything the figure's rows are made of.
+struct Measured {
+    n: usize,
+    spec: CheckSpec,
+    window: Duration,
+    counts: ProbeCounts,
+    /// KiB, before the scheduler existed and at the end of the window.
+    rss_before: u64,
+    rss_after: u64,
+}
+
+impl Measured {
+    fn rows(&self) -> Vec<Row> {
+        let Self { n, .. } = self;
+        let (rate_row, probes) = self.rate_row();
+        vec![
+            self.cpu_row(probes),
+            rate_row,
+            self.per_backend_row(),
+            Row {
+                figure: "prober RSS".to_owned(),
+                value: format!(
+                    "{:.1} MiB ({:+.1} MiB with the {n} backends)",
+                    self.rss_after as f64 / 1024.0,
+                    (self.rss_after as f64 - self.rss_before as f64) / 1024.0
+                ),
+                target: "none set (reported)".to_owned(),
+                verdict: Verdict::Info,
+            },
+        ]
+    }
+
+    fn cpu_row(&self, probes: u32) -> Row {
+        let ProbeCounts { cpu, wall, .. } = self.counts;
+        let cpu_share = cpu.total().as_secs_f64() / wall.as_secs_f64();
+        Row {
+            figure: format!(
+                "probe CPU, {} backends @ {}",
+                self.n,
+                Compact(self.spec.interval)
+            ),
+            value: format!(
+                "{:.1}% of one core ({:.1} ms CPU per s: {:.0}% user, {:.0}% system; \
+                 {:.0} µs per probe)",
+                cpu_share * 100.0,
+                cpu_share * 1e3,
+                100.0 * cpu.user.as_secs_f64() / cpu.total().as_secs_f64().max(1e-9),
+                100.0 * cpu.system.as_secs_f64() / cpu.total().as_secs_f64().max(1e-9),
+                cpu.total().as_secs_f64() * 1e6 / f64::from(probes.max(1))
+            ),
+            target: "none set (reported)".to_owned(),
+            verdict: Verdict::Info,
+        }
+    }
+
+    /// The probe rate's row, and the number of probes it counted.
+    fn rate_row(&self) -> (Row, u32) {
+        let ProbeCounts {
+            per_backend,
+            failed,
+            wall,
+            ..
+        } = &self.counts;
+        let probes: u32 = per_backend.values().sum();
+        let probes_per_s = f64::from(probes) / wall.as_secs_f64();
+        let expected_rate = self.n as f64 / self.spec.interval.as_secs_f64();
+        let failures: u32 = failed.values().sum();
+        let failed_text = if failed.is_empty() {
+            "0 failed".to_owned()
+        } else {
+            let mut codes: Vec<_> = failed.iter().map(|(c, k)| format!("{k} {c}")).collect();
+            codes.sort();
+            format!("{failures} failed ({})", codes.join(", "))
+        };
+        let rate_ok = (probes_per_s - expected_rate).abs() <= expected_rate * RATE_TOLERANCE;
+        let row = Row {
+            figure: format!(
+                "probe rate, {} backends @ {}",
+                self.n,
+                Compact(self.spec.interval)
+            ),
+            value: format!("{probes_per_s:.0} probes/s, {failed_text}"),
+            target: format!(
+                "{:.0} ± {:.0}%, 0 failed",
+                expected_rate,
+                RATE_TOLERANCE * 100.0
+            ),
+            verdict: Verdict::of(rate_ok && failures == 0),
+        };
+        (row, probes)
+    }
+
+    fn per_backend_row(&self) -> Row {
+        let Self {
+            n, spec, window, ..
+        } = self;
+        let per_backend = &self.counts.per_backend;
+        // Each backend should have been probed window/interval times, give or
+        // take the tolerance and one probe at either edge of the window.
+        let per_expected = window.as_secs_f64() / spec.interval.as_secs_f64();
+        let per_low = (per_expected * (1.0 - RATE_TOLERANCE) - 1.0)
+            .floor()
+            .max(1.0) as u32;
+        let per_high = (per_expected * (1.0 + RATE_TOLERANCE) + 1.0).ceil() as u32;
+        let per_min = (0u64..*n as u64)
+            .map(|id| per_backend.get(&id).copied().unwrap_or(0))
+            .min()
+            .unwrap_or(0);
+        let per_max = per_backend.values().copied().max().unwrap_or(0);
+        let per_ok = (per_low..=per_high).contains(&per_min) && per_max <= per_high;
+        Row {
+            figure: format!("probes per backend in {}", Secs(*window)),
+            value: format!("min {per_min} / max {per_max}"),
+            target: format!("each in {per_low}..={per_high}"),
+            verdict: Verdict::of(per_ok),
+        }
+    }
+}
+
+/// The cost figure's server process; killed when dropped.
+struct ServerChild {
+    child: tokio::process::Child,
+    ports: Vec<u16>,
+}
+
+impl ServerChild {
+    async fn spawn(n: usize) -> Result<Self> {
+        let exe = std::env::current_exe().context("finding this benchmark's own executable")?;
+        let mut child = tokio::process::Command::new(&exe)
+            .arg("--serve")
+            .arg(n.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {} --serve {n}", exe.display()))?;
+        let stdout = child.stdout.take().context("server child has no stdout")?;
+        let mut line = String::new();
+        let wait = Duration::from_secs(20);
+        timeout(wait, BufReader::new(stdout).read_line(&mut line))
+            .await
+            .with_context(|| format!("server child did not list its ports within {}", Secs(wait)))?
+            .context("reading the server child's ports")?;
+        let ports = line
+            .strip_prefix("ports ")
+            .with_context(|| format!("server child said {line:?}, expected \"ports …\""))?
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<Vec<u16>, _>>()
+            .with_context(|| format!("server child's port list {line:?}"))?;
+        ensure!(
+            ports.len() == n,
+            "server child listed {} ports, expected {n}",
+            ports.len()
+        );
+        Ok(Self { child, ports })
+    }
+
+    /// Closes the child's stdin (its signal to exit) and waits for it a
+    /// little; kills it if it lingers.
+    async fn stop(&mut self) {
+        drop(self.child.stdin.take());
+        if timeout(Duration::from_secs(5), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! The cost figure's backends: `--serve N` makes this benchmark a process
+//! of N minimal HTTP servers, so that the prober's CPU time is its own.
+
+use std::{
+    io::{self, Read as _, Write as _},
+    net::Ipv4Addr,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, ensure};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{TcpListener, TcpStream},
+    time::{sleep, timeout},
+};
+
+/// The server child exits when its stdin closes (the parent is done or dead),
+/// and in any case after this long.
+const SERVE_LIMIT: Duration = Duration::from_secs(600);
+
+/// How long the server child waits for a request head before dropping it.
+const SERVE_REQUEST_WAIT: Duration = Duration::from_secs(2);
+
+/// The answer of the cost figure's servers, as small as a real `/health`.
+const HEALTH_RESPONSE: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\nok";
+
+/// `--serve N`: N HTTP listeners on 127.0.0.1 that answer any request with
+/// 200 and close. Prints `ports P1 P2 …` once they are bound, then serves
+/// until stdin closes (at most `SERVE_LIMIT`).
+pub(super) fn serve_main(n: usize) -> Result<()> {
+    ensure!(n > 0, "--serve needs at least one listener");
+    // One thread: the server's CPU must not crowd out the prober it serves.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the server's Tokio runtime")?;
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    // A std thread, not tokio's stdin: it must not keep the runtime from
+    // shutting down if the limit passes first.
+    std::thread::spawn(move || {
+        let mut sink = [0u8; 64];
+        let mut stdin = io::stdin();
+        while matches!(stdin.read(&mut sink), Ok(k) if k > 0) {}
+        let _ = done_tx.send(());
+    });
+    let result = runtime.block_on(async move {
+        let mut ports = Vec::with_capacity(n);
+        for i in 0..n {
+            let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .await
+                .with_context(|| format!("listener {} of {n}: binding 127.0.0.1:0", i + 1))?;
+            ports.push(listener.local_addr()?.port().to_string());
+            tokio::spawn(accept_loop(listener));
+        }
+        let mut out = io::stdout().lock();
+        writeln!(out, "ports {}", ports.join(" ")).context("writing the port list")?;
+        out.flush().context("writing the port list")?;
+        drop(out);
+        let _ = timeout(SERVE_LIMIT, done_rx).await;
+        anyhow::Ok(())
+    });
+    runtime.shutdown_background();
+    result
+}
+
+async fn accept_loop(listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(answer(stream));
+            }
+            // EMFILE and friends: back off instead of spinning.
+            Err(_) => sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn answer(mut stream: TcpStream) {
+    let exchange = async {
+        let mut buf = Vec::with_capacity(512);
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            if buf.len() > 8 * 1024 {
+                return;
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            }
+        }
+        if stream.write_all(HEALTH_RESPONSE).await.is_ok() {
+            let _ = stream.shutdown().await;
+        }
+    };
+    let _ = timeout(SERVE_REQUEST_WAIT, exchange).await;
+}

@@ -1,0 +1,18 @@
+//! What the benchmark binaries (`src/bin/xlb-*bench.rs`) share: the lines
+//! that say how a run was started and how to reproduce it, and the health
+//! benchmark itself, which is long enough for a module per figure.
+
+pub mod health;
+
+/// Prints the command line this process was started with and the `cargo
+/// xtask bench` command that runs benchmark `bin` the same way, so that a
+/// pasted result says where it came from.
+pub fn print_command(bin: &str) {
+    let argv: Vec<String> = std::env::args().collect();
+    let shown: Vec<&str> = argv.iter().skip(1).map(String::as_str).collect();
+    println!("command:   {}", argv.join(" "));
+    println!(
+        "reproduce: cargo xtask bench --bin {bin} -- {}",
+        shown.join(" ")
+    );
+}
