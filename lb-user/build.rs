@@ -1,3 +1,9 @@
+#![allow(
+    unused_crate_dependencies,
+    reason = "lb-ebpf is a build dependency only so cargo knows xlb depends on it \
+              (as aya-template does); aya-build compiles it for the BPF target"
+)]
+
 use std::{env, fs, path::PathBuf};
 
 use anyhow::{Context as _, anyhow};

@@ -9,6 +9,10 @@
 //! names. [`scenario`] does that by running the `xlb` binary (given its
 //! path) in the lab, for the end-to-end tests and `cargo xtask lab`/`demo`.
 
+// The binaries (`xlb-backend`, `xlb-client`) parse arguments with clap and
+// report errors with anyhow; named here so that `unused_crate_dependencies`
+// holds for the library too.
+use {anyhow as _, clap as _};
 pub mod backend;
 pub mod client;
 pub mod http;

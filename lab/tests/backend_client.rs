@@ -1,5 +1,10 @@
 //! Backend and load client against each other on loopback (no root needed).
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+
 use std::{net::SocketAddr, time::Duration};
 
 use tokio::{

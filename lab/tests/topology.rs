@@ -2,6 +2,11 @@
 //! Each test uses its own prefix so they can run in parallel, and its `Lab`
 //! (a Drop guard) removes the namespaces however the test ends.
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+
 use std::{
     net::{IpAddr, SocketAddr, TcpListener, TcpStream},
     time::Duration,

@@ -1,5 +1,10 @@
 //! xlb userspace: configuration, Maglev, health checking, map access, the
 //! daemon, its control socket and the CLI.
+
+// The `xlb` binary sets up logging with it; named here so that
+// `unused_crate_dependencies` holds for the library too.
+use tracing_subscriber as _;
+
 pub mod cli;
 pub mod config;
 pub mod ctl;

@@ -2,6 +2,12 @@
 //! operator commands that talk to a running daemon over its control socket.
 //! Parsing and rendering live in `lb_user::cli`; this file does the I/O.
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+#![allow(clippy::print_stdout, reason = "the CLI: its output is the product")]
+
 use std::io::{IsTerminal as _, Write as _};
 use std::path::Path;
 use std::process::ExitCode;

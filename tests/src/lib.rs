@@ -2,6 +2,11 @@
 //! guards, a packet builder, and a harness that runs the XDP programs through
 //! `BPF_PROG_TEST_RUN` inside a namespace of its own.
 
+// A dev-dependency of the integration tests, which the library's own unit
+// tests see too.
+#[cfg(test)]
+use serde_json as _;
+
 pub mod bench;
 pub mod harness;
 pub mod lab;

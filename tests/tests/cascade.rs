@@ -20,6 +20,11 @@
 //! xlb does not know, which changes nothing there: a late answer was
 //! always a failure and nothing kept a VIP from emptying).
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+
 use std::{
     net::SocketAddr,
     process::{Child, Command, Stdio},

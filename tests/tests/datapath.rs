@@ -12,6 +12,15 @@
 //! Needs root and fresh binaries: `cargo build -p lb-user -p xlb-lab`, then
 //! `cargo test -p xlb-tests --test datapath -- --nocapture`.
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+#![allow(
+    clippy::print_stdout,
+    reason = "each case's verdict is printed for the log"
+)]
+
 use std::{
     collections::HashMap,
     net::{IpAddr, SocketAddr},

@@ -13,6 +13,11 @@
 //! `cargo test -p xlb-tests --test e2e -- --test-threads 1 --nocapture`.
 //! `XLB_BIN` points at another `xlb` (with `xlb-backend` next to it).
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+
 use std::{
     collections::BTreeSet,
     net::{IpAddr, SocketAddr},

@@ -59,7 +59,7 @@ const BENCHES: &[Bench] = &[
 ];
 
 /// Runs the benchmark called `only` (all when `None`) with `args` after `--`.
-pub fn run(only: Option<&str>, args: &[String]) -> Result<()> {
+pub(crate) fn run(only: Option<&str>, args: &[String]) -> Result<()> {
     let selected: Vec<&Bench> = BENCHES
         .iter()
         .filter(|b| only.is_none_or(|name| name == b.bin))

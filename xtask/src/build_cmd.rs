@@ -5,7 +5,7 @@ use anyhow::{Context as _, Result};
 
 use crate::{setup, test::EBPF_CRATE, util};
 
-pub fn run(release: bool) -> Result<()> {
+pub(crate) fn run(release: bool) -> Result<()> {
     setup::ensure()?;
     let mut cmd = util::cargo();
     cmd.args(["build", "--workspace", "--exclude", EBPF_CRATE]);

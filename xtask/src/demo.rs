@@ -64,7 +64,7 @@ const SLICE: Duration = Duration::from_millis(500);
 /// How often the demo asks xlb for new events.
 const POLL: Duration = Duration::from_millis(200);
 
-pub fn run(keep: bool) -> Result<()> {
+pub(crate) fn run(keep: bool) -> Result<()> {
     let paths = Paths::find()?;
     let config_path = paths.root.join(CONFIG);
     let config = std::fs::read_to_string(&config_path)

@@ -27,13 +27,13 @@ use crate::{
 const PREPARED_ENV: &str = "XLB_XTASK_PREPARED";
 
 /// The workspace's target directory and root.
-pub struct Paths {
+pub(crate) struct Paths {
     pub root: PathBuf,
     pub target: PathBuf,
 }
 
 impl Paths {
-    pub fn find() -> Result<Paths> {
+    pub(crate) fn find() -> Result<Paths> {
         let metadata = cargo_metadata::MetadataCommand::new()
             .no_deps()
             .exec()
@@ -45,19 +45,19 @@ impl Paths {
     }
 
     /// `target/release/<name>`.
-    pub fn release_bin(&self, name: &str) -> PathBuf {
+    pub(crate) fn release_bin(&self, name: &str) -> PathBuf {
         self.bin(true, name)
     }
 
     /// `target/release/<name>` or `target/debug/<name>`.
-    pub fn bin(&self, release: bool, name: &str) -> PathBuf {
+    pub(crate) fn bin(&self, release: bool, name: &str) -> PathBuf {
         self.target
             .join(if release { "release" } else { "debug" })
             .join(name)
     }
 
     /// Where a lab's configuration, logs and state file live.
-    pub fn lab_dir(&self, prefix: &str) -> PathBuf {
+    pub(crate) fn lab_dir(&self, prefix: &str) -> PathBuf {
         self.target.join("lab").join(prefix)
     }
 }
@@ -67,7 +67,7 @@ impl Paths {
 /// root, otherwise replaces this process with `sudo -E <this task> <same
 /// arguments>`, which skips the build (files in `target/` stay the user's).
 /// `what` says why root is needed.
-pub fn build_then_become_root(what: &str, build: Option<bool>) -> Result<()> {
+pub(crate) fn build_then_become_root(what: &str, build: Option<bool>) -> Result<()> {
     let prepared = env::var_os(PREPARED_ENV).is_some();
     if let Some(release) = build
         && !prepared
@@ -90,7 +90,7 @@ pub fn build_then_become_root(what: &str, build: Option<bool>) -> Result<()> {
 }
 
 /// `sudo ` when the user is not root (so printed commands work when pasted).
-pub fn sudo_prefix() -> &'static str {
+pub(crate) fn sudo_prefix() -> &'static str {
     if env::var_os("SUDO_USER").is_some() || !nix::unistd::geteuid().is_root() {
         "sudo "
     } else {
@@ -100,7 +100,7 @@ pub fn sudo_prefix() -> &'static str {
 
 /// A path relative to the current directory when it is under it, for
 /// shorter instructions.
-pub fn short(path: &Path) -> String {
+pub(crate) fn short(path: &Path) -> String {
     env::current_dir()
         .ok()
         .and_then(|cwd| path.strip_prefix(cwd).ok().map(Path::to_path_buf))
@@ -109,7 +109,7 @@ pub fn short(path: &Path) -> String {
         .to_string()
 }
 
-pub struct UpArgs {
+pub(crate) struct UpArgs {
     pub prefix: String,
     /// Build and run the dev profile (quicker to build) instead of release.
     pub dev: bool,
@@ -118,7 +118,7 @@ pub struct UpArgs {
     pub config: Option<PathBuf>,
 }
 
-pub fn up(args: &UpArgs) -> Result<()> {
+pub(crate) fn up(args: &UpArgs) -> Result<()> {
     let paths = Paths::find()?;
     // Read before the build and sudo: a missing file should fail at once.
     let config_text = match &args.config {
@@ -175,7 +175,7 @@ pub fn up(args: &UpArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn down(prefix: &str) -> Result<()> {
+pub(crate) fn down(prefix: &str) -> Result<()> {
     let paths = Paths::find()?;
     build_then_become_root("removing the lab (network namespaces, XDP programs)", None)?;
     let dir = paths.lab_dir(prefix);
@@ -206,7 +206,7 @@ pub fn down(prefix: &str) -> Result<()> {
 }
 
 /// What `lab up` prints: how to reach the lab.
-pub struct Instructions {
+pub(crate) struct Instructions {
     pub prefix: String,
     pub xlb: PathBuf,
     pub client_bin: PathBuf,
@@ -217,7 +217,7 @@ pub struct Instructions {
 }
 
 impl Instructions {
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let s = sudo_prefix();
         let p = &self.prefix;
         let xlb = short(&self.xlb);

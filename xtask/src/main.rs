@@ -1,5 +1,10 @@
 //! `cargo xtask`: xlb's developer tasks (aliased in `.cargo/config.toml`).
 
+#![allow(
+    clippy::print_stdout,
+    reason = "xtask is a CLI: its progress and reports go to stdout"
+)]
+
 mod bench;
 mod build_cmd;
 mod demo;

@@ -8,7 +8,7 @@ use crate::{
     util::{self, Root},
 };
 
-pub fn run(args: &[String]) -> Result<()> {
+pub(crate) fn run(args: &[String]) -> Result<()> {
     setup::ensure()?;
     let root = Root::obtain("running xlb (it loads XDP programs)")?;
     let mut cmd = util::cargo();

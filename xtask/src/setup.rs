@@ -59,14 +59,14 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// The bpf-linker release line that works with aya 0.14 and LLVM 22.
 const BPF_LINKER_REQ: &str = "^0.13";
 
-pub fn run() -> Result<()> {
+pub(crate) fn run() -> Result<()> {
     ensure()?;
     println!("setup: done");
     Ok(())
 }
 
 /// Runs every step; each prints one line saying whether it was already done.
-pub fn ensure() -> Result<()> {
+pub(crate) fn ensure() -> Result<()> {
     let host = host_triple()?;
     for &(toolchain, component, why) in COMPONENTS {
         ensure_component(&host, toolchain, component, why)?;

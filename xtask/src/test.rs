@@ -14,9 +14,9 @@ use crate::{
 /// Host builds, clippy's workspace pass and `cargo test` leave it out: as a
 /// `no_std` host binary it does not compile ("unwinding panics are not
 /// supported without std") and its test harness does not link.
-pub const EBPF_CRATE: &str = "lb-ebpf";
+pub(crate) const EBPF_CRATE: &str = "lb-ebpf";
 
-pub fn run(args: &[String]) -> Result<()> {
+pub(crate) fn run(args: &[String]) -> Result<()> {
     setup::ensure()?;
     fmt()?;
     clippy()?;

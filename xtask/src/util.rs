@@ -20,7 +20,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 
 /// Where `cargo install` puts binaries: `$CARGO_HOME/bin`, else `~/.cargo/bin`.
-pub fn cargo_bin_dir() -> Option<PathBuf> {
+pub(crate) fn cargo_bin_dir() -> Option<PathBuf> {
     if let Some(home) = env::var_os("CARGO_HOME").filter(|h| !h.is_empty()) {
         return Some(PathBuf::from(home).join("bin"));
     }
@@ -31,7 +31,7 @@ pub fn cargo_bin_dir() -> Option<PathBuf> {
 
 /// `PATH` for every child: ours, with the cargo bin directory in front when it
 /// is missing (a fresh shell on a machine set up by rustup may not have it).
-pub fn search_path() -> &'static OsStr {
+pub(crate) fn search_path() -> &'static OsStr {
     static PATH: OnceLock<OsString> = OnceLock::new();
     PATH.get_or_init(|| {
         let current = env::var_os("PATH").unwrap_or_default();
@@ -48,7 +48,7 @@ pub fn search_path() -> &'static OsStr {
 }
 
 /// The first executable file called `name` on [`search_path`].
-pub fn find_program(name: &str) -> Option<PathBuf> {
+pub(crate) fn find_program(name: &str) -> Option<PathBuf> {
     env::split_paths(search_path())
         .map(|dir| dir.join(name))
         .find(|path| is_executable(path))
@@ -60,7 +60,7 @@ fn is_executable(path: &Path) -> bool {
 }
 
 /// A command for `program` whose children see [`search_path`].
-pub fn command(program: impl AsRef<OsStr>) -> Command {
+pub(crate) fn command(program: impl AsRef<OsStr>) -> Command {
     let mut cmd = Command::new(program);
     cmd.env("PATH", search_path());
     cmd
@@ -71,7 +71,7 @@ pub fn command(program: impl AsRef<OsStr>) -> Command {
 ///
 /// `AYA_BUILD_SKIP` is removed: these tasks exist to build, test and run the
 /// real eBPF object, which that variable would replace with an empty file.
-pub fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let mut cmd = command("cargo");
     cmd.env_remove("AYA_BUILD_SKIP");
     cmd
@@ -79,7 +79,7 @@ pub fn cargo() -> Command {
 
 /// The command line as a user could paste it into a shell: variables this
 /// program sets (except `PATH`, set on every command) come first.
-pub fn render(cmd: &Command) -> String {
+pub(crate) fn render(cmd: &Command) -> String {
     let mut words = Vec::new();
     for (key, value) in cmd.get_envs() {
         if key == "PATH" {
@@ -112,7 +112,7 @@ fn quote(word: &str) -> String {
 }
 
 /// Prints `cmd`, runs it with inherited stdio and fails unless it exits 0.
-pub fn run(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     let line = render(cmd);
     eprintln!("$ {line}");
     let status = cmd
@@ -126,7 +126,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 
 /// Runs a read-only check quietly and returns its stdout, or `None` when the
 /// program is missing or exits non-zero (both mean "not there" to a check).
-pub fn probe(cmd: &mut Command) -> Option<String> {
+pub(crate) fn probe(cmd: &mut Command) -> Option<String> {
     let output = cmd
         .stdin(Stdio::null())
         .stderr(Stdio::null())
@@ -141,7 +141,7 @@ pub fn probe(cmd: &mut Command) -> Option<String> {
 /// Prints `cmd` and replaces this process with it, so that the program gets
 /// this process's signals (Ctrl-C, `kill`) and its exit code is ours. Returns
 /// only if the exec failed.
-pub fn exec(mut cmd: Command) -> anyhow::Error {
+pub(crate) fn exec(mut cmd: Command) -> anyhow::Error {
     let line = render(&cmd);
     eprintln!("$ {line}");
     let err: io::Error = cmd.exec();
@@ -150,7 +150,7 @@ pub fn exec(mut cmd: Command) -> anyhow::Error {
 
 /// How a step that needs root (BPF programs, network namespaces) gets it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Root {
+pub(crate) enum Root {
     /// We are root already.
     Already,
     /// Through `sudo`.
@@ -160,7 +160,7 @@ pub enum Root {
 impl Root {
     /// Root as we are, else `sudo`; `what` says what needs root, and why, in
     /// the error when neither is available.
-    pub fn obtain(what: &str) -> Result<Self> {
+    pub(crate) fn obtain(what: &str) -> Result<Self> {
         if nix::unistd::geteuid().is_root() {
             Ok(Self::Already)
         } else if find_program("sudo").is_some() {
@@ -176,7 +176,7 @@ impl Root {
     /// Arguments to `cargo test|run|bench` that make cargo run the built
     /// executables through `sudo -E` (as aya's own xtask does), so building
     /// stays unprivileged and files in `target/` stay ours.
-    pub fn cargo_runner_args(self) -> Vec<String> {
+    pub(crate) fn cargo_runner_args(self) -> Vec<String> {
         match self {
             Self::Already => Vec::new(),
             Self::Sudo => vec![

@@ -1,6 +1,11 @@
 //! `xlb-backend`: the lab's HTTP backend with fault switches (see
 //! `xlb_lab::backend` for the endpoints).
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+
 use std::net::SocketAddr;
 
 use anyhow::{Context, Result};

@@ -1,6 +1,12 @@
 //! `xlb-client`: load against a target, recording every request's outcome
 //! (see `xlb_lab::client`).
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+#![allow(clippy::print_stdout, reason = "the load client prints its report")]
+
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context, Result};

@@ -21,12 +21,12 @@ use lb_common::{CtEntry, FlowKey, PROTO_UDP};
 use tracing::{debug, info, warn};
 
 /// How often the table is walked when nobody is waiting for a drain.
-pub const PERIOD_IDLE: Duration = Duration::from_secs(10);
+pub(super) const PERIOD_IDLE: Duration = Duration::from_secs(10);
 
 /// How often it is walked while a drain has a deadline or someone watches
 /// one (`xlb drain --wait`): the flow count an operator watches fall, and
 /// the count reported when the deadline passes, are at most this old.
-pub const PERIOD_DRAINING: Duration = Duration::from_secs(2);
+pub(super) const PERIOD_DRAINING: Duration = Duration::from_secs(2);
 
 /// A TCP entry counts as an established flow if it carried a packet within
 /// this long and its client has not sent FIN or RST (`CT_FLAG_CLOSING`).
@@ -38,15 +38,15 @@ pub const PERIOD_DRAINING: Duration = Duration::from_secs(2);
 /// and longer than the gap between requests of most keep-alive clients; a
 /// connection idle for longer is not counted (but its packets still reach
 /// the backend while it drains).
-pub const ACTIVE_WINDOW: Duration = Duration::from_secs(30);
+pub(super) const ACTIVE_WINDOW: Duration = Duration::from_secs(30);
 
 /// A walk older than this is not reported (the walk keeps failing): better
 /// "not counted" than a count that no longer moves.
-pub const STALE: Duration = Duration::from_secs(60);
+pub(super) const STALE: Duration = Duration::from_secs(60);
 
 /// How recent a packet must be for an entry to count as an established flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Window {
+pub(super) struct Window {
     pub tcp_ns: u64,
     pub udp_ns: u64,
 }
@@ -54,7 +54,7 @@ pub struct Window {
 impl Window {
     /// UDP entries by the data plane's own expiry (`daemon.udp_timeout`;
     /// 0 = never expires, then by [`ACTIVE_WINDOW`] like TCP).
-    pub fn new(udp_timeout_ns: u64) -> Self {
+    pub(super) fn new(udp_timeout_ns: u64) -> Self {
         let active = ACTIVE_WINDOW.as_nanos() as u64;
         Window {
             tcp_ns: active,
@@ -69,7 +69,7 @@ impl Window {
 
 /// What one walk found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FlowCounts {
+pub(super) struct FlowCounts {
     /// Entries read, idle and stale ones included (`status` `conntrack.entries`).
     pub entries: u64,
     /// Established flows per (backend id, generation): a recycled id's new
@@ -82,7 +82,7 @@ pub struct FlowCounts {
 
 impl FlowCounts {
     /// Established flows of backend `id` in generation `generation`.
-    pub fn flows(&self, id: u32, generation: u32) -> u64 {
+    pub(super) fn flows(&self, id: u32, generation: u32) -> u64 {
         self.per_backend
             .get(&(id, generation))
             .copied()
@@ -137,7 +137,7 @@ impl Counter {
 
 /// Counts `entries` as of `now_ns` (CLOCK_MONOTONIC_COARSE, the data
 /// plane's clock), reading at most `limit` of them.
-pub fn count_flows(
+pub(super) fn count_flows(
     entries: impl IntoIterator<Item = (FlowKey, CtEntry)>,
     now_ns: u64,
     window: Window,
@@ -154,7 +154,7 @@ pub fn count_flows(
 
 /// The latest walk, as the main loop sees it.
 #[derive(Clone, Debug)]
-pub struct Walk {
+pub(super) struct Walk {
     /// When it began (entries it counted were read after this).
     pub started: Instant,
     /// When it finished.
@@ -164,7 +164,7 @@ pub struct Walk {
 
 /// What the walking thread and the main loop share.
 #[derive(Debug, Default)]
-pub struct Shared {
+pub(super) struct Shared {
     latest: Mutex<Option<Walk>>,
     /// Walk every [`PERIOD_DRAINING`] instead of [`PERIOD_IDLE`].
     fast: AtomicBool,
@@ -175,7 +175,7 @@ pub struct Shared {
 impl Shared {
     /// The latest walk; `None` until the first one finishes, or when the
     /// last one to finish is older than [`STALE`].
-    pub fn latest(&self) -> Option<Walk> {
+    pub(super) fn latest(&self) -> Option<Walk> {
         self.latest
             .lock()
             .ok()
@@ -183,11 +183,11 @@ impl Shared {
             .filter(|w| w.at.elapsed() < STALE)
     }
 
-    pub fn set_fast(&self, fast: bool) {
+    pub(super) fn set_fast(&self, fast: bool) {
         self.fast.store(fast, Ordering::Relaxed);
     }
 
-    pub fn set_udp_timeout(&self, t: Duration) {
+    pub(super) fn set_udp_timeout(&self, t: Duration) {
         self.udp_timeout_ns
             .store(t.as_nanos() as u64, Ordering::Relaxed);
     }
@@ -214,7 +214,7 @@ impl Shared {
 /// Walks the pinned conntrack map at `pin` for the life of the process,
 /// reading at most `limit` entries (its `conntrack_size`) per walk, and
 /// publishes each result to `shared` and the entry count to `entries`.
-pub fn spawn(pin: PathBuf, limit: u32, entries: Arc<AtomicU64>, shared: Arc<Shared>) {
+pub(super) fn spawn(pin: PathBuf, limit: u32, entries: Arc<AtomicU64>, shared: Arc<Shared>) {
     let spawned = std::thread::Builder::new()
         .name("xlb-conntrack".into())
         .spawn(move || walk_for_ever(&pin, u64::from(limit), &entries, &shared));

@@ -18,12 +18,12 @@ const REQUEST_WAIT: Duration = Duration::from_secs(5);
 /// A spec for the prober: `GET /health`, 2xx, the given timeout, and a
 /// `hang_timeout` equal to it (the strict behaviour: a late answer is a
 /// failure); see [`http_spec_hang`].
-pub fn http_spec(port: u16, timeout: Duration) -> CheckSpec {
+pub(super) fn http_spec(port: u16, timeout: Duration) -> CheckSpec {
     http_spec_hang(port, timeout, timeout)
 }
 
 /// [`http_spec`] with a `hang_timeout` of its own.
-pub fn http_spec_hang(port: u16, timeout: Duration, hang_timeout: Duration) -> CheckSpec {
+pub(super) fn http_spec_hang(port: u16, timeout: Duration, hang_timeout: Duration) -> CheckSpec {
     CheckSpec {
         kind: CheckKind::Http(HttpCheck {
             method: defaults::HTTP_METHOD.to_owned(),
@@ -46,7 +46,7 @@ pub fn http_spec_hang(port: u16, timeout: Duration, hang_timeout: Duration) -> C
     }
 }
 
-pub fn http_check(spec: &mut CheckSpec) -> &mut HttpCheck {
+pub(super) fn http_check(spec: &mut CheckSpec) -> &mut HttpCheck {
     match &mut spec.kind {
         CheckKind::Http(http) => http,
         CheckKind::Tcp => panic!("test spec is not an HTTP check"),
@@ -55,7 +55,7 @@ pub fn http_check(spec: &mut CheckSpec) -> &mut HttpCheck {
 
 /// Reads a request head (up to the empty line), at most 16 KiB, waiting at
 /// most `REQUEST_WAIT`. `None` if the client closed or sent no complete head.
-pub async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
+pub(super) async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     let read = async {
@@ -74,7 +74,7 @@ pub async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
 }
 
 /// An HTTP server answering every request with `respond()`, then closing.
-pub struct Server {
+pub(super) struct Server {
     pub addr: SocketAddr,
     /// Connections accepted.
     pub connections: Arc<AtomicUsize>,
@@ -92,13 +92,13 @@ impl Drop for Server {
 }
 
 impl Server {
-    pub async fn start(respond: impl Fn() -> Vec<u8> + Send + Sync + 'static) -> Self {
+    pub(super) async fn start(respond: impl Fn() -> Vec<u8> + Send + Sync + 'static) -> Self {
         Self::start_delayed(Duration::ZERO, respond).await
     }
 
     /// Like [`Self::start`], answering each request `delay` after reading
     /// it: an application that is slow, not hung.
-    pub async fn start_delayed(
+    pub(super) async fn start_delayed(
         delay: Duration,
         respond: impl Fn() -> Vec<u8> + Send + Sync + 'static,
     ) -> Self {
@@ -144,12 +144,12 @@ impl Server {
     }
 
     /// Answers every request with the same bytes.
-    pub async fn canned(response: &[u8]) -> Self {
+    pub(super) async fn canned(response: &[u8]) -> Self {
         Self::canned_delayed(Duration::ZERO, response).await
     }
 
     /// Answers every request with the same bytes, `delay` after reading it.
-    pub async fn canned_delayed(delay: Duration, response: &[u8]) -> Self {
+    pub(super) async fn canned_delayed(delay: Duration, response: &[u8]) -> Self {
         let response = response.to_vec();
         Self::start_delayed(delay, move || response.clone()).await
     }
@@ -158,12 +158,12 @@ impl Server {
 /// A listening socket that never accepts: the kernel completes handshakes
 /// into its accept queue, nobody reads. A hung application, as the network
 /// sees it.
-pub fn silent_listener() -> std::net::TcpListener {
+pub(super) fn silent_listener() -> std::net::TcpListener {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")
 }
 
 /// An address nothing listens on: bound, then closed.
-pub fn closed_port() -> SocketAddr {
+pub(super) fn closed_port() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local_addr")
 }
@@ -171,7 +171,7 @@ pub fn closed_port() -> SocketAddr {
 /// A server that accepts, reads the request and never answers, holding each
 /// connection until the prober closes it: counts the connections still
 /// open, so a test can see lingering probes and their end.
-pub struct Holder {
+pub(super) struct Holder {
     pub addr: SocketAddr,
     /// Connections accepted.
     pub accepted: Arc<AtomicUsize>,
@@ -187,7 +187,7 @@ impl Drop for Holder {
 }
 
 impl Holder {
-    pub async fn start() -> Self {
+    pub(super) async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");

@@ -2,6 +2,8 @@
 //! that say how a run was started and how to reproduce it, and the health
 //! benchmark itself, which is long enough for a module per figure.
 
+#![allow(clippy::print_stdout, reason = "the benchmarks' reports go to stdout")]
+
 pub mod health;
 
 /// Prints the command line this process was started with and the `cargo

@@ -13,6 +13,12 @@
 //!   syscall, each with a fresh copy, and averages the kernel's own timing;
 //!   the minimal program is measured the same way for its ratio.
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+#![allow(clippy::print_stdout, reason = "a benchmark's report goes to stdout")]
+
 use std::time::Duration;
 
 use lb_common::{CtEntry, DOWN_POLICY_REHASH, MODE_DSR_IPIP, MODE_DSR_L2, PROTO_TCP};

@@ -22,6 +22,12 @@
 //! Usage: `xlb-cascade-bench [--quick]` (as root, with `xlb` and
 //! `xlb-backend` built in release next to it: `cargo xtask bench` does it).
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+#![allow(clippy::print_stdout, reason = "a benchmark's report goes to stdout")]
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};

@@ -13,6 +13,12 @@
 //! `cargo build -p lb-user -p xlb-lab && cargo run -p xlb-tests --bin xlb-dpath-bench`
 //! (as root). `run(probes)` is callable from other benchmarks.
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+#![allow(clippy::print_stdout, reason = "a benchmark's report goes to stdout")]
+
 use std::{
     net::SocketAddr,
     time::{Duration, Instant},

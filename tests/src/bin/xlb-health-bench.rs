@@ -23,6 +23,11 @@
 //!
 //! The figures live in [`xlb_tests::bench::health`], one module each.
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+
 fn main() -> anyhow::Result<()> {
     xlb_tests::bench::health::main()
 }

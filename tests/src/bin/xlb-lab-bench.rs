@@ -7,6 +7,12 @@
 //! much the XDP hop changes it, not the LB's own ceiling: that is
 //! `xlb-bench`'s per-packet cost.
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+#![allow(clippy::print_stdout, reason = "a benchmark's report goes to stdout")]
+
 use std::{process::Command, time::Duration};
 
 use anyhow::{Context as _, bail};

@@ -12,6 +12,15 @@
 //! backend goes down hold on a machine that is not also running five other
 //! daemons.
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+#![allow(
+    clippy::print_stdout,
+    reason = "what a scenario saw is printed for the log"
+)]
+
 mod env;
 
 use std::{
