@@ -333,7 +333,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             },
             r = fault.changed() => if r.is_err() { return },
-            _ = stopped(&mut shutdown) => return,
+            () = stopped(&mut shutdown) => return,
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
@@ -363,8 +363,8 @@ async fn closing(fault: &mut watch::Receiver<Fault>, shutdown: &mut watch::Recei
         let _ = fault.wait_for(|f| *f == Fault::Crash).await.map(drop);
     };
     tokio::select! {
-        _ = crashed => {}
-        _ = stopped(shutdown) => {}
+        () = crashed => {}
+        () = stopped(shutdown) => {}
     }
 }
 
@@ -477,7 +477,7 @@ impl ServiceConn {
                     Some(())
                 }
             },
-            _ = closing(&mut self.fault, &mut self.shutdown) => None,
+            () = closing(&mut self.fault, &mut self.shutdown) => None,
         }
     }
 
@@ -486,12 +486,12 @@ impl ServiceConn {
     async fn wait_turn(&mut self) -> Option<Fault> {
         let mode = tokio::select! {
             m = gate(&mut self.fault) => m,
-            _ = stopped(&mut self.shutdown) => None,
+            () = stopped(&mut self.shutdown) => None,
         }?;
         if let Fault::Slow { ms } = mode {
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
-                _ = closing(&mut self.fault, &mut self.shutdown) => return None,
+                () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                () = closing(&mut self.fault, &mut self.shutdown) => return None,
             }
         }
         Some(mode)
@@ -527,8 +527,7 @@ async fn stream_lines(
     let interval = head
         .query("interval_ms")
         .and_then(|v| v.parse().ok())
-        .map(Duration::from_millis)
-        .unwrap_or(DEFAULT_STREAM_INTERVAL)
+        .map_or(DEFAULT_STREAM_INTERVAL, Duration::from_millis)
         .max(MIN_STREAM_INTERVAL);
     shared.requests.fetch_add(1, Ordering::Relaxed);
     let head = format!(
@@ -541,7 +540,7 @@ async fn stream_lines(
     for seq in 0u64.. {
         let ok = tokio::select! {
             m = gate(fault) => m.is_some(),
-            _ = stopped(shutdown) => false,
+            () = stopped(shutdown) => false,
         };
         if !ok {
             return;
@@ -551,8 +550,8 @@ async fn stream_lines(
             return;
         }
         tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = closing(fault, shutdown) => return,
+            () = tokio::time::sleep(interval) => {}
+            () = closing(fault, shutdown) => return,
         }
     }
 }
@@ -566,7 +565,7 @@ async fn admin_loop(listener: TcpListener, shared: Arc<Shared>) {
                 Ok((stream, _)) => { conns.spawn(admin_conn(stream, shared.clone())); }
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             },
-            _ = stopped(&mut shutdown) => return,
+            () = stopped(&mut shutdown) => return,
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }

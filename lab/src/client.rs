@@ -448,7 +448,7 @@ fn record(
     latency: Duration,
 ) {
     rec.lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .record(at, outcome, backend, latency);
 }
 
@@ -487,7 +487,7 @@ async fn connect(target: SocketAddr) -> io::Result<TcpStream> {
 
 fn record_connect(rec: &SharedRecorder, at: Duration, connect: Duration) {
     rec.lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .record_connect(at, connect);
 }
 
@@ -646,11 +646,11 @@ async fn watch_stream(
                     Err(e) => break Some(Outcome::from_io(&e).name().to_string()),
                 }
             }
-            _ = tokio::time::sleep_until(stall_at), if !report.stalled && stall_at < deadline => {
+            () = tokio::time::sleep_until(stall_at), if !report.stalled && stall_at < deadline => {
                 report.stalled = true;
                 report.first_stall_ms = Some(ms(stall_at - start));
             }
-            _ = tokio::time::sleep_until(deadline) => break None,
+            () = tokio::time::sleep_until(deadline) => break None,
         }
     };
     let now = Instant::now();
@@ -708,7 +708,11 @@ pub async fn run_load(opts: LoadOptions) -> Result<Report, ClientError> {
                         drop(permit);
                     });
                 }
-                Err(_) => rec.lock().unwrap_or_else(|e| e.into_inner()).skipped += 1,
+                Err(_) => {
+                    rec.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .skipped += 1
+                }
             }
             // Reap finished tasks so the set stays as small as what is in flight.
             while shorts.try_join_next().is_some() {}
@@ -727,7 +731,7 @@ pub async fn run_load(opts: LoadOptions) -> Result<Report, ClientError> {
     let rec = Arc::into_inner(rec)
         .expect("every task holding the recorder has finished")
         .into_inner()
-        .unwrap_or_else(|e| e.into_inner());
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     Ok(rec.finish(&opts, long))
 }
 

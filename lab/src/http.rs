@@ -431,7 +431,7 @@ mod tests {
             });
             match (&got, &c.want) {
                 (Ok(Some(g)), Ok(Some(w))) => {
-                    assert_eq!((g.0.as_str(), g.1.as_str(), g.2, g.3), *w, "{}", c.name)
+                    assert_eq!((g.0.as_str(), g.1.as_str(), g.2, g.3), *w, "{}", c.name);
                 }
                 (Ok(None), Ok(None)) | (Err(_), Err(())) => {}
                 _ => panic!("{}: got {got:?}", c.name),

@@ -308,7 +308,7 @@ impl Lab {
         let pid = child.id();
         self.children
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(child);
         Ok(pid)
     }
@@ -329,7 +329,10 @@ impl Lab {
     /// SIGKILL after 2 s) and reaps it. Unknown pids are an error.
     pub fn kill(&self, pid: u32) -> Result<()> {
         let child = {
-            let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+            let mut children = self
+                .children
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let pos = children.iter().position(|c| c.id() == pid).ok_or_else(|| {
                 LabError::InvalidConfig {
                     reason: format!("pid {pid} was not started by this lab"),
@@ -343,7 +346,10 @@ impl Lab {
 
     /// True while a process started by [`Lab::spawn`] is still running.
     pub fn is_running(&self, pid: u32) -> bool {
-        let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        let mut children = self
+            .children
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         children
             .iter_mut()
             .find(|c| c.id() == pid)

@@ -434,7 +434,7 @@ impl Dataplane {
 
     /// Clears every conntrack entry.
     pub fn ct_clear(&mut self) -> Result<()> {
-        let keys: Vec<FlowKey> = self.ct.keys().filter_map(|k| k.ok()).collect();
+        let keys: Vec<FlowKey> = self.ct.keys().filter_map(std::result::Result::ok).collect();
         for k in keys {
             self.ct_remove(&k)?;
         }

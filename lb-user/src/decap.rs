@@ -52,7 +52,7 @@ pub async fn run(interface: String, addresses: Vec<IpAddr>) -> anyhow::Result<()
         !addrs.is_empty(),
         "{interface} has no address: give the tunnel endpoint with --address"
     );
-    let list: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    let list: Vec<String> = addrs.iter().map(std::string::ToString::to_string).collect();
     info!("decapsulating IPIP/IP6IP6 to {}", list.join(", "));
     let dp = attach_until_stopped(&interface, lb_common::PROG_DECAP, |dp| {
         for a in &addrs {

@@ -25,7 +25,9 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 pub fn serial() -> MutexGuard<'static, ()> {
     // A failed test poisons the lock; the next one still gets a clean lab.
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Newest modification time of the files under `paths` (recursively).

@@ -113,7 +113,7 @@ pub fn eth(dst: Mac, src: Mac, vlan: Option<u16>, ethertype: u16, payload: &[u8]
 pub fn csum(bytes: &[u8]) -> u16 {
     let mut sum: u32 = bytes
         .chunks(2)
-        .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
         .sum();
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);

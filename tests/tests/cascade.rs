@@ -676,7 +676,7 @@ fn flapping_backend_is_held_down_then_returns() {
     );
     assert_eq!(no_b2.summary.failures, 0, "{}", no_b2.render_text());
     // The penalty is at most limit + 1 and must fall below limit / 2.
-    let decay = half_life.mul_f64(((limit as f64 + 1.0) / (limit as f64 / 2.0)).log2());
+    let decay = half_life.mul_f64(((f64::from(limit) + 1.0) / (f64::from(limit) / 2.0)).log2());
     let (_, back_after) = run
         .wait_backend_state("api", b2, "up", decay + DETECTION_MARGIN * 3)
         .unwrap_or_else(|e| panic!("b2 did not return: {e}"));
@@ -734,7 +734,7 @@ fn slow_start_ramps_new_flows() {
     );
     assert_eq!(b.placement, "ramping", "{}", s.summary());
     assert!(
-        b.effective_weight < 0.5 * b.weight as f64,
+        b.effective_weight < 0.5 * f64::from(b.weight),
         "starts low: {} of {}",
         b.effective_weight,
         b.weight
@@ -743,8 +743,10 @@ fn slow_start_ramps_new_flows() {
     let entered = transitions(&events, "api", b2)
         .into_iter()
         .rfind(|e| e.to.as_deref() == Some("ramping"))
-        .map(|e| client.timeline_ms(e.at_unix_ms))
-        .unwrap_or_else(|| panic!("no ramping event for b2: {events:?}"));
+        .map_or_else(
+            || panic!("no ramping event for b2: {events:?}"),
+            |e| client.timeline_ms(e.at_unix_ms),
+        );
     let report = client.join().unwrap();
     eprintln!("{}", report.render_text());
     let r = ramp.as_millis() as i64;

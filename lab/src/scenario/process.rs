@@ -130,8 +130,7 @@ impl Binaries {
     pub fn next_to(xlb: &Path) -> Result<Self> {
         let backend = xlb
             .parent()
-            .map(|d| d.join("xlb-backend"))
-            .unwrap_or_else(|| PathBuf::from("xlb-backend"));
+            .map_or_else(|| PathBuf::from("xlb-backend"), |d| d.join("xlb-backend"));
         let b = Self {
             xlb: xlb.to_path_buf(),
             backend,
@@ -276,12 +275,10 @@ pub(super) fn stop_recorded(work_dir: &Path) {
 }
 
 fn is_zombie(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(true)
+    fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
 }
 
 /// `xlb detach --instance NAME`: unpins and detaches whatever `xlb run` of

@@ -418,21 +418,21 @@ probe_concurrency = 0
             r#"xlb.toml: daemon: interface "eth0:1" is not a valid interface name; use the name `ip link` shows, e.g. "eth0" (1 to 15 characters)"#,
             r#"xlb.toml: daemon: instance "Prod" is invalid; use 1 to 32 characters from a-z 0-9 _ -"#,
             r#"xlb.toml: daemon: control_socket "xlb.sock" is not an absolute path; use e.g. "/run/xlb/xlb.sock""#,
-            r#"xlb.toml: daemon: socket_group is empty; name a group, or remove socket_group to keep the control socket root-only (mode 0600)"#,
+            r"xlb.toml: daemon: socket_group is empty; name a group, or remove socket_group to keep the control socket root-only (mode 0600)",
             r#"xlb.toml: daemon: metrics_address "localhost" is not an address:port; use e.g. "127.0.0.1:9813" or "[::1]:9813", or "" to disable metrics"#,
-            r#"xlb.toml: daemon: conntrack_size must be at least 1 (default 1048576)"#,
+            r"xlb.toml: daemon: conntrack_size must be at least 1 (default 1048576)",
             r#"xlb.toml: daemon: udp_timeout "30" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
-            r#"xlb.toml: daemon: max_table_size 65536 is not prime; use a prime such as 65537"#,
-            r#"xlb.toml: daemon: hash_seed must be 32 hexadecimal digits (128 bits), got 3 characters; generate one with `openssl rand -hex 16`, or remove hash_seed to get a random one on first start"#,
-            r#"xlb.toml: daemon: encap_source_v4 0.0.0.0 cannot be a packet's source; use an address of this host that backends can reach, or remove it to use the interface's address"#,
-            r#"xlb.toml: daemon: encap_source_v6 ::1 cannot be a packet's source; use an address of this host that backends can reach, or remove it to use the interface's address"#,
-            r#"xlb.toml: daemon: probe_concurrency 0 is out of range; use 1 to 4096 (default 256)"#,
+            r"xlb.toml: daemon: max_table_size 65536 is not prime; use a prime such as 65537",
+            r"xlb.toml: daemon: hash_seed must be 32 hexadecimal digits (128 bits), got 3 characters; generate one with `openssl rand -hex 16`, or remove hash_seed to get a random one on first start",
+            r"xlb.toml: daemon: encap_source_v4 0.0.0.0 cannot be a packet's source; use an address of this host that backends can reach, or remove it to use the interface's address",
+            r"xlb.toml: daemon: encap_source_v6 ::1 cannot be a packet's source; use an address of this host that backends can reach, or remove it to use the interface's address",
+            r"xlb.toml: daemon: probe_concurrency 0 is out of range; use 1 to 4096 (default 256)",
         ];
         udp_timeout_shorter_than_the_conntrack_refresh: format!(r#"{DAEMON}udp_timeout = "500ms""#) => [
-            r#"xlb.toml: daemon: udp_timeout 500ms is too short: conntrack refreshes a flow's last-seen time once a second, so use 0 (never expire) or at least 2s"#,
+            r"xlb.toml: daemon: udp_timeout 500ms is too short: conntrack refreshes a flow's last-seen time once a second, so use 0 (never expire) or at least 2s",
         ];
         max_table_size_too_large: format!("{DAEMON}max_table_size = 2097143") => [
-            r#"xlb.toml: daemon: max_table_size 2097143 is too large: the ring would take 2047 MiB of kernel memory; use a prime of at most 1048573"#,
+            r"xlb.toml: daemon: max_table_size 2097143 is too large: the ring would take 2047 MiB of kernel memory; use a prime of at most 1048573",
         ];
     }
 

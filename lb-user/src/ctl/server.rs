@@ -453,7 +453,7 @@ mod tests {
         }
     }
 
-    async fn start(dir: &TempDir, handler: Arc<Fake>) -> (PathBuf, tokio::task::JoinHandle<()>) {
+    fn start(dir: &TempDir, handler: Arc<Fake>) -> (PathBuf, tokio::task::JoinHandle<()>) {
         let path = dir.0.join("xlb.sock");
         let listener = bind(&path, None).unwrap();
         let task = tokio::spawn(serve(listener, handler));
@@ -500,7 +500,7 @@ mod tests {
     async fn requests_and_responses() {
         let dir = TempDir::new();
         let fake = Fake::new(vec![]);
-        let (path, task) = start(&dir, fake.clone()).await;
+        let (path, task) = start(&dir, fake.clone());
         let resp = super::super::request(&path, &Request::Status)
             .await
             .unwrap();
@@ -532,7 +532,7 @@ mod tests {
     #[tokio::test]
     async fn bad_lines_get_errors_and_the_connection_stays_usable() {
         let dir = TempDir::new();
-        let (path, task) = start(&dir, Fake::new(vec![])).await;
+        let (path, task) = start(&dir, Fake::new(vec![]));
         let mut c = Raw::connect(&path).await;
         let cases: &[(&str, &[u8], &str)] = &[
             ("bad json", b"{\"version\":1,\"command\":}\n", "column 24"),
@@ -567,7 +567,7 @@ mod tests {
     #[tokio::test]
     async fn overlong_lines_are_refused() {
         let dir = TempDir::new();
-        let (path, task) = start(&dir, Fake::new(vec![])).await;
+        let (path, task) = start(&dir, Fake::new(vec![]));
         let mut c = Raw::connect(&path).await;
         let long = vec![b'x'; MAX_LINE + 1];
         // The server may close before reading all of it.
@@ -634,7 +634,7 @@ mod tests {
     #[tokio::test]
     async fn live_socket_is_not_taken_over_but_a_stale_one_is() {
         let dir = TempDir::new();
-        let (path, task) = start(&dir, Fake::new(vec![])).await;
+        let (path, task) = start(&dir, Fake::new(vec![]));
         let err = bind(&path, None).unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -691,7 +691,7 @@ mod tests {
     async fn follow_streams_backlog_then_new_events() {
         let dir = TempDir::new();
         let fake = Fake::new(vec![sample_event(1), sample_event(2), sample_event(3)]);
-        let (path, task) = start(&dir, fake.clone()).await;
+        let (path, task) = start(&dir, fake.clone());
         let mut client = Client::connect(&path).await.unwrap();
         client
             .send(&Request::Events {
@@ -753,7 +753,7 @@ mod tests {
     async fn slow_followers_are_told_what_they_missed() {
         let dir = TempDir::new();
         let fake = Fake::new(vec![]);
-        let (path, task) = start(&dir, fake.clone()).await;
+        let (path, task) = start(&dir, fake.clone());
         let mut client = Client::connect(&path).await.unwrap();
         client
             .send(&Request::Events {
@@ -798,7 +798,7 @@ mod tests {
     async fn stopping_the_server_closes_its_connections() {
         let dir = TempDir::new();
         let fake = Fake::new(vec![]);
-        let (path, task) = start(&dir, fake.clone()).await;
+        let (path, task) = start(&dir, fake.clone());
         let mut client = Client::connect(&path).await.unwrap();
         client
             .send(&Request::Events {

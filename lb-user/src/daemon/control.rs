@@ -26,7 +26,7 @@ pub(super) type Call = (Request, oneshot::Sender<Response>);
 
 impl Daemon {
     /// Answers one control request (on the main loop).
-    pub(super) async fn handle(&mut self, req: Request) -> Response {
+    pub(super) fn handle(&mut self, req: Request) -> Response {
         let res: anyhow::Result<Response> = match req {
             Request::Status => {
                 self.status_asked = Some(Instant::now());

@@ -49,7 +49,7 @@ impl Daemon {
         b.drained_at = drained.then(Instant::now);
         let id = b.id;
         if let Some(s) = self.sched.as_mut() {
-            s.set_admin_drained(id as u64, drained);
+            s.set_admin_drained(u64::from(id), drained);
         }
         // The policy records the drain (placement `draining`, always a
         // change), writes the maps, rebuilds, records the `admin` event and

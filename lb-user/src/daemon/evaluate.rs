@@ -33,7 +33,7 @@ impl Daemon {
                     b,
                 );
                 if b.admin_drained {
-                    sched.set_admin_drained(b.id as u64, true);
+                    sched.set_admin_drained(u64::from(b.id), true);
                 }
             }
         }

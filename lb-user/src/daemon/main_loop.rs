@@ -93,7 +93,7 @@ impl Daemon {
                     }
                 }
                 Some((req, reply)) = calls.recv() => {
-                    let resp = self.handle(req).await;
+                    let resp = self.handle(req);
                     let _ = reply.send(resp);
                 }
                 _ = hup.recv() => {

@@ -114,7 +114,7 @@ impl Daemon {
             config_path: self.config_path.display().to_string(),
             conntrack: ctl::ConntrackStatus {
                 entries: self.ct_entries.load(Ordering::Relaxed),
-                capacity: self.cfg.daemon.pinned.conntrack_size as u64,
+                capacity: u64::from(self.cfg.daemon.pinned.conntrack_size),
             },
             counters,
             vips,
@@ -197,11 +197,11 @@ impl Daemon {
                     code: class.code().to_string(),
                     status: res.outcome.as_ref().ok().and_then(|o| o.status),
                     latency_ms: res.latency.as_secs_f64() * 1e3,
-                    at_unix_ms: s.last_probe_at.map(instant_ms).unwrap_or(0),
+                    at_unix_ms: s.last_probe_at.map_or(0, instant_ms),
                 })
             }),
-            consecutive_ok: snap.map(|s| s.consecutive_ok).unwrap_or(0),
-            consecutive_fail: snap.map(|s| s.consecutive_fail).unwrap_or(0),
+            consecutive_ok: snap.map_or(0, |s| s.consecutive_ok),
+            consecutive_fail: snap.map_or(0, |s| s.consecutive_fail),
             new_flows_per_sec: r.nfps,
             packets_per_sec: r.pps,
             packets: live.packets,

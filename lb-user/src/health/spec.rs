@@ -384,7 +384,7 @@ mod tests {
                 "HEAD with host",
                 with(|c| {
                     c.method = "HEAD".into();
-                    c.host = Some("api.example:8080".into())
+                    c.host = Some("api.example:8080".into());
                 }),
                 Ok(()),
             ),

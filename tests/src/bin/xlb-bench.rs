@@ -81,7 +81,7 @@ fn single_ns(
             anyhow::ensure!(verdict == want, "{prog}: verdict {verdict}, want {want}");
             total += d;
         }
-        Ok(total.as_nanos() as f64 / SINGLES as f64)
+        Ok(total.as_nanos() as f64 / f64::from(SINGLES))
     })
 }
 

@@ -118,20 +118,20 @@ fn hung_backend_goes_down_and_comes_back() {
     let _serial = serial();
     let e = up();
     step("hang backend 2: down in both VIPs, with its reason", || {
-        hang_backend_2(&e)
+        hang_backend_2(&e);
     });
     step(
         "the event log has the transition and the timed rebuild",
         || events_record_backend_2_down(&e),
     );
     step("the metrics show backend 2 out", || {
-        metrics_show_backend_2_out(&e)
+        metrics_show_backend_2_out(&e);
     });
     step("the maps show backend 2 down and out of the table", || {
-        maps_show_backend_2_down(&e)
+        maps_show_backend_2_down(&e);
     });
     step("recover: back up after rise probes", || {
-        recover_backend_2(&e)
+        recover_backend_2(&e);
     });
 }
 
@@ -256,10 +256,10 @@ fn restart_after_kill9_adopts_link_conntrack_and_states() {
         insert_established_flow(&mut dp)
     });
     step("kill -9 and start again", || {
-        restart_keeps_everything(&mut e, &dp, link_id, &flow, &entry)
+        restart_keeps_everything(&mut e, &dp, link_id, &flow, &entry);
     });
     step("xlb explain agrees with the maps", || {
-        explain_agrees_with_the_maps(&e, &dp, &entry)
+        explain_agrees_with_the_maps(&e, &dp, &entry);
     });
 }
 
@@ -363,13 +363,13 @@ fn reload_changes_only_the_changed_vip() {
     let dp = e.maps().unwrap();
     let api_before = table(&dp, "10.100.0.1").unwrap();
     step("reload with web's weights doubled", || {
-        reload_same_shares(&e, &dp, &api_before)
+        reload_same_shares(&e, &dp, &api_before);
     });
     step("reload resizing web's table", || {
-        reload_resize(&e, &dp, &api_before)
+        reload_resize(&e, &dp, &api_before);
     });
     step("an invalid configuration is refused", || {
-        invalid_config_refused(&e)
+        invalid_config_refused(&e);
     });
 }
 
@@ -464,13 +464,13 @@ fn drain_with_a_deadline() {
         three_flows_counted(&e, &mut dp, id)
     });
     step("drain --deadline 3s --wait: down when it passes", || {
-        drain_until_the_deadline(&e, &dp, id)
+        drain_until_the_deadline(&e, &dp, id);
     });
     step("a restart keeps it down", || {
-        restart_keeps_the_drain(&mut e, &dp, id)
+        restart_keeps_the_drain(&mut e, &dp, id);
     });
     step("enable clears the deadline and brings it back", || {
-        enable_undoes_the_drain(&e, &mut dp, id, &flows)
+        enable_undoes_the_drain(&e, &mut dp, id, &flows);
     });
 }
 

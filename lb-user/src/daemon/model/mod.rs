@@ -372,7 +372,14 @@ pub fn upsert_probe(
             vip.mode,
         )
     });
-    sched.upsert_via(b.id as u64, b.cfg.socket_addr(), spec, b.health, path, auto);
+    sched.upsert_via(
+        u64::from(b.id),
+        b.cfg.socket_addr(),
+        spec,
+        b.health,
+        path,
+        auto,
+    );
 }
 
 /// Free-list allocation of VIP and backend ids.

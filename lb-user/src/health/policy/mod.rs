@@ -1111,9 +1111,9 @@ mod tests {
         let mut vip = Vip::new(policy, 2);
         for i in 0..10 {
             vip.members[0] = refused(member(0));
-            vip.at(i as f64);
+            vip.at(f64::from(i));
             vip.members[0] = member(0);
-            vip.at(i as f64 + 0.5);
+            vip.at(f64::from(i) + 0.5);
             assert_eq!(vip.placements()[0], Serving);
         }
     }

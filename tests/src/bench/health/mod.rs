@@ -58,7 +58,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
                     "detection" => Figure::Detection,
                     "cost" => Figure::Cost,
                     other => bail!("--only {other:?}: use detection or cost\n{USAGE}"),
-                })
+                });
             }
             "--serve" => {
                 let n = value("--serve")?;
@@ -114,7 +114,7 @@ async fn run(args: Args) -> Result<()> {
 }
 
 fn host_description() -> String {
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map_or_else(|_| "unknown".to_owned(), |s| s.trim().to_owned());
     let build = if cfg!(debug_assertions) {
