@@ -711,7 +711,7 @@ pub async fn run_load(opts: LoadOptions) -> Result<Report, ClientError> {
                 Err(_) => {
                     rec.lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .skipped += 1
+                        .skipped += 1;
                 }
             }
             // Reap finished tasks so the set stays as small as what is in flight.

@@ -56,7 +56,7 @@ use nix::{
 
 pub use addressing::*;
 pub use netns::{ifindex, in_netns, is_root, list_namespaces, netns_fd, sysctl_get};
-pub use ping::ping;
+pub use ping::{inet_checksum, ping};
 
 use netns::{describe, ip, ip_in, namespace_exists, sysctl_in};
 

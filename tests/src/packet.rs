@@ -109,17 +109,8 @@ pub fn eth(dst: Mac, src: Mac, vlan: Option<u16>, ethertype: u16, payload: &[u8]
     f
 }
 
-/// RFC 1071 checksum.
-pub fn csum(bytes: &[u8]) -> u16 {
-    let mut sum: u32 = bytes
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
+/// RFC 1071 checksum (the lab's, which its ping uses too).
+pub use xlb_lab::topology::inet_checksum as csum;
 
 /// An IPv4 header (20 bytes, checksummed) followed by `payload`.
 pub fn ipv4(

@@ -22,7 +22,8 @@ pub fn ping(ns: &str, dst: IpAddr, timeout: Duration) -> Result<Duration> {
     })
 }
 
-fn inet_checksum(data: &[u8]) -> u16 {
+/// The Internet checksum (RFC 1071) of `data`.
+pub fn inet_checksum(data: &[u8]) -> u16 {
     let mut sum: u32 = data
         .chunks(2)
         .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))

@@ -176,20 +176,8 @@ impl Daemon {
             v.cfg.down_policy
         );
         model::log_transition(&v.cfg.name, b, from, &reason, rebuild);
-        let (name, addr, to) = (
-            v.cfg.name.clone(),
-            b.cfg.socket_addr().to_string(),
-            b.state_name(),
-        );
-        self.event(
-            EventKind::Drain,
-            Some(&name),
-            Some(addr),
-            Some(from),
-            Some(to),
-            reason,
-            rebuild,
-        );
+        let to = b.state_name();
+        self.backend_event(EventKind::Drain, (vi, bi), (from, to), reason, rebuild);
         self.save();
         Ok(())
     }

@@ -215,20 +215,13 @@ impl Daemon {
         let b = &self.vips[vi].backends[member];
         let from = model::placement_label(from);
         model::log_transition(&name, b, from, &reason, rebuild);
-        let (id, addr, to) = (b.id, b.cfg.socket_addr().to_string(), b.placement_name());
+        let (id, to) = (b.id, b.placement_name());
         *self.transitions.entry(id).or_default() += 1;
-        self.event(
-            if admin {
-                EventKind::Admin
-            } else {
-                EventKind::Transition
-            },
-            Some(&name),
-            Some(addr),
-            Some(from),
-            Some(to),
-            reason,
-            rebuild,
-        );
+        let kind = if admin {
+            EventKind::Admin
+        } else {
+            EventKind::Transition
+        };
+        self.backend_event(kind, (vi, member), (from, to), reason, rebuild);
     }
 }

@@ -237,6 +237,28 @@ impl Daemon {
         let _ = self.events_tx.send(ev);
     }
 
+    /// Records an event about backend `bi` of VIP `vi` going `from` → `to`.
+    fn backend_event(
+        &mut self,
+        kind: EventKind,
+        (vi, bi): (usize, usize),
+        (from, to): (&str, &str),
+        reason: String,
+        r: Option<Rebuild>,
+    ) {
+        let vip = self.vips[vi].cfg.name.clone();
+        let addr = self.vips[vi].backends[bi].cfg.socket_addr().to_string();
+        self.event(
+            kind,
+            Some(&vip),
+            Some(addr),
+            Some(from),
+            Some(to),
+            reason,
+            r,
+        );
+    }
+
     fn save(&self) {
         let path = persist::state_path(&self.cfg.daemon.pinned.instance);
         if let Err(e) = model::to_saved(&self.vips).store(&path) {
