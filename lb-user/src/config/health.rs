@@ -833,40 +833,40 @@ hang_timeout = "8s"
     }
 
     rejects! {
-                    hang_timeout_shorter_than_the_timeout: layered(r#"hang_timeout = "500ms""#, "", "") => [
-                        r"xlb.toml: health_check: hang_timeout 500ms is shorter than timeout 1s; use at least the timeout (equal to it makes a late answer a failure, as without hang_timeout)",
-                    ];
-                    /// Reported where the timeout is, the more specific of the two.
-                    hang_timeout_shorter_than_a_timeout_set_below_it: layered(
-                        r#"hang_timeout = "2s""#,
-                        r#"
+        hang_timeout_shorter_than_the_timeout: layered(r#"hang_timeout = "500ms""#, "", "") => [
+            r#"xlb.toml: health_check: hang_timeout 500ms is shorter than timeout 1s; use at least the timeout (equal to it makes a late answer a failure, as without hang_timeout)"#,
+        ];
+        /// Reported where the timeout is, the more specific of the two.
+        hang_timeout_shorter_than_a_timeout_set_below_it: layered(
+            r#"hang_timeout = "2s""#,
+            r#"
 timeout = "3s"
 interval = "5s"
 "#,
-                        "",
-                    ) => [
-                        r#"xlb.toml: vip "a": health_check: hang_timeout 2s is shorter than timeout 3s; use at least the timeout (equal to it makes a late answer a failure, as without hang_timeout)"#,
-                    ];
-                    hang_timeout_longer_than_a_minute: layered(r#"hang_timeout = "2m""#, "", "") => [
-                        r#"xlb.toml: health_check: hang_timeout 120s is longer than 60s; a backend that has not answered in a minute is hung, and each waiting probe holds a socket: use at most "60s""#,
-                    ];
-                    hang_timeout_zero: layered(r#"hang_timeout = "0s""#, "", "") => [
-                        r"xlb.toml: health_check: hang_timeout must be longer than 0",
-                    ];
-                    hang_timeout_not_a_duration: layered(r#"hang_timeout = "3""#, "", "") => [
-                        r#"xlb.toml: health_check: hang_timeout "3" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
-                    ];
+            "",
+        ) => [
+            r#"xlb.toml: vip "a": health_check: hang_timeout 2s is shorter than timeout 3s; use at least the timeout (equal to it makes a late answer a failure, as without hang_timeout)"#,
+        ];
+        hang_timeout_longer_than_a_minute: layered(r#"hang_timeout = "2m""#, "", "") => [
+            r#"xlb.toml: health_check: hang_timeout 120s is longer than 60s; a backend that has not answered in a minute is hung, and each waiting probe holds a socket: use at most "60s""#,
+        ];
+        hang_timeout_zero: layered(r#"hang_timeout = "0s""#, "", "") => [
+            r#"xlb.toml: health_check: hang_timeout must be longer than 0"#,
+        ];
+        hang_timeout_not_a_duration: layered(r#"hang_timeout = "3""#, "", "") => [
+            r#"xlb.toml: health_check: hang_timeout "3" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+        ];
 
-                    rise_and_fall_zero: api_with_backend(r"
+        rise_and_fall_zero: api_with_backend(r#"
 [vip.health_check]
 rise = 0
 fall = 0
-") => [
-                        r#"xlb.toml: vip "api": health_check: rise must be at least 1"#,
-                        r#"xlb.toml: vip "api": health_check: fall must be at least 1"#,
-                    ];
-                    /// Both backends inherit it; the message names the table once.
-                    timeout_longer_than_interval_reported_once_at_the_daemon_level: format!(r#"{DAEMON}
+"#) => [
+            r#"xlb.toml: vip "api": health_check: rise must be at least 1"#,
+            r#"xlb.toml: vip "api": health_check: fall must be at least 1"#,
+        ];
+        /// Both backends inherit it; the message names the table once.
+        timeout_longer_than_interval_reported_once_at_the_daemon_level: format!(r#"{DAEMON}
 [health_check]
 timeout = "3s"
 
@@ -879,9 +879,9 @@ address = "10.0.0.1"
 [[vip.backend]]
 address = "10.0.0.2"
 "#) => [
-                        r"xlb.toml: health_check: timeout 3s is longer than interval 2s; the timeout must be at most the interval, so a probe ends before the next one starts",
-                    ];
-                    timeout_longer_than_an_interval_set_on_a_backend: api_vip(r#"
+            r#"xlb.toml: health_check: timeout 3s is longer than interval 2s; the timeout must be at most the interval, so a probe ends before the next one starts"#,
+        ];
+        timeout_longer_than_an_interval_set_on_a_backend: api_vip(r#"
 [vip.health_check]
 timeout = "1.5s"
 [[vip.backend]]
@@ -889,9 +889,9 @@ address = "10.0.0.11"
 [vip.backend.health_check]
 interval = "1s"
 "#) => [
-                        r#"xlb.toml: vip "api": backend 10.0.0.11:80: health_check: timeout 1.5s is longer than interval 1s; the timeout must be at most the interval, so a probe ends before the next one starts"#,
-                    ];
-                    jitter_out_of_range_both_forms: format!(r#"{DAEMON}
+            r#"xlb.toml: vip "api": backend 10.0.0.11:80: health_check: timeout 1.5s is longer than interval 1s; the timeout must be at most the interval, so a probe ends before the next one starts"#,
+        ];
+        jitter_out_of_range_both_forms: format!(r#"{DAEMON}
 [health_check]
 jitter = 0.6
 
@@ -907,45 +907,45 @@ address = "10.0.0.11"
 [vip.backend.health_check]
 jitter = -0.1
 "#) => [
-                        r#"xlb.toml: health_check: jitter 0.6 is out of range; use a fraction from 0 to 0.5 or a percentage from "0%" to "50%""#,
-                        r#"xlb.toml: vip "api": health_check: jitter "60%" is out of range; use a fraction from 0 to 0.5 or a percentage from "0%" to "50%""#,
-                        r#"xlb.toml: vip "api": backend 10.0.0.11:80: health_check: jitter -0.1 is out of range; use a fraction from 0 to 0.5 or a percentage from "0%" to "50%""#,
-                    ];
-                    bad_durations: format!(r#"{DAEMON}
+            r#"xlb.toml: health_check: jitter 0.6 is out of range; use a fraction from 0 to 0.5 or a percentage from "0%" to "50%""#,
+            r#"xlb.toml: vip "api": health_check: jitter "60%" is out of range; use a fraction from 0 to 0.5 or a percentage from "0%" to "50%""#,
+            r#"xlb.toml: vip "api": backend 10.0.0.11:80: health_check: jitter -0.1 is out of range; use a fraction from 0 to 0.5 or a percentage from "0%" to "50%""#,
+        ];
+        bad_durations: format!(r#"{DAEMON}
 [health_check]
 interval = "2x"
 fast_interval = "0ms"
 "#) => [
-                        r#"xlb.toml: health_check: interval "2x" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
-                        r"xlb.toml: health_check: fast_interval must be longer than 0",
-                    ];
-                    bad_status_codes: api_with_backend(r#"
+            r#"xlb.toml: health_check: interval "2x" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+            r#"xlb.toml: health_check: fast_interval must be longer than 0"#,
+        ];
+        bad_status_codes: api_with_backend(r#"
 [vip.health_check]
 expect_status = ["2xx", 600, "299-200"]
 "#) => [
-                        r#"xlb.toml: vip "api": health_check: expect_status "2xx" is not a status code or range; write e.g. "200" or "200-299" (codes 100 to 599)"#,
-                        r#"xlb.toml: vip "api": health_check: expect_status 600 is not a status code or range; write e.g. "200" or "200-299" (codes 100 to 599)"#,
-                        r#"xlb.toml: vip "api": health_check: expect_status "299-200" is not a status code or range; write e.g. "200" or "200-299" (codes 100 to 599)"#,
-                    ];
-                    empty_status_list: api_with_backend(r"
+            r#"xlb.toml: vip "api": health_check: expect_status "2xx" is not a status code or range; write e.g. "200" or "200-299" (codes 100 to 599)"#,
+            r#"xlb.toml: vip "api": health_check: expect_status 600 is not a status code or range; write e.g. "200" or "200-299" (codes 100 to 599)"#,
+            r#"xlb.toml: vip "api": health_check: expect_status "299-200" is not a status code or range; write e.g. "200" or "200-299" (codes 100 to 599)"#,
+        ];
+        empty_status_list: api_with_backend(r#"
 [vip.health_check]
 expect_status = []
-") => [
-                        r#"xlb.toml: vip "api": health_check: expect_status is empty; list at least one code or range, e.g. ["200-299"]"#,
-                    ];
-                    bad_http_fields: format!(r#"{DAEMON}
+"#) => [
+            r#"xlb.toml: vip "api": health_check: expect_status is empty; list at least one code or range, e.g. ["200-299"]"#,
+        ];
+        bad_http_fields: format!(r#"{DAEMON}
 [health_check]
 method = "GE T"
 path = "health"
 host = "a b"
 body_contains = ""
 "#) => [
-                        r#"xlb.toml: health_check: method "GE T" is not an HTTP method; use e.g. "GET" or "HEAD""#,
-                        r#"xlb.toml: health_check: path "health" is invalid; use a request target starting with '/', in visible ASCII without spaces (percent-encode others), e.g. "/health""#,
-                        r#"xlb.toml: health_check: host "a b" is invalid; use a host name in visible ASCII without spaces, or remove host to send the backend's address"#,
-                        r"xlb.toml: health_check: body_contains must be 1 to 4096 bytes (only the start of the body is read); remove it to accept any body",
-                    ];
-                    non_ascii_path_reported_once_for_two_backends: api_vip(r#"
+            r#"xlb.toml: health_check: method "GE T" is not an HTTP method; use e.g. "GET" or "HEAD""#,
+            r#"xlb.toml: health_check: path "health" is invalid; use a request target starting with '/', in visible ASCII without spaces (percent-encode others), e.g. "/health""#,
+            r#"xlb.toml: health_check: host "a b" is invalid; use a host name in visible ASCII without spaces, or remove host to send the backend's address"#,
+            r#"xlb.toml: health_check: body_contains must be 1 to 4096 bytes (only the start of the body is read); remove it to accept any body"#,
+        ];
+        non_ascii_path_reported_once_for_two_backends: api_vip(r#"
 [vip.health_check]
 path = "/santé"
 [[vip.backend]]
@@ -953,9 +953,9 @@ address = "10.0.0.1"
 [[vip.backend]]
 address = "10.0.0.2"
 "#) => [
-                        r#"xlb.toml: vip "api": health_check: path "/santé" is invalid; use a request target starting with '/', in visible ASCII without spaces (percent-encode others), e.g. "/health""#,
-                    ];
-                    http_fields_with_kind_tcp: api_vip(r#"
+            r#"xlb.toml: vip "api": health_check: path "/santé" is invalid; use a request target starting with '/', in visible ASCII without spaces (percent-encode others), e.g. "/health""#,
+        ];
+        http_fields_with_kind_tcp: api_vip(r#"
 [vip.health_check]
 kind = "tcp"
 path = "/x"
@@ -964,10 +964,10 @@ address = "10.0.0.11"
 [vip.backend.health_check]
 expect_status = ["200"]
 "#) => [
-                        r#"xlb.toml: vip "api": health_check: path applies only to kind = "http", but this check's kind is "tcp"; remove path or set kind = "http""#,
-                        r#"xlb.toml: vip "api": backend 10.0.0.11:80: health_check: expect_status applies only to kind = "http", but this check's kind is "tcp"; remove expect_status or set kind = "http""#,
-                    ];
-                    port_in_health_check_tables: api_vip(r#"
+            r#"xlb.toml: vip "api": health_check: path applies only to kind = "http", but this check's kind is "tcp"; remove path or set kind = "http""#,
+            r#"xlb.toml: vip "api": backend 10.0.0.11:80: health_check: expect_status applies only to kind = "http", but this check's kind is "tcp"; remove expect_status or set kind = "http""#,
+        ];
+        port_in_health_check_tables: api_vip(r#"
 [vip.health_check]
 port = 8081
 [[vip.backend]]
@@ -975,8 +975,8 @@ address = "10.0.0.11"
 [vip.backend.health_check]
 port = 8081
 "#) => [
-                        r#"xlb.toml: vip "api": health_check: port is not allowed in a health_check table; set health_port on each [[vip.backend]]"#,
-                        r#"xlb.toml: vip "api": backend 10.0.0.11:80: health_check: port is not allowed in a health_check table; set health_port on this backend"#,
-                    ];
-                }
+            r#"xlb.toml: vip "api": health_check: port is not allowed in a health_check table; set health_port on each [[vip.backend]]"#,
+            r#"xlb.toml: vip "api": backend 10.0.0.11:80: health_check: port is not allowed in a health_check table; set health_port on this backend"#,
+        ];
+    }
 }

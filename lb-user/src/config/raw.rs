@@ -235,28 +235,28 @@ mod tests {
     }
 
     toml_errors! {
-                    syntax_error: format!("{DAEMON}[[vip]\n"), at Some("[[vip]"), "";
-                    unknown_top_level_table: format!(r#"{DAEMON}
+        syntax_error: format!("{DAEMON}[[vip]\n"), at Some("[[vip]"), "";
+        unknown_top_level_table: format!(r#"{DAEMON}
 [[vips]]
 name = "a"
 "#), at Some("[[vips]]"), "unknown field `vips`";
-                    unknown_daemon_field: r#"
+        unknown_daemon_field: r#"
 [daemon]
 interface = "eth0"
 xdp = "native"
 "#, at Some("xdp ="), "unknown field `xdp`";
-                    unknown_vip_field: api_with_backend("weight = 3"), at Some("weight = 3"), "unknown field `weight`";
-                    unknown_backend_field: api_vip(r#"
+        unknown_vip_field: api_with_backend("weight = 3"), at Some("weight = 3"), "unknown field `weight`";
+        unknown_backend_field: api_vip(r#"
 [[vip.backend]]
 address = "10.0.0.1"
 healthport = 1
 "#), at Some("healthport"), "unknown field `healthport`";
-                    unknown_health_field: format!(r"{DAEMON}
+        unknown_health_field: format!(r#"{DAEMON}
 [health_check]
 retries = 3
-"), at Some("retries"), "unknown field `retries`";
-                    missing_interface: "[daemon]\n", at None, "missing field `interface`";
-                    missing_daemon: r#"
+"#), at Some("retries"), "unknown field `retries`";
+        missing_interface: "[daemon]\n", at None, "missing field `interface`";
+        missing_daemon: r#"
 [[vip]]
 name = "api"
 address = "10.100.0.1"
@@ -264,36 +264,36 @@ port = 80
 [[vip.backend]]
 address = "10.0.0.11"
 "#, at None, "missing field `daemon`";
-                    missing_vip_port: format!(r#"{DAEMON}
+        missing_vip_port: format!(r#"{DAEMON}
 [[vip]]
 name = "a"
 address = "10.1.0.1"
 "#), at None, "missing field `port`";
-                    bad_mode: api_with_backend(r#"mode = "nat""#), at Some("nat"),
-                        "unknown variant `nat`, expected `dsr-ipip` or `dsr-l2`";
-                    bad_protocol: api_with_backend(r#"protocol = "sctp""#), at Some("sctp"),
-                        "unknown variant `sctp`, expected `tcp` or `udp`";
-                    bad_address: api_vip(r#"
+        bad_mode: api_with_backend(r#"mode = "nat""#), at Some("nat"),
+            "unknown variant `nat`, expected `dsr-ipip` or `dsr-l2`";
+        bad_protocol: api_with_backend(r#"protocol = "sctp""#), at Some("sctp"),
+            "unknown variant `sctp`, expected `tcp` or `udp`";
+        bad_address: api_vip(r#"
 [[vip.backend]]
 address = "10.0.0.300"
 "#), at Some("10.0.0.300"), "invalid IP address syntax";
-                    encap_source_of_the_wrong_family: r#"
+        encap_source_of_the_wrong_family: r#"
 [daemon]
 interface = "eth0"
 encap_source_v4 = "fd00::2"
 "#, at Some("encap_source_v4"), "invalid IPv4 address syntax";
-                    negative_weight: api_vip(r#"
+        negative_weight: api_vip(r#"
 [[vip.backend]]
 address = "10.0.0.1"
 weight = -1
 "#), at Some("weight = -1"), "weight";
-                    jitter_of_the_wrong_type: format!(r"{DAEMON}
+        jitter_of_the_wrong_type: format!(r#"{DAEMON}
 [health_check]
 jitter = true
-"), at Some("jitter"), "a fraction such as 0.1 or a percentage such as \"10%\"";
-                    duration_as_a_number: format!(r"{DAEMON}
+"#), at Some("jitter"), "a fraction such as 0.1 or a percentage such as \"10%\"";
+        duration_as_a_number: format!(r#"{DAEMON}
 [health_check]
 interval = 2
-"), at Some("interval"), "expected a string";
-                }
+"#), at Some("interval"), "expected a string";
+    }
 }
