@@ -46,18 +46,15 @@ use lb_common::{
 
 use crate::{
     XLB_GLOBALS, XLB_HC_REALS, XLB_HC_STATS,
-    packet::{
-        AF_INET, AF_INET6, ETH_LEN, ETH_P_IP, ETH_P_IPV6, be16, fib_params, ipip4_header,
-        ipip6_header,
-    },
+    encap::{ipip4_header, ipip6_header},
+    forward::{AF_INET, AF_INET6, fib_params},
+    packet::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV6_LEN, Ipv4Hdr, Ipv6Hdr},
+    stats::bump,
 };
 
 #[inline(always)]
 fn count(stat: HcStat) {
-    if let Some(p) = XLB_HC_STATS.get_ptr_mut(stat as u32) {
-        // SAFETY: per-CPU slot.
-        unsafe { *p += 1 };
-    }
+    bump(&XLB_HC_STATS, stat as u32);
 }
 
 #[inline(always)]
@@ -81,7 +78,7 @@ pub fn run(ctx: &TcContext) -> i32 {
     let Ok(ethertype) = ctx.load::<[u8; 2]>(12) else {
         return shot(HcStat::DropFamily);
     };
-    if be16(ethertype) != if v6 { ETH_P_IPV6 } else { ETH_P_IP } {
+    if u16::from_be_bytes(ethertype) != if v6 { ETH_P_IPV6 } else { ETH_P_IP } {
         return shot(HcStat::DropFamily);
     }
     let Some(g) = XLB_GLOBALS.get(0) else {
@@ -117,7 +114,7 @@ pub fn run(ctx: &TcContext) -> i32 {
 #[inline(always)]
 fn encap_v4(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
     // The inner TOS is carried out, as `xlb_lb` does.
-    let inner = ctx.load::<[u8; 2]>(ETH_LEN).ok()?;
+    let [_, tos] = ctx.load::<[u8; 2]>(ETH_LEN).ok()?;
     ctx.adjust_room(
         IPIP4_OVERHEAD as i32,
         BPF_ADJ_ROOM_MAC,
@@ -125,8 +122,8 @@ fn encap_v4(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
     )
     .ok()?;
     let total = (ctx.len() as usize - ETH_LEN) as u16;
-    let mut h = [0u8; 20];
-    ipip4_header(&mut h, inner[1], total, src, dst);
+    let mut h = Ipv4Hdr::default();
+    ipip4_header(&mut h, tos, total, src, dst);
     ctx.store(ETH_LEN, &h, 0).ok()
 }
 
@@ -141,8 +138,8 @@ fn encap_v6(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
         BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 as u64,
     )
     .ok()?;
-    let payload = (ctx.len() as usize - ETH_LEN - IPIP6_OVERHEAD as usize) as u16;
-    let mut h = [0u8; 40];
+    let payload = (ctx.len() as usize - ETH_LEN - IPV6_LEN) as u16;
+    let mut h = Ipv6Hdr::default();
     ipip6_header(&mut h, first, payload, src, dst);
     ctx.store(ETH_LEN, &h, 0).ok()
 }
