@@ -7,7 +7,8 @@
 //! where this program finds the mark and:
 //! - `dsr-ipip`: adds an outer IPv4 (IPv6) header from the daemon's encap
 //!   source (`Globals`) to the backend, TTL [`ENCAP_TTL`], exactly as
-//!   `xlb_lb::encap` writes it, and redirects it to the backend's next hop;
+//!   `encap::encap` writes it for `xlb_lb`, and redirects it to the
+//!   backend's next hop;
 //! - `dsr-l2`: redirects it unchanged to the backend's next hop (its MAC).
 //!
 //! The backend then answers from the VIP, straight to the LB host's address,
@@ -160,8 +161,9 @@ fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
         &real.addr,
         0,
     );
-    // An input lookup from this interface, as `xlb_lb::fib` makes it (the
-    // daemon turns forwarding on for the interface, which it requires).
+    // An input lookup from this interface, as `forward::fib` makes it for
+    // `xlb_lb` (the daemon turns forwarding on for the interface, which it
+    // requires).
     // SAFETY: the helper reads and writes `p` only.
     let rc = unsafe {
         bpf_fib_lookup(
