@@ -10,11 +10,30 @@ use lb_common::{
 
 use crate::{XLB_BACKENDS, XLB_CT, XLB_VIP_INFO, parse::Packet, stats::count};
 
-/// Where a flow is sent: its VIP, and the backend's id and entry.
+/// Where a flow is sent, and what forwarding it needs to know.
+// Only the two fields of the VIP that forwarding reads, not the whole
+// `VipInfo`: this lives on the stack (`nexthop` takes `be` by reference),
+// and every byte of it is copied there on each packet.
 pub struct Target {
-    pub vip: VipInfo,
+    /// [`VipInfo::mode`].
+    pub mode: u8,
+    /// [`VipInfo::vip_id`]: the index of the VIP's counters.
+    pub vip_id: u32,
+    /// Backend id and entry.
     pub id: u32,
     pub be: BackendInfo,
+}
+
+impl Target {
+    #[inline(always)]
+    pub fn new(vip: &VipInfo, id: u32, be: BackendInfo) -> Self {
+        Target {
+            mode: vip.mode,
+            vip_id: vip.vip_id,
+            id,
+            be,
+        }
+    }
 }
 
 /// What conntrack knows of a flow.
@@ -78,11 +97,7 @@ fn use_entry(pkt: &Packet, e: &mut CtEntry, g: &Globals, now: u64) -> Option<Tar
     if pkt.closing() && e.flags & CT_FLAG_CLOSING == 0 {
         e.flags |= CT_FLAG_CLOSING;
     }
-    Some(Target {
-        vip,
-        id: e.backend_id,
-        be,
-    })
+    Some(Target::new(&vip, e.backend_id, be))
 }
 
 /// Records the flow's new target, for VIP `vip_id` (counted: inserted or

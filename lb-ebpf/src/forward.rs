@@ -39,13 +39,13 @@ pub fn forward(
     new_flow: bool,
 ) -> u32 {
     let bytes = len(ctx) as u64;
-    let verdict = if t.vip.mode == MODE_DSR_IPIP {
+    let verdict = if t.mode == MODE_DSR_IPIP {
         encap::encap(ctx, pkt, t.id, &t.be, g, now)
     } else {
         rewrite_l2(ctx, t.id, &t.be, now)
     };
     if verdict == xdp_action::XDP_TX || verdict == xdp_action::XDP_REDIRECT {
-        account(XLB_VIP_STATS.get_ptr_mut(t.vip.vip_id), bytes, new_flow);
+        account(XLB_VIP_STATS.get_ptr_mut(t.vip_id), bytes, new_flow);
         account(XLB_BE_STATS.get_ptr_mut(t.id), bytes, new_flow);
     }
     verdict

@@ -80,7 +80,7 @@ pub fn run(ctx: &XdpContext) -> u32 {
     let Some((id, be)) = select::pick(&pkt.flow, &vip, g) else {
         return drop_with(Stat::DropNoBackend);
     };
-    let t = Target { vip, id, be };
+    let t = Target::new(&vip, id, be);
     conntrack::record(&pkt, vip_id, &t, now);
     forward(ctx, &pkt, &t, g, now, true)
 }
