@@ -8,15 +8,23 @@ use lb_common::{DecapAddrKey, DecapStat, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO
 
 use crate::{
     XLB_DECAP_ADDR, XLB_DECAP_STAT,
-    packet::{ETH_LEN, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, VLAN_LEN, be16, ptr_at},
+    packet::{
+        ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, Ipv4Hdr, Ipv6Hdr,
+        VLAN_LEN, ptr_at,
+    },
+    parse,
+    stats::bump,
 };
 
 #[inline(always)]
 fn count(stat: DecapStat) {
-    if let Some(p) = XLB_DECAP_STAT.get_ptr_mut(stat as u32) {
-        // SAFETY: per-CPU slot.
-        unsafe { *p += 1 };
-    }
+    bump(&XLB_DECAP_STAT, stat as u32);
+}
+
+#[inline(always)]
+fn pass() -> u32 {
+    count(DecapStat::Pass);
+    xdp_action::XDP_PASS
 }
 
 #[inline(always)]
@@ -31,66 +39,20 @@ fn is_ours(addr: [u8; 16], family: u8) -> bool {
 }
 
 pub fn run(ctx: &XdpContext) -> u32 {
-    let Some(eth) = ptr_at::<[u8; ETH_LEN]>(ctx, 0) else {
-        count(DecapStat::Pass);
-        return xdp_action::XDP_PASS;
+    // Tagged or not, truncated or not: a frame with no IP header is not ours.
+    let Ok(l2) = parse::l2(ctx) else {
+        return pass();
     };
-    // SAFETY: bounds checked by ptr_at.
-    let mut proto = unsafe { be16([(*eth)[12], (*eth)[13]]) };
-    let mut l3off = ETH_LEN;
-    if proto == ETH_P_8021Q {
-        let Some(tag) = ptr_at::<[u8; VLAN_LEN]>(ctx, ETH_LEN) else {
-            count(DecapStat::Pass);
-            return xdp_action::XDP_PASS;
-        };
-        // SAFETY: bounds checked by ptr_at.
-        proto = unsafe { be16([(*tag)[2], (*tag)[3]]) };
-        l3off = ETH_LEN + VLAN_LEN;
-    }
-    let (outer, inner_min) = match proto {
-        ETH_P_IP => {
-            let Some(ip) = ptr_at::<[u8; 20]>(ctx, l3off) else {
-                count(DecapStat::Pass);
-                return xdp_action::XDP_PASS;
-            };
-            // SAFETY: bounds checked by ptr_at.
-            let ip = unsafe { *ip };
-            let mut dst = [0u8; 16];
-            dst[..4].copy_from_slice(&ip[16..20]);
-            // Only a plain 20-byte, unfragmented outer header is ours to strip.
-            if ip[9] != PROTO_IPIP || ip[0] != 0x45 || !is_ours(dst, FAMILY_V4) {
-                count(DecapStat::Pass);
-                return xdp_action::XDP_PASS;
-            }
-            if be16([ip[6], ip[7]]) & 0x3fff != 0 {
-                count(DecapStat::Pass);
-                return xdp_action::XDP_PASS;
-            }
-            (20usize, 20usize)
-        }
-        ETH_P_IPV6 => {
-            let Some(ip) = ptr_at::<[u8; 40]>(ctx, l3off) else {
-                count(DecapStat::Pass);
-                return xdp_action::XDP_PASS;
-            };
-            // SAFETY: bounds checked by ptr_at.
-            let ip = unsafe { *ip };
-            let mut dst = [0u8; 16];
-            dst.copy_from_slice(&ip[24..40]);
-            if ip[6] != PROTO_IPV6 || !is_ours(dst, FAMILY_V6) {
-                count(DecapStat::Pass);
-                return xdp_action::XDP_PASS;
-            }
-            (40usize, 40usize)
-        }
-        _ => {
-            count(DecapStat::Pass);
-            return xdp_action::XDP_PASS;
-        }
+    let l3off = l2.l3off;
+    let outer = match l2.ethertype {
+        ETH_P_IP if ipip4_to_us(ctx, l3off) => IPV4_LEN,
+        ETH_P_IPV6 if ip6ip6_to_us(ctx, l3off) => IPV6_LEN,
+        _ => return pass(),
     };
-    // The inner header must be there: a tunnel packet to us with nothing
-    // inside is dropped, never passed up half-stripped.
-    if ptr_at::<[u8; 1]>(ctx, l3off + outer + inner_min - 1).is_none() {
+    // The inner header (of the outer one's family, so as long) must be
+    // there: a tunnel packet to us with nothing inside is dropped, never
+    // passed up half-stripped.
+    if ptr_at::<[u8; 1]>(ctx, l3off + 2 * outer - 1).is_none() {
         count(DecapStat::DropMalformed);
         return xdp_action::XDP_DROP;
     }
@@ -105,6 +67,34 @@ pub fn run(ctx: &XdpContext) -> u32 {
     }
     count(DecapStat::Decap);
     xdp_action::XDP_PASS
+}
+
+/// IPv4-in-IPv4 to one of our addresses. Only a plain 20-byte, unfragmented
+/// outer header is ours to strip.
+#[inline(always)]
+fn ipip4_to_us(ctx: &XdpContext, l3off: usize) -> bool {
+    let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, l3off) else {
+        return false;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let ip = unsafe { &*ip };
+    let mut dst = [0u8; 16];
+    dst[..4].copy_from_slice(&ip.daddr);
+    ip.protocol == PROTO_IPIP
+        && ip.version_ihl == IPV4_VERSION_IHL
+        && is_ours(dst, FAMILY_V4)
+        && !ip.is_fragment()
+}
+
+/// IPv6-in-IPv6 to one of our addresses.
+#[inline(always)]
+fn ip6ip6_to_us(ctx: &XdpContext, l3off: usize) -> bool {
+    let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, l3off) else {
+        return false;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let ip = unsafe { &*ip };
+    ip.nexthdr == PROTO_IPV6 && is_ours(ip.daddr, FAMILY_V6)
 }
 
 /// Copies the `L`-byte L2 header `shift` bytes forward, over the end of the

@@ -7,7 +7,8 @@
 //! where this program finds the mark and:
 //! - `dsr-ipip`: adds an outer IPv4 (IPv6) header from the daemon's encap
 //!   source (`Globals`) to the backend, TTL [`ENCAP_TTL`], exactly as
-//!   `xlb_lb::encap` writes it, and redirects it to the backend's next hop;
+//!   `encap::encap` writes it for `xlb_lb`, and redirects it to the
+//!   backend's next hop;
 //! - `dsr-l2`: redirects it unchanged to the backend's next hop (its MAC).
 //!
 //! The backend then answers from the VIP, straight to the LB host's address,
@@ -46,18 +47,15 @@ use lb_common::{
 
 use crate::{
     XLB_GLOBALS, XLB_HC_REALS, XLB_HC_STATS,
-    packet::{
-        AF_INET, AF_INET6, ETH_LEN, ETH_P_IP, ETH_P_IPV6, be16, fib_params, ipip4_header,
-        ipip6_header,
-    },
+    encap::{ipip4_header, ipip6_header},
+    forward::{AF_INET, AF_INET6, fib_params},
+    packet::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV6_LEN, Ipv4Hdr, Ipv6Hdr},
+    stats::bump,
 };
 
 #[inline(always)]
 fn count(stat: HcStat) {
-    if let Some(p) = XLB_HC_STATS.get_ptr_mut(stat as u32) {
-        // SAFETY: per-CPU slot.
-        unsafe { *p += 1 };
-    }
+    bump(&XLB_HC_STATS, stat as u32);
 }
 
 #[inline(always)]
@@ -81,7 +79,7 @@ pub fn run(ctx: &TcContext) -> i32 {
     let Ok(ethertype) = ctx.load::<[u8; 2]>(12) else {
         return shot(HcStat::DropFamily);
     };
-    if be16(ethertype) != if v6 { ETH_P_IPV6 } else { ETH_P_IP } {
+    if u16::from_be_bytes(ethertype) != if v6 { ETH_P_IPV6 } else { ETH_P_IP } {
         return shot(HcStat::DropFamily);
     }
     let Some(g) = XLB_GLOBALS.get(0) else {
@@ -117,7 +115,7 @@ pub fn run(ctx: &TcContext) -> i32 {
 #[inline(always)]
 fn encap_v4(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
     // The inner TOS is carried out, as `xlb_lb` does.
-    let inner = ctx.load::<[u8; 2]>(ETH_LEN).ok()?;
+    let [_, tos] = ctx.load::<[u8; 2]>(ETH_LEN).ok()?;
     ctx.adjust_room(
         IPIP4_OVERHEAD as i32,
         BPF_ADJ_ROOM_MAC,
@@ -125,8 +123,8 @@ fn encap_v4(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
     )
     .ok()?;
     let total = (ctx.len() as usize - ETH_LEN) as u16;
-    let mut h = [0u8; 20];
-    ipip4_header(&mut h, inner[1], total, src, dst);
+    let mut h = Ipv4Hdr::default();
+    ipip4_header(&mut h, tos, total, src, dst);
     ctx.store(ETH_LEN, &h, 0).ok()
 }
 
@@ -141,8 +139,8 @@ fn encap_v6(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
         BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 as u64,
     )
     .ok()?;
-    let payload = (ctx.len() as usize - ETH_LEN - IPIP6_OVERHEAD as usize) as u16;
-    let mut h = [0u8; 40];
+    let payload = (ctx.len() as usize - ETH_LEN - IPV6_LEN) as u16;
+    let mut h = Ipv6Hdr::default();
     ipip6_header(&mut h, first, payload, src, dst);
     ctx.store(ETH_LEN, &h, 0).ok()
 }
@@ -163,8 +161,9 @@ fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
         &real.addr,
         0,
     );
-    // An input lookup from this interface, as `xlb_lb::fib` makes it (the
-    // daemon turns forwarding on for the interface, which it requires).
+    // An input lookup from this interface, as `forward::fib` makes it for
+    // `xlb_lb` (the daemon turns forwarding on for the interface, which it
+    // requires).
     // SAFETY: the helper reads and writes `p` only.
     let rc = unsafe {
         bpf_fib_lookup(

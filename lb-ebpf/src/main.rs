@@ -18,10 +18,17 @@
     reason = "map keys passed by value are copied onto the 512-byte BPF stack; by reference they are not"
 )]
 
+mod checksum;
+mod conntrack;
 mod decap;
+mod encap;
+mod forward;
 mod hc;
 mod lb;
 mod packet;
+mod parse;
+mod select;
+mod stats;
 
 use aya_ebpf::{
     bindings::xdp_action,

@@ -1,0 +1,120 @@
+//! Conntrack: an established flow keeps the backend it was given, whatever
+//! the table says now, until its backend is gone or (UDP) it falls idle.
+//! The key is the client's 5-tuple; the value holds the VIP id, so a hit
+//! needs no VIP lookup.
+
+use lb_common::{
+    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, CT_FLAG_CLOSING, CT_TOUCH_INTERVAL_NS,
+    CtEntry, DOWN_POLICY_KEEP, Globals, PROTO_UDP, Stat, VipInfo,
+};
+
+use crate::{XLB_BACKENDS, XLB_CT, XLB_VIP_INFO, parse::Packet, stats::count};
+
+/// Where a flow is sent, and what forwarding it needs to know.
+// Only the two fields of the VIP that forwarding reads, not the whole
+// `VipInfo`: this lives on the stack (`nexthop` takes `be` by reference),
+// and every byte of it is copied there on each packet.
+pub struct Target {
+    /// [`VipInfo::mode`].
+    pub mode: u8,
+    /// [`VipInfo::vip_id`]: the index of the VIP's counters.
+    pub vip_id: u32,
+    /// Backend id and entry.
+    pub id: u32,
+    pub be: BackendInfo,
+}
+
+impl Target {
+    #[inline(always)]
+    pub fn new(vip: &VipInfo, id: u32, be: BackendInfo) -> Self {
+        Target {
+            mode: vip.mode,
+            vip_id: vip.vip_id,
+            id,
+            be,
+        }
+    }
+}
+
+/// What conntrack knows of a flow.
+pub enum Lookup {
+    /// An entry that may still be used.
+    Hit(Target),
+    /// No entry.
+    Miss,
+    /// An entry that may not (counted why): the flow is picked again.
+    Stale,
+}
+
+/// Looks the flow up, refreshing the entry it uses.
+#[inline(always)]
+pub fn lookup(pkt: &Packet, g: &Globals, now: u64) -> Lookup {
+    match XLB_CT.get_ptr_mut(&pkt.flow) {
+        // SAFETY: LRU hash values stay valid for the program's run (RCU);
+        // racing writers only store whole u32/u64 fields.
+        Some(e) => match use_entry(pkt, unsafe { &mut *e }, g, now) {
+            Some(t) => Lookup::Hit(t),
+            None => Lookup::Stale,
+        },
+        None => Lookup::Miss,
+    }
+}
+
+/// The target of entry `e`, if it may still be used; `None` (counted) when
+/// the flow must be picked again.
+#[inline(always)]
+fn use_entry(pkt: &Packet, e: &mut CtEntry, g: &Globals, now: u64) -> Option<Target> {
+    let vip = *XLB_VIP_INFO.get(e.vip_id)?;
+    let be = *XLB_BACKENDS.get(e.backend_id)?;
+    // A removed VIP (mode 0) or a recycled backend id: the entry is stale.
+    if vip.mode == 0 || be.generation != e.generation || be.state == 0 {
+        count(Stat::CtStale);
+        return None;
+    }
+    if pkt.flow.proto == PROTO_UDP
+        && g.udp_timeout_ns != 0
+        && now.wrapping_sub(e.last_seen_ns) > g.udp_timeout_ns
+    {
+        count(Stat::CtUdpExpired);
+        return None;
+    }
+    if be.state == BACKEND_DOWN {
+        if vip.down_policy != DOWN_POLICY_KEEP {
+            count(Stat::DownRehash);
+            return None;
+        }
+        count(Stat::DownKeep);
+    } else if be.state != BACKEND_UP && be.state != BACKEND_DRAINING {
+        count(Stat::CtStale);
+        return None;
+    }
+    count(Stat::CtHit);
+    if now.wrapping_sub(e.last_seen_ns) > CT_TOUCH_INTERVAL_NS {
+        e.last_seen_ns = now;
+    }
+    // The client is closing: tell the daemon's flow count (a drain waits on
+    // it). Written once; the entry keeps forwarding the last packets.
+    if pkt.closing() && e.flags & CT_FLAG_CLOSING == 0 {
+        e.flags |= CT_FLAG_CLOSING;
+    }
+    Some(Target::new(&vip, e.backend_id, be))
+}
+
+/// Records the flow's new target, for VIP `vip_id` (counted: inserted or
+/// failed).
+#[inline(always)]
+pub fn record(pkt: &Packet, vip_id: u32, t: &Target, now: u64) {
+    let entry = CtEntry {
+        backend_id: t.id,
+        generation: t.be.generation,
+        vip_id,
+        // A FIN or RST that misses (an evicted or stale entry) starts the
+        // entry closing, as one that hits marks it.
+        flags: if pkt.closing() { CT_FLAG_CLOSING } else { 0 },
+        last_seen_ns: now,
+    };
+    match XLB_CT.insert(&pkt.flow, &entry, 0) {
+        Ok(()) => count(Stat::CtInsert),
+        Err(_) => count(Stat::CtInsertFail),
+    }
+}

@@ -1,0 +1,167 @@
+//! Encap (`dsr-ipip`): make room in front of the packet and write an L2
+//! header and an outer IPv4 (IPv6) header addressed to the backend, field
+//! by field, as Katran's `encap_helpers.h` does. The outer header writers
+//! are shared with `xlb_hc`, so a probe is encapsulated exactly as clients'
+//! packets are.
+
+use aya_ebpf::{helpers::bpf_xdp_adjust_head, programs::XdpContext};
+use lb_common::{
+    BackendInfo, ENCAP_TTL, FAMILY_V6, Globals, IPIP4_OVERHEAD, IPIP6_OVERHEAD, NextHop,
+    PROTO_IPIP, PROTO_IPV6, Stat,
+};
+
+use crate::{
+    checksum,
+    forward::{nexthop, send, set_macs},
+    packet::{
+        ETH_LEN, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV4_VERSION_IHL, Ipv4Hdr, Ipv6Hdr,
+        VLAN_LEN, VlanHdr, ptr_at,
+    },
+    parse::Packet,
+    stats::{aborted, drop_with},
+};
+
+/// Outer IPv4 header and the inner one it is written in front of (its TOS
+/// is carried out).
+#[repr(C)]
+struct Ipip4 {
+    outer: Ipv4Hdr,
+    inner: Ipv4Hdr,
+}
+
+/// Outer IPv6 header and the first word of the inner one (version, traffic
+/// class, flow label: carried out).
+#[repr(C)]
+struct Ip6ip6 {
+    outer: Ipv6Hdr,
+    inner_version_tc_flow: [u8; 4],
+}
+
+/// `dsr-ipip`: prepend an outer IPv4 (or IPv6) header addressed to the
+/// backend `id` (`be`) and send the packet to its next hop.
+#[inline(always)]
+pub fn encap(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    id: u32,
+    be: &BackendInfo,
+    g: &Globals,
+    now: u64,
+) -> u32 {
+    let v6 = pkt.flow.family == FAMILY_V6;
+    let overhead = if v6 { IPIP6_OVERHEAD } else { IPIP4_OVERHEAD } as usize;
+    let src = if v6 { &g.encap_src_v6 } else { &g.encap_src_v4 };
+    let outer_len = pkt.ip_len + overhead;
+    // SAFETY: null or a per-CPU map value, valid for this run.
+    let Some(nh) = (unsafe { nexthop(ctx, id, be, src, now).as_ref() }) else {
+        return drop_with(Stat::DropNoRoute);
+    };
+    if outer_len as u32 > nh.mtu {
+        return drop_with(Stat::DropTooBig);
+    }
+    // The 802.1Q TCI, if any, must survive the move of the L2 header.
+    let tci = if pkt.l3off == ETH_LEN {
+        None
+    } else {
+        match ptr_at::<VlanHdr>(ctx, ETH_LEN) {
+            // SAFETY: bounds checked by ptr_at.
+            Some(t) => Some(unsafe { (*t).tci }),
+            None => return drop_with(Stat::DropNoHeadroom),
+        }
+    };
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(overhead as i32)) } != 0 {
+        return drop_with(Stat::DropNoHeadroom);
+    }
+    if write_headers(ctx, v6, &be.addr, src, outer_len, tci, nh).is_none() {
+        return aborted();
+    }
+    send(ctx, nh)
+}
+
+/// After `adjust_head`: the L2 header (MACs from `nh`, the VLAN tag if any,
+/// the ethertype) then the outer IP header from `src` to `dst`, in front of
+/// the untouched inner packet.
+#[inline(always)]
+fn write_headers(
+    ctx: &XdpContext,
+    v6: bool,
+    dst: &[u8; 16],
+    src: &[u8; 16],
+    outer_len: usize,
+    tci: Option<[u8; 2]>,
+    nh: &NextHop,
+) -> Option<()> {
+    set_macs(ctx, nh)?;
+    let ethertype = if v6 { ETH_P_IPV6 } else { ETH_P_IP }.to_be_bytes();
+    let off = write_ethertype(ctx, ethertype, tci)?;
+    if v6 {
+        let h = ptr_at::<Ip6ip6>(ctx, off)?;
+        // SAFETY: bounds checked by ptr_at; written in place (the stack is 512 B).
+        let h = unsafe { &mut *h };
+        let first = h.inner_version_tc_flow;
+        let payload = (outer_len - IPIP6_OVERHEAD as usize) as u16;
+        ipip6_header(&mut h.outer, first, payload, src, dst);
+    } else {
+        let h = ptr_at::<Ipip4>(ctx, off)?;
+        // SAFETY: bounds checked by ptr_at; written in place.
+        let h = unsafe { &mut *h };
+        let tos = h.inner.tos;
+        ipip4_header(&mut h.outer, tos, outer_len as u16, src, dst);
+    }
+    Some(())
+}
+
+/// Writes the ethertype (network order) after the MACs, behind an 802.1Q
+/// tag with `tci` if there is one; returns the offset of the L3 header.
+#[inline(always)]
+fn write_ethertype(ctx: &XdpContext, ethertype: [u8; 2], tci: Option<[u8; 2]>) -> Option<usize> {
+    let eth = ptr_at::<EthHdr>(ctx, 0)?;
+    let Some(tci) = tci else {
+        // SAFETY: bounds checked by ptr_at.
+        unsafe { (*eth).ethertype = ethertype };
+        return Some(ETH_LEN);
+    };
+    let tag = ptr_at::<VlanHdr>(ctx, ETH_LEN)?;
+    // SAFETY: bounds checked by ptr_at; the two headers do not overlap.
+    unsafe {
+        (*eth).ethertype = ETH_P_8021Q.to_be_bytes();
+        (*tag).tci = tci;
+        (*tag).ethertype = ethertype;
+    }
+    Some(ETH_LEN + VLAN_LEN)
+}
+
+/// Writes the outer IPv4 header of IPv4-in-IPv4 over `h`, every field of it
+/// (a header written in place over old bytes leaves none behind): no
+/// options, the inner packet's `tos`, total length `total`, id 0 and no
+/// fragment flags (the outer header is never fragmented), TTL
+/// [`ENCAP_TTL`], protocol IPIP, `src` and `dst` (IPv4 in their first 4
+/// bytes), and the checksum.
+#[inline(always)]
+pub fn ipip4_header(h: &mut Ipv4Hdr, tos: u8, total: u16, src: &[u8; 16], dst: &[u8; 16]) {
+    h.version_ihl = IPV4_VERSION_IHL;
+    h.tos = tos;
+    h.tot_len = total.to_be_bytes();
+    h.id = [0; 2];
+    h.frag_off = [0; 2];
+    h.ttl = ENCAP_TTL;
+    h.protocol = PROTO_IPIP;
+    h.check = [0; 2];
+    h.saddr = [src[0], src[1], src[2], src[3]];
+    h.daddr = [dst[0], dst[1], dst[2], dst[3]];
+    h.check = checksum::ipv4_header(h).to_be_bytes();
+}
+
+/// Writes the outer IPv6 header of IPv6-in-IPv6 over `h`: version, traffic
+/// class and flow label `first` copied from the inner header (so ECMP on
+/// the way keeps the flow on one path), payload length `payload`, next
+/// header IPv6, hop limit [`ENCAP_TTL`], `src`, `dst`.
+#[inline(always)]
+pub fn ipip6_header(h: &mut Ipv6Hdr, first: [u8; 4], payload: u16, src: &[u8; 16], dst: &[u8; 16]) {
+    h.version_tc_flow = first;
+    h.payload_len = payload.to_be_bytes();
+    h.nexthdr = PROTO_IPV6;
+    h.hop_limit = ENCAP_TTL;
+    h.saddr = *src;
+    h.daddr = *dst;
+}

@@ -1,0 +1,213 @@
+//! Forward: send a packet to its backend's next hop. The next hop (egress
+//! interface, MACs, MTU) comes from `bpf_fib_lookup`, cached per backend
+//! and CPU; `dsr-l2` rewrites the MACs, `dsr-ipip` first encapsulates
+//! (`encap.rs`). Forwarded packets are counted per VIP and per backend.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams,
+        xdp_action,
+    },
+    helpers::{bpf_fib_lookup, bpf_redirect},
+    programs::XdpContext,
+};
+use lb_common::{
+    BackendInfo, FAMILY_V4, Globals, MODE_DSR_IPIP, NEXTHOP_TTL_NS, NextHop, Stat, TrafficStats,
+};
+
+use crate::{
+    XLB_BE_STATS, XLB_NEXTHOP, XLB_VIP_STATS,
+    conntrack::Target,
+    encap,
+    packet::{EthHdr, len, ptr_at},
+    parse::Packet,
+    stats::{aborted, count, drop_with},
+};
+
+/// `AF_INET` and `AF_INET6`, as `bpf_fib_lookup` takes and returns them.
+pub const AF_INET: u8 = 2;
+pub const AF_INET6: u8 = 10;
+
+/// Sends `pkt` to `t`'s backend as its VIP's mode says, and counts it.
+#[inline(always)]
+pub fn forward(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    t: &Target,
+    g: &Globals,
+    now: u64,
+    new_flow: bool,
+) -> u32 {
+    let bytes = len(ctx) as u64;
+    let verdict = if t.mode == MODE_DSR_IPIP {
+        encap::encap(ctx, pkt, t.id, &t.be, g, now)
+    } else {
+        rewrite_l2(ctx, t.id, &t.be, now)
+    };
+    if verdict == xdp_action::XDP_TX || verdict == xdp_action::XDP_REDIRECT {
+        account(XLB_VIP_STATS.get_ptr_mut(t.vip_id), bytes, new_flow);
+        account(XLB_BE_STATS.get_ptr_mut(t.id), bytes, new_flow);
+    }
+    verdict
+}
+
+#[inline(always)]
+fn account(stats: Option<*mut TrafficStats>, bytes: u64, new_flow: bool) {
+    if let Some(s) = stats {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe {
+            (*s).packets += 1;
+            (*s).bytes += bytes;
+            if new_flow {
+                (*s).new_flows += 1;
+            }
+        }
+    }
+}
+
+/// `dsr-l2`: the frame goes unchanged to the backend's MAC.
+#[inline(always)]
+fn rewrite_l2(ctx: &XdpContext, id: u32, be: &BackendInfo, now: u64) -> u32 {
+    // SAFETY: null or a per-CPU map value, valid for this run.
+    let Some(nh) = (unsafe { nexthop(ctx, id, be, &[0; 16], now).as_ref() }) else {
+        return drop_with(Stat::DropNoRoute);
+    };
+    if set_macs(ctx, nh).is_none() {
+        return aborted();
+    }
+    send(ctx, nh)
+}
+
+/// The next hop towards backend `id` (`be`): the cached answer, or a fresh
+/// `bpf_fib_lookup` when it is missing, expired or for another generation.
+/// Null when there is no route or neighbour (not cached: the next packet
+/// looks again).
+// verifier: not inlined, so the 64-byte fib parameters get their own frame
+// instead of adding to the 512-byte stack of the parser. BPF calls take at
+// most 5 register arguments, hence the raw pointer result.
+#[inline(never)]
+pub fn nexthop(
+    ctx: &XdpContext,
+    id: u32,
+    be: &BackendInfo,
+    src: &[u8; 16],
+    now: u64,
+) -> *const NextHop {
+    let Some(nh) = XLB_NEXTHOP.get_ptr_mut(id) else {
+        return core::ptr::null();
+    };
+    // SAFETY: per-CPU slot, only this CPU reads or writes it.
+    let nh = unsafe { &mut *nh };
+    if nh.generation_plus_one == be.generation.wrapping_add(1) && now < nh.expires_ns {
+        return nh;
+    }
+    // SAFETY: an all-zero bpf_fib_lookup is a valid input.
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    let rc = fib(ctx, &mut p, be, src, 0);
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+        return core::ptr::null();
+    }
+    nh.dmac = p.dmac;
+    nh.smac = p.smac;
+    nh.ifindex = p.ifindex;
+    // A second lookup claiming the largest packet makes the kernel report
+    // the egress MTU (it only does on BPF_FIB_LKUP_RET_FRAG_NEEDED).
+    // SAFETY: as above.
+    let mut m: FibParams = unsafe { core::mem::zeroed() };
+    let rc = fib(ctx, &mut m, be, src, u16::MAX);
+    // SAFETY: reading the union member the kernel wrote.
+    nh.mtu = if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED as i64 {
+        unsafe { m.__bindgen_anon_1.mtu_result as u32 }
+    } else {
+        u16::MAX as u32
+    };
+    nh.generation_plus_one = be.generation.wrapping_add(1);
+    nh.expires_ns = now + NEXTHOP_TTL_NS;
+    nh
+}
+
+/// `bpf_fib_lookup` towards `be` from `src` (a v4 address in the first 4
+/// bytes for IPv4); `tot_len` > 0 also checks it against the egress MTU.
+#[inline(always)]
+fn fib(ctx: &XdpContext, p: &mut FibParams, be: &BackendInfo, src: &[u8; 16], tot_len: u16) -> i64 {
+    let v6 = be.family != FAMILY_V4;
+    fib_params(p, ctx.ingress_ifindex() as u32, v6, src, &be.addr, tot_len);
+    // An input lookup, as if the packet were being forwarded from the
+    // ingress interface: any route to the backend is found, through this
+    // interface (XDP_TX) or another (redirect). BPF_FIB_LOOKUP_OUTPUT would
+    // pin the lookup to the ingress interface as output device. Either way
+    // the kernel requires forwarding on the ingress device (checked on
+    // 6.18); the daemon sets it.
+    unsafe {
+        bpf_fib_lookup(
+            ctx.ctx as *mut _,
+            p,
+            core::mem::size_of::<FibParams>() as i32,
+            0,
+        )
+    }
+}
+
+/// Fills `p` (zeroed by the caller) for an input route lookup from
+/// `ifindex` towards `dst` from `src` (IPv4 in the first 4 bytes unless
+/// `v6`): the same lookup for `xlb_lb`'s packets and `xlb_hc`'s probes.
+/// The caller runs `bpf_fib_lookup` with its own context.
+#[inline(always)]
+pub fn fib_params(
+    p: &mut FibParams,
+    ifindex: u32,
+    v6: bool,
+    src: &[u8; 16],
+    dst: &[u8; 16],
+    tot_len: u16,
+) {
+    p.ifindex = ifindex;
+    p.__bindgen_anon_1.tot_len = tot_len;
+    // The union fields are plain byte arrays in network order: copy bytes.
+    // verifier: constant lengths in two arms, not one copy of a variable
+    // length (which the compiler turns into a loop the verifier walks).
+    // SAFETY: writing union fields of a C struct, within their 16 bytes.
+    unsafe {
+        let s = &mut p.__bindgen_anon_3.ipv6_src as *mut [u32; 4] as *mut u8;
+        let d = &mut p.__bindgen_anon_4.ipv6_dst as *mut [u32; 4] as *mut u8;
+        if v6 {
+            p.family = AF_INET6;
+            core::ptr::copy_nonoverlapping(src.as_ptr(), s, 16);
+            core::ptr::copy_nonoverlapping(dst.as_ptr(), d, 16);
+        } else {
+            p.family = AF_INET;
+            core::ptr::copy_nonoverlapping(src.as_ptr(), s, 4);
+            core::ptr::copy_nonoverlapping(dst.as_ptr(), d, 4);
+        }
+    }
+}
+
+/// Writes the next hop's destination and source MACs at the start of the
+/// frame.
+#[inline(always)]
+pub fn set_macs(ctx: &XdpContext, nh: &NextHop) -> Option<()> {
+    let eth = ptr_at::<EthHdr>(ctx, 0)?;
+    // Copies, not assignments: LLVM cannot tell the packet from the map
+    // value, and compiles the second assignment to a call to memmove (a
+    // byte loop) on every forwarded packet.
+    // SAFETY: bounds checked by ptr_at; distinct from `nh`.
+    unsafe {
+        let eth = &mut *eth;
+        core::ptr::copy_nonoverlapping(nh.dmac.as_ptr(), eth.dst.as_mut_ptr(), 6);
+        core::ptr::copy_nonoverlapping(nh.smac.as_ptr(), eth.src.as_mut_ptr(), 6);
+    }
+    Some(())
+}
+
+/// Out through the next hop's interface: back where it came from
+/// (`XDP_TX`) or redirected to another.
+#[inline(always)]
+pub fn send(ctx: &XdpContext, nh: &NextHop) -> u32 {
+    if nh.ifindex as usize == ctx.ingress_ifindex() {
+        count(Stat::FwdTx);
+        xdp_action::XDP_TX
+    } else {
+        count(Stat::FwdRedirect);
+        unsafe { bpf_redirect(nh.ifindex, 0) as u32 }
+    }
+}

@@ -1,0 +1,248 @@
+//! Parse: Ethernet and 802.1Q (shared by `xlb_lb` and `xlb_decap`), then,
+//! for `xlb_lb`, IPv4/IPv6 and TCP/UDP into the flow key. Each malformed
+//! case gets the verdict the policy in `lb.rs` gives it.
+
+use aya_ebpf::programs::XdpContext;
+use lb_common::{FAMILY_V4, FAMILY_V6, FlowKey, PROTO_TCP, PROTO_UDP, Stat};
+
+use crate::{
+    packet::{
+        ETH_LEN, ETH_P_8021AD, ETH_P_8021Q, EthHdr, IPV4_LEN, IPV6_LEN, Ipv4Hdr, Ipv6Hdr, TCP_ACK,
+        TCP_FIN, TCP_RST, TCP_SYN, TcpHdr, UdpHdr, VLAN_LEN, VlanHdr, len, ptr_at,
+    },
+    select::is_vip_addr,
+    stats::{drop_with, pass},
+};
+
+/// IPv6 next-header values of extension headers passed to the host.
+const IPV6_EXT_HEADERS: [u8; 7] = [0, 43, 60, 51, 135, 139, 140];
+const IPV6_FRAGMENT: u8 = 44;
+
+/// The L2 header: what follows it and where.
+pub struct L2 {
+    /// Ethertype of the L3 header, host order.
+    pub ethertype: u16,
+    /// Offset of the L3 header: 14, or 18 behind one 802.1Q tag.
+    pub l3off: usize,
+}
+
+/// Why there is no L3 header to look at.
+pub enum L2Error {
+    /// The frame ends inside the Ethernet header or the VLAN tag.
+    Truncated,
+    /// 802.1ad, or 802.1Q inside 802.1Q: never ours.
+    QinQ,
+}
+
+/// Parses the Ethernet header and at most one 802.1Q tag.
+#[inline(always)]
+pub fn l2(ctx: &XdpContext) -> Result<L2, L2Error> {
+    let eth = ptr_at::<EthHdr>(ctx, 0).ok_or(L2Error::Truncated)?;
+    // SAFETY: bounds checked by ptr_at.
+    let ethertype = unsafe { (*eth).ethertype() };
+    if ethertype == ETH_P_8021AD {
+        return Err(L2Error::QinQ);
+    }
+    if ethertype != ETH_P_8021Q {
+        return Ok(L2 {
+            ethertype,
+            l3off: ETH_LEN,
+        });
+    }
+    let tag = ptr_at::<VlanHdr>(ctx, ETH_LEN).ok_or(L2Error::Truncated)?;
+    // SAFETY: bounds checked by ptr_at.
+    let ethertype = unsafe { (*tag).ethertype() };
+    if ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD {
+        return Err(L2Error::QinQ);
+    }
+    Ok(L2 {
+        ethertype,
+        l3off: ETH_LEN + VLAN_LEN,
+    })
+}
+
+/// What the parser learned about a packet to a VIP.
+pub struct Packet {
+    /// Offset of the IP header: 14, or 18 behind one 802.1Q tag.
+    pub l3off: usize,
+    /// Length of the IP packet (header + payload) per its own length field.
+    pub ip_len: usize,
+    pub flow: FlowKey,
+    /// TCP flags byte (0 for UDP).
+    pub tcp_flags: u8,
+}
+
+impl Packet {
+    /// An empty packet whose IP header is at `l3off`, for `ipv4`/`ipv6` to
+    /// fill in place (by-value results of both would each take stack).
+    #[inline(always)]
+    pub fn at(l3off: usize) -> Self {
+        Packet {
+            l3off,
+            ip_len: 0,
+            flow: FlowKey::default(),
+            tcp_flags: 0,
+        }
+    }
+
+    /// TCP SYN without ACK: a new connection.
+    #[inline(always)]
+    pub fn syn(&self) -> bool {
+        self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+    }
+
+    /// TCP FIN or RST: the client is closing the flow.
+    #[inline(always)]
+    pub fn closing(&self) -> bool {
+        self.tcp_flags & (TCP_FIN | TCP_RST) != 0
+    }
+}
+
+/// Verdict for a packet that cannot be balanced because of `why`: dropped if
+/// it is addressed to a VIP address, passed untouched otherwise. The address
+/// set is consulted only here, off the well-formed fast path.
+#[inline(always)]
+fn bad(dst: &[u8; 16], family: u8, why: Stat) -> u32 {
+    if is_vip_addr(dst, family) {
+        drop_with(why)
+    } else {
+        pass(Stat::PassNotVip)
+    }
+}
+
+/// Parses the IPv4 header and the TCP/UDP header behind it into `pkt`;
+/// `Err` holds the verdict (counted) for a packet that is not balanced.
+#[inline(always)]
+pub fn ipv4(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
+    let l3off = pkt.l3off;
+    let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, l3off) else {
+        return Err(pass(Stat::PassTruncatedL3));
+    };
+    // SAFETY: bounds checked by ptr_at; read in place (the stack is 512 B).
+    let ip = unsafe { &*ip };
+    // Written in place into the zeroed, 8-byte aligned key: a local
+    // [u8; 16] would cost a byte-wise memset call in BPF.
+    let flow = &mut pkt.flow;
+    flow.proto = ip.protocol;
+    flow.family = FAMILY_V4;
+    flow.dst[..4].copy_from_slice(&ip.daddr);
+    let dst = &flow.dst;
+    if ip.version() != 4 || ip.ihl() < 5 {
+        return Err(bad(dst, FAMILY_V4, Stat::DropBadIhl));
+    }
+    if ip.ihl() != 5 {
+        return Err(bad(dst, FAMILY_V4, Stat::DropIpOptions));
+    }
+    let tot_len = ip.tot_len() as usize;
+    if tot_len < IPV4_LEN || l3off + tot_len > len(ctx) {
+        return Err(bad(dst, FAMILY_V4, Stat::DropBadLength));
+    }
+    if ip.is_fragment() {
+        return Err(bad(dst, FAMILY_V4, Stat::DropFragment));
+    }
+    let proto = ip.protocol;
+    if proto != PROTO_TCP && proto != PROTO_UDP {
+        return Err(pass(Stat::PassNotVip));
+    }
+    let l4_len = tot_len - IPV4_LEN;
+    let (sport, dport, tcp_flags) = l4(ctx, l3off + IPV4_LEN, l4_len, proto, dst, FAMILY_V4)?;
+    let flow = &mut pkt.flow;
+    flow.src[..4].copy_from_slice(&ip.saddr);
+    flow.sport = sport;
+    flow.dport = dport;
+    pkt.ip_len = tot_len;
+    pkt.tcp_flags = tcp_flags;
+    Ok(())
+}
+
+/// Parses the IPv6 header and the TCP/UDP header right behind it into
+/// `pkt`, as [`ipv4`] does.
+#[inline(always)]
+pub fn ipv6(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
+    let l3off = pkt.l3off;
+    let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, l3off) else {
+        return Err(pass(Stat::PassTruncatedL3));
+    };
+    // SAFETY: bounds checked by ptr_at; read in place (the stack is 512 B).
+    let ip = unsafe { &*ip };
+    // Written in place, as in `ipv4`.
+    let flow = &mut pkt.flow;
+    flow.proto = ip.nexthdr;
+    flow.family = FAMILY_V6;
+    flow.dst.copy_from_slice(&ip.daddr);
+    let dst = &flow.dst;
+    if ip.version() != 6 {
+        return Err(bad(dst, FAMILY_V6, Stat::DropBadIhl));
+    }
+    let payload_len = ip.payload_len() as usize;
+    if l3off + IPV6_LEN + payload_len > len(ctx) {
+        return Err(bad(dst, FAMILY_V6, Stat::DropBadLength));
+    }
+    let next = ip.nexthdr;
+    if next == IPV6_FRAGMENT {
+        return Err(bad(dst, FAMILY_V6, Stat::DropFragment));
+    }
+    if IPV6_EXT_HEADERS.contains(&next) {
+        let why = if is_vip_addr(dst, FAMILY_V6) {
+            Stat::PassIpv6Ext
+        } else {
+            Stat::PassNotVip
+        };
+        return Err(pass(why));
+    }
+    if next != PROTO_TCP && next != PROTO_UDP {
+        return Err(pass(Stat::PassNotVip));
+    }
+    let (sport, dport, tcp_flags) = l4(ctx, l3off + IPV6_LEN, payload_len, next, dst, FAMILY_V6)?;
+    let flow = &mut pkt.flow;
+    flow.src.copy_from_slice(&ip.saddr);
+    flow.sport = sport;
+    flow.dport = dport;
+    pkt.ip_len = IPV6_LEN + payload_len;
+    pkt.tcp_flags = tcp_flags;
+    Ok(())
+}
+
+/// Ports (network order, as stored in keys) and the TCP flags (0 for UDP)
+/// of the TCP/UDP header at `off`, whose IP payload is `l4_len` bytes.
+#[inline(always)]
+fn l4(
+    ctx: &XdpContext,
+    off: usize,
+    l4_len: usize,
+    proto: u8,
+    dst: &[u8; 16],
+    family: u8,
+) -> Result<(u16, u16, u8), u32> {
+    if proto == PROTO_TCP {
+        let Some(tcp) = ptr_at::<TcpHdr>(ctx, off) else {
+            return Err(bad(dst, family, Stat::DropBadL4));
+        };
+        // SAFETY: bounds checked by ptr_at.
+        let tcp = unsafe { &*tcp };
+        let doff = tcp.header_len();
+        if doff < core::mem::size_of::<TcpHdr>() || doff > l4_len {
+            return Err(bad(dst, family, Stat::DropBadL4));
+        }
+        Ok((
+            u16::from_ne_bytes(tcp.source),
+            u16::from_ne_bytes(tcp.dest),
+            tcp.flags,
+        ))
+    } else {
+        let Some(udp) = ptr_at::<UdpHdr>(ctx, off) else {
+            return Err(bad(dst, family, Stat::DropBadL4));
+        };
+        // SAFETY: bounds checked by ptr_at.
+        let udp = unsafe { &*udp };
+        let ulen = udp.length() as usize;
+        if ulen < core::mem::size_of::<UdpHdr>() || ulen > l4_len {
+            return Err(bad(dst, family, Stat::DropBadL4));
+        }
+        Ok((
+            u16::from_ne_bytes(udp.source),
+            u16::from_ne_bytes(udp.dest),
+            0,
+        ))
+    }
+}

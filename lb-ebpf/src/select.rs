@@ -1,0 +1,65 @@
+//! Select: is the packet for a VIP, and which backend takes a new flow
+//! (the flow's slot in the VIP's live Maglev table).
+
+use lb_common::{BackendInfo, FlowKey, Globals, VipAddrKey, VipInfo, VipKey, ring_index};
+
+use crate::{XLB_BACKENDS, XLB_RING, XLB_VIP_ADDRS, XLB_VIP_INFO, XLB_VIP_PORTS, XLB_VIPS};
+
+/// Whether any VIP listens on the flow's (protocol, port): decided without
+/// a hash lookup, so the host's own traffic pays almost nothing.
+#[inline(always)]
+pub fn port_has_vip(flow: &FlowKey) -> bool {
+    let port = lb_common::port_index(flow.proto, u16::from_be(flow.dport));
+    XLB_VIP_PORTS.get(port).is_some_and(|n| *n != 0)
+}
+
+/// The id and settings of the VIP the flow is addressed to, if there is one.
+#[inline(always)]
+pub fn vip(flow: &FlowKey) -> Option<(u32, VipInfo)> {
+    let key = VipKey {
+        addr: flow.dst,
+        port: flow.dport,
+        proto: flow.proto,
+        family: flow.family,
+    };
+    // SAFETY: a u32 copied out at once.
+    let &id = unsafe { XLB_VIPS.get(&key) }?;
+    let &vip = XLB_VIP_INFO.get(id)?;
+    // Mode 0: the id is unused (a removed VIP).
+    if vip.mode == 0 {
+        return None;
+    }
+    Some((id, vip))
+}
+
+/// Whether `addr` carries any VIP: tells a malformed packet to a VIP from
+/// traffic that is not ours.
+#[inline(always)]
+pub fn is_vip_addr(addr: &[u8; 16], family: u8) -> bool {
+    let key = VipAddrKey {
+        addr: *addr,
+        family,
+        _pad: [0; 3],
+    };
+    XLB_VIP_ADDRS.get_ptr(&key).is_some()
+}
+
+/// The backend in the flow's slot of the VIP's live table: its id and
+/// entry, or `None` when the table is empty or the slot holds no live id.
+#[inline(always)]
+pub fn pick(flow: &FlowKey, vip: &VipInfo, g: &Globals) -> Option<(u32, BackendInfo)> {
+    if vip.table_size == 0 || vip.table_size > g.ring_stride {
+        return None;
+    }
+    let slot = flow.slot(&g.hash_key, vip.table_size);
+    let idx = ring_index(vip.vip_id, vip.active & 1, g.ring_stride, slot);
+    let id = *XLB_RING.get(idx)?;
+    if id == 0 {
+        return None;
+    }
+    let be = *XLB_BACKENDS.get(id)?;
+    if be.state == 0 {
+        return None;
+    }
+    Some((id, be))
+}

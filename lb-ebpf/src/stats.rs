@@ -1,0 +1,46 @@
+//! Reason counters: every outcome of `xlb_lb` that is not a forward bumps a
+//! named per-CPU counter (`lb_common::Stat`), and so does every verdict of
+//! `xlb_decap` and `xlb_hc` (their own maps). The verdict helpers here pair
+//! a verdict with its counter so that neither is forgotten.
+
+use aya_ebpf::{bindings::xdp_action, maps::PerCpuArray};
+use lb_common::Stat;
+
+use crate::XLB_STATS;
+
+/// Adds one to slot `index` of a per-CPU counter array.
+#[inline(always)]
+pub fn bump(map: &PerCpuArray<u64>, index: u32) {
+    if let Some(p) = map.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *p += 1 };
+    }
+}
+
+/// Counts `stat` in `XLB_STATS`.
+#[inline(always)]
+pub fn count(stat: Stat) {
+    bump(&XLB_STATS, stat as u32);
+}
+
+/// `XDP_PASS`, counted as `stat`.
+#[inline(always)]
+pub fn pass(stat: Stat) -> u32 {
+    count(stat);
+    xdp_action::XDP_PASS
+}
+
+/// `XDP_DROP`, counted as `stat`.
+#[inline(always)]
+pub fn drop_with(stat: Stat) -> u32 {
+    count(stat);
+    xdp_action::XDP_DROP
+}
+
+/// `XDP_ABORTED`, for a broken invariant only (a map entry that must exist,
+/// a header just checked that is no longer there).
+#[inline(always)]
+pub fn aborted() -> u32 {
+    count(Stat::Aborted);
+    xdp_action::XDP_ABORTED
+}
