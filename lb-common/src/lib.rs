@@ -269,7 +269,7 @@ pub const PORT_INDEX_LEN: u32 = 2 * 65_536;
 /// Index of (`proto`, `port` in host order) in `XLB_VIP_PORTS`.
 #[inline(always)]
 pub fn port_index(proto: u8, port: u16) -> u32 {
-    (if proto == PROTO_UDP { 65_536 } else { 0 }) + port as u32
+    (if proto == PROTO_UDP { 65_536 } else { 0 }) + u32::from(port)
 }
 
 /// The single value of `XLB_GLOBALS` (an array of one), written by the daemon
@@ -485,7 +485,7 @@ impl FlowKey {
     /// it spares the data plane a 64-bit division per new flow.
     #[inline(always)]
     pub fn slot(&self, key: &[u64; 2], table_size: u32) -> u32 {
-        (((flow_hash(key, self) >> 32) * table_size as u64) >> 32) as u32
+        (((flow_hash(key, self) >> 32) * u64::from(table_size)) >> 32) as u32
     }
 }
 
