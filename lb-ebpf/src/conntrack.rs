@@ -14,7 +14,7 @@ use crate::{XLB_BACKENDS, XLB_CT, XLB_VIP_INFO, parse::Packet, stats::count};
 // Only the two fields of the VIP that forwarding reads, not the whole
 // `VipInfo`: this lives on the stack (`nexthop` takes `be` by reference),
 // and every byte of it is copied there on each packet.
-pub struct Target {
+pub(crate) struct Target {
     /// [`VipInfo::mode`].
     pub mode: u8,
     /// [`VipInfo::vip_id`]: the index of the VIP's counters.
@@ -26,7 +26,7 @@ pub struct Target {
 
 impl Target {
     #[inline(always)]
-    pub fn new(vip: &VipInfo, id: u32, be: BackendInfo) -> Self {
+    pub(crate) fn new(vip: &VipInfo, id: u32, be: BackendInfo) -> Self {
         Target {
             mode: vip.mode,
             vip_id: vip.vip_id,
@@ -37,7 +37,7 @@ impl Target {
 }
 
 /// What conntrack knows of a flow.
-pub enum Lookup {
+pub(crate) enum Lookup {
     /// An entry that may still be used.
     Hit(Target),
     /// No entry.
@@ -48,7 +48,7 @@ pub enum Lookup {
 
 /// Looks the flow up, refreshing the entry it uses.
 #[inline(always)]
-pub fn lookup(pkt: &Packet, g: &Globals, now: u64) -> Lookup {
+pub(crate) fn lookup(pkt: &Packet, g: &Globals, now: u64) -> Lookup {
     match XLB_CT.get_ptr_mut(&pkt.flow) {
         // SAFETY: LRU hash values stay valid for the program's run (RCU);
         // racing writers only store whole u32/u64 fields.
@@ -103,7 +103,7 @@ fn use_entry(pkt: &Packet, e: &mut CtEntry, g: &Globals, now: u64) -> Option<Tar
 /// Records the flow's new target, for VIP `vip_id` (counted: inserted or
 /// failed).
 #[inline(always)]
-pub fn record(pkt: &Packet, vip_id: u32, t: &Target, now: u64) {
+pub(crate) fn record(pkt: &Packet, vip_id: u32, t: &Target, now: u64) {
     let entry = CtEntry {
         backend_id: t.id,
         generation: t.be.generation,

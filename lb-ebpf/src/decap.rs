@@ -38,7 +38,7 @@ fn is_ours(addr: [u8; 16], family: u8) -> bool {
         .is_some()
 }
 
-pub fn run(ctx: &XdpContext) -> u32 {
+pub(crate) fn run(ctx: &XdpContext) -> u32 {
     // Tagged or not, truncated or not: a frame with no IP header is not ours.
     let Ok(l2) = parse::l2(ctx) else {
         return pass();

@@ -40,7 +40,7 @@ struct Ip6ip6 {
 /// `dsr-ipip`: prepend an outer IPv4 (or IPv6) header addressed to the
 /// backend `id` (`be`) and send the packet to its next hop.
 #[inline(always)]
-pub fn encap(
+pub(crate) fn encap(
     ctx: &XdpContext,
     pkt: &Packet,
     id: u32,
@@ -138,7 +138,7 @@ fn write_ethertype(ctx: &XdpContext, ethertype: [u8; 2], tci: Option<[u8; 2]>) -
 /// [`ENCAP_TTL`], protocol IPIP, `src` and `dst` (IPv4 in their first 4
 /// bytes), and the checksum.
 #[inline(always)]
-pub fn ipip4_header(h: &mut Ipv4Hdr, tos: u8, total: u16, src: &[u8; 16], dst: &[u8; 16]) {
+pub(crate) fn ipip4_header(h: &mut Ipv4Hdr, tos: u8, total: u16, src: &[u8; 16], dst: &[u8; 16]) {
     h.version_ihl = IPV4_VERSION_IHL;
     h.tos = tos;
     h.tot_len = total.to_be_bytes();
@@ -157,7 +157,13 @@ pub fn ipip4_header(h: &mut Ipv4Hdr, tos: u8, total: u16, src: &[u8; 16], dst: &
 /// the way keeps the flow on one path), payload length `payload`, next
 /// header IPv6, hop limit [`ENCAP_TTL`], `src`, `dst`.
 #[inline(always)]
-pub fn ipip6_header(h: &mut Ipv6Hdr, first: [u8; 4], payload: u16, src: &[u8; 16], dst: &[u8; 16]) {
+pub(crate) fn ipip6_header(
+    h: &mut Ipv6Hdr,
+    first: [u8; 4],
+    payload: u16,
+    src: &[u8; 16],
+    dst: &[u8; 16],
+) {
     h.version_tc_flow = first;
     h.payload_len = payload.to_be_bytes();
     h.nexthdr = PROTO_IPV6;

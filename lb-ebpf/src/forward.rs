@@ -25,12 +25,12 @@ use crate::{
 };
 
 /// `AF_INET` and `AF_INET6`, as `bpf_fib_lookup` takes and returns them.
-pub const AF_INET: u8 = 2;
-pub const AF_INET6: u8 = 10;
+pub(crate) const AF_INET: u8 = 2;
+pub(crate) const AF_INET6: u8 = 10;
 
 /// Sends `pkt` to `t`'s backend as its VIP's mode says, and counts it.
 #[inline(always)]
-pub fn forward(
+pub(crate) fn forward(
     ctx: &XdpContext,
     pkt: &Packet,
     t: &Target,
@@ -86,7 +86,7 @@ fn rewrite_l2(ctx: &XdpContext, id: u32, be: &BackendInfo, now: u64) -> u32 {
 // instead of adding to the 512-byte stack of the parser. BPF calls take at
 // most 5 register arguments, hence the raw pointer result.
 #[inline(never)]
-pub fn nexthop(
+pub(crate) fn nexthop(
     ctx: &XdpContext,
     id: u32,
     be: &BackendInfo,
@@ -104,7 +104,7 @@ pub fn nexthop(
     // SAFETY: an all-zero bpf_fib_lookup is a valid input.
     let mut p: FibParams = unsafe { core::mem::zeroed() };
     let rc = fib(ctx, &mut p, be, src, 0);
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
         return core::ptr::null();
     }
     nh.dmac = p.dmac;
@@ -116,10 +116,10 @@ pub fn nexthop(
     let mut m: FibParams = unsafe { core::mem::zeroed() };
     let rc = fib(ctx, &mut m, be, src, u16::MAX);
     // SAFETY: reading the union member the kernel wrote.
-    nh.mtu = if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED as i64 {
-        unsafe { m.__bindgen_anon_1.mtu_result as u32 }
+    nh.mtu = if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+        unsafe { u32::from(m.__bindgen_anon_1.mtu_result) }
     } else {
-        u16::MAX as u32
+        u32::from(u16::MAX)
     };
     nh.generation_plus_one = be.generation.wrapping_add(1);
     nh.expires_ns = now + NEXTHOP_TTL_NS;
@@ -153,7 +153,7 @@ fn fib(ctx: &XdpContext, p: &mut FibParams, be: &BackendInfo, src: &[u8; 16], to
 /// `v6`): the same lookup for `xlb_lb`'s packets and `xlb_hc`'s probes.
 /// The caller runs `bpf_fib_lookup` with its own context.
 #[inline(always)]
-pub fn fib_params(
+pub(crate) fn fib_params(
     p: &mut FibParams,
     ifindex: u32,
     v6: bool,
@@ -185,7 +185,7 @@ pub fn fib_params(
 /// Writes the next hop's destination and source MACs at the start of the
 /// frame.
 #[inline(always)]
-pub fn set_macs(ctx: &XdpContext, nh: &NextHop) -> Option<()> {
+pub(crate) fn set_macs(ctx: &XdpContext, nh: &NextHop) -> Option<()> {
     let eth = ptr_at::<EthHdr>(ctx, 0)?;
     // Copies, not assignments: LLVM cannot tell the packet from the map
     // value, and compiles the second assignment to a call to memmove (a
@@ -202,7 +202,7 @@ pub fn set_macs(ctx: &XdpContext, nh: &NextHop) -> Option<()> {
 /// Out through the next hop's interface: back where it came from
 /// (`XDP_TX`) or redirected to another.
 #[inline(always)]
-pub fn send(ctx: &XdpContext, nh: &NextHop) -> u32 {
+pub(crate) fn send(ctx: &XdpContext, nh: &NextHop) -> u32 {
     if nh.ifindex as usize == ctx.ingress_ifindex() {
         count(Stat::FwdTx);
         xdp_action::XDP_TX

@@ -64,7 +64,7 @@ fn shot(stat: HcStat) -> i32 {
     TC_ACT_SHOT
 }
 
-pub fn run(ctx: &TcContext) -> i32 {
+pub(crate) fn run(ctx: &TcContext) -> i32 {
     // SAFETY: reading a field of the context the kernel passed.
     let mark = unsafe { (*ctx.skb.skb).mark };
     if mark & HC_MARK_MASK != HC_MARK_BASE {
@@ -119,7 +119,7 @@ fn encap_v4(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
     ctx.adjust_room(
         IPIP4_OVERHEAD as i32,
         BPF_ADJ_ROOM_MAC,
-        BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 as u64,
+        u64::from(BPF_F_ADJ_ROOM_ENCAP_L3_IPV4),
     )
     .ok()?;
     let total = (ctx.len() as usize - ETH_LEN) as u16;
@@ -136,7 +136,7 @@ fn encap_v6(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
     ctx.adjust_room(
         IPIP6_OVERHEAD as i32,
         BPF_ADJ_ROOM_MAC,
-        BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 as u64,
+        u64::from(BPF_F_ADJ_ROOM_ENCAP_L3_IPV6),
     )
     .ok()?;
     let payload = (ctx.len() as usize - ETH_LEN - IPV6_LEN) as u16;
@@ -173,7 +173,7 @@ fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
             0,
         )
     };
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 && rc != BPF_FIB_LKUP_RET_NO_NEIGH as i64 {
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && rc != i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
         return shot(HcStat::DropNoRoute);
     }
     // The next hop: the gateway the lookup wrote over the destination, or
@@ -184,10 +184,10 @@ fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
     // SAFETY: reading and writing union fields of C structs.
     unsafe {
         if p.family == AF_INET6 {
-            nh.nh_family = AF_INET6 as u32;
+            nh.nh_family = u32::from(AF_INET6);
             nh.__bindgen_anon_1.ipv6_nh = p.__bindgen_anon_4.ipv6_dst;
         } else {
-            nh.nh_family = AF_INET as u32;
+            nh.nh_family = u32::from(AF_INET);
             nh.__bindgen_anon_1.ipv4_nh = p.__bindgen_anon_4.ipv4_dst;
         }
     }

@@ -36,7 +36,7 @@ use crate::{
     stats::{aborted, count, drop_with, pass},
 };
 
-pub fn run(ctx: &XdpContext) -> u32 {
+pub(crate) fn run(ctx: &XdpContext) -> u32 {
     let l2 = match parse::l2(ctx) {
         Ok(l2) => l2,
         Err(L2Error::Truncated) => return pass(Stat::PassTruncatedL2),

@@ -17,6 +17,10 @@
     clippy::needless_borrows_for_generic_args,
     reason = "map keys passed by value are copied onto the 512-byte BPF stack; by reference they are not"
 )]
+#![allow(
+    unused_crate_dependencies,
+    reason = "the package's own library (lb_ebpf) exists only so lb-user can depend on it"
+)]
 
 mod checksum;
 mod conntrack;
@@ -108,22 +112,22 @@ static XLB_HC_REALS: HashMap<u32, HcReal> = HashMap::with_max_entries(MAX_BACKEN
 static XLB_HC_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(HC_STATS_LEN, 0);
 
 #[xdp]
-pub fn xlb_lb(ctx: XdpContext) -> u32 {
+pub(crate) fn xlb_lb(ctx: XdpContext) -> u32 {
     lb::run(&ctx)
 }
 
 #[xdp]
-pub fn xlb_decap(ctx: XdpContext) -> u32 {
+pub(crate) fn xlb_decap(ctx: XdpContext) -> u32 {
     decap::run(&ctx)
 }
 
 #[classifier]
-pub fn xlb_hc(ctx: TcContext) -> i32 {
+pub(crate) fn xlb_hc(ctx: TcContext) -> i32 {
     hc::run(&ctx)
 }
 
 #[xdp]
-pub fn xlb_minimal(ctx: XdpContext) -> u32 {
+pub(crate) fn xlb_minimal(ctx: XdpContext) -> u32 {
     let Some(eth) = packet::ptr_at::<[u8; 14]>(&ctx, 0) else {
         return xdp_action::XDP_PASS;
     };
@@ -137,7 +141,7 @@ pub fn xlb_minimal(ctx: XdpContext) -> u32 {
 }
 
 #[xdp]
-pub fn xlb_pass(_ctx: XdpContext) -> u32 {
+pub(crate) fn xlb_pass(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 

@@ -13,7 +13,7 @@ use aya_ebpf::programs::XdpContext;
 /// A pointer to a `T` at byte `offset` of the packet, or `None` if any byte
 /// of it lies past the end. Every packet access goes through here.
 #[inline(always)]
-pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
+pub(crate) fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
     let start = ctx.data();
     let end = ctx.data_end();
     // verifier: compare the computed end against data_end before any access.
@@ -25,24 +25,24 @@ pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
 
 /// Length of the packet in bytes.
 #[inline(always)]
-pub fn len(ctx: &XdpContext) -> usize {
+pub(crate) fn len(ctx: &XdpContext) -> usize {
     ctx.data_end() - ctx.data()
 }
 
-pub const ETH_LEN: usize = core::mem::size_of::<EthHdr>();
-pub const VLAN_LEN: usize = core::mem::size_of::<VlanHdr>();
-pub const IPV4_LEN: usize = core::mem::size_of::<Ipv4Hdr>();
-pub const IPV6_LEN: usize = core::mem::size_of::<Ipv6Hdr>();
+pub(crate) const ETH_LEN: usize = core::mem::size_of::<EthHdr>();
+pub(crate) const VLAN_LEN: usize = core::mem::size_of::<VlanHdr>();
+pub(crate) const IPV4_LEN: usize = core::mem::size_of::<Ipv4Hdr>();
+pub(crate) const IPV6_LEN: usize = core::mem::size_of::<Ipv6Hdr>();
 
 /// Ethertypes, host order.
-pub const ETH_P_IP: u16 = 0x0800;
-pub const ETH_P_IPV6: u16 = 0x86dd;
-pub const ETH_P_8021Q: u16 = 0x8100;
-pub const ETH_P_8021AD: u16 = 0x88a8;
+pub(crate) const ETH_P_IP: u16 = 0x0800;
+pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
+pub(crate) const ETH_P_8021Q: u16 = 0x8100;
+pub(crate) const ETH_P_8021AD: u16 = 0x88a8;
 
 /// Ethernet header.
 #[repr(C)]
-pub struct EthHdr {
+pub(crate) struct EthHdr {
     pub dst: [u8; 6],
     pub src: [u8; 6],
     /// Network order.
@@ -53,14 +53,14 @@ const _: () = assert!(core::mem::size_of::<EthHdr>() == 14);
 impl EthHdr {
     /// The ethertype, host order.
     #[inline(always)]
-    pub fn ethertype(&self) -> u16 {
+    pub(crate) fn ethertype(&self) -> u16 {
         u16::from_be_bytes(self.ethertype)
     }
 }
 
 /// 802.1Q tag: the 4 bytes after the MACs' ethertype `ETH_P_8021Q`.
 #[repr(C)]
-pub struct VlanHdr {
+pub(crate) struct VlanHdr {
     /// Priority, drop eligibility and VLAN id, network order.
     pub tci: [u8; 2],
     /// Ethertype of what follows, network order.
@@ -71,7 +71,7 @@ const _: () = assert!(core::mem::size_of::<VlanHdr>() == 4);
 impl VlanHdr {
     /// The inner ethertype, host order.
     #[inline(always)]
-    pub fn ethertype(&self) -> u16 {
+    pub(crate) fn ethertype(&self) -> u16 {
         u16::from_be_bytes(self.ethertype)
     }
 }
@@ -79,7 +79,7 @@ impl VlanHdr {
 /// IPv4 header without options.
 #[repr(C)]
 #[derive(Default)]
-pub struct Ipv4Hdr {
+pub(crate) struct Ipv4Hdr {
     /// Version (high 4 bits) and header length in 32-bit words (low 4).
     pub version_ihl: u8,
     pub tos: u8,
@@ -97,29 +97,29 @@ pub struct Ipv4Hdr {
 const _: () = assert!(core::mem::size_of::<Ipv4Hdr>() == 20);
 
 /// `version_ihl` of a plain IPv4 header: version 4, 5 words, no options.
-pub const IPV4_VERSION_IHL: u8 = 0x45;
+pub(crate) const IPV4_VERSION_IHL: u8 = 0x45;
 
 impl Ipv4Hdr {
     #[inline(always)]
-    pub fn version(&self) -> u8 {
+    pub(crate) fn version(&self) -> u8 {
         self.version_ihl >> 4
     }
 
     /// Header length in 32-bit words (5 without options).
     #[inline(always)]
-    pub fn ihl(&self) -> u8 {
+    pub(crate) fn ihl(&self) -> u8 {
         self.version_ihl & 0x0f
     }
 
     /// Total length, host order.
     #[inline(always)]
-    pub fn tot_len(&self) -> u16 {
+    pub(crate) fn tot_len(&self) -> u16 {
         u16::from_be_bytes(self.tot_len)
     }
 
     /// A fragment: the MF flag or a non-zero fragment offset.
     #[inline(always)]
-    pub fn is_fragment(&self) -> bool {
+    pub(crate) fn is_fragment(&self) -> bool {
         u16::from_be_bytes(self.frag_off) & 0x3fff != 0
     }
 }
@@ -127,7 +127,7 @@ impl Ipv4Hdr {
 /// IPv6 fixed header.
 #[repr(C)]
 #[derive(Default)]
-pub struct Ipv6Hdr {
+pub(crate) struct Ipv6Hdr {
     /// Version (high 4 bits), traffic class and flow label.
     pub version_tc_flow: [u8; 4],
     /// Bytes after this header, network order.
@@ -141,20 +141,20 @@ const _: () = assert!(core::mem::size_of::<Ipv6Hdr>() == 40);
 
 impl Ipv6Hdr {
     #[inline(always)]
-    pub fn version(&self) -> u8 {
+    pub(crate) fn version(&self) -> u8 {
         self.version_tc_flow[0] >> 4
     }
 
     /// Payload length, host order.
     #[inline(always)]
-    pub fn payload_len(&self) -> u16 {
+    pub(crate) fn payload_len(&self) -> u16 {
         u16::from_be_bytes(self.payload_len)
     }
 }
 
 /// TCP header without options.
 #[repr(C)]
-pub struct TcpHdr {
+pub(crate) struct TcpHdr {
     /// Ports, network order.
     pub source: [u8; 2],
     pub dest: [u8; 2],
@@ -171,22 +171,22 @@ pub struct TcpHdr {
 const _: () = assert!(core::mem::size_of::<TcpHdr>() == 20);
 
 /// Bits of [`TcpHdr::flags`].
-pub const TCP_FIN: u8 = 0x01;
-pub const TCP_SYN: u8 = 0x02;
-pub const TCP_RST: u8 = 0x04;
-pub const TCP_ACK: u8 = 0x10;
+pub(crate) const TCP_FIN: u8 = 0x01;
+pub(crate) const TCP_SYN: u8 = 0x02;
+pub(crate) const TCP_RST: u8 = 0x04;
+pub(crate) const TCP_ACK: u8 = 0x10;
 
 impl TcpHdr {
     /// Header length in bytes, options included.
     #[inline(always)]
-    pub fn header_len(&self) -> usize {
+    pub(crate) fn header_len(&self) -> usize {
         (self.doff_res >> 4) as usize * 4
     }
 }
 
 /// UDP header.
 #[repr(C)]
-pub struct UdpHdr {
+pub(crate) struct UdpHdr {
     /// Ports, network order.
     pub source: [u8; 2],
     pub dest: [u8; 2],
@@ -199,7 +199,7 @@ const _: () = assert!(core::mem::size_of::<UdpHdr>() == 8);
 impl UdpHdr {
     /// Length, host order.
     #[inline(always)]
-    pub fn length(&self) -> u16 {
+    pub(crate) fn length(&self) -> u16 {
         u16::from_be_bytes(self.len)
     }
 }

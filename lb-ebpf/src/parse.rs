@@ -19,7 +19,7 @@ const IPV6_EXT_HEADERS: [u8; 7] = [0, 43, 60, 51, 135, 139, 140];
 const IPV6_FRAGMENT: u8 = 44;
 
 /// The L2 header: what follows it and where.
-pub struct L2 {
+pub(crate) struct L2 {
     /// Ethertype of the L3 header, host order.
     pub ethertype: u16,
     /// Offset of the L3 header: 14, or 18 behind one 802.1Q tag.
@@ -27,7 +27,7 @@ pub struct L2 {
 }
 
 /// Why there is no L3 header to look at.
-pub enum L2Error {
+pub(crate) enum L2Error {
     /// The frame ends inside the Ethernet header or the VLAN tag.
     Truncated,
     /// 802.1ad, or 802.1Q inside 802.1Q: never ours.
@@ -36,7 +36,7 @@ pub enum L2Error {
 
 /// Parses the Ethernet header and at most one 802.1Q tag.
 #[inline(always)]
-pub fn l2(ctx: &XdpContext) -> Result<L2, L2Error> {
+pub(crate) fn l2(ctx: &XdpContext) -> Result<L2, L2Error> {
     let eth = ptr_at::<EthHdr>(ctx, 0).ok_or(L2Error::Truncated)?;
     // SAFETY: bounds checked by ptr_at.
     let ethertype = unsafe { (*eth).ethertype() };
@@ -62,7 +62,7 @@ pub fn l2(ctx: &XdpContext) -> Result<L2, L2Error> {
 }
 
 /// What the parser learned about a packet to a VIP.
-pub struct Packet {
+pub(crate) struct Packet {
     /// Offset of the IP header: 14, or 18 behind one 802.1Q tag.
     pub l3off: usize,
     /// Length of the IP packet (header + payload) per its own length field.
@@ -76,7 +76,7 @@ impl Packet {
     /// An empty packet whose IP header is at `l3off`, for `ipv4`/`ipv6` to
     /// fill in place (by-value results of both would each take stack).
     #[inline(always)]
-    pub fn at(l3off: usize) -> Self {
+    pub(crate) fn at(l3off: usize) -> Self {
         Packet {
             l3off,
             ip_len: 0,
@@ -87,13 +87,13 @@ impl Packet {
 
     /// TCP SYN without ACK: a new connection.
     #[inline(always)]
-    pub fn syn(&self) -> bool {
+    pub(crate) fn syn(&self) -> bool {
         self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
     }
 
     /// TCP FIN or RST: the client is closing the flow.
     #[inline(always)]
-    pub fn closing(&self) -> bool {
+    pub(crate) fn closing(&self) -> bool {
         self.tcp_flags & (TCP_FIN | TCP_RST) != 0
     }
 }
@@ -113,7 +113,7 @@ fn bad(dst: &[u8; 16], family: u8, why: Stat) -> u32 {
 /// Parses the IPv4 header and the TCP/UDP header behind it into `pkt`;
 /// `Err` holds the verdict (counted) for a packet that is not balanced.
 #[inline(always)]
-pub fn ipv4(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
+pub(crate) fn ipv4(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
     let l3off = pkt.l3off;
     let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, l3off) else {
         return Err(pass(Stat::PassTruncatedL3));
@@ -158,7 +158,7 @@ pub fn ipv4(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
 /// Parses the IPv6 header and the TCP/UDP header right behind it into
 /// `pkt`, as [`ipv4`] does.
 #[inline(always)]
-pub fn ipv6(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
+pub(crate) fn ipv6(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
     let l3off = pkt.l3off;
     let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, l3off) else {
         return Err(pass(Stat::PassTruncatedL3));

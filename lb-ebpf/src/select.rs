@@ -8,14 +8,14 @@ use crate::{XLB_BACKENDS, XLB_RING, XLB_VIP_ADDRS, XLB_VIP_INFO, XLB_VIP_PORTS, 
 /// Whether any VIP listens on the flow's (protocol, port): decided without
 /// a hash lookup, so the host's own traffic pays almost nothing.
 #[inline(always)]
-pub fn port_has_vip(flow: &FlowKey) -> bool {
+pub(crate) fn port_has_vip(flow: &FlowKey) -> bool {
     let port = lb_common::port_index(flow.proto, u16::from_be(flow.dport));
     XLB_VIP_PORTS.get(port).is_some_and(|n| *n != 0)
 }
 
 /// The id and settings of the VIP the flow is addressed to, if there is one.
 #[inline(always)]
-pub fn vip(flow: &FlowKey) -> Option<(u32, VipInfo)> {
+pub(crate) fn vip(flow: &FlowKey) -> Option<(u32, VipInfo)> {
     let key = VipKey {
         addr: flow.dst,
         port: flow.dport,
@@ -35,7 +35,7 @@ pub fn vip(flow: &FlowKey) -> Option<(u32, VipInfo)> {
 /// Whether `addr` carries any VIP: tells a malformed packet to a VIP from
 /// traffic that is not ours.
 #[inline(always)]
-pub fn is_vip_addr(addr: &[u8; 16], family: u8) -> bool {
+pub(crate) fn is_vip_addr(addr: &[u8; 16], family: u8) -> bool {
     let key = VipAddrKey {
         addr: *addr,
         family,
@@ -47,7 +47,7 @@ pub fn is_vip_addr(addr: &[u8; 16], family: u8) -> bool {
 /// The backend in the flow's slot of the VIP's live table: its id and
 /// entry, or `None` when the table is empty or the slot holds no live id.
 #[inline(always)]
-pub fn pick(flow: &FlowKey, vip: &VipInfo, g: &Globals) -> Option<(u32, BackendInfo)> {
+pub(crate) fn pick(flow: &FlowKey, vip: &VipInfo, g: &Globals) -> Option<(u32, BackendInfo)> {
     if vip.table_size == 0 || vip.table_size > g.ring_stride {
         return None;
     }

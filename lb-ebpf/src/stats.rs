@@ -10,7 +10,7 @@ use crate::XLB_STATS;
 
 /// Adds one to slot `index` of a per-CPU counter array.
 #[inline(always)]
-pub fn bump(map: &PerCpuArray<u64>, index: u32) {
+pub(crate) fn bump(map: &PerCpuArray<u64>, index: u32) {
     if let Some(p) = map.get_ptr_mut(index) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe { *p += 1 };
@@ -19,20 +19,20 @@ pub fn bump(map: &PerCpuArray<u64>, index: u32) {
 
 /// Counts `stat` in `XLB_STATS`.
 #[inline(always)]
-pub fn count(stat: Stat) {
+pub(crate) fn count(stat: Stat) {
     bump(&XLB_STATS, stat as u32);
 }
 
 /// `XDP_PASS`, counted as `stat`.
 #[inline(always)]
-pub fn pass(stat: Stat) -> u32 {
+pub(crate) fn pass(stat: Stat) -> u32 {
     count(stat);
     xdp_action::XDP_PASS
 }
 
 /// `XDP_DROP`, counted as `stat`.
 #[inline(always)]
-pub fn drop_with(stat: Stat) -> u32 {
+pub(crate) fn drop_with(stat: Stat) -> u32 {
     count(stat);
     xdp_action::XDP_DROP
 }
@@ -40,7 +40,7 @@ pub fn drop_with(stat: Stat) -> u32 {
 /// `XDP_ABORTED`, for a broken invariant only (a map entry that must exist,
 /// a header just checked that is no longer there).
 #[inline(always)]
-pub fn aborted() -> u32 {
+pub(crate) fn aborted() -> u32 {
     count(Stat::Aborted);
     xdp_action::XDP_ABORTED
 }
