@@ -9,6 +9,7 @@ mod bench;
 mod build_cmd;
 mod demo;
 mod lab;
+mod layout;
 mod run;
 mod setup;
 mod test;

@@ -6,7 +6,7 @@ use std::{io, process::Stdio};
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    setup,
+    layout, setup,
     util::{self, Root},
 };
 
@@ -20,6 +20,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     setup::ensure()?;
     fmt()?;
     clippy()?;
+    layout::check(&util::workspace_root())?;
     // The daemon, lab and end-to-end tests run the `xlb`, `xlb-backend` and
     // `xlb-client` binaries; `cargo test` alone does not promise to build them.
     util::run(util::cargo().args(["build", "--workspace", "--exclude", EBPF_CRATE, "--bins"]))

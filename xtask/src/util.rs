@@ -19,6 +19,12 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
+/// The workspace's root folder (xtask is its `xtask/` member).
+pub(crate) fn workspace_root() -> PathBuf {
+    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask.parent().unwrap_or(xtask).to_path_buf()
+}
+
 /// Where `cargo install` puts binaries: `$CARGO_HOME/bin`, else `~/.cargo/bin`.
 pub(crate) fn cargo_bin_dir() -> Option<PathBuf> {
     if let Some(home) = env::var_os("CARGO_HOME").filter(|h| !h.is_empty()) {
