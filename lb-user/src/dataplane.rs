@@ -547,3 +547,17 @@ fn sum_traffic(
         new_flows: a.new_flows + s.new_flows,
     }))
 }
+
+/// `bpf_ktime_get_coarse_ns()` as userspace reads it (`CLOCK_MONOTONIC_COARSE`,
+/// ns): the clock the data plane stamps conntrack entries with.
+pub fn ktime_coarse_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write to.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) } != 0 {
+        return 0;
+    }
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}

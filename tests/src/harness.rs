@@ -425,17 +425,5 @@ pub fn stat_delta(before: &HashMap<Stat, u64>, after: &HashMap<Stat, u64>) -> Ve
     d
 }
 
-/// `bpf_ktime_get_coarse_ns()` as userspace reads it (`CLOCK_MONOTONIC_COARSE`):
-/// the clock the data plane stamps conntrack entries with.
-pub fn ktime_coarse_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec to write to.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) },
-        0
-    );
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-}
+/// The data plane's conntrack clock, as the daemon reads it.
+pub use lb_user::dataplane::ktime_coarse_ns;

@@ -5,6 +5,7 @@
 //! default size it reads a million entries, which must not hold up health
 //! reports or admin commands. The main loop reads the latest result.
 
+use crate::dataplane::ktime_coarse_ns;
 use std::{
     collections::HashMap,
     io,
@@ -294,7 +295,7 @@ struct Walker<'m> {
 impl Walker<'_> {
     /// One walk; `None` if it failed (logged).
     fn walk(&mut self, window: Window) -> Option<FlowCounts> {
-        let mut c = Counter::new(coarse_now_ns(), window, self.limit);
+        let mut c = Counter::new(ktime_coarse_ns(), window, self.limit);
         let mut result = Ok(());
         if self.batch {
             result = walk_batch(self.fd, &mut c);
@@ -310,7 +311,7 @@ impl Walker<'_> {
             }
         }
         if !self.batch {
-            let now = coarse_now_ns();
+            let now = ktime_coarse_ns();
             result = walk_keys(&self.ct, now, window, self.limit).map(|counts| c.counts = counts);
         }
         match result {
@@ -328,19 +329,6 @@ impl Walker<'_> {
             }
         }
     }
-}
-
-/// `bpf_ktime_get_coarse_ns()` as userspace reads it.
-pub(super) fn coarse_now_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `t` is a valid timespec to write to.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) } != 0 {
-        return 0;
-    }
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// `BPF_MAP_LOOKUP_BATCH` in `enum bpf_cmd` (include/uapi/linux/bpf.h);
@@ -626,7 +614,7 @@ mod tests {
             return;
         };
         let mut ct = aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(&mut map).unwrap();
-        let now = super::coarse_now_ns();
+        let now = crate::dataplane::ktime_coarse_ns();
         // More than one batch, spread over three backends.
         let n = 3 * BATCH as u32 + 17;
         for i in 0..n {

@@ -8,12 +8,13 @@ use anyhow::Context as _;
 use lb_common::{CtEntry, FlowKey, Globals};
 
 use super::{
-    Daemon, conntrack,
+    Daemon,
     model::{Backend, Vip},
 };
 use crate::{
     config::{self, DownPolicy, Protocol},
     ctl::{self, ExplainReport},
+    dataplane,
 };
 
 impl Daemon {
@@ -89,7 +90,7 @@ impl Daemon {
         // The kernel's UDP idle test, on the same clock.
         let expired = proto == Protocol::Udp
             && g.udp_timeout_ns != 0
-            && conntrack::coarse_now_ns().saturating_sub(e.last_seen_ns) > g.udp_timeout_ns;
+            && dataplane::ktime_coarse_ns().saturating_sub(e.last_seen_ns) > g.udp_timeout_ns;
         let b = vip.backends.iter().find(|b| b.id == e.backend_id);
         Ok(b.filter(|b| {
             !expired
