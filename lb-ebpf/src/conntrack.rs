@@ -108,8 +108,8 @@ pub(crate) fn record(pkt: &Packet, vip_id: u32, t: &Target, now: u64) {
         backend_id: t.id,
         generation: t.be.generation,
         vip_id,
-        // A FIN or RST that misses (an evicted or stale entry) starts the
-        // entry closing, as one that hits marks it.
+        // A FIN or RST that replaces a stale entry starts it closing, as
+        // one that hits marks it.
         flags: if pkt.closing() { CT_FLAG_CLOSING } else { 0 },
         last_seen_ns: now,
     };

@@ -22,9 +22,11 @@
 //!   host stack, as Katran does: rare, legitimate, and the kernel knows how to
 //!   parse or reject them. ESP and unknown next headers are not a VIP
 //!   protocol: passed as not ours.
+//! - conntrack: a TCP SYN or a UDP packet that misses inserts an entry; a TCP
+//!   packet without SYN that misses follows the table and inserts nothing.
 
 use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
-use lb_common::Stat;
+use lb_common::{PROTO_UDP, Stat};
 
 use crate::{
     XLB_GLOBALS,
@@ -81,6 +83,13 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
         return drop_with(Stat::DropNoBackend);
     };
     let t = Target::new(&vip, id, be);
-    conntrack::record(&pkt, vip_id, &t, now);
+    // Only what starts a flow is tracked: a TCP SYN or a UDP packet (and an
+    // existing entry that went stale is replaced). A TCP packet without SYN
+    // that misses (a spoofed ACK, RST or FIN, or a flow whose entry was
+    // evicted) follows the table without inserting, so a flood of them cannot
+    // wash real flows out of the LRU.
+    if !missed || pkt.flow.proto == PROTO_UDP {
+        conntrack::record(&pkt, vip_id, &t, now);
+    }
     forward(ctx, &pkt, &t, g, now, true)
 }
