@@ -821,7 +821,9 @@ fn long_load(target: SocketAddr, duration: Duration) -> LoadOptions {
         duration,
         rate: 0,
         keepalive: 0,
-        long: 12,
+        // Enough that b2 surely gets some: with 12, one run in 130 put none
+        // there ((2/3)^12); with 32, one in 400,000.
+        long: 32,
         stream_interval: Duration::from_millis(100),
         stall_after: Duration::from_secs(1),
         timeout: Duration::from_secs(2),
