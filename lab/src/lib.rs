@@ -15,6 +15,7 @@
 use {anyhow as _, clap as _};
 pub mod backend;
 pub mod client;
+pub mod flood;
 pub mod http;
 pub mod scenario;
 pub mod topology;

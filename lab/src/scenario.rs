@@ -36,8 +36,8 @@ mod status;
 mod traffic;
 
 pub use config::{
-    Health, LAB_TABLE_SIZE, Mode, Protection, Share, Vip, XlbConfig, backend_addr,
-    instance_and_socket, instance_for, setting, socket_for,
+    Health, LAB_CONNTRACK_SIZE, LAB_TABLE_SIZE, Mode, Protection, Share, Vip, XlbConfig,
+    backend_addr, instance_and_socket, instance_for, setting, socket_for,
 };
 pub use netdev::{set_tx_checksum_offload, xdp_attached};
 pub use process::{Binaries, ProcRecord, StateFile, command_in, detach, find_xlb, log_tail};

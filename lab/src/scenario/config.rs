@@ -231,6 +231,9 @@ pub struct XlbConfig {
     pub control_socket: PathBuf,
     /// `"native"` (works on veth) or `"generic"`.
     pub xdp_mode: String,
+    /// `daemon.conntrack_size`: entries of the conntrack LRU
+    /// ([`LAB_CONNTRACK_SIZE`] by default; the abuse tests make it small).
+    pub conntrack_size: u32,
     pub health: Health,
     /// `[protection]`, written when not empty.
     pub protection: Protection,
@@ -256,6 +259,7 @@ impl XlbConfig {
             instance: instance_for(prefix),
             control_socket: socket_for(prefix),
             xdp_mode: "native".to_string(),
+            conntrack_size: LAB_CONNTRACK_SIZE,
             health: Health::default(),
             protection: Protection::default(),
             vips: vec![Vip::new(
@@ -304,7 +308,7 @@ impl XlbConfig {
              control_socket = \"{}\"\n\
              metrics_address = \"\"\n\
              # Small maps: a lab has a handful of flows, and each test builds them anew.\n\
-             conntrack_size = 65536\n\
+             conntrack_size = {}\n\
              max_table_size = {LAB_TABLE_SIZE}\n\
              \n\
              [health_check]\n\
@@ -312,6 +316,7 @@ impl XlbConfig {
             self.xdp_mode,
             self.instance,
             self.control_socket.display(),
+            self.conntrack_size,
             h.kind,
         );
         if !h.xlb_defaults {
@@ -360,6 +365,10 @@ impl XlbConfig {
         out
     }
 }
+
+/// `daemon.conntrack_size` of lab configurations unless a test asks for
+/// another.
+pub const LAB_CONNTRACK_SIZE: u32 = 65536;
 
 /// `daemon.max_table_size` of lab configurations: a prime ≥ 10 × the lab's
 /// backends per VIP, and small, so that maps are quick to build.
