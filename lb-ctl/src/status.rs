@@ -197,6 +197,10 @@ pub struct BackendStatus {
     /// of the table (every 10 s, every 2 s while a drain has a deadline or
     /// is watched); `null` before the first walk.
     pub flows: Option<u64>,
+    /// Established flows above which an `alarm` event says it may run out of
+    /// connection slots (`max_flows`); `null` = no such alarm.
+    #[serde(default)]
+    pub max_flows: Option<u64>,
     /// When its drain's deadline passes (or passed), ms since the Unix
     /// epoch: then it becomes `down` and its remaining flows follow the
     /// VIP's `down_policy`. `null` = not draining, or no deadline.

@@ -56,6 +56,7 @@ pub(super) struct RawVip {
     pub(super) table_size: Option<u32>,
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
+    pub(super) max_flows: Option<u64>,
     #[serde(default)]
     pub(super) backend: Vec<RawBackend>,
 }
@@ -68,6 +69,7 @@ pub(super) struct RawBackend {
     pub(super) weight: Option<u32>,
     pub(super) health_port: Option<u16>,
     pub(super) health_check: Option<RawHealth>,
+    pub(super) max_flows: Option<u64>,
 }
 
 /// `kind = "http"` or `kind = "tcp"`.

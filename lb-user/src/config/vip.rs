@@ -114,6 +114,10 @@ pub struct BackendConfig {
     /// (default: `port`).
     #[serde(serialize_with = "health::ser_check_spec")]
     pub health: CheckSpec,
+    /// Established flows above which an `alarm` event says the backend may
+    /// run out of connection slots (its own `max_flows`, else its VIP's);
+    /// `None` = no alarm.
+    pub max_flows: Option<u64>,
 }
 
 impl BackendConfig {
@@ -345,6 +349,7 @@ fn validate_backends(
                 port,
                 weight: weight(b, &bctx, p),
                 health: backend_health(b, port, layers, &bctx, p),
+                max_flows: max_flows(vip, b, &bctx, p),
             }
         })
         .collect()
@@ -427,6 +432,19 @@ fn weight(b: &RawBackend, bctx: &str, p: &mut Problems<'_>) -> u32 {
     weight
 }
 
+/// The backend's `max_flows`, else its VIP's; at least 1 when set.
+fn max_flows(vip: &RawVip, b: &RawBackend, bctx: &str, p: &mut Problems<'_>) -> Option<u64> {
+    let max = b.max_flows.or(vip.max_flows);
+    if max == Some(0) {
+        p.error(
+            bctx,
+            "max_flows 0 would raise its alarm for every flow; use at least 1, \
+             or leave it out for no alarm",
+        );
+    }
+    max
+}
+
 /// The backend's own health_check layer over the VIP's, probed on its
 /// `health_port` (default: the service port).
 fn backend_health(
@@ -460,7 +478,40 @@ mod tests {
     use super::*;
     use crate::config::tests::{DAEMON, ONE_BACKEND, api_vip, api_with_backend, ok};
 
+    #[test]
+    fn max_flows_is_the_backends_own_else_its_vips() {
+        let config = ok(
+            "max_flows",
+            &api_vip(
+                r#"
+max_flows = 5000
+[[vip.backend]]
+address = "10.0.0.1"
+[[vip.backend]]
+address = "10.0.0.2"
+max_flows = 200
+"#,
+            ),
+        );
+        let max: Vec<_> = config.vips[0]
+            .backends
+            .iter()
+            .map(|b| b.max_flows)
+            .collect();
+        assert_eq!(max, [Some(5000), Some(200)]);
+        let config = ok("no max_flows", &api_with_backend(""));
+        assert_eq!(config.vips[0].backends[0].max_flows, None);
+    }
+
     rejects! {
+        max_flows_zero: api_vip(r#"
+[[vip.backend]]
+address = "10.0.0.1"
+max_flows = 0
+"#) => [
+            r#"xlb.toml: vip "api": backend 10.0.0.1:80: max_flows 0 would raise its alarm for every flow; use at least 1, or leave it out for no alarm"#,
+        ];
+
         backend_listed_twice: api_vip(r#"
 [[vip.backend]]
 address = "10.0.0.12"

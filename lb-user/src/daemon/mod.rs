@@ -23,6 +23,7 @@
 //! - `model`, `persist`, `conntrack`: VIPs and backends and their map
 //!   writes, the state file, the conntrack walk.
 
+pub mod alarms;
 mod conntrack;
 mod control;
 mod drain;
@@ -90,6 +91,8 @@ pub struct Daemon {
     last_sample: Instant,
     /// When the last `alarm` event about local probe errors was recorded.
     last_alarm: Option<Instant>,
+    /// The conntrack table's fill alarms.
+    fill_alarms: alarms::FillAlarms,
     histograms: HashMap<u32, LatencyHistogram>,
     transitions: HashMap<u32, u64>,
     /// Backend id → (VIP index, backend index); rebuilt whenever `vips`
@@ -156,6 +159,7 @@ impl Daemon {
             be_rates: HashMap::new(),
             last_sample: Instant::now(),
             last_alarm: None,
+            fill_alarms: alarms::FillAlarms::default(),
             histograms: HashMap::new(),
             index,
             ct_entries: Arc::new(AtomicU64::new(0)),

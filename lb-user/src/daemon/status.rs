@@ -215,6 +215,7 @@ impl Daemon {
             latency_ms: member.latency.map(|d| d.as_secs_f64() * 1e3),
             probe_local_errors: snap.map_or(0, |s| s.local_errors),
             flows: self.flows_of(b),
+            max_flows: b.cfg.max_flows,
             drain_deadline_unix_ms: b
                 .drain_deadline
                 .filter(|_| b.admin_drained)

@@ -41,7 +41,7 @@ pub(super) fn views(status: &StatusReport, extra: &MetricsExtra) -> Vec<BackendV
     views.collect()
 }
 
-pub(super) const FAMILIES: [Family<BackendView>; 13] = [
+pub(super) const FAMILIES: [Family<BackendView>; 14] = [
     Family {
         name: "xlb_backend_up",
         kind: Kind::Gauge,
@@ -90,6 +90,13 @@ pub(super) const FAMILIES: [Family<BackendView>; 13] = [
         help: "Established flows of the backend: conntrack entries that carried a packet in the last 30 s \
                (UDP: within udp_timeout), from the periodic conntrack walk; absent before the first walk.",
         value: |b| b.status.flows.map_or(Value::Absent, Value::Int),
+    },
+    Family {
+        name: "xlb_backend_max_flows",
+        kind: Kind::Gauge,
+        help: "The backend's max_flows: above it, an alarm event says it may run out of connection \
+               slots; absent when not set.",
+        value: |b| b.status.max_flows.map_or(Value::Absent, Value::Int),
     },
     Family {
         name: "xlb_backend_probe_latency_seconds",

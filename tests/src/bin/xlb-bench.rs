@@ -369,6 +369,7 @@ fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
                 port: 80,
                 weight: 1,
                 health: spec.clone(),
+                max_flows: None,
             })
             .collect(),
     })

@@ -72,6 +72,9 @@ impl Drop for Env {
 /// The daemon's configuration: VIPs "api" (10.100.0.1, weight 1, table 251)
 /// and "web" (10.100.0.2, `web_weight`, `web_table`), each with all three
 /// backends, probed directly over HTTP every 200 ms.
+/// `max_flows` of VIP api's backends.
+pub(crate) const API_MAX_FLOWS: u64 = 3000;
+
 pub(crate) fn config_text(e: &Env, web_weight: u32, web_table: u32) -> String {
     let mut s = format!(
         r#"
@@ -106,6 +109,10 @@ fall = 2
         s += &format!(
             "\n[[vip]]\nname = \"{name}\"\naddress = \"{vip}\"\nport = 80\ntable_size = {table}\n"
         );
+        if name == "api" {
+            // For the capacity alarms scenario.
+            s += &format!("max_flows = {API_MAX_FLOWS}\n");
+        }
         for b in BACKENDS {
             s += &format!("[[vip.backend]]\naddress = \"{b}\"\nweight = {weight}\n");
         }

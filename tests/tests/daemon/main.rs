@@ -37,7 +37,7 @@ use serde_json::Value;
 use xlb_lab::backend::Fault;
 use xlb_tests::{harness::ktime_coarse_ns, lab::serial};
 
-use crate::env::{BACKENDS, Env, config_text, wait_for, xlb_bin};
+use crate::env::{API_MAX_FLOWS, BACKENDS, Env, config_text, wait_for, xlb_bin};
 
 /// Runs one named step of a scenario; if it panics, the test's failure
 /// message starts with the step's name.
@@ -472,6 +472,83 @@ fn drain_with_a_deadline() {
     step("enable clears the deadline and brings it back", || {
         enable_undoes_the_drain(&e, &mut dp, id, &flows);
     });
+}
+
+/// Established flows beyond 80 % of the conntrack (4096 entries) and beyond
+/// a backend's `max_flows` raise one `alarm` event each, and clearing them
+/// one more each; `xlb status` shows `max_flows`.
+#[test]
+fn capacity_alarms_fire_and_clear() {
+    let _serial = serial();
+    let e = up();
+    let mut dp = e.maps().unwrap();
+    let id = backend_id(&e, "api", DRAINED);
+    let b = e.backend("api", DRAINED).unwrap();
+    assert_eq!(b["max_flows"], API_MAX_FLOWS, "{b}");
+    let flows = step(
+        "3,400 established flows: conntrack 83% full, over max_flows",
+        || {
+            let flows = established_flows(&mut dp, id, 3400);
+            wait_for_event(
+                &e,
+                "conntrack 83% full (at least 80%): 3400 established flows",
+            );
+            wait_for_event(
+                &e,
+                "backend 10.0.0.13:80 holds 3400 established flows, more than its max_flows 3000",
+            );
+            flows
+        },
+    );
+    step("the flows end: both alarms clear", || {
+        for f in &flows {
+            dp.ct_remove(f).unwrap();
+        }
+        wait_for_event(&e, "conntrack back below 75% full");
+        wait_for_event(&e, "backend 10.0.0.13:80 back to 0 established flows");
+    });
+}
+
+/// `n` conntrack entries of backend `id` (VIP api), seen now.
+fn established_flows(dp: &mut Dataplane, id: u32, n: u16) -> Vec<FlowKey> {
+    let generation = dp.backend(id).unwrap().generation;
+    let flows: Vec<FlowKey> = (0..n)
+        .map(|i| {
+            FlowKey::new(
+                format!("192.0.2.{}:{}", 1 + i / 1000, 40_000 + i % 1000)
+                    .parse()
+                    .unwrap(),
+                "10.100.0.1:80".parse().unwrap(),
+                lb_common::PROTO_TCP,
+            )
+        })
+        .collect();
+    let entry = CtEntry {
+        backend_id: id,
+        generation,
+        vip_id: 0,
+        flags: 0,
+        last_seen_ns: ktime_coarse_ns(),
+    };
+    for f in &flows {
+        dp.ct_insert(f, &entry).unwrap();
+    }
+    flows
+}
+
+/// Waits for an `alarm` event containing `text` (the walk runs every 10 s).
+fn wait_for_event(e: &Env, text: &str) {
+    let found = wait_for(Duration::from_secs(25), text, || {
+        Ok(e.xlb(&["events"])?
+            .lines()
+            .any(|l| l.contains(" alarm") && l.contains(text)))
+    });
+    if let Err(err) = found {
+        panic!(
+            "{err:#}; events:\n{}",
+            e.xlb(&["events"]).unwrap_or_default()
+        );
+    }
 }
 
 /// The backend `drain_with_a_deadline` drains.

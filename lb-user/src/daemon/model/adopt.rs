@@ -164,6 +164,7 @@ fn adopt_backend(
         snapshot: None,
         since: Instant::now(),
         policy: MemberState::new(placement, Instant::now()),
+        flows_alarm: Default::default(),
     };
     dp.set_backend(b.id, &b.info())?;
     Ok(b)

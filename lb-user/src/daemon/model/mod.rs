@@ -64,6 +64,8 @@ pub struct Backend {
     /// What the VIP policy decided for it, and what it remembers (ramp,
     /// flap penalty).
     pub policy: MemberState,
+    /// Its `max_flows` alarm.
+    pub flows_alarm: crate::daemon::alarms::Level,
 }
 
 /// A placement's name in events and logs: `up` for serving (as before the
@@ -441,6 +443,7 @@ pub fn new_backend(
         snapshot: None,
         since: Instant::now(),
         policy: MemberState::new(Placement::Unknown, Instant::now()),
+        flows_alarm: Default::default(),
     };
     dp.set_backend(id, &b.info())?;
     dp.reset_backend_stats(id)?;
