@@ -43,6 +43,11 @@ pub struct ConntrackStatus {
     pub entries: u64,
     /// `daemon.conntrack_size`.
     pub capacity: u64,
+    /// Established flows among `entries` (a packet in the last 30 s, UDP:
+    /// within `udp_timeout`; closing ones not counted), from the same walk:
+    /// what the fill alarms watch. `null` before the first walk.
+    #[serde(default)]
+    pub established: Option<u64>,
 }
 
 /// One VIP in a [`StatusReport`].

@@ -165,6 +165,7 @@ pub(crate) mod tests {
             conntrack: ConntrackStatus {
                 entries: 1234,
                 capacity: 1_048_576,
+                established: Some(800),
             },
             counters: lb_common::Stat::ALL
                 .iter()
@@ -292,7 +293,7 @@ pub(crate) mod tests {
         assert_eq!(v["config_path"], json!("/etc/xlb/xlb.toml"));
         assert_eq!(
             v["conntrack"],
-            json!({"entries": 1234, "capacity": 1_048_576})
+            json!({"entries": 1234, "capacity": 1_048_576, "established": 800})
         );
         let counters = v["counters"].as_object().unwrap();
         assert_eq!(counters.len(), lb_common::Stat::ALL.len());

@@ -123,7 +123,7 @@ impl Daemon {
         let Some(walk) = self.flows.latest() else {
             return;
         };
-        let flows: u64 = walk.counts.per_backend.values().sum();
+        let flows = walk.counts.established();
         let capacity = u64::from(self.cfg.daemon.pinned.conntrack_size);
         for (edge, text) in self.fill_alarms.update(flows, capacity) {
             self.tell_alarm(edge, None, None, text);
@@ -144,6 +144,11 @@ impl Daemon {
                 self.tell_alarm(edge, Some(&vip), Some(addr), text);
             }
         }
+    }
+
+    /// Established flows in the conntrack table, from the latest walk.
+    pub(super) fn established_flows(&self) -> Option<u64> {
+        self.flows.latest().map(|w| w.counts.established())
     }
 
     /// Logs an alarm's edge and records it as an `alarm` event.

@@ -82,6 +82,11 @@ pub(super) struct FlowCounts {
 }
 
 impl FlowCounts {
+    /// Established flows of every backend.
+    pub(super) fn established(&self) -> u64 {
+        self.per_backend.values().sum()
+    }
+
     /// Established flows of backend `id` in generation `generation`.
     pub(super) fn flows(&self, id: u32, generation: u32) -> u64 {
         self.per_backend

@@ -115,6 +115,7 @@ impl Daemon {
             conntrack: ctl::ConntrackStatus {
                 entries: self.ct_entries.load(Ordering::Relaxed),
                 capacity: u64::from(self.cfg.daemon.pinned.conntrack_size),
+                established: self.established_flows(),
             },
             counters,
             vips,

@@ -12,7 +12,7 @@ impl Subject for StatusReport {
     }
 }
 
-pub(super) const FAMILIES: [Family<StatusReport>; 6] = [
+pub(super) const FAMILIES: [Family<StatusReport>; 7] = [
     Family {
         name: "xlb_info",
         kind: Kind::Gauge,
@@ -54,6 +54,13 @@ pub(super) const FAMILIES: [Family<StatusReport>; 6] = [
         kind: Kind::Gauge,
         help: "Capacity of the connection tracking table (daemon.conntrack_size).",
         value: |s| Value::Int(s.conntrack.capacity),
+    },
+    Family {
+        name: "xlb_conntrack_established_flows",
+        kind: Kind::Gauge,
+        help: "Established flows in the connection tracking table (a packet in the last 30 s, UDP: within \
+               udp_timeout): what the fill alarms at 80% and 95% of capacity watch; absent before the first walk.",
+        value: |s| s.conntrack.established.map_or(Value::Absent, Value::Int),
     },
 ];
 

@@ -476,7 +476,8 @@ fn drain_with_a_deadline() {
 
 /// Established flows beyond 80 % of the conntrack (4096 entries) and beyond
 /// a backend's `max_flows` raise one `alarm` event each, and clearing them
-/// one more each; `xlb status` shows `max_flows`.
+/// one more each; `xlb status` and the metrics show the established flows
+/// and `max_flows`.
 #[test]
 fn capacity_alarms_fire_and_clear() {
     let _serial = serial();
@@ -496,6 +497,13 @@ fn capacity_alarms_fire_and_clear() {
             wait_for_event(
                 &e,
                 "backend 10.0.0.13:80 holds 3400 established flows, more than its max_flows 3000",
+            );
+            let ct = &e.status().unwrap()["conntrack"];
+            assert_eq!(ct["established"], 3400, "{ct}");
+            let metrics = e.metrics().unwrap();
+            assert!(
+                metrics.contains("\nxlb_conntrack_established_flows 3400\n"),
+                "{metrics}"
             );
             flows
         },
