@@ -577,26 +577,7 @@ fn backend_id(e: &Env, vip: &str, addr: &str) -> u32 {
 }
 
 fn three_flows_counted(e: &Env, dp: &mut Dataplane, id: u32) -> Vec<FlowKey> {
-    let generation = dp.backend(id).unwrap().generation;
-    let flows: Vec<FlowKey> = (0..3)
-        .map(|i| {
-            FlowKey::new(
-                format!("192.0.2.77:{}", 41_000 + i).parse().unwrap(),
-                "10.100.0.1:80".parse().unwrap(),
-                lb_common::PROTO_TCP,
-            )
-        })
-        .collect();
-    for f in &flows {
-        let entry = CtEntry {
-            backend_id: id,
-            generation,
-            vip_id: 0,
-            flags: 0,
-            last_seen_ns: ktime_coarse_ns(),
-        };
-        dp.ct_insert(f, &entry).unwrap();
-    }
+    let flows = established_flows(dp, id, 3);
     // The walk runs every 10 s when nothing drains.
     wait_for(Duration::from_secs(15), "3 flows counted", || {
         Ok(e.backend("api", DRAINED)?["flows"] == 3)
