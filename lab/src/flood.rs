@@ -7,6 +7,7 @@
 //! a flood always ends. The sources are the caller's prefix only (inside the
 //! lab, e.g. 10.99.128.0/17); the lab's namespaces are isolated anyway.
 
+use rand::{RngCore, SeedableRng, rngs::StdRng};
 use std::{
     io::{self, ErrorKind},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
@@ -100,28 +101,9 @@ pub struct FloodReport {
     pub timed_out: bool,
 }
 
-/// A small, fast, seeded generator (SplitMix64): enough to spread sources,
-/// no cryptographic claim.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 /// A random source inside `net/prefix`: random host bits, and a random
 /// port in 1024..=65535.
-pub fn random_source(rng: &mut SplitMix64, net: Ipv4Addr, prefix: u8) -> SocketAddrV4 {
+pub fn random_source(rng: &mut impl RngCore, net: Ipv4Addr, prefix: u8) -> SocketAddrV4 {
     let r = rng.next_u64();
     let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
     let host = (r as u32) & !mask;
@@ -194,7 +176,7 @@ pub fn flood_here(opts: &FloodOptions) -> io::Result<FloodReport> {
     let sock = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::from(255)))?;
     sock.set_header_included_v4(true)?;
     let to = SockAddr::from(SocketAddr::V4(opts.dst));
-    let mut rng = SplitMix64::new(opts.seed);
+    let mut rng = StdRng::seed_from_u64(opts.seed);
     let start = Instant::now();
     let mut report = FloodReport {
         sent: 0,
@@ -270,7 +252,7 @@ mod tests {
 
     #[test]
     fn checksums_verify() {
-        let mut rng = SplitMix64::new(7);
+        let mut rng = StdRng::seed_from_u64(7);
         for flags in [
             TCP_ACK,
             TCP_SYN,
@@ -304,7 +286,7 @@ mod tests {
 
     #[test]
     fn sources_stay_inside_the_prefix() {
-        let mut rng = SplitMix64::new(1);
+        let mut rng = StdRng::seed_from_u64(1);
         let net = Ipv4Addr::new(10, 99, 128, 0);
         let mut distinct = std::collections::HashSet::new();
         for _ in 0..10_000 {
