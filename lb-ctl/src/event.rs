@@ -26,13 +26,21 @@ pub enum EventKind {
     /// At least half of a VIP's backends became slow (`to` = `slow`), or
     /// recovered (`to` = `normal`).
     FleetSlow,
-    /// A probe failed for the load balancer's own reason.
+    /// A probe failed for the load balancer's own reason, or a capacity
+    /// alarm (conntrack fill, a backend over `max_flows`, the conntrack
+    /// insert cap) was raised or cleared.
     Alarm,
+    /// A deny or allow entry was added, removed or expired (`xlb block`,
+    /// `unblock`, a TTL, `auto_block`); `to` is `blocked` or `unblocked`.
+    Block,
+    /// A source went above (`to` = `heavy`) or back below (`to` = `normal`)
+    /// its VIP's `source_alert`.
+    Source,
 }
 
 impl EventKind {
     /// Every kind, in the order of the declaration.
-    pub const ALL: [EventKind; 9] = [
+    pub const ALL: [EventKind; 11] = [
         EventKind::Transition,
         EventKind::Table,
         EventKind::Admin,
@@ -42,6 +50,8 @@ impl EventKind {
         EventKind::Panic,
         EventKind::FleetSlow,
         EventKind::Alarm,
+        EventKind::Block,
+        EventKind::Source,
     ];
 
     /// The kind as spelled in JSON, e.g. `"fleet_slow"`.
@@ -56,6 +66,8 @@ impl EventKind {
             EventKind::Panic => "panic",
             EventKind::FleetSlow => "fleet_slow",
             EventKind::Alarm => "alarm",
+            EventKind::Block => "block",
+            EventKind::Source => "source",
         }
     }
 }
@@ -124,7 +136,9 @@ mod tests {
                 "drain",
                 "panic",
                 "fleet_slow",
-                "alarm"
+                "alarm",
+                "block",
+                "source"
             ]
         );
         for kind in EventKind::ALL {

@@ -26,6 +26,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 mod event;
 mod explain;
+mod guard;
 mod request;
 mod response;
 mod status;
@@ -33,6 +34,9 @@ mod wire;
 
 pub use event::{Event, EventKind};
 pub use explain::{ExplainReport, VIA, flow_hash_hex};
+pub use guard::{
+    BlockEntry, EntryOrigin, GuardAction, ListKind, SourceRow, SourceVerdict, VipSources,
+};
 pub use request::{Protocol, Request};
 pub use response::Response;
 pub use status::{

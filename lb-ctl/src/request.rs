@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::wire::to_line;
+use crate::{GuardAction, ListKind};
 
 /// Transport protocol of the flow an `explain` asks about, spelled as in the
 /// configuration's `vip.protocol`.
@@ -93,6 +94,43 @@ pub enum Request {
     },
     /// Re-read the configuration file and apply the difference.
     Reload,
+    /// Add a runtime entry to a deny (`xlb block`) or allow (`xlb allow`)
+    /// list: pinned, kept across restarts, removed at its TTL.
+    Block {
+        list: ListKind,
+        /// `"192.0.2.7"`, `"192.0.2.0/24"`, `"2001:db8:1:2::/64"` (a bare
+        /// address is its /32 or /128).
+        prefix: String,
+        /// VIP name; absent = the global list (every VIP).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vip: Option<String>,
+        /// Milliseconds until the entry is removed; absent = until `unblock`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ttl_ms: Option<u64>,
+        /// Why, shown by `xlb blocks` and in the event.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// Deny entries: drop (default) or reset.
+        #[serde(default)]
+        action: GuardAction,
+    },
+    /// Remove a runtime entry (`xlb unblock`, `xlb unblock --allow`).
+    Unblock {
+        list: ListKind,
+        prefix: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vip: Option<String>,
+    },
+    /// Every deny and allow entry, with its hits:
+    /// [`Response::Blocks`](crate::Response::Blocks).
+    Blocks,
+    /// The heaviest sources per VIP:
+    /// [`Response::Sources`](crate::Response::Sources).
+    Sources {
+        /// Only this VIP; absent = every VIP.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vip: Option<String>,
+    },
 }
 
 impl Request {
@@ -100,8 +138,16 @@ impl Request {
     /// asked, and refused by read-only front ends).
     pub fn is_mutating(&self) -> bool {
         match self {
-            Request::Status | Request::Events { .. } | Request::Explain { .. } => false,
-            Request::Drain { .. } | Request::Enable { .. } | Request::Reload => true,
+            Request::Status
+            | Request::Events { .. }
+            | Request::Explain { .. }
+            | Request::Blocks
+            | Request::Sources { .. } => false,
+            Request::Drain { .. }
+            | Request::Enable { .. }
+            | Request::Reload
+            | Request::Block { .. }
+            | Request::Unblock { .. } => true,
         }
     }
 
@@ -143,6 +189,40 @@ impl fmt::Display for Request {
             } => write!(f, "drain {vip} {backend} (deadline in {ms} ms)"),
             Request::Enable { vip, backend } => write!(f, "enable {vip} {backend}"),
             Request::Reload => f.write_str("reload"),
+            Request::Block {
+                list,
+                prefix,
+                vip,
+                ttl_ms,
+                action,
+                ..
+            } => {
+                let verb = match list {
+                    ListKind::Deny => "block",
+                    ListKind::Allow => "allow",
+                };
+                write!(f, "{verb} {prefix}")?;
+                if let Some(v) = vip {
+                    write!(f, " on {v}")?;
+                }
+                if *list == ListKind::Deny {
+                    write!(f, " ({})", action.as_str())?;
+                }
+                if let Some(ms) = ttl_ms {
+                    write!(f, " for {ms} ms")?;
+                }
+                Ok(())
+            }
+            Request::Unblock { list, prefix, vip } => {
+                write!(f, "unblock {} {prefix}", list.as_str())?;
+                if let Some(v) = vip {
+                    write!(f, " on {v}")?;
+                }
+                Ok(())
+            }
+            Request::Blocks => f.write_str("blocks"),
+            Request::Sources { vip: None } => f.write_str("sources"),
+            Request::Sources { vip: Some(v) } => write!(f, "sources of {v}"),
         }
     }
 }
@@ -208,6 +288,39 @@ mod tests {
                 Request::Reload,
                 r#"{"version":1,"command":"reload"}"#,
             ),
+            (
+                "block",
+                Request::Block {
+                    list: ListKind::Deny,
+                    prefix: "2001:db8:1:2::/64".to_owned(),
+                    vip: Some("api".to_owned()),
+                    ttl_ms: Some(3_600_000),
+                    reason: Some("seed 001".to_owned()),
+                    action: GuardAction::Reset,
+                },
+                r#"{"version":1,"command":"block","list":"deny","prefix":"2001:db8:1:2::/64","vip":"api","ttl_ms":3600000,"reason":"seed 001","action":"reset"}"#,
+            ),
+            (
+                "unblock",
+                Request::Unblock {
+                    list: ListKind::Allow,
+                    prefix: "192.0.2.0/24".to_owned(),
+                    vip: None,
+                },
+                r#"{"version":1,"command":"unblock","list":"allow","prefix":"192.0.2.0/24"}"#,
+            ),
+            (
+                "blocks",
+                Request::Blocks,
+                r#"{"version":1,"command":"blocks"}"#,
+            ),
+            (
+                "sources",
+                Request::Sources {
+                    vip: Some("api".to_owned()),
+                },
+                r#"{"version":1,"command":"sources","vip":"api"}"#,
+            ),
         ];
         for (name, req, wire) in cases {
             let line = req.to_line();
@@ -239,6 +352,21 @@ mod tests {
                 backend: "b".to_owned(),
             },
             Request::Reload,
+            Request::Block {
+                list: ListKind::Deny,
+                prefix: "192.0.2.7".to_owned(),
+                vip: None,
+                ttl_ms: None,
+                reason: None,
+                action: GuardAction::Drop,
+            },
+            Request::Unblock {
+                list: ListKind::Deny,
+                prefix: "192.0.2.7".to_owned(),
+                vip: None,
+            },
+            Request::Blocks,
+            Request::Sources { vip: None },
         ];
         let names: Vec<String> = reqs
             .iter()
@@ -251,7 +379,12 @@ mod tests {
             .collect();
         assert_eq!(names, COMMANDS);
         let mutating: Vec<bool> = reqs.iter().map(Request::is_mutating).collect();
-        assert_eq!(mutating, [false, false, false, true, true, true]);
+        assert_eq!(
+            mutating,
+            [
+                false, false, false, true, true, true, true, true, false, false
+            ]
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::wire::to_line;
-use crate::{Event, ExplainReport, StatusReport};
+use crate::{BlockEntry, Event, ExplainReport, StatusReport, VipSources};
 
 /// What the daemon answers. On the wire the variant is the `response` field
 /// and its content is `data`:
@@ -19,6 +19,10 @@ pub enum Response {
     Event(Event),
     /// Answer to `explain`.
     Explain(ExplainReport),
+    /// Answer to `blocks`: every list entry, global first, then by VIP.
+    Blocks(Vec<BlockEntry>),
+    /// Answer to `sources`: per VIP, its heaviest sources.
+    Sources(Vec<VipSources>),
     /// A change was made (`drain`, `enable`, `reload`).
     Ok {
         /// What was done, for the operator.

@@ -15,7 +15,10 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const SUPPORTED_VERSIONS: &[u32] = &[PROTOCOL_VERSION];
 
 /// The `command` of every [`Request`], as spelled on the wire.
-pub const COMMANDS: &[&str] = &["status", "events", "explain", "drain", "enable", "reload"];
+pub const COMMANDS: &[&str] = &[
+    "status", "events", "explain", "drain", "enable", "reload", "block", "unblock", "blocks",
+    "sources",
+];
 
 /// An example request, quoted in error messages about malformed ones.
 const EXAMPLE_REQUEST: &str = r#"{"version":1,"command":"status"}"#;

@@ -37,13 +37,14 @@ mod stats;
 use aya_ebpf::{
     bindings::xdp_action,
     macros::{classifier, map, xdp},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     programs::{TcContext, XdpContext},
 };
 use lb_common::{
-    BackendInfo, CtEntry, DECAP_STATS_LEN, DEFAULT_CT_SIZE, DEFAULT_TABLE_SIZE, DecapAddrKey,
-    FlowKey, Globals, HC_STATS_LEN, HcReal, MAX_BACKENDS, MAX_VIPS, NextHop, STATS_LEN,
-    TrafficStats, VipAddrKey, VipInfo, VipKey,
+    BackendInfo, CtEntry, CtRate, DECAP_STATS_LEN, DEFAULT_CT_SIZE, DEFAULT_TABLE_SIZE,
+    DecapAddrKey, FlowKey, Globals, HC_STATS_LEN, HcReal, ListEntry, ListV4, ListV6,
+    MAX_BACKENDS, MAX_LIST_RULES, MAX_SOURCES, MAX_VIPS, NextHop, STATS_LEN, SourceKey,
+    SourceState, TrafficStats, VipAddrKey, VipGuard, VipInfo, VipKey,
 };
 
 /// VIP services: (address, port, protocol) → VIP id.
@@ -110,6 +111,35 @@ static XLB_HC_REALS: HashMap<u32, HcReal> = HashMap::with_max_entries(MAX_BACKEN
 /// `xlb_hc` counters, indexed by `lb_common::HcStat`.
 #[map(name = "XLB_HC_STATS")]
 static XLB_HC_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(HC_STATS_LEN, 0);
+
+/// Per VIP id: what its new flows are judged by (lists, rate limit,
+/// source tracking, conntrack insert cap).
+#[map(name = "XLB_GUARD")]
+static XLB_GUARD: Array<VipGuard> = Array::with_max_entries(MAX_VIPS, 0);
+
+/// Deny and allow lists: (scope, source prefix) → rule. The scope is a VIP
+/// id or `SCOPE_GLOBAL`; see `lb_common::ListV4`.
+#[map(name = "XLB_DENY_V4")]
+static XLB_DENY_V4: LpmTrie<ListV4, ListEntry> = LpmTrie::with_max_entries(MAX_LIST_RULES, 0);
+#[map(name = "XLB_DENY_V6")]
+static XLB_DENY_V6: LpmTrie<ListV6, ListEntry> = LpmTrie::with_max_entries(MAX_LIST_RULES, 0);
+#[map(name = "XLB_ALLOW_V4")]
+static XLB_ALLOW_V4: LpmTrie<ListV4, ListEntry> = LpmTrie::with_max_entries(MAX_LIST_RULES, 0);
+#[map(name = "XLB_ALLOW_V6")]
+static XLB_ALLOW_V6: LpmTrie<ListV6, ListEntry> = LpmTrie::with_max_entries(MAX_LIST_RULES, 0);
+
+/// Packets each list entry matched, indexed by `ListEntry::rule`.
+#[map(name = "XLB_LIST_HITS")]
+static XLB_LIST_HITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_LIST_RULES, 0);
+
+/// Per (VIP, source prefix): token bucket and counters (`xlb sources`).
+#[map(name = "XLB_SOURCES")]
+static XLB_SOURCES: LruHashMap<SourceKey, SourceState> =
+    LruHashMap::with_max_entries(MAX_SOURCES, 0);
+
+/// This CPU's conntrack inserts in the current second (the insert cap).
+#[map(name = "XLB_CT_RATE")]
+static XLB_CT_RATE: PerCpuArray<CtRate> = PerCpuArray::with_max_entries(1, 0);
 
 #[xdp]
 pub(crate) fn xlb_lb(ctx: XdpContext) -> u32 {

@@ -130,6 +130,9 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
         Response::Events(events) => cli::render_events(&events, color()),
         Response::Explain(r) if json => pretty(&r)?,
         Response::Explain(r) => cli::render_explain(&r, color()),
+        // TEMPORARY (guard-base): the guard helpers render these.
+        Response::Blocks(b) => pretty(&b)?,
+        Response::Sources(s) => pretty(&s)?,
         Response::Event(e) => bail!(
             "the daemon answered with a single event (seq {}) instead of a list",
             e.seq

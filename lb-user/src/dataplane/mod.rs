@@ -2,6 +2,10 @@
 //! userspace that knows map names and layouts (shared with the kernel through
 //! `lb-common`).
 
+mod guard;
+
+pub use guard::{ListKey, source_key};
+
 use std::{
     collections::HashMap as StdHashMap,
     path::{Path, PathBuf},
@@ -9,12 +13,13 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray},
     programs::{Program, ProgramError},
 };
 use lb_common::{
-    BackendInfo, CtEntry, DECAP_STATS_LEN, DecapAddrKey, DecapStat, FlowKey, Globals, HcReal,
-    HcStat, LAYOUT_VERSION, MAX_VIPS, Stat, TrafficStats, VipAddrKey, VipInfo, VipKey,
+    BackendInfo, CtEntry, CtRate, DECAP_STATS_LEN, DecapAddrKey, DecapStat, FlowKey, Globals,
+    HcReal, HcStat, LAYOUT_VERSION, ListEntry, ListV4, ListV6, MAX_VIPS, SourceKey, SourceState,
+    Stat, TrafficStats, VipAddrKey, VipGuard, VipInfo, VipKey,
 };
 
 /// The compiled XDP object (all programs), embedded at build time.
@@ -104,6 +109,14 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_DECAP_STATS,
     lb_common::MAP_HC_REALS,
     lb_common::MAP_HC_STATS,
+    lb_common::MAP_GUARD,
+    lb_common::MAP_DENY_V4,
+    lb_common::MAP_DENY_V6,
+    lb_common::MAP_ALLOW_V4,
+    lb_common::MAP_ALLOW_V6,
+    lb_common::MAP_LIST_HITS,
+    lb_common::MAP_SOURCES,
+    lb_common::MAP_CT_RATE,
 ];
 
 /// The loaded object and typed handles to its maps.
@@ -124,6 +137,14 @@ pub struct Dataplane {
     decap_stats: PerCpuArray<MapData, u64>,
     hc_reals: HashMap<MapData, u32, HcReal>,
     hc_stats: PerCpuArray<MapData, u64>,
+    guard: Array<MapData, VipGuard>,
+    deny_v4: LpmTrie<MapData, ListV4, ListEntry>,
+    deny_v6: LpmTrie<MapData, ListV6, ListEntry>,
+    allow_v4: LpmTrie<MapData, ListV4, ListEntry>,
+    allow_v6: LpmTrie<MapData, ListV6, ListEntry>,
+    list_hits: PerCpuArray<MapData, u64>,
+    sources: HashMap<MapData, SourceKey, SourceState>,
+    ct_rate: PerCpuArray<MapData, CtRate>,
     ring_stride: u32,
 }
 
@@ -238,6 +259,14 @@ impl Dataplane {
             decap_stats: typed!(lb_common::MAP_DECAP_STATS),
             hc_reals: typed!(lb_common::MAP_HC_REALS),
             hc_stats: typed!(lb_common::MAP_HC_STATS),
+            guard: typed!(lb_common::MAP_GUARD),
+            deny_v4: typed!(lb_common::MAP_DENY_V4),
+            deny_v6: typed!(lb_common::MAP_DENY_V6),
+            allow_v4: typed!(lb_common::MAP_ALLOW_V4),
+            allow_v6: typed!(lb_common::MAP_ALLOW_V6),
+            list_hits: typed!(lb_common::MAP_LIST_HITS),
+            sources: typed!(lb_common::MAP_SOURCES),
+            ct_rate: typed!(lb_common::MAP_CT_RATE),
             ebpf,
             ring_stride,
         })
