@@ -5,10 +5,17 @@
 
 use lb_common::{
     BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, CT_FLAG_CLOSING, CT_TOUCH_INTERVAL_NS,
-    CtEntry, DOWN_POLICY_KEEP, Globals, PROTO_UDP, Stat, VipInfo,
+    CtEntry, DOWN_POLICY_KEEP, Globals, PROTO_UDP, SOURCE_SAMPLE, Stat, VipInfo,
 };
 
-use crate::{XLB_BACKENDS, XLB_CT, XLB_VIP_INFO, parse::Packet, stats::count};
+use crate::{
+    XLB_BACKENDS, XLB_CT, XLB_CT_RATE, XLB_VIP_INFO,
+    parse::Packet,
+    stats::{count, count_sampled},
+};
+
+/// Length of a conntrack insert window: the cap is per CPU and second.
+const INSERT_WINDOW_NS: u64 = 1_000_000_000;
 
 /// Where a flow is sent, and what forwarding it needs to know.
 // Only the two fields of the VIP that forwarding reads, not the whole
@@ -88,7 +95,9 @@ fn use_entry(pkt: &Packet, e: &mut CtEntry, g: &Globals, now: u64) -> Option<Tar
         count(Stat::CtStale);
         return None;
     }
-    count(Stat::CtHit);
+    if count_sampled(Stat::CtHit, SOURCE_SAMPLE) {
+        crate::guard::sample(pkt, e.vip_id);
+    }
     if now.wrapping_sub(e.last_seen_ns) > CT_TOUCH_INTERVAL_NS {
         e.last_seen_ns = now;
     }
@@ -101,9 +110,15 @@ fn use_entry(pkt: &Packet, e: &mut CtEntry, g: &Globals, now: u64) -> Option<Tar
 }
 
 /// Records the flow's new target, for VIP `vip_id` (counted: inserted or
-/// failed).
+/// failed), unless this CPU already made `cap` inserts in the current
+/// second (0 = no cap): the flow is then forwarded by the table, untracked
+/// (counted), as Katran's `MAX_CONN_RATE` does.
 #[inline(always)]
-pub(crate) fn record(pkt: &Packet, vip_id: u32, t: &Target, now: u64) {
+pub(crate) fn record(pkt: &Packet, vip_id: u32, t: &Target, now: u64, cap: u64) {
+    if cap != 0 && !under_cap(cap, now) {
+        count(Stat::CtInsertCapped);
+        return;
+    }
     let entry = CtEntry {
         backend_id: t.id,
         generation: t.be.generation,
@@ -117,4 +132,24 @@ pub(crate) fn record(pkt: &Packet, vip_id: u32, t: &Target, now: u64) {
         Ok(()) => count(Stat::CtInsert),
         Err(_) => count(Stat::CtInsertFail),
     }
+}
+
+/// Whether this CPU may make one more conntrack insert in the current
+/// window of [`INSERT_WINDOW_NS`]; counts it if so.
+#[inline(always)]
+fn under_cap(cap: u64, now: u64) -> bool {
+    let Some(r) = XLB_CT_RATE.get_ptr_mut(0) else {
+        return true;
+    };
+    // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+    let r = unsafe { &mut *r };
+    if now.wrapping_sub(r.window_start_ns) >= INSERT_WINDOW_NS {
+        r.window_start_ns = now;
+        r.inserts = 0;
+    }
+    if r.inserts >= cap {
+        return false;
+    }
+    r.inserts += 1;
+    true
 }

@@ -24,14 +24,19 @@
 //!   protocol: passed as not ours.
 //! - conntrack: a TCP SYN or a UDP packet that misses inserts an entry; a TCP
 //!   packet without SYN that misses follows the table and inserts nothing.
+//! - guard: what is not a conntrack hit is judged by the VIP's deny/allow
+//!   lists and its per-source rate before it may take a backend
+//!   (`guard.rs`): refused packets are dropped, or a SYN is answered with a
+//!   RST. Conntrack hits are never judged.
 
 use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
 use lb_common::{PROTO_UDP, Stat};
 
 use crate::{
-    XLB_GLOBALS,
+    XLB_GLOBALS, XLB_GUARD,
     conntrack::{self, Lookup, Target},
     forward::forward,
+    guard,
     packet::{ETH_P_IP, ETH_P_IPV6},
     parse::{self, L2Error, Packet},
     select,
@@ -79,6 +84,12 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     if missed {
         count(Stat::CtMiss);
     }
+    let Some(guard) = XLB_GUARD.get(vip_id) else {
+        return aborted();
+    };
+    if let Some(refused) = guard::judge(ctx, &pkt, vip_id, guard, now) {
+        return refused;
+    }
     let Some((id, be)) = select::pick(&pkt.flow, &vip, g) else {
         return drop_with(Stat::DropNoBackend);
     };
@@ -89,7 +100,7 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     // evicted) follows the table without inserting, so a flood of them cannot
     // wash real flows out of the LRU.
     if !missed || pkt.flow.proto == PROTO_UDP {
-        conntrack::record(&pkt, vip_id, &t, now);
+        conntrack::record(&pkt, vip_id, &t, now, guard.ct_insert_cap);
     }
     forward(ctx, &pkt, &t, g, now, true)
 }

@@ -13,6 +13,9 @@
 //!   that has an XDP program, so the lab attaches this one there.
 #![no_std]
 #![no_main]
+// `core::intrinsics::atomic_xadd`: shared counters of `guard.rs`.
+#![allow(internal_features, reason = "atomic_xadd is the one atomic add the BPF target offers")]
+#![feature(core_intrinsics)]
 #![expect(
     clippy::needless_borrows_for_generic_args,
     reason = "map keys passed by value are copied onto the 512-byte BPF stack; by reference they are not"
@@ -27,10 +30,12 @@ mod conntrack;
 mod decap;
 mod encap;
 mod forward;
+mod guard;
 mod hc;
 mod lb;
 mod packet;
 mod parse;
+mod reset;
 mod select;
 mod stats;
 
@@ -42,9 +47,9 @@ use aya_ebpf::{
 };
 use lb_common::{
     BackendInfo, CtEntry, CtRate, DECAP_STATS_LEN, DEFAULT_CT_SIZE, DEFAULT_TABLE_SIZE,
-    DecapAddrKey, FlowKey, Globals, HC_STATS_LEN, HcReal, ListEntry, ListV4, ListV6,
-    MAX_BACKENDS, MAX_LIST_RULES, MAX_SOURCES, MAX_VIPS, NextHop, STATS_LEN, SourceKey,
-    SourceState, TrafficStats, VipAddrKey, VipGuard, VipInfo, VipKey,
+    DecapAddrKey, FlowKey, Globals, HC_STATS_LEN, HcReal, ListEntry, ListV4, ListV6, MAX_BACKENDS,
+    MAX_LIST_RULES, MAX_SOURCES, MAX_VIPS, NextHop, STATS_LEN, SourceKey, SourceState,
+    TrafficStats, VipAddrKey, VipGuard, VipInfo, VipKey,
 };
 
 /// VIP services: (address, port, protocol) → VIP id.

@@ -23,6 +23,20 @@ pub(crate) fn count(stat: Stat) {
     bump(&XLB_STATS, stat as u32);
 }
 
+/// Counts `stat` and says whether this was one of every `every` counts on
+/// this CPU (`every` a power of two): a sample that costs one branch.
+#[inline(always)]
+pub(crate) fn count_sampled(stat: Stat, every: u64) -> bool {
+    match XLB_STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        Some(p) => unsafe {
+            *p += 1;
+            *p & (every - 1) == 0
+        },
+        None => false,
+    }
+}
+
 /// `XDP_PASS`, counted as `stat`.
 #[inline(always)]
 pub(crate) fn pass(stat: Stat) -> u32 {
