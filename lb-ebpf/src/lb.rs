@@ -87,8 +87,9 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     let Some(guard) = XLB_GUARD.get(vip_id) else {
         return aborted();
     };
-    if let Some(refused) = guard::judge(ctx, &pkt, vip_id, guard, now) {
-        return refused;
+    let judged = guard::judge(ctx, &pkt, vip_id, guard, now);
+    if judged != guard::ADMITTED {
+        return judged;
     }
     let Some((id, be)) = select::pick(&pkt.flow, &vip, g) else {
         return drop_with(Stat::DropNoBackend);

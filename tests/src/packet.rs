@@ -206,3 +206,56 @@ pub fn encap(outer_src: IpAddr, backend: IpAddr, inner: &[u8]) -> Vec<u8> {
         _ => panic!("mixed address families"),
     }
 }
+
+/// What the LB answers a refused SYN of `flow` with (the SYN sent by
+/// [`Flow::frame`] from `client_mac` to `lb_mac` with `syn_payload`): a RST
+/// back to the client, addresses, ports and MACs swapped, no options, no
+/// payload. `<SEQ=0><ACK=SYN.SEQ+1+payload><CTL=RST,ACK>`, window 0. IPv4:
+/// tos 0, id 0, DF, TTL 64; IPv6: flow label 0, hop limit 64. Checksums
+/// computed here, independently of the data plane.
+pub fn rst_reply(
+    flow: &Flow,
+    lb_mac: Mac,
+    client_mac: Mac,
+    vlan: Option<u16>,
+    syn_payload: &[u8],
+) -> Vec<u8> {
+    // The SYN's sequence number as `tcp` writes it.
+    const SYN_SEQ: u32 = 1000;
+    let ack = SYN_SEQ + 1 + syn_payload.len() as u32;
+    let mut seg = Vec::with_capacity(20);
+    seg.extend_from_slice(&flow.dport.to_be_bytes());
+    seg.extend_from_slice(&flow.sport.to_be_bytes());
+    seg.extend_from_slice(&0u32.to_be_bytes());
+    seg.extend_from_slice(&ack.to_be_bytes());
+    seg.extend_from_slice(&[5 << 4, RST | ACK, 0, 0, 0, 0, 0, 0]);
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&addr_bytes(flow.dst));
+    pseudo.extend_from_slice(&addr_bytes(flow.src));
+    pseudo.extend_from_slice(&[0, PROTO_TCP, 0, seg.len() as u8]);
+    pseudo.extend_from_slice(&seg);
+    let c = csum(&pseudo);
+    seg[16..18].copy_from_slice(&c.to_be_bytes());
+    let l3 = match (flow.dst, flow.src) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut h = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, PROTO_TCP, 0, 0];
+            h.extend_from_slice(&s.octets());
+            h.extend_from_slice(&d.octets());
+            let c = csum(&h);
+            h[10..12].copy_from_slice(&c.to_be_bytes());
+            h.extend_from_slice(&seg);
+            h
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => ipv6(s, d, PROTO_TCP, [0x60, 0, 0, 0], 64, &seg),
+        _ => panic!("mixed address families"),
+    };
+    eth(client_mac, lb_mac, vlan, ethertype(flow.dst), &l3)
+}
+
+/// The address as it appears on the wire (4 or 16 bytes).
+fn addr_bytes(a: IpAddr) -> Vec<u8> {
+    match a {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
