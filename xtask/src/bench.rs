@@ -30,6 +30,13 @@ const BENCHES: &[Bench] = &[
         bin: "xlb-bench",
         runs: &[],
     },
+    // Abuse control: per-packet cost of lists, limits and tracking with
+    // 100k prefixes loaded; flood drop rate against forwarding (live frames).
+    Bench {
+        package: "xlb-tests",
+        bin: "xlb-guard-bench",
+        runs: &[],
+    },
     // Health checking: when a hung backend leaves the table (VIP policy)
     // and goes hard down, probe CPU cost.
     Bench {

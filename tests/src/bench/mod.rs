@@ -4,6 +4,7 @@
 
 #![allow(clippy::print_stdout, reason = "the benchmarks' reports go to stdout")]
 
+pub mod dataplane;
 pub mod health;
 
 /// Prints the command line this process was started with and the `cargo

@@ -21,26 +21,23 @@
 
 use std::time::Duration;
 
-use lb_common::{CtEntry, DOWN_POLICY_REHASH, MODE_DSR_IPIP, MODE_DSR_L2, PROTO_TCP};
 use lb_user::{
     config::{BackendConfig, DownPolicy, Mode, Protocol, VipConfig},
     daemon::model::{Ids, adopt_or_create_vip, install_vip, rebuild},
-    dataplane::LoadOptions,
     health::{
         machine::HealthState,
         spec::{CheckKind, CheckSpec},
     },
 };
 use xlb_tests::{
-    harness::{LB_MAC, PEER_MAC, World, in_world},
-    packet::{ACK, Flow, SYN},
+    bench::dataplane::{
+        Flows, REPEAT, SINGLES, XDP_PASS, XDP_TX, frame, in_world_with_ct, repeat_once, single_once,
+    },
+    harness::World,
+    packet::{ACK, SYN},
 };
 
-const XDP_PASS: u32 = 2;
-const XDP_TX: u32 = 3;
 const ROUNDS: usize = 5;
-const REPEAT: u32 = 200_000;
-const SINGLES: u32 = 20_000;
 
 struct Row {
     name: &'static str,
@@ -59,11 +56,7 @@ fn best_of(mut f: impl FnMut() -> anyhow::Result<f64>) -> anyhow::Result<f64> {
 }
 
 fn repeat_ns(w: &mut World, prog: &'static str, frame: &[u8], want: u32) -> anyhow::Result<f64> {
-    best_of(|| {
-        let (verdict, _, d) = w.run_repeat(prog, frame, REPEAT)?;
-        anyhow::ensure!(verdict == want, "{prog}: verdict {verdict}, want {want}");
-        Ok(d.as_nanos() as f64)
-    })
+    best_of(|| repeat_once(w, prog, frame, want))
 }
 
 fn single_ns(
@@ -73,16 +66,7 @@ fn single_ns(
     want: u32,
     before: &mut dyn FnMut(&mut World) -> anyhow::Result<()>,
 ) -> anyhow::Result<f64> {
-    best_of(|| {
-        let mut total = Duration::ZERO;
-        for _ in 0..SINGLES {
-            before(w)?;
-            let (verdict, _, d) = w.run_repeat(prog, frame, 1)?;
-            anyhow::ensure!(verdict == want, "{prog}: verdict {verdict}, want {want}");
-            total += d;
-        }
-        Ok(total.as_nanos() as f64 / f64::from(SINGLES))
-    })
+    best_of(|| single_once(w, prog, frame, want, before))
 }
 
 impl Row {
@@ -113,21 +97,6 @@ fn judged(targets: &[(String, bool)]) -> String {
     )
 }
 
-/// Runs `f` in a test world of the default table size, without pinning,
-/// with a conntrack table of `ct_size` entries.
-fn in_world_with_ct<R: Send>(
-    ct_size: u32,
-    name: &str,
-    f: impl FnOnce(&mut World) -> anyhow::Result<R> + Send,
-) -> anyhow::Result<R> {
-    let opts = LoadOptions {
-        ct_size,
-        ring_stride: lb_common::DEFAULT_TABLE_SIZE,
-        pin_dir: None,
-    };
-    in_world(name, opts, f)
-}
-
 fn main() -> anyhow::Result<()> {
     let rows = in_world_with_ct(65_536, "bench", |w| {
         let flows = Flows::install(w)?;
@@ -138,65 +107,6 @@ fn main() -> anyhow::Result<()> {
     print_rows(&rows);
     println!();
     table_swap()
-}
-
-/// The benchmark's flows: one to each VIP, established in conntrack, and
-/// one to an address that is no VIP.
-struct Flows {
-    l2: Flow,
-    ipip: Flow,
-    other: Flow,
-}
-
-impl Flows {
-    /// Sets up the two VIPs (dsr-ipip and dsr-l2, two backends) and the
-    /// conntrack entries of their flows.
-    fn install(w: &mut World) -> anyhow::Result<Self> {
-        w.set_globals([0x1234, 0x5678], 30_000_000_000)?;
-        let size = lb_common::DEFAULT_TABLE_SIZE as usize;
-        let table: Vec<u32> = (0..size).map(|i| 1 + (i % 2) as u32).collect();
-        w.add_vip(
-            0,
-            "10.100.0.1",
-            80,
-            PROTO_TCP,
-            MODE_DSR_IPIP,
-            DOWN_POLICY_REHASH,
-            &table,
-        )?;
-        w.add_vip(
-            1,
-            "10.100.0.2",
-            80,
-            PROTO_TCP,
-            MODE_DSR_L2,
-            DOWN_POLICY_REHASH,
-            &table,
-        )?;
-        let flows = Self {
-            l2: Flow::tcp("192.0.2.1", 40001, "10.100.0.2", 80),
-            ipip: Flow::tcp("192.0.2.1", 40001, "10.100.0.1", 80),
-            other: Flow::tcp("192.0.2.1", 40001, "10.0.0.1", 22),
-        };
-        let now = 0; // refreshed by the program on the first packet
-        for (f, vip_id) in [(&flows.l2, 1), (&flows.ipip, 0)] {
-            w.dp.ct_insert(
-                &f.key(),
-                &CtEntry {
-                    backend_id: 1,
-                    generation: 0,
-                    vip_id,
-                    flags: 0,
-                    last_seen_ns: now,
-                },
-            )?;
-        }
-        Ok(flows)
-    }
-}
-
-fn frame(f: &Flow, flags: u8) -> Vec<u8> {
-    f.frame(LB_MAC, PEER_MAC, None, flags, &[0u8; 18])
 }
 
 /// Repeat mode: dsr-l2, whose output takes the same path again.
