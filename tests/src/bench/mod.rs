@@ -6,6 +6,7 @@
 
 pub mod dataplane;
 pub mod health;
+pub mod lru;
 
 /// Prints the command line this process was started with and the `cargo
 /// xtask bench` command that runs benchmark `bin` the same way, so that a
