@@ -420,7 +420,8 @@ stats! {
     /// To a VIP: the backend has no route or neighbour (`bpf_fib_lookup`
     /// failed); the daemon's probes keep neighbours resolved.
     DropNoRoute = "drop_no_route",
-    /// To a VIP: the encapsulated packet would exceed the egress MTU.
+    /// To a VIP: the encapsulated packet would exceed the egress MTU, and
+    /// the client cannot be told (IPv4 without DF).
     DropTooBig = "drop_too_big",
     /// `bpf_xdp_adjust_head` failed (no headroom).
     DropNoHeadroom = "drop_no_headroom",
@@ -440,6 +441,18 @@ stats! {
     /// A new flow over this CPU's conntrack insert cap: forwarded by the
     /// table, not tracked.
     CtInsertCapped = "ct_insert_capped",
+    /// An ICMP error about a VIP flow (destination unreachable, packet too
+    /// big, time exceeded): sent on where the flow's packets go (its
+    /// forward, or drop, is counted as theirs).
+    IcmpQuoted = "icmp_quoted",
+    /// An echo request to a VIP address answered (`XDP_TX`).
+    IcmpEchoReply = "icmp_echo_reply",
+    /// ICMP to a VIP address that xlb does not handle, or whose quoted
+    /// header is not a VIP flow: passed to the host's stack.
+    PassIcmp = "pass_icmp",
+    /// A client packet too big to encapsulate answered with "fragmentation
+    /// needed" / "packet too big" carrying the MTU that fits.
+    IcmpTooBig = "icmp_too_big",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
 }

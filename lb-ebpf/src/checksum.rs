@@ -1,9 +1,9 @@
 //! Checksums of the headers the programs write: the outer IPv4 header of
 //! `dsr-ipip` (the inner packet is untouched, IPv6 has no header checksum,
 //! and `dsr-l2` changes only MACs), and the IPv4 header and TCP segment of
-//! a RST built by `reset.rs`.
+//! a RST built by `reset.rs`, and the ICMP messages of `icmp.rs`.
 
-use crate::packet::{Ipv4Hdr, TcpHdr};
+use crate::packet::{ICMP_LEN, IcmpHdr, Ipv4Hdr, TcpHdr};
 
 /// The checksum of `h` (its `check` field zero), host order: the one's
 /// complement of the one's complement sum of its ten 16-bit words (RFC 791).
@@ -22,6 +22,23 @@ pub(crate) fn tcp(addrs: u32, t: &TcpHdr) -> u16 {
     // SAFETY: `TcpHdr` is `repr(C)`, 20 bytes of byte fields, alignment 1.
     let bytes = unsafe { &*(t as *const TcpHdr as *const [u8; LEN]) };
     fold(addrs + u32::from(lb_common::PROTO_TCP) + LEN as u32 + sum(bytes))
+}
+
+/// The checksum of the ICMP(v6) header `h` (its `check` zero) and the
+/// `N` bytes `data` behind it, plus `pseudo` (the ICMPv6 pseudo-header's
+/// sum; 0 for ICMP).
+#[inline(always)]
+pub(crate) fn icmp<const N: usize>(pseudo: u32, h: &IcmpHdr, data: &[u8; N]) -> u16 {
+    // SAFETY: `IcmpHdr` is `repr(C)`, 8 bytes of byte fields, alignment 1.
+    let hb = unsafe { &*(h as *const IcmpHdr as *const [u8; ICMP_LEN]) };
+    fold(pseudo + sum(hb) + sum(data))
+}
+
+/// `check` after one 16-bit word it covers changed from `old` to `new`
+/// (RFC 1624: HC' = ~(~HC + ~m + m')).
+#[inline(always)]
+pub(crate) fn replace(check: u16, old: u16, new: u16) -> u16 {
+    fold(u32::from(!check) + u32::from(!old) + u32::from(new))
 }
 
 /// The one's complement sum (not yet folded) of `b`'s 16-bit words, `N` even.

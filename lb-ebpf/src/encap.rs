@@ -13,6 +13,7 @@ use lb_common::{
 use crate::{
     checksum,
     forward::{nexthop, send, set_macs},
+    icmp,
     packet::{
         ETH_LEN, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV4_VERSION_IHL, Ipv4Hdr, Ipv6Hdr,
         VLAN_LEN, VlanHdr, ptr_at,
@@ -57,7 +58,8 @@ pub(crate) fn encap(
         return drop_with(Stat::DropNoRoute);
     };
     if outer_len as u32 > nh.mtu {
-        return drop_with(Stat::DropTooBig);
+        // The largest client packet that fits once encapsulated.
+        return icmp::too_big(ctx, pkt, nh.mtu.saturating_sub(overhead as u32));
     }
     // The 802.1Q TCI, if any, must survive the move of the L2 header.
     let tci = if pkt.l3off == ETH_LEN {

@@ -24,6 +24,10 @@
 //!   protocol: passed as not ours.
 //! - conntrack: a TCP SYN or a UDP packet that misses inserts an entry; a TCP
 //!   packet without SYN that misses follows the table and inserts nothing.
+//! - ICMP to a VIP address (`icmp.rs`): errors about a VIP flow go where
+//!   the flow's packets go (conntrack, else the table), never inserting and
+//!   never judged; echo requests are answered; the rest is passed to the
+//!   host.
 //! - guard: what is not a conntrack hit is judged by the VIP's deny/allow
 //!   lists and its per-source rate before it may take a backend
 //!   (`guard.rs`): refused packets are dropped, or a SYN is answered with a
@@ -87,9 +91,12 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     let Some(guard) = XLB_GUARD.get(vip_id) else {
         return aborted();
     };
-    let judged = guard::judge(ctx, &pkt, vip_id, guard, now);
-    if judged != guard::ADMITTED {
-        return judged;
+    // An ICMP error about a flow is no new flow: not judged.
+    if !pkt.icmp {
+        let judged = guard::judge(ctx, &pkt, vip_id, guard, now);
+        if judged != guard::ADMITTED {
+            return judged;
+        }
     }
     let Some((id, be)) = select::pick(&pkt.flow, &vip, g) else {
         return drop_with(Stat::DropNoBackend);
@@ -100,8 +107,9 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     // that misses (a spoofed ACK, RST or FIN, or a flow whose entry was
     // evicted) follows the table without inserting, so a flood of them cannot
     // wash real flows out of the LRU.
-    if !missed || pkt.flow.proto == PROTO_UDP {
+    // ... and records nothing: it goes to the table's backend.
+    if !pkt.icmp && (!missed || pkt.flow.proto == PROTO_UDP) {
         conntrack::record(&pkt, vip_id, &t, now, guard.ct_insert_cap);
     }
-    forward(ctx, &pkt, &t, g, now, true)
+    forward(ctx, &pkt, &t, g, now, !pkt.icmp)
 }

@@ -35,6 +35,7 @@ mod encap;
 mod forward;
 mod guard;
 mod hc;
+mod icmp;
 mod lb;
 mod packet;
 mod parse;

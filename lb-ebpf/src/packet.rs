@@ -203,3 +203,30 @@ impl UdpHdr {
         u16::from_be_bytes(self.len)
     }
 }
+
+/// ICMP / ICMPv6 header: type, code, checksum, and the 4 type-specific
+/// bytes (echo: id and sequence; "fragmentation needed": unused and the
+/// next-hop MTU; "packet too big": the MTU).
+#[repr(C)]
+pub(crate) struct IcmpHdr {
+    pub kind: u8,
+    pub code: u8,
+    /// Network order.
+    pub check: [u8; 2],
+    pub rest: [u8; 4],
+}
+const _: () = assert!(core::mem::size_of::<IcmpHdr>() == 8);
+
+pub(crate) const ICMP_LEN: usize = core::mem::size_of::<IcmpHdr>();
+
+/// ICMP types (RFC 792) and ICMPv6 types (RFC 4443) xlb reads or writes.
+pub(crate) const ICMP_ECHO_REPLY: u8 = 0;
+pub(crate) const ICMP_DEST_UNREACH: u8 = 3;
+pub(crate) const ICMP_FRAG_NEEDED: u8 = 4;
+pub(crate) const ICMP_ECHO: u8 = 8;
+pub(crate) const ICMP_TIME_EXCEEDED: u8 = 11;
+pub(crate) const ICMP6_DEST_UNREACH: u8 = 1;
+pub(crate) const ICMP6_PACKET_TOO_BIG: u8 = 2;
+pub(crate) const ICMP6_TIME_EXCEEDED: u8 = 3;
+pub(crate) const ICMP6_ECHO_REQUEST: u8 = 128;
+pub(crate) const ICMP6_ECHO_REPLY: u8 = 129;

@@ -6,6 +6,7 @@ use aya_ebpf::programs::XdpContext;
 use lb_common::{FAMILY_V4, FAMILY_V6, FlowKey, PROTO_TCP, PROTO_UDP, Stat};
 
 use crate::{
+    icmp,
     packet::{
         ETH_LEN, ETH_P_8021AD, ETH_P_8021Q, EthHdr, IPV4_LEN, IPV6_LEN, Ipv4Hdr, Ipv6Hdr, TCP_ACK,
         TCP_FIN, TCP_RST, TCP_SYN, TcpHdr, UdpHdr, VLAN_LEN, VlanHdr, len, ptr_at,
@@ -68,8 +69,12 @@ pub(crate) struct Packet {
     /// Length of the IP packet (header + payload) per its own length field.
     pub ip_len: usize,
     pub flow: FlowKey,
-    /// TCP flags byte (0 for UDP).
+    /// TCP flags byte (0 for UDP and ICMP).
     pub tcp_flags: u8,
+    /// An ICMP error about a VIP flow: `flow` is the quoted flow, reversed
+    /// (client → VIP). Sent on like the flow's packets; never inserted in
+    /// conntrack, never judged by the guard.
+    pub icmp: bool,
 }
 
 impl Packet {
@@ -82,6 +87,7 @@ impl Packet {
             ip_len: 0,
             flow: FlowKey::default(),
             tcp_flags: 0,
+            icmp: false,
         }
     }
 
@@ -141,6 +147,11 @@ pub(crate) fn ipv4(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
         return Err(bad(dst, FAMILY_V4, Stat::DropFragment));
     }
     let proto = ip.protocol;
+    if proto == icmp::PROTO_ICMP {
+        let v = icmp::v4(ctx, pkt);
+        pkt.ip_len = tot_len;
+        return if v == icmp::QUOTED { Ok(()) } else { Err(v) };
+    }
     if proto != PROTO_TCP && proto != PROTO_UDP {
         return Err(pass(Stat::PassNotVip));
     }
@@ -189,6 +200,11 @@ pub(crate) fn ipv6(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
             Stat::PassNotVip
         };
         return Err(pass(why));
+    }
+    if next == icmp::PROTO_ICMP6 {
+        let v = icmp::v6(ctx, pkt);
+        pkt.ip_len = IPV6_LEN + payload_len;
+        return if v == icmp::QUOTED { Ok(()) } else { Err(v) };
     }
     if next != PROTO_TCP && next != PROTO_UDP {
         return Err(pass(Stat::PassNotVip));

@@ -1,0 +1,336 @@
+//! ICMP about VIPs, as Katran handles it:
+//!
+//! - errors a router sends about a packet a backend sent from a VIP (DSR
+//!   replies leave from the VIP): IPv4 "destination unreachable" (among
+//!   them "fragmentation needed", path-MTU discovery) and "time exceeded",
+//!   ICMPv6 "destination unreachable", "packet too big" and "time
+//!   exceeded". The quoted header is the backend's packet (VIP → client), so
+//!   the flow is its reverse (client → VIP): found in conntrack, else in the
+//!   table, and the ICMP message goes to that backend like the flow's own
+//!   packets. Never inserted, never judged by the guard.
+//! - echo requests to a VIP address are answered here (`XDP_TX`), so a
+//!   VIP answers ping wherever its address is configured.
+//! - any other ICMP to a VIP address (neighbour discovery, redirects, ...)
+//!   goes to the host's stack (`pass_icmp`).
+//! - a client packet too large to encapsulate is answered with
+//!   "fragmentation needed" (IPv4 with DF) or "packet too big" (IPv6)
+//!   carrying the largest inner packet that fits, so the client's path-MTU
+//!   discovery shrinks its packets instead of retrying into a silent drop.
+
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::{bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
+    programs::XdpContext,
+};
+use lb_common::{ENCAP_TTL, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, Stat};
+
+use crate::{
+    checksum,
+    packet::{
+        ETH_LEN, EthHdr, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_REPLY, ICMP_FRAG_NEEDED, ICMP_LEN,
+        ICMP_TIME_EXCEEDED, ICMP6_DEST_UNREACH, ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST,
+        ICMP6_PACKET_TOO_BIG, ICMP6_TIME_EXCEEDED, IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, IcmpHdr,
+        Ipv4Hdr, Ipv6Hdr, VLAN_LEN, len, ptr_at,
+    },
+    parse::Packet,
+    select::is_vip_addr,
+    stats::{count, drop_with, pass},
+};
+
+pub(crate) const PROTO_ICMP: u8 = 1;
+pub(crate) const PROTO_ICMP6: u8 = 58;
+
+/// Bytes of the offending packet quoted in the errors xlb sends: its IP
+/// header and the first 8 bytes behind it (RFC 792; RFC 4443 asks for as
+/// much as fits in 1280 bytes, and these are the bytes a stack matches on).
+const QUOTE4: usize = IPV4_LEN + 8;
+const QUOTE6: usize = IPV6_LEN + 8;
+
+/// [`v4`]/[`v6`]'s answer for an error about a VIP flow: `pkt.flow` now
+/// holds that flow (not an XDP action).
+pub(crate) const QUOTED: u32 = u32::MAX;
+
+/// The ICMP message of the IPv4 packet `pkt` (its destination parsed):
+/// [`QUOTED`] with `pkt.flow` the quoted flow reversed and `pkt.icmp` set,
+/// or the verdict, counted (echo answered, anything else passed).
+// verifier: not inlined into the parser, so its branches add to the
+// verifier's work instead of multiplying the main path's; it forwards
+// nothing itself, so its frame never sits between the main one and
+// `nexthop`'s.
+#[inline(never)]
+pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
+    let l4off = pkt.l3off + IPV4_LEN;
+    let Some(h) = ptr_at::<IcmpHdr>(ctx, l4off) else {
+        return pass(Stat::PassNotVip);
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let kind = unsafe { (*h).kind };
+    if kind != ICMP_ECHO && kind != ICMP_DEST_UNREACH && kind != ICMP_TIME_EXCEEDED {
+        return pass(Stat::PassNotVip);
+    }
+    if !is_vip_addr(&pkt.flow.dst, FAMILY_V4) {
+        return pass(Stat::PassNotVip);
+    }
+    if kind == ICMP_ECHO {
+        return echo4(ctx, pkt.l3off, l4off);
+    }
+    let Some(q) = ptr_at::<Ipv4Hdr>(ctx, l4off + ICMP_LEN) else {
+        return pass(Stat::PassIcmp);
+    };
+    let Some(ports) = ptr_at::<[[u8; 2]; 2]>(ctx, l4off + ICMP_LEN + IPV4_LEN) else {
+        return pass(Stat::PassIcmp);
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let (q, ports) = unsafe { (&*q, &*ports) };
+    let proto = q.protocol;
+    if q.version_ihl != IPV4_VERSION_IHL
+        || (proto != PROTO_TCP && proto != PROTO_UDP)
+        || q.saddr != pkt.flow.dst[..4]
+    {
+        return pass(Stat::PassIcmp);
+    }
+    let f = &mut pkt.flow;
+    f.proto = proto;
+    f.src[..4].copy_from_slice(&q.daddr);
+    f.sport = u16::from_ne_bytes(ports[1]);
+    f.dport = u16::from_ne_bytes(ports[0]);
+    quoted(pkt)
+}
+
+/// The ICMPv6 message of the IPv6 packet `pkt`, as [`v4`].
+#[inline(never)]
+pub(crate) fn v6(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
+    let l4off = pkt.l3off + IPV6_LEN;
+    let Some(h) = ptr_at::<IcmpHdr>(ctx, l4off) else {
+        return pass(Stat::PassNotVip);
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let kind = unsafe { (*h).kind };
+    let error =
+        kind == ICMP6_DEST_UNREACH || kind == ICMP6_PACKET_TOO_BIG || kind == ICMP6_TIME_EXCEEDED;
+    if !error && kind != ICMP6_ECHO_REQUEST {
+        return pass(Stat::PassNotVip);
+    }
+    if !is_vip_addr(&pkt.flow.dst, FAMILY_V6) {
+        return pass(Stat::PassNotVip);
+    }
+    if kind == ICMP6_ECHO_REQUEST {
+        return echo6(ctx, pkt.l3off, l4off);
+    }
+    let Some(q) = ptr_at::<Ipv6Hdr>(ctx, l4off + ICMP_LEN) else {
+        return pass(Stat::PassIcmp);
+    };
+    let Some(ports) = ptr_at::<[[u8; 2]; 2]>(ctx, l4off + ICMP_LEN + IPV6_LEN) else {
+        return pass(Stat::PassIcmp);
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let (q, ports) = unsafe { (&*q, &*ports) };
+    let proto = q.nexthdr;
+    if (proto != PROTO_TCP && proto != PROTO_UDP) || q.saddr != pkt.flow.dst {
+        return pass(Stat::PassIcmp);
+    }
+    let f = &mut pkt.flow;
+    f.proto = proto;
+    f.src = q.daddr;
+    f.sport = u16::from_ne_bytes(ports[1]);
+    f.dport = u16::from_ne_bytes(ports[0]);
+    quoted(pkt)
+}
+
+/// Marks `pkt` an error about the flow it now holds, counted.
+#[inline(always)]
+fn quoted(pkt: &mut Packet) -> u32 {
+    pkt.icmp = true;
+    count(Stat::IcmpQuoted);
+    QUOTED
+}
+
+/// Swaps the Ethernet addresses: the reply goes back to the sender's MAC.
+#[inline(always)]
+fn swap_macs(ctx: &XdpContext) -> Option<()> {
+    let eth = ptr_at::<EthHdr>(ctx, 0)?;
+    // SAFETY: bounds checked by ptr_at.
+    let eth = unsafe { &mut *eth };
+    let dst = eth.dst;
+    eth.dst = eth.src;
+    eth.src = dst;
+    Some(())
+}
+
+/// Answers the IPv4 echo request at `l4off` in place.
+#[inline(always)]
+fn echo4(ctx: &XdpContext, l3off: usize, l4off: usize) -> u32 {
+    let (Some(ip), Some(h)) = (ptr_at::<Ipv4Hdr>(ctx, l3off), ptr_at::<IcmpHdr>(ctx, l4off)) else {
+        return drop_with(Stat::DropBadL4);
+    };
+    // SAFETY: bounds checked by ptr_at; the headers do not overlap.
+    let (ip, h) = unsafe { (&mut *ip, &mut *h) };
+    let client = ip.saddr;
+    ip.saddr = ip.daddr;
+    ip.daddr = client;
+    ip.ttl = ENCAP_TTL;
+    ip.check = [0; 2];
+    ip.check = checksum::ipv4_header(ip).to_be_bytes();
+    let old = u16::from_be_bytes([h.kind, h.code]);
+    h.kind = ICMP_ECHO_REPLY;
+    let new = u16::from_be_bytes([h.kind, h.code]);
+    h.check = checksum::replace(u16::from_be_bytes(h.check), old, new).to_be_bytes();
+    reply(ctx, Stat::IcmpEchoReply)
+}
+
+/// Answers the ICMPv6 echo request at `l4off` in place (the pseudo-header's
+/// addresses only trade places: the checksum changes with the type alone).
+#[inline(always)]
+fn echo6(ctx: &XdpContext, l3off: usize, l4off: usize) -> u32 {
+    let (Some(ip), Some(h)) = (ptr_at::<Ipv6Hdr>(ctx, l3off), ptr_at::<IcmpHdr>(ctx, l4off)) else {
+        return drop_with(Stat::DropBadL4);
+    };
+    // SAFETY: bounds checked by ptr_at; the headers do not overlap.
+    let (ip, h) = unsafe { (&mut *ip, &mut *h) };
+    let client = ip.saddr;
+    ip.saddr = ip.daddr;
+    ip.daddr = client;
+    ip.hop_limit = ENCAP_TTL;
+    let old = u16::from_be_bytes([h.kind, h.code]);
+    h.kind = ICMP6_ECHO_REPLY;
+    let new = u16::from_be_bytes([h.kind, h.code]);
+    h.check = checksum::replace(u16::from_be_bytes(h.check), old, new).to_be_bytes();
+    reply(ctx, Stat::IcmpEchoReply)
+}
+
+/// Sends the frame back where it came from, counted as `stat`.
+#[inline(always)]
+fn reply(ctx: &XdpContext, stat: Stat) -> u32 {
+    if swap_macs(ctx).is_none() {
+        return drop_with(Stat::DropBadL4);
+    }
+    count(stat);
+    xdp_action::XDP_TX
+}
+
+/// The client's packet `pkt` does not fit the backend's path once
+/// encapsulated: answers it with "fragmentation needed" (IPv4, DF set) or
+/// "packet too big" (IPv6) saying `mtu`, built in place; an IPv4 packet
+/// without DF cannot be told and is dropped (`drop_too_big`).
+// verifier: a function of its own, so its headers are built on its own
+// stack frame, not on the 512 bytes the parser and forwarding share.
+#[inline(never)]
+pub(crate) fn too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> u32 {
+    let v4 = pkt.flow.family == FAMILY_V4;
+    let room = if v4 { IPV4_LEN } else { IPV6_LEN } + ICMP_LEN;
+    if v4 {
+        // SAFETY (both): bounds checked by ptr_at.
+        let df = ptr_at::<Ipv4Hdr>(ctx, pkt.l3off)
+            .is_some_and(|ip| unsafe { u16::from_be_bytes((*ip).frag_off) } & 0x4000 != 0);
+        if !df {
+            return drop_with(Stat::DropTooBig);
+        }
+    }
+    // Room for the new IP and ICMP headers in front of the offending
+    // packet, the L2 header moved to the new front, the rest trimmed to
+    // the quote.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(room as i32)) } != 0 {
+        return drop_with(Stat::DropNoHeadroom);
+    }
+    let moved = if pkt.l3off == ETH_LEN {
+        move_l2::<ETH_LEN>(ctx, room)
+    } else {
+        move_l2::<{ ETH_LEN + VLAN_LEN }>(ctx, room)
+    };
+    let quote = if v4 { QUOTE4 } else { QUOTE6 };
+    let want = pkt.l3off + room + quote;
+    let have = len(ctx);
+    if moved.is_none() || have < want {
+        return drop_with(Stat::DropTooBig);
+    }
+    if unsafe { bpf_xdp_adjust_tail(ctx.ctx, -((have - want) as i32)) } != 0 {
+        return drop_with(Stat::DropTooBig);
+    }
+    let written = if v4 {
+        too_big4(ctx, pkt.l3off, mtu)
+    } else {
+        too_big6(ctx, pkt.l3off, mtu)
+    };
+    if written.is_none() {
+        return drop_with(Stat::DropTooBig);
+    }
+    reply(ctx, Stat::IcmpTooBig)
+}
+
+/// Copies the `L`-byte L2 header from `shift` bytes in to the front.
+#[inline(always)]
+fn move_l2<const L: usize>(ctx: &XdpContext, shift: usize) -> Option<()> {
+    let old = ptr_at::<[u8; L]>(ctx, shift)?;
+    let new = ptr_at::<[u8; L]>(ctx, 0)?;
+    // SAFETY: both ranges checked by ptr_at; copied via the stack.
+    unsafe {
+        let hdr = *old;
+        *new = hdr;
+    }
+    Some(())
+}
+
+/// The IPv4 header, ICMP header and quote of "fragmentation needed".
+#[inline(always)]
+fn too_big4(ctx: &XdpContext, l3off: usize, mtu: u32) -> Option<()> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, l3off)?;
+    let h = ptr_at::<IcmpHdr>(ctx, l3off + IPV4_LEN)?;
+    let q = ptr_at::<[u8; QUOTE4]>(ctx, l3off + IPV4_LEN + ICMP_LEN)?;
+    // SAFETY: bounds checked by ptr_at; the three do not overlap.
+    let (ip, h, q) = unsafe { (&mut *ip, &mut *h, &*q) };
+    *ip = Ipv4Hdr {
+        version_ihl: IPV4_VERSION_IHL,
+        tot_len: ((IPV4_LEN + ICMP_LEN + QUOTE4) as u16).to_be_bytes(),
+        ttl: ENCAP_TTL,
+        protocol: PROTO_ICMP,
+        // From the VIP the packet was sent to, back to its sender.
+        saddr: [q[16], q[17], q[18], q[19]],
+        daddr: [q[12], q[13], q[14], q[15]],
+        ..Ipv4Hdr::default()
+    };
+    ip.check = checksum::ipv4_header(ip).to_be_bytes();
+    let mtu = (mtu.min(u32::from(u16::MAX)) as u16).to_be_bytes();
+    *h = IcmpHdr {
+        kind: ICMP_DEST_UNREACH,
+        code: ICMP_FRAG_NEEDED,
+        check: [0; 2],
+        rest: [0, 0, mtu[0], mtu[1]],
+    };
+    h.check = checksum::icmp(0, h, q).to_be_bytes();
+    Some(())
+}
+
+/// The IPv6 header, ICMPv6 header and quote of "packet too big".
+#[inline(always)]
+fn too_big6(ctx: &XdpContext, l3off: usize, mtu: u32) -> Option<()> {
+    let ip = ptr_at::<Ipv6Hdr>(ctx, l3off)?;
+    let h = ptr_at::<IcmpHdr>(ctx, l3off + IPV6_LEN)?;
+    let q = ptr_at::<[u8; QUOTE6]>(ctx, l3off + IPV6_LEN + ICMP_LEN)?;
+    // SAFETY: bounds checked by ptr_at; the three do not overlap.
+    let (ip, h, q) = unsafe { (&mut *ip, &mut *h, &*q) };
+    let mut saddr = [0u8; 16];
+    let mut daddr = [0u8; 16];
+    saddr.copy_from_slice(&q[24..40]);
+    daddr.copy_from_slice(&q[8..24]);
+    let payload = (ICMP_LEN + QUOTE6) as u16;
+    *ip = Ipv6Hdr {
+        version_tc_flow: [0x60, 0, 0, 0],
+        payload_len: payload.to_be_bytes(),
+        nexthdr: PROTO_ICMP6,
+        hop_limit: ENCAP_TTL,
+        saddr,
+        daddr,
+    };
+    *h = IcmpHdr {
+        kind: ICMP6_PACKET_TOO_BIG,
+        code: 0,
+        check: [0; 2],
+        rest: mtu.to_be_bytes(),
+    };
+    let pseudo = checksum::sum(&ip.saddr)
+        + checksum::sum(&ip.daddr)
+        + u32::from(payload)
+        + u32::from(PROTO_ICMP6);
+    h.check = checksum::icmp(pseudo, h, q).to_be_bytes();
+    Some(())
+}
