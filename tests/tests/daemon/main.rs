@@ -22,6 +22,7 @@
 )]
 
 mod env;
+mod sources;
 
 use std::{
     collections::BTreeSet,
