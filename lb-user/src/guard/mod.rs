@@ -5,4 +5,7 @@
 //! Everything here is pure: the daemon (`daemon::guard`) applies it to the
 //! maps.
 
+pub mod prefix;
 pub mod sources;
+
+pub use prefix::{Prefix, PrefixError};
