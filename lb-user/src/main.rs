@@ -120,6 +120,7 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
         Command::Status { json: true }
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
+            | Command::Sources { json: true, .. }
     );
     let text = match resp {
         Response::Error { message } => bail!("{message}"),
@@ -132,7 +133,8 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
         Response::Explain(r) => cli::render_explain(&r, color()),
         // TEMPORARY (guard-base): the guard helpers render these.
         Response::Blocks(b) => pretty(&b)?,
-        Response::Sources(s) => pretty(&s)?,
+        Response::Sources(s) if json => pretty(&s)?,
+        Response::Sources(s) => cli::render_sources(&s, color()),
         Response::Event(e) => bail!(
             "the daemon answered with a single event (seq {}) instead of a list",
             e.seq

@@ -9,6 +9,10 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+mod sources;
+
+pub use sources::render_sources;
+
 use crate::config::{self, Config, ConfigErrors};
 use crate::ctl::{
     BackendStatus, DEFAULT_CONTROL_SOCKET, Event, ExplainReport, Protocol, Request, StatusReport,
@@ -115,6 +119,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show the heaviest sources of each VIP: new flows, packets and
+    /// rate-limited flows per second, share, and whether each is limited,
+    /// blocked or allowed.
+    Sources {
+        /// Only this VIP.
+        #[arg(long, value_name = "NAME")]
+        vip: Option<String>,
+        /// Print the daemon's report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Re-read the configuration file and apply the changes (as SIGHUP does).
     Reload,
     /// Remove the XDP program and pinned maps that `xlb run` left behind.
@@ -189,6 +204,7 @@ impl Command {
                 vip: *vip,
             },
             Command::Reload => Request::Reload,
+            Command::Sources { vip, .. } => Request::Sources { vip: vip.clone() },
             Command::Run { .. }
             | Command::CheckConfig { .. }
             | Command::Detach { .. }

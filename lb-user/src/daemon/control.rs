@@ -60,11 +60,11 @@ impl Daemon {
                 .set_drain(&vip, &backend, false, None)
                 .map(|m| Response::Ok { message: m }),
             Request::Reload => self.reload().map(|m| Response::Ok { message: m }),
+            Request::Sources { vip } => self.sources_report(vip.as_deref()).map(Response::Sources),
             // TEMPORARY (guard-base): the guard helpers replace these arms.
-            Request::Block { .. }
-            | Request::Unblock { .. }
-            | Request::Blocks
-            | Request::Sources { .. } => Err(anyhow::anyhow!("not built yet")),
+            Request::Block { .. } | Request::Unblock { .. } | Request::Blocks => {
+                Err(anyhow::anyhow!("not built yet"))
+            }
         };
         res.unwrap_or_else(|e| Response::Error {
             message: format!("{e:#}"),

@@ -115,6 +115,7 @@ impl Daemon {
     fn on_tick(&mut self) {
         self.check_drains();
         self.check_alarms();
+        self.check_sources();
         for v in &self.vips {
             v.update_auto_timeout();
         }

@@ -766,8 +766,8 @@ mod tests {
         // Ticks a little short of a second: ten of them still count as 10 s.
         let mut s = Sustain::default();
         let mut fired = None;
-        for i in 0..12 {
-            let (from, now) = (secs(i as f64 * 0.999), secs((i + 1) as f64 * 0.999));
+        for i in 0..12u32 {
+            let (from, now) = (secs(f64::from(i) * 0.999), secs(f64::from(i + 1) * 0.999));
             if !s
                 .update(
                     1,

@@ -17,7 +17,10 @@ fn walking_a_full_sources_map() {
         for i in 0..MAX_SOURCES {
             let addr = std::net::Ipv4Addr::from(0x0a00_0000 | i);
             let key = source_key(1, addr.into(), 32, 64);
-            let s = SourceState { new_flows: u64::from(i), ..SourceState::default() };
+            let s = SourceState {
+                new_flows: u64::from(i),
+                ..SourceState::default()
+            };
             w.dp.set_source(&key, &s)?;
         }
         let mut took = Vec::new();
