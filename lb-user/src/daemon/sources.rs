@@ -29,8 +29,19 @@ use crate::{
             SourceRate, Sustain, SustainRule, TOP, VipSummary, by_vip, key_prefix, key_text,
         },
     },
-    metrics::guard::{GuardExtra, VipGuardExtra},
+    metrics::guard::{GuardExtra, ListCount, VipGuardExtra},
 };
+
+const ORIGINS: [EntryOrigin; 3] = [EntryOrigin::Config, EntryOrigin::Runtime, EntryOrigin::Auto];
+
+/// An origin as the metrics label it (as in the protocol's JSON).
+fn origin_str(o: EntryOrigin) -> &'static str {
+    match o {
+        EntryOrigin::Config => "config",
+        EntryOrigin::Runtime => "runtime",
+        EntryOrigin::Auto => "auto",
+    }
+}
 
 /// Top sources per VIP in the metrics (`xlb_source_new_flows_per_second`):
 /// bounded label cardinality.
@@ -278,8 +289,32 @@ impl Daemon {
         });
         GuardExtra {
             vips: vips.collect(),
-            ..GuardExtra::default()
+            lists: self.list_counts(),
         }
+    }
+
+    /// Entries per list and origin, every pair even at 0 (a series that
+    /// exists from the start is one an alert rule can watch).
+    fn list_counts(&self) -> Vec<ListCount> {
+        let mut counts: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        for list in [ListKind::Deny, ListKind::Allow] {
+            for origin in ORIGINS {
+                counts.insert((list.as_str(), origin_str(origin)), 0);
+            }
+        }
+        for e in self.lists.sorted() {
+            *counts
+                .entry((e.key.list.as_str(), origin_str(e.origin)))
+                .or_default() += 1;
+        }
+        counts
+            .into_iter()
+            .map(|((list, origin), entries)| ListCount {
+                list: list.to_owned(),
+                origin: origin.to_owned(),
+                entries,
+            })
+            .collect()
     }
 }
 
@@ -328,28 +363,5 @@ fn alert_text(vip: &str, c: &AlertChange, total: f64, rule: Option<&AlertRule>) 
         Some(ClearedBy::Unconfigured) => format!(
             "source {src} of VIP {vip} back to normal: the VIP has no source_alert any more"
         ),
-    }
-}
-
-// TEMPORARY (until g-lists' daemon API is merged): U1's `daemon/guard.rs`
-// provides these two; delete them at the merge.
-impl Daemon {
-    #[expect(clippy::too_many_arguments, clippy::unused_self, reason = "stub")]
-    pub(super) fn add_list_entry(
-        &mut self,
-        _list: ListKind,
-        _vip: Option<&str>,
-        _prefix: Prefix,
-        _action: lb_ctl::GuardAction,
-        _origin: EntryOrigin,
-        _ttl: Option<Duration>,
-        _reason: String,
-    ) -> anyhow::Result<String> {
-        bail!("not built yet")
-    }
-
-    #[expect(clippy::unused_self, reason = "stub")]
-    pub(super) fn list_covers(&self, _list: ListKind, _vip_id: u32, _addr: IpAddr) -> bool {
-        false
     }
 }

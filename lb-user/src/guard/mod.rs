@@ -5,6 +5,7 @@
 //! Everything here is pure: the daemon (`daemon::guard`) applies it to the
 //! maps.
 
+pub mod lists;
 pub mod prefix;
 pub mod sources;
 
