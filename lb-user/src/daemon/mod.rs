@@ -65,6 +65,7 @@ use crate::{
 
 pub use self::{
     links::detach,
+    sources::walk_sources,
     start::{run, start},
 };
 /// Kept where the health benchmark finds it.

@@ -7,6 +7,8 @@
 
 mod walk;
 
+pub use walk::walk_sources;
+
 use std::{
     collections::BTreeMap,
     net::IpAddr,

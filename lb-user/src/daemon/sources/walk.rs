@@ -1,12 +1,13 @@
 //! The per-source map's walk, on a thread of its own.
 //!
 //! A full map (`MAX_SOURCES`, 65,536 entries) read with aya's iterator costs
-//! a `BPF_MAP_GET_NEXT_KEY` and a `BPF_MAP_LOOKUP_ELEM` per entry: about
-//! 200 ms a walk (measured by the `walking_a_full_sources_map` daemon test),
-//! every second, which the main loop (health reports, admin commands) must
-//! not wait for. The thread reads the map with `BPF_MAP_LOOKUP_BATCH` (16
-//! calls for a full map), key by key only on kernels without it, and leaves
-//! the latest walk for the main loop's tick to take.
+//! a `BPF_MAP_GET_NEXT_KEY` and a `BPF_MAP_LOOKUP_ELEM` per entry: 90 to
+//! 200 ms a walk on the 2-CPU test machine (the `walking_a_full_sources_map`
+//! daemon test measures it), every second, which the main loop (health
+//! reports, admin commands) must not wait for. So the walk runs on a thread
+//! of its own, with `BPF_MAP_LOOKUP_BATCH` (16 calls for a full map, 12 to
+//! 16 ms in the same test), key by key only on kernels without it, and
+//! leaves the latest walk for the main loop's tick to take.
 
 use std::{
     io,
@@ -42,6 +43,26 @@ pub(crate) fn spawn(pin: PathBuf, latest: Latest) {
         .spawn(move || walk_for_ever(&pin, &latest));
     if let Err(e) = spawned {
         warn!("xlb sources, source alerts and auto_block will not work: starting a thread: {e}");
+    }
+}
+
+/// Reads every entry of the per-source map pinned at `pin` once, as the
+/// daemon's walking thread does (batch lookups, key by key without them);
+/// for measuring a walk.
+///
+/// # Errors
+/// The map cannot be opened or read.
+pub fn walk_sources(pin: &Path) -> io::Result<Vec<(SourceKey, SourceState)>> {
+    let data = aya::maps::MapData::from_pin(pin).map_err(io::Error::other)?;
+    let mut entries = Vec::new();
+    match walk_batch(data.fd().as_fd(), &mut entries) {
+        Err(e) if entries.is_empty() && batch_unsupported(&e) => {
+            let map = aya::maps::Map::LruHashMap(data);
+            let by_key = aya::maps::HashMap::<_, SourceKey, SourceState>::try_from(&map)
+                .map_err(io::Error::other)?;
+            Ok(by_key.iter().filter_map(Result::ok).collect())
+        }
+        r => r.map(|()| entries),
     }
 }
 
