@@ -45,16 +45,24 @@ auto_block = { above = "60/s", for = "4s", ttl = "1m" }
     s
 }
 
+/// Who sends SYNs to what: (source, VIP address, one SYN every this many
+/// 10 ms ticks).
+type Plan = Vec<(&'static str, &'static str, u32)>;
+
+/// The IPv4 plan: 100 SYNs/s from [`HEAVY`], 10/s from [`LIGHT`].
+fn v4_plan() -> Plan {
+    vec![(HEAVY, "10.100.0.1", 1), (LIGHT, "10.100.0.1", 10)]
+}
+
 /// Sends SYNs into `xd1` (so they arrive on `xd0`, where the daemon's
-/// program runs): every 10 ms one from [`HEAVY`], every 100 ms one from
-/// [`LIGHT`], each a new flow, until `stop` or 30 s.
-fn spawn_syns(e: &Env, stop: Arc<AtomicBool>) -> anyhow::Result<JoinHandle<u64>> {
+/// program runs) by `plan`, each a new flow, until `stop` or 30 s.
+fn spawn_syns(e: &Env, plan: Plan, stop: Arc<AtomicBool>) -> anyhow::Result<JoinHandle<u64>> {
     let ns = e.ns.name().to_owned();
     let ifindex = e.ns.ifindex("xd1")?;
     let dst = mac_of(&e.ns.exec(&["cat", "/sys/class/net/xd0/address"])?)?;
     let src = mac_of(&e.ns.exec(&["cat", "/sys/class/net/xd1/address"])?)?;
     Ok(std::thread::spawn(move || {
-        xlb_lab::topology::in_netns(&ns, || send_syns(ifindex, dst, src, &stop))
+        xlb_lab::topology::in_netns(&ns, || send_syns(ifindex, (dst, src), &plan, &stop))
             .expect("entering the namespace")
             .expect("sending SYNs")
     }))
@@ -70,7 +78,12 @@ fn mac_of(text: &str) -> anyhow::Result<Mac> {
     bytes.try_into().ok().context("6 bytes")
 }
 
-fn send_syns(ifindex: u32, dst: Mac, src: Mac, stop: &AtomicBool) -> std::io::Result<u64> {
+fn send_syns(
+    ifindex: u32,
+    (dst, src): (Mac, Mac),
+    plan: &Plan,
+    stop: &AtomicBool,
+) -> std::io::Result<u64> {
     // SAFETY: plain socket(2); the descriptor is closed below.
     let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
     if fd < 0 {
@@ -85,14 +98,12 @@ fn send_syns(ifindex: u32, dst: Mac, src: Mac, stop: &AtomicBool) -> std::io::Re
     let mut sent = 0u64;
     let mut tick = 0u32;
     while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(30) {
-        let from: &[&str] = if tick % 10 == 0 {
-            &[HEAVY, LIGHT]
-        } else {
-            &[HEAVY]
-        };
-        for ip in from {
+        for (ip, vip, every) in plan {
+            if tick % every != 0 {
+                continue;
+            }
             let sport = 1024 + (tick % 60_000) as u16;
-            let frame = Flow::tcp(ip, sport, "10.100.0.1", 80).frame(dst, src, None, SYN, &[]);
+            let frame = Flow::tcp(ip, sport, vip, 80).frame(dst, src, None, SYN, &[]);
             // SAFETY: `frame` and `to` outlive the call; sizes are theirs.
             let r = unsafe {
                 libc::sendto(
@@ -143,7 +154,7 @@ fn heavy_source_is_named_alerted_and_auto_blocked() {
     std::fs::write(&e.config, guard_config(&e)).unwrap();
     step("start: every backend up", || start_all_up(&mut e));
     let stop = Arc::new(AtomicBool::new(false));
-    let sender = spawn_syns(&e, stop.clone()).unwrap();
+    let sender = spawn_syns(&e, v4_plan(), stop.clone()).unwrap();
     let t = Instant::now();
     step(
         "xlb sources names the heavy source first, within 5 s",
@@ -181,6 +192,50 @@ fn heavy_source_is_named_alerted_and_auto_blocked() {
     stop.store(true, Ordering::Relaxed);
     let sent = sender.join().unwrap();
     println!("SYNs sent: {sent}");
+}
+
+/// An IPv6 VIP: four addresses of one /64 are one source, named first
+/// with its /64 ahead of a lighter /64.
+#[test]
+fn ipv6_sources_are_keyed_by_their_64() {
+    let _serial = xlb_tests::lab::serial();
+    let mut e = Env::new().unwrap();
+    // The VIP's backend refuses connections (down): sources are counted
+    // before a backend is picked.
+    e.ns.ip(&["addr", "add", "fd00::11/128", "dev", "lo"])
+        .unwrap();
+    let mut config = guard_config(&e);
+    config += "\n[[vip]]\nname = \"v6\"\naddress = \"fd00:100::1\"\nport = 80\ntable_size = 251\n";
+    config += "[[vip.backend]]\naddress = \"fd00::11\"\n";
+    std::fs::write(&e.config, config).unwrap();
+    step("start: every backend up", || start_all_up(&mut e));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut plan: Plan = [
+        "2001:db8:1:2::1",
+        "2001:db8:1:2::2",
+        "2001:db8:1:2::3",
+        "2001:db8:1:2:ffff::9",
+    ]
+    .into_iter()
+    .map(|a| (a, "fd00:100::1", 4))
+    .collect();
+    plan.push(("2001:db8:9::1", "fd00:100::1", 10));
+    let sender = spawn_syns(&e, plan, stop.clone()).unwrap();
+    step("xlb sources --vip v6 names the /64 first", || {
+        let mut last = Value::Null;
+        let named = wait_for(Duration::from_secs(5), "the /64 named", || {
+            last = serde_json::from_str(&e.xlb(&["sources", "--vip", "v6", "--json"])?)?;
+            let rows = &last[0]["sources"];
+            Ok(rows[0]["prefix"] == "2001:db8:1:2::/64"
+                && rows[0]["new_flows_per_s"].as_f64() > Some(60.0)
+                && rows[1]["prefix"] == "2001:db8:9::/64")
+        });
+        assert!(named.is_ok(), "{last:#}");
+        assert_eq!(last.as_array().unwrap().len(), 1, "only v6: {last:#}");
+        assert_eq!(last[0]["tracked"], 2, "{last:#}");
+    });
+    stop.store(true, Ordering::Relaxed);
+    sender.join().unwrap();
 }
 
 fn heavy_named_first(e: &Env) {
