@@ -2,16 +2,15 @@
 //! help text) and the pure functions that turn protocol answers into what
 //! an operator reads. `main.rs` does the I/O.
 
+pub mod blocks;
+pub mod sources;
+
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-
-mod sources;
-
-pub use sources::render_sources;
 
 use crate::config::{self, Config, ConfigErrors};
 use crate::ctl::{
@@ -23,8 +22,7 @@ use crate::ctl::{
 #[derive(Debug, Parser)]
 #[command(name = "xlb", version, propagate_version = true)]
 pub struct Cli {
-    /// Control socket of the daemon, for status, events, drain, enable,
-    /// explain and reload.
+    /// Control socket of the daemon, for every command that talks to it.
     #[arg(
         long,
         global = true,
@@ -166,6 +164,8 @@ pub enum Command {
         #[arg(long, short, value_name = "IF")]
         interface: String,
     },
+    #[command(flatten)]
+    Guard(blocks::GuardCommand),
 }
 
 impl Command {
@@ -205,6 +205,7 @@ impl Command {
             },
             Command::Reload => Request::Reload,
             Command::Sources { vip, .. } => Request::Sources { vip: vip.clone() },
+            Command::Guard(g) => g.request(),
             Command::Run { .. }
             | Command::CheckConfig { .. }
             | Command::Detach { .. }

@@ -109,21 +109,8 @@ fn expiry_text(expires_unix_ms: Option<u64>, now: u64) -> String {
         None => "no expiry".into(),
         Some(t) => {
             let left = Duration::from_secs(t.saturating_sub(now).div_ceil(1000));
-            format!("expires in {}", humantime_short(left))
+            format!("expires in {}", crate::guard::short_duration(left))
         }
-    }
-}
-
-/// `1h`, `15m`, `90s`, `1h30m` (at most two units).
-pub(crate) fn humantime_short(d: Duration) -> String {
-    let s = d.as_secs();
-    let (h, m, sec) = (s / 3600, s % 3600 / 60, s % 60);
-    match (h, m, sec) {
-        (0, 0, s) => format!("{s}s"),
-        (0, m, 0) => format!("{m}m"),
-        (0, m, s) => format!("{m}m{s}s"),
-        (h, 0, _) => format!("{h}h"),
-        (h, m, _) => format!("{h}h{m}m"),
     }
 }
 
@@ -816,20 +803,6 @@ mod tests {
         ));
         // 0.0.0.0/0 is every IPv4 source, no IPv6 one.
         assert!(!flow_matches(&key("::1"), &e, &p("0.0.0.0/0"), None));
-    }
-
-    #[test]
-    fn durations_read_short() {
-        let cases = [
-            (5, "5s"),
-            (60, "1m"),
-            (90, "1m30s"),
-            (3600, "1h"),
-            (5400, "1h30m"),
-        ];
-        for (s, want) in cases {
-            assert_eq!(humantime_short(Duration::from_secs(s)), want);
-        }
     }
 
     #[test]
