@@ -99,7 +99,7 @@ fn send_syns(
     let mut tick = 0u32;
     while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(30) {
         for (ip, vip, every) in plan {
-            if tick % every != 0 {
+            if !tick.is_multiple_of(*every) {
                 continue;
             }
             let sport = 1024 + (tick % 60_000) as u16;
