@@ -12,7 +12,7 @@
 //! judged; a `block` event says how many flows were cut.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     net::IpAddr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -182,6 +182,13 @@ impl Daemon {
         }
         lists.drop_hints();
         self.lists = lists;
+        // Slots of VIP ids not in use (VIPs removed while no daemon ran):
+        // a VIP given such an id later starts from nothing.
+        for id in 0..lb_common::MAX_VIPS {
+            if self.vips.iter().all(|v| v.id != id) {
+                self.dp.set_guard(id, &VipGuard::default())?;
+            }
+        }
         let (written, removed) = self.sync_lists(&present)?;
         if written + removed > 0 || !self.lists.is_empty() {
             info!(
@@ -218,15 +225,18 @@ impl Daemon {
 
     /// Writes every VIP's `XLB_GUARD` entry.
     pub(super) fn write_guards(&mut self) -> anyhow::Result<()> {
-        let global = self.lists.has_entries(ListKind::Deny, &Scope::Global);
+        let denying = self.lists.scopes_with(ListKind::Deny);
+        let global = denying.contains(&Scope::Global);
         let cap = self.cfg.guard.ct_insert_cap;
-        for vi in 0..self.vips.len() {
-            let v = &self.vips[vi];
-            let own = self
-                .lists
-                .has_entries(ListKind::Deny, &Scope::Vip(v.cfg.name.clone()));
-            let g = vip_guard(&v.cfg.guard, global || own, cap);
-            let id = v.id;
+        let guards: Vec<(u32, VipGuard)> = self
+            .vips
+            .iter()
+            .map(|v| {
+                let own = denying.contains(&Scope::Vip(v.cfg.name.clone()));
+                (v.id, vip_guard(&v.cfg.guard, global || own, cap))
+            })
+            .collect();
+        for (id, g) in guards {
             self.dp.set_guard(id, &g)?;
         }
         Ok(())
@@ -238,7 +248,7 @@ impl Daemon {
     pub(super) fn reload_lists(&mut self) -> anyhow::Result<Option<String>> {
         let names: Vec<String> = self.vips.iter().map(|v| v.cfg.name.clone()).collect();
         let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let before: Vec<EntryKey> = self.lists.sorted().iter().map(|e| e.key.clone()).collect();
+        let before: HashSet<EntryKey> = self.lists.sorted().iter().map(|e| e.key.clone()).collect();
         let mut removed = self.lists.retain_vips(&name_refs);
         removed.extend(
             self.lists

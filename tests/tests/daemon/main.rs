@@ -22,6 +22,7 @@
 )]
 
 mod env;
+mod guard;
 mod sources;
 
 use std::{
