@@ -393,9 +393,12 @@ fn walking_a_full_sources_map() {
     let _ = std::fs::remove_dir_all(&pins);
     let (by_key, batch) = took;
     println!("walking {MAX_SOURCES} sources: key by key {by_key:?}, batched {batch:?}");
+    // 12 to 25 ms on the 2-CPU test machine while other builds run; the
+    // bound leaves room for a loaded machine, the comparison says why batch.
     let fastest = *batch.iter().min().unwrap();
     assert!(
-        fastest < Duration::from_millis(50),
-        "a batched walk of a full map in {fastest:?}: over the 50 ms budget"
+        fastest < Duration::from_millis(100),
+        "a batched walk of a full map in {fastest:?}"
     );
+    assert!(fastest < *by_key.iter().min().unwrap(), "batched is faster");
 }
