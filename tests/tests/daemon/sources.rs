@@ -186,7 +186,7 @@ fn heavy_source_is_named_alerted_and_auto_blocked() {
         auto_blocked(&e);
     });
     println!("blocked after {:?}", t.elapsed());
-    step("its SYNs are refused; the alert clears", || {
+    step("its SYNs are refused; the alerts clear", || {
         refused_then_cleared(&e);
     });
     stop.store(true, Ordering::Relaxed);
@@ -341,6 +341,12 @@ fn refused_then_cleared(e: &Env) {
         Ok(events_of(e, "source", &format!("{HEAVY}/32"))
             .iter()
             .any(|v| v["to"] == "normal"))
+    })
+    .unwrap();
+    // Its SYNs no longer reach conntrack, the light source's 10/s are
+    // under the cap: the insert cap's alarm clears.
+    wait_for(Duration::from_secs(6), "insert cap alarm cleared", || {
+        Ok(!events_of(e, "alarm", "conntrack insert cap no longer reached").is_empty())
     })
     .unwrap();
 }
