@@ -410,7 +410,10 @@ impl Daemon {
             .lists
             .get(&key)
             .map(|e| self.dp.list_hits(e.rule).unwrap_or(0));
-        let e = self.lists.remove(&key)?;
+        let e = self
+            .lists
+            .remove(&key)
+            .map_err(|err| self.other_scopes(err, &key))?;
         self.erase_entry(&e)?;
         self.write_guards()?;
         let msg = format!(
@@ -430,6 +433,25 @@ impl Daemon {
         self.save();
         info!("{msg}");
         Ok(msg)
+    }
+
+    /// An unblock of an absent entry whose prefix is listed in another
+    /// scope says where (the operator left out or added `--vip`).
+    fn other_scopes(&self, err: lists::ListError, key: &EntryKey) -> anyhow::Error {
+        let elsewhere: Vec<String> = self
+            .lists
+            .sorted()
+            .into_iter()
+            .filter(|e| e.key.list == key.list && e.key.prefix == key.prefix)
+            .map(|e| match e.key.scope.vip() {
+                Some(v) => format!("--vip {v}"),
+                None => "no --vip (every VIP)".to_owned(),
+            })
+            .collect();
+        if elsewhere.is_empty() || !matches!(err, lists::ListError::NotFound { .. }) {
+            return err.into();
+        }
+        anyhow::anyhow!("{err}; it is listed with {}", elsewhere.join(", "))
     }
 
     /// `xlb blocks`: every entry with its hits.
@@ -556,6 +578,10 @@ impl Daemon {
             return false;
         }
         let pin = persist::pin_dir(&self.cfg.daemon.pinned.instance).join(lb_common::MAP_CT);
+        // `get_next_key` restarts from the first key when the LRU evicted
+        // the one it was given: under churn the walk could go round for
+        // ever, so it reads at most twice the table.
+        let limit = 2 * self.cfg.daemon.pinned.conntrack_size as usize;
         let purges = Arc::clone(&self.purges);
         let names: HashMap<u32, String> = self
             .vips
@@ -565,7 +591,7 @@ impl Daemon {
         let spawned = std::thread::Builder::new()
             .name("xlb-ct-purge".into())
             .spawn(move || {
-                let cut = purge(&pin, &targets);
+                let cut = purge(&pin, &targets, limit);
                 let mut done = purges
                     .done
                     .lock()
@@ -627,9 +653,10 @@ fn flow_matches(k: &FlowKey, e: &CtEntry, prefix: &Prefix, vip: Option<u32>) -> 
         && vip.is_none_or(|id| e.vip_id == id)
 }
 
-/// Walks the pinned conntrack at `pin` once and removes the entries of
-/// flows matching each target; the count cut per target.
-fn purge(pin: &std::path::Path, targets: &PurgeTargets) -> Vec<Result<u64, String>> {
+/// Walks the pinned conntrack at `pin` once (reading at most `limit`
+/// entries) and removes the entries of flows matching each target; the
+/// count cut per target.
+fn purge(pin: &std::path::Path, targets: &PurgeTargets, limit: usize) -> Vec<Result<u64, String>> {
     let fail = |e: String| targets.iter().map(|_| Err(e.clone())).collect();
     let map = match aya::maps::MapData::from_pin(pin) {
         Ok(m) => aya::maps::Map::LruHashMap(m),
@@ -639,11 +666,13 @@ fn purge(pin: &std::path::Path, targets: &PurgeTargets) -> Vec<Result<u64, Strin
         return fail(format!("{} is not the conntrack map", pin.display()));
     };
     let mut hit: Vec<Vec<FlowKey>> = vec![Vec::new(); targets.len()];
-    for item in ct.iter() {
+    let mut seen = HashSet::new();
+    for item in ct.iter().take(limit) {
         let Ok((k, e)) = item else { break };
         if let Some(i) = targets
             .iter()
             .position(|(p, vip, _)| flow_matches(&k, &e, p, *vip))
+            && seen.insert(k)
         {
             hit[i].push(k);
         }
