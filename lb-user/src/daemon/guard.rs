@@ -115,6 +115,16 @@ fn expiry_text(expires_unix_ms: Option<u64>, now: u64) -> String {
 }
 
 impl Daemon {
+    /// A VIP name given to `block`/`unblock` is one of ours.
+    fn check_vip(&self, vip: Option<&str>) -> anyhow::Result<()> {
+        if let Some(name) = vip
+            && self.vip_id_of(name).is_none()
+        {
+            bail!("no VIP named {name:?}; `xlb status` lists them");
+        }
+        Ok(())
+    }
+
     /// The VIP id of the VIP called `name`.
     fn vip_id_of(&self, name: &str) -> Option<u32> {
         self.vips.iter().find(|v| v.cfg.name == name).map(|v| v.id)
@@ -263,7 +273,7 @@ impl Daemon {
                 EventKind::Block,
                 e.key.scope.vip(),
                 None,
-                Some(e.key.list.as_str()),
+                None,
                 None,
                 why,
                 None,
@@ -306,11 +316,7 @@ impl Daemon {
         ttl: Option<Duration>,
         reason: String,
     ) -> anyhow::Result<String> {
-        if let Some(name) = vip
-            && self.vip_id_of(name).is_none()
-        {
-            bail!("no VIP named {name:?}; `xlb status` lists them");
-        }
+        self.check_vip(vip)?;
         if ttl.is_some_and(|t| t.is_zero()) {
             bail!(
                 "a TTL of 0 would remove the entry at once; give a TTL such as 10m or 1h, or none"
@@ -341,15 +347,7 @@ impl Daemon {
         }
         self.write_guards()?;
         let mut msg = format!("{} added: {}", describe_entry(&e), entry_detail(&e, now));
-        self.event(
-            EventKind::Block,
-            vip,
-            None,
-            None,
-            Some(list.as_str()),
-            msg.clone(),
-            None,
-        );
+        self.event(EventKind::Block, vip, None, None, None, msg.clone(), None);
         self.save();
         if list == ListKind::Deny && self.allowed_anyway(vip, prefix) {
             msg.push_str(&format!(
@@ -396,11 +394,7 @@ impl Daemon {
         vip: Option<&str>,
         prefix: Prefix,
     ) -> anyhow::Result<String> {
-        if let Some(name) = vip
-            && self.vip_id_of(name).is_none()
-        {
-            bail!("no VIP named {name:?}; `xlb status` lists them");
-        }
+        self.check_vip(vip)?;
         let key = EntryKey {
             list,
             scope: Scope::of(vip),
@@ -421,15 +415,7 @@ impl Daemon {
             describe_entry(&e),
             hits.unwrap_or(0)
         );
-        self.event(
-            EventKind::Block,
-            vip,
-            None,
-            Some(list.as_str()),
-            None,
-            msg.clone(),
-            None,
-        );
+        self.event(EventKind::Block, vip, None, None, None, msg.clone(), None);
         self.save();
         info!("{msg}");
         Ok(msg)
@@ -489,7 +475,7 @@ impl Daemon {
                 EventKind::Block,
                 e.key.scope.vip(),
                 None,
-                Some(e.key.list.as_str()),
+                None,
                 None,
                 msg,
                 None,
