@@ -29,11 +29,13 @@ mod control;
 mod drain;
 mod evaluate;
 mod explain;
+mod guard;
 mod links;
 mod main_loop;
 pub mod model;
 pub mod persist;
 mod reload;
+mod sources;
 mod start;
 mod status;
 
@@ -63,6 +65,7 @@ use crate::{
 
 pub use self::{
     links::detach,
+    sources::walk_sources,
     start::{run, start},
 };
 /// Kept where the health benchmark finds it.
@@ -93,6 +96,10 @@ pub struct Daemon {
     last_alarm: Option<Instant>,
     /// The conntrack table's fill alarms.
     fill_alarms: alarms::FillAlarms,
+    /// The conntrack insert cap's alarm.
+    capped_alarm: alarms::CappedAlarm,
+    /// Heavy hitters: rates, alerts, auto_block (`sources`).
+    sources: sources::Watch,
     histograms: HashMap<u32, LatencyHistogram>,
     transitions: HashMap<u32, u64>,
     /// Backend id → (VIP index, backend index); rebuilt whenever `vips`
@@ -107,6 +114,10 @@ pub struct Daemon {
     status_asked: Option<Instant>,
     /// What the metrics endpoint serves, refreshed every tick.
     published: Arc<Mutex<(StatusReport, MetricsExtra)>>,
+    /// The deny and allow lists (`guard`).
+    lists: crate::guard::lists::Lists,
+    /// Conntrack purges of new deny entries, finished off the main loop.
+    purges: Arc<guard::Purges>,
 }
 
 impl Daemon {
@@ -160,6 +171,8 @@ impl Daemon {
             last_sample: Instant::now(),
             last_alarm: None,
             fill_alarms: alarms::FillAlarms::default(),
+            capped_alarm: alarms::CappedAlarm::default(),
+            sources: sources::Watch::default(),
             histograms: HashMap::new(),
             index,
             ct_entries: Arc::new(AtomicU64::new(0)),
@@ -170,7 +183,12 @@ impl Daemon {
                 StatusReport::default(),
                 MetricsExtra::default(),
             ))),
+            lists: crate::guard::lists::Lists::default(),
+            purges: Arc::default(),
         };
+        // Guards and lists before the VIPs go live: a VIP's first packet
+        // is judged by its configuration.
+        d.init_lists(saved.as_ref())?;
         for vi in 0..d.vips.len() {
             d.install(vi)?;
         }
@@ -265,7 +283,9 @@ impl Daemon {
 
     fn save(&self) {
         let path = persist::state_path(&self.cfg.daemon.pinned.instance);
-        if let Err(e) = model::to_saved(&self.vips).store(&path) {
+        let mut saved = model::to_saved(&self.vips);
+        saved.lists = self.saved_lists();
+        if let Err(e) = saved.store(&path) {
             warn!("{e:#}");
         }
     }

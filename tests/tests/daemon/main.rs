@@ -22,6 +22,8 @@
 )]
 
 mod env;
+mod guard;
+mod sources;
 
 use std::{
     collections::BTreeSet,
