@@ -756,7 +756,7 @@ pub fn mask_addr(addr: &Addr, bits: u8) -> Addr {
     while i < 16 {
         if i < full {
             out[i] = addr[i];
-        } else if i == full && bits % 8 != 0 {
+        } else if i == full && !bits.is_multiple_of(8) {
             out[i] = addr[i] & (0xffu8 << (8 - bits % 8));
         }
         i += 1;

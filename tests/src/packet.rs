@@ -259,3 +259,37 @@ fn addr_bytes(a: IpAddr) -> Vec<u8> {
         IpAddr::V6(v6) => v6.octets().to_vec(),
     }
 }
+
+/// An ICMP message (header + `body`), its checksum computed.
+pub fn icmp4(kind: u8, code: u8, rest: [u8; 4], body: &[u8]) -> Vec<u8> {
+    let mut m = vec![kind, code, 0, 0];
+    m.extend_from_slice(&rest);
+    m.extend_from_slice(body);
+    let c = csum(&m);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    m
+}
+
+/// An ICMPv6 message from `src` to `dst` (header + `body`), its checksum
+/// computed over the pseudo-header (RFC 4443, 2.3).
+pub fn icmp6(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    kind: u8,
+    code: u8,
+    rest: [u8; 4],
+    body: &[u8],
+) -> Vec<u8> {
+    let mut m = vec![kind, code, 0, 0];
+    m.extend_from_slice(&rest);
+    m.extend_from_slice(body);
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&src.octets());
+    pseudo.extend_from_slice(&dst.octets());
+    pseudo.extend_from_slice(&(m.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    pseudo.extend_from_slice(&m);
+    let c = csum(&pseudo);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    m
+}

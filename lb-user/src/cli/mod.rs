@@ -1213,7 +1213,7 @@ mod tests {
         let text = render_status(&sample_report(), SAMPLE_NOW_MS, false);
         let want = "\
 xlb instance default on eth0 (native XDP)  up 3h2m  conntrack 1234/1048576 (0.1%)  config /etc/xlb/xlb.toml (adopted pinned state)
-dropped: aborted 250, drop_bad_ihl 160, drop_bad_l4 200, drop_bad_length 170, drop_fragment 190, drop_ip_options 180, drop_no_backend 210, drop_no_headroom 240, drop_no_route 220, drop_too_big 230
+dropped: aborted 350, drop_bad_ihl 160, drop_bad_l4 200, drop_bad_length 170, drop_denied 250, drop_fragment 190, drop_ip_options 180, drop_no_backend 210, drop_no_headroom 240, drop_no_route 220, drop_rate_limited 280, drop_too_big 230
 
 VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
   BACKEND        STATE     FOR    LAST PROBE                                            OK/FAIL  NEW/S  PKT/S  FLOWS

@@ -154,7 +154,7 @@ impl Dataplane {
     /// Every tracked source. Entries that vanish during the walk (LRU
     /// eviction) are skipped.
     pub fn sources(&self) -> Vec<(SourceKey, SourceState)> {
-        self.sources.iter().filter_map(|r| r.ok()).collect()
+        self.sources.iter().filter_map(Result::ok).collect()
     }
 
     pub fn source(&self, key: &SourceKey) -> Result<Option<SourceState>> {
