@@ -329,7 +329,11 @@ pub struct NextHop {
     /// [`BackendInfo::generation`] + 1 of the backend this was resolved for
     /// (0 = empty), so a recycled id never uses its predecessor's answer.
     pub generation_plus_one: u32,
-    pub _pad: [u8; 4],
+    /// 1 if the backend is a neighbour (the route has no gateway): only
+    /// then can `dsr-l2` reach it, the frame still being addressed to the
+    /// VIP.
+    pub on_link: u8,
+    pub _pad: [u8; 3],
     /// `bpf_ktime_get_ns()` after which the answer is looked up again.
     pub expires_ns: u64,
 }
@@ -420,6 +424,10 @@ stats! {
     /// To a VIP: the backend has no route or neighbour (`bpf_fib_lookup`
     /// failed); the daemon's probes keep neighbours resolved.
     DropNoRoute = "drop_no_route",
+    /// To a `dsr-l2` VIP: the backend is not a neighbour (its route goes
+    /// through a gateway), and a frame still addressed to the VIP would
+    /// loop through the router.
+    DropNotOnLink = "drop_not_on_link",
     /// To a VIP: the encapsulated packet would exceed the egress MTU, and
     /// the client cannot be told (IPv4 without DF).
     DropTooBig = "drop_too_big",

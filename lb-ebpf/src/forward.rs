@@ -72,6 +72,9 @@ fn rewrite_l2(ctx: &XdpContext, id: u32, be: &BackendInfo, now: u64) -> u32 {
     let Some(nh) = (unsafe { nexthop(ctx, id, be, &[0; 16], now).as_ref() }) else {
         return drop_with(Stat::DropNoRoute);
     };
+    if nh.on_link == 0 {
+        return drop_with(Stat::DropNotOnLink);
+    }
     if set_macs(ctx, nh).is_none() {
         return aborted();
     }
@@ -110,6 +113,9 @@ pub(crate) fn nexthop(
     nh.dmac = p.dmac;
     nh.smac = p.smac;
     nh.ifindex = p.ifindex;
+    // The kernel replaces the destination by the gateway when the route
+    // has one: the backend is on-link only if it is still the backend.
+    nh.on_link = u8::from(lookup_dst_is(&p, be));
     // A second lookup claiming the largest packet makes the kernel report
     // the egress MTU (it only does on BPF_FIB_LKUP_RET_FRAG_NEEDED).
     // SAFETY: as above.
@@ -124,6 +130,27 @@ pub(crate) fn nexthop(
     nh.generation_plus_one = be.generation.wrapping_add(1);
     nh.expires_ns = now + NEXTHOP_TTL_NS;
     nh
+}
+
+/// Whether the destination `bpf_fib_lookup` left in `p` is `be` itself
+/// (no gateway on the route).
+#[inline(always)]
+fn lookup_dst_is(p: &FibParams, be: &BackendInfo) -> bool {
+    // SAFETY: reading the union members the kernel wrote, as bytes.
+    unsafe {
+        if be.family == FAMILY_V4 {
+            p.__bindgen_anon_4.ipv4_dst.to_ne_bytes()
+                == [be.addr[0], be.addr[1], be.addr[2], be.addr[3]]
+        } else {
+            let d = &p.__bindgen_anon_4.ipv6_dst;
+            let mut b = [0u8; 16];
+            b[0..4].copy_from_slice(&d[0].to_ne_bytes());
+            b[4..8].copy_from_slice(&d[1].to_ne_bytes());
+            b[8..12].copy_from_slice(&d[2].to_ne_bytes());
+            b[12..16].copy_from_slice(&d[3].to_ne_bytes());
+            b == be.addr
+        }
+    }
 }
 
 /// `bpf_fib_lookup` towards `be` from `src` (a v4 address in the first 4

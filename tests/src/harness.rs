@@ -28,6 +28,10 @@ pub const PEER_MAC: Mac = [0x02, 0, 0, 0, 0, 0x02];
 /// MAC of `xg0`, a second interface: backends routed through it are
 /// reached by redirect rather than `XDP_TX`.
 pub const XG_MAC: Mac = [0x02, 0, 0, 0, 0, 0x03];
+/// The router `10.0.0.254` on `xf0`'s segment, the gateway of 10.2.0.0/24:
+/// backends there are not neighbours.
+pub const GW_MAC: Mac = [0x02, 0, 0, 0, 0, 0x04];
+const GW_V4: &str = "10.0.0.254";
 pub const LB_V4: &str = "10.0.0.1";
 pub const LB_V6: &str = "fd00::1";
 
@@ -61,6 +65,8 @@ pub fn default_backends() -> Vec<Backend> {
         b(4, "fd00::11", Some([0x02, 0, 0, 0, 0x0b, 0x04])),
         b(5, "fd00::12", Some([0x02, 0, 0, 0, 0x0b, 0x05])),
         b(6, "10.1.0.11", Some([0x02, 0, 0, 0, 0x0b, 0x06])),
+        // Behind the router: frames go to the router's MAC.
+        b(7, "10.2.0.11", Some(GW_MAC)),
     ]
 }
 
@@ -190,6 +196,18 @@ fn add_interfaces(ns: &NetNs) -> anyhow::Result<()> {
     ns.ip(&["link", "set", "xg1", "up"])?;
     ns.ip(&["addr", "add", "10.1.0.1/24", "dev", "xg0"])?;
     ns.ip(&[
+        "neigh",
+        "add",
+        GW_V4,
+        "lladdr",
+        &mac_str(&GW_MAC),
+        "dev",
+        "xf0",
+        "nud",
+        "permanent",
+    ])?;
+    ns.ip(&["route", "add", "10.2.0.0/24", "via", GW_V4, "dev", "xf0"])?;
+    ns.ip(&[
         "-6",
         "addr",
         "add",
@@ -204,7 +222,7 @@ fn add_interfaces(ns: &NetNs) -> anyhow::Result<()> {
 /// A permanent neighbour entry for every backend that has a MAC, on the
 /// interface whose subnet it is in.
 fn add_neighbours(ns: &NetNs, backends: &[Backend]) -> anyhow::Result<()> {
-    for b in backends {
+    for b in backends.iter().filter(|b| !b.behind_the_router()) {
         if let Some(mac) = b.mac {
             let dev = if b.on_second_interface() {
                 "xg0"
@@ -228,6 +246,12 @@ fn add_neighbours(ns: &NetNs, backends: &[Backend]) -> anyhow::Result<()> {
 }
 
 impl Backend {
+    /// Whether the backend is in 10.2.0.0/24, reached through the router
+    /// on `xf0` (its `mac` is the router's).
+    pub fn behind_the_router(&self) -> bool {
+        self.addr.to_string().starts_with("10.2.0.")
+    }
+
     /// Whether the backend is on `xg0`'s subnet (10.1.0.0/24): the LB
     /// reaches it by redirect, from `XG_MAC`, rather than by `XDP_TX`.
     pub fn on_second_interface(&self) -> bool {
