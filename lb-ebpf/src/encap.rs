@@ -6,8 +6,8 @@
 
 use aya_ebpf::{helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use lb_common::{
-    BackendInfo, ENCAP_TTL, FAMILY_V6, Globals, IPIP4_OVERHEAD, IPIP6_OVERHEAD, NextHop,
-    PROTO_IPIP, PROTO_IPV6, Stat,
+    BackendInfo, ENCAP_TTL, FAMILY_V6, Globals, IPIP4_OVERHEAD, IPIP6_OVERHEAD,
+    MAX_ENCAP_HOST_BITS, NextHop, PROTO_IPIP, PROTO_IPV6, Stat, encap_hash,
 };
 
 use crate::{
@@ -51,7 +51,14 @@ pub(crate) fn encap(
 ) -> u32 {
     let v6 = pkt.flow.family == FAMILY_V6;
     let overhead = if v6 { IPIP6_OVERHEAD } else { IPIP4_OVERHEAD } as usize;
-    let src = if v6 { &g.encap_src_v6 } else { &g.encap_src_v4 };
+    // One value per flow spreads the outer headers (IPv4 source within
+    // its prefix, IPv6 flow label) over the backend's RSS queues.
+    let spread = encap_hash(&pkt.flow.src, pkt.flow.sport);
+    let src = &if v6 {
+        g.encap_src_v6
+    } else {
+        spread_v4(&g.encap_src_v4, g.encap_v4_host_bits, spread)
+    };
     let outer_len = pkt.ip_len + overhead;
     // SAFETY: null or a per-CPU map value, valid for this run.
     let Some(nh) = (unsafe { nexthop(ctx, id, be, src, now).as_ref() }) else {
@@ -74,15 +81,34 @@ pub(crate) fn encap(
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(overhead as i32)) } != 0 {
         return drop_with(Stat::DropNoHeadroom);
     }
-    if write_headers(ctx, v6, &be.addr, src, outer_len, tci, nh).is_none() {
+    if write_headers(ctx, v6, &be.addr, src, outer_len, tci, nh, spread).is_none() {
         return aborted();
     }
     send(ctx, nh)
 }
 
+/// `base` (an IPv4 address in the first 4 bytes) with its low `host_bits`
+/// taken from `spread`.
+#[inline(always)]
+fn spread_v4(base: &[u8; 16], host_bits: u8, spread: u32) -> [u8; 16] {
+    let mut out = *base;
+    if host_bits != 0 && host_bits <= MAX_ENCAP_HOST_BITS {
+        let mask = (1u32 << host_bits) - 1;
+        let a = u32::from_be_bytes([base[0], base[1], base[2], base[3]]);
+        let a = (a & !mask) | (spread & mask);
+        out[..4].copy_from_slice(&a.to_be_bytes());
+    }
+    out
+}
+
 /// After `adjust_head`: the L2 header (MACs from `nh`, the VLAN tag if any,
 /// the ethertype) then the outer IP header from `src` to `dst`, in front of
-/// the untouched inner packet.
+/// the untouched inner packet; an outer IPv6 header's flow label is the low
+/// 20 bits of `spread`.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "inlined; each is one value of the one packet"
+)]
 #[inline(always)]
 fn write_headers(
     ctx: &XdpContext,
@@ -92,6 +118,7 @@ fn write_headers(
     outer_len: usize,
     tci: Option<[u8; 2]>,
     nh: &NextHop,
+    spread: u32,
 ) -> Option<()> {
     set_macs(ctx, nh)?;
     let ethertype = if v6 { ETH_P_IPV6 } else { ETH_P_IP }.to_be_bytes();
@@ -100,7 +127,15 @@ fn write_headers(
         let h = ptr_at::<Ip6ip6>(ctx, off)?;
         // SAFETY: bounds checked by ptr_at; written in place (the stack is 512 B).
         let h = unsafe { &mut *h };
-        let first = h.inner_version_tc_flow;
+        // Version and traffic class from the inner header, the flow label
+        // from the flow.
+        let inner = h.inner_version_tc_flow;
+        let first = [
+            inner[0],
+            (inner[1] & 0xf0) | ((spread >> 16) & 0x0f) as u8,
+            (spread >> 8) as u8,
+            spread as u8,
+        ];
         let payload = (outer_len - IPIP6_OVERHEAD as usize) as u16;
         ipip6_header(&mut h.outer, first, payload, src, dst);
     } else {

@@ -321,6 +321,8 @@ impl World {
             udp_timeout_ns,
             encap_src_v4: addr16(LB_V4.parse().unwrap()),
             encap_src_v6: addr16(LB_V6.parse().unwrap()),
+            encap_v4_host_bits: 0,
+            _pad: [0; 7],
         };
         self.dp.set_globals(&g)?;
         Ok(())

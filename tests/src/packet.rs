@@ -189,6 +189,21 @@ pub fn udp(sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
     h
 }
 
+/// What `xlb_lb` sends for a packet of `flow` (`inner`) to `backend` in
+/// `dsr-ipip`, with one outer IPv4 source: as [`encap`], but an outer IPv6
+/// header's flow label is the low 20 bits of `lb_common::encap_hash` of the
+/// flow's client address and port (the traffic class still the inner one).
+pub fn encap_flow(outer_src: IpAddr, backend: IpAddr, inner: &[u8], flow: &Flow) -> Vec<u8> {
+    let mut out = encap(outer_src, backend, inner);
+    if backend.is_ipv6() {
+        let label = lb_common::encap_hash(&addr16(flow.src), flow.sport.to_be());
+        out[1] = (out[1] & 0xf0) | ((label >> 16) & 0x0f) as u8;
+        out[2] = (label >> 8) as u8;
+        out[3] = label as u8;
+    }
+    out
+}
+
 /// What `dsr-ipip` must send: an outer header to `backend` around `inner`
 /// (an IP packet). IPv4 outer: tos copied, id 0, no flags, TTL 64, proto 4.
 /// IPv6 outer: version/class/flow label copied, next header 41, hop limit 64.

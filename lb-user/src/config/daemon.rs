@@ -1,7 +1,7 @@
 //! The `[daemon]` table: [`DaemonConfig`] and the checks that build it, one
 //! per setting, in the order the settings are documented.
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::raw::RawDaemon;
 use super::{Problems, defaults, duration_setting, ser_duration, suggest_prime};
-use crate::maglev::is_prime;
+use crate::{guard::Prefix, maglev::is_prime};
 
 /// Shortest non-zero `daemon.udp_timeout`: twice the data plane's
 /// last-seen refresh period (`lb_common::CT_TOUCH_INTERVAL_NS`).
@@ -107,6 +107,10 @@ pub struct LiveSettings {
     /// Outer source of IPv6-in-IPv6 packets; `None` = the interface's first
     /// global IPv6 address.
     pub encap_source_v6: Option<Ipv6Addr>,
+    /// Outer IPv4 sources spread over a prefix (/16 to /32), the host bits
+    /// taken from each flow, so a backend NIC's RSS spreads one LB's flows
+    /// over its queues (as Katran does); replaces `encap_source_v4`.
+    pub encap_source_v4_prefix: Option<Prefix>,
 }
 
 /// Checks every setting and resolves its default. Settings are checked in
@@ -124,6 +128,7 @@ pub(super) fn validate(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
     let hash_seed = hash_seed(raw, p);
     let encap_source_v4 = encap_source_v4(raw, p);
     let encap_source_v6 = encap_source_v6(raw, p);
+    let encap_source_v4_prefix = encap_source_v4_prefix(raw, p);
     let probe_concurrency = probe_concurrency(raw, p);
     DaemonConfig {
         pinned: PinnedSettings {
@@ -144,6 +149,7 @@ pub(super) fn validate(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
             hash_seed,
             encap_source_v4,
             encap_source_v6,
+            encap_source_v4_prefix,
         },
     }
 }
@@ -359,6 +365,41 @@ fn encap_source_v4(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<Ipv4Addr> {
     Some(a)
 }
 
+fn encap_source_v4_prefix(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<Prefix> {
+    let text = raw.encap_source_v4_prefix.as_deref()?;
+    let min = 32 - lb_common::MAX_ENCAP_HOST_BITS;
+    let prefix = match text.parse::<Prefix>() {
+        Ok(pf) if pf.addr.is_ipv4() && pf.len >= min => pf,
+        Ok(_) => {
+            p.error(
+                CTX,
+                format!(
+                    "encap_source_v4_prefix {text:?} must be an IPv4 prefix of length {min} to 32 \
+                     (e.g. \"10.255.0.0/24\": 256 outer sources)"
+                ),
+            );
+            return None;
+        }
+        Err(e) => {
+            p.error(CTX, format!("encap_source_v4_prefix: {e}"));
+            return None;
+        }
+    };
+    if raw.encap_source_v4.is_some() {
+        p.error(
+            CTX,
+            "set encap_source_v4 (one outer source) or encap_source_v4_prefix (a source per \
+             flow within the prefix), not both",
+        );
+    }
+    if let IpAddr::V4(a) = prefix.addr
+        && (a.is_unspecified() || a.is_multicast() || a.is_broadcast() || a.is_loopback())
+    {
+        not_a_source(p, "encap_source_v4_prefix", &prefix);
+    }
+    Some(prefix)
+}
+
 fn encap_source_v6(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<Ipv6Addr> {
     let a = raw.encap_source_v6?;
     if a.is_unspecified() || a.is_multicast() || a.is_loopback() {
@@ -431,6 +472,19 @@ probe_concurrency = 0
         udp_timeout_shorter_than_the_conntrack_refresh: format!(r#"{DAEMON}udp_timeout = "500ms""#) => [
             r"xlb.toml: daemon: udp_timeout 500ms is too short: conntrack refreshes a flow's last-seen time once a second, so use 0 (never expire) or at least 2s",
         ];
+        encap_source_v4_prefix_too_wide: format!(r#"{DAEMON}encap_source_v4_prefix = "10.0.0.0/8""#) => [
+            r#"xlb.toml: daemon: encap_source_v4_prefix "10.0.0.0/8" must be an IPv4 prefix of length 16 to 32 (e.g. "10.255.0.0/24": 256 outer sources)"#,
+        ];
+        encap_source_v4_prefix_of_ipv6: format!(r#"{DAEMON}encap_source_v4_prefix = "fd00::/112""#) => [
+            r#"xlb.toml: daemon: encap_source_v4_prefix "fd00::/112" must be an IPv4 prefix of length 16 to 32 (e.g. "10.255.0.0/24": 256 outer sources)"#,
+        ];
+        encap_source_v4_prefix_with_host_bits: format!(r#"{DAEMON}encap_source_v4_prefix = "10.0.0.7/24""#) => [
+            r#"xlb.toml: daemon: encap_source_v4_prefix: "10.0.0.7/24" has host bits set; write "10.0.0.0/24" for the network, or "10.0.0.7/32" for the one address"#,
+        ];
+        encap_source_v4_and_its_prefix: format!(r#"{DAEMON}encap_source_v4 = "10.0.0.2"
+    encap_source_v4_prefix = "10.255.0.0/24""#) => [
+            r"xlb.toml: daemon: set encap_source_v4 (one outer source) or encap_source_v4_prefix (a source per flow within the prefix), not both",
+        ];
         max_table_size_too_large: format!("{DAEMON}max_table_size = 2097143") => [
             r"xlb.toml: daemon: max_table_size 2097143 is too large: the ring would take 2047 MiB of kernel memory; use a prime of at most 1048573",
         ];
@@ -456,6 +510,24 @@ port = 80
         );
         assert_eq!(config.daemon.restart.metrics_address, None);
         assert_eq!(config.vips[0].table_size, 1009);
+    }
+
+    #[test]
+    fn encap_source_v4_prefix_is_read() {
+        let config = ok(
+            "prefix",
+            &format!(
+                r#"{DAEMON}encap_source_v4_prefix = "10.255.0.0/24"
+
+[[vip]]
+name = "a"
+address = "10.1.0.1"
+port = 80
+{ONE_BACKEND}"#
+            ),
+        );
+        let pf = config.daemon.live.encap_source_v4_prefix.expect("set");
+        assert_eq!(pf.to_string(), "10.255.0.0/24");
     }
 
     #[test]

@@ -480,6 +480,7 @@ port = 80
                     hash_seed: None,
                     encap_source_v4: None,
                     encap_source_v6: None,
+                    encap_source_v4_prefix: None,
                 },
             },
             vips: vec![VipConfig {
@@ -625,6 +626,7 @@ port = 80
                     hash_seed: Some([0x0001_0203_0405_0607, 0x0809_0a0b_0c0d_0e0f]),
                     encap_source_v4: Some(Ipv4Addr::new(10, 0, 0, 2)),
                     encap_source_v6: Some("fd00::2".parse().unwrap()),
+                    encap_source_v4_prefix: None,
                 },
             },
             vips: vec![VipConfig {

@@ -44,6 +44,7 @@ pub(super) struct RawDaemon {
     pub(super) hash_seed: Option<String>,
     pub(super) encap_source_v4: Option<Ipv4Addr>,
     pub(super) encap_source_v6: Option<Ipv6Addr>,
+    pub(super) encap_source_v4_prefix: Option<String>,
     pub(super) probe_concurrency: Option<u32>,
 }
 

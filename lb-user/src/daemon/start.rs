@@ -109,7 +109,14 @@ pub(super) fn write_globals(
         None if g.hash_key != [0, 0] => g.hash_key,
         None => [rand::random(), rand::random()],
     };
-    let src4 = d.live.encap_source_v4.or(v4);
+    let src4 = d
+        .live
+        .encap_source_v4
+        .or(d.live.encap_source_v4_prefix.and_then(|pf| match pf.addr {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        }))
+        .or(v4);
     let src6 = d.live.encap_source_v6.or(v6);
     g = Globals {
         layout_version: LAYOUT_VERSION,
@@ -118,7 +125,13 @@ pub(super) fn write_globals(
         udp_timeout_ns: d.live.udp_timeout.as_nanos() as u64,
         encap_src_v4: src4.map(|a| addr16(IpAddr::V4(a))).unwrap_or_default(),
         encap_src_v6: src6.map(|a| addr16(IpAddr::V6(a))).unwrap_or_default(),
+        encap_v4_host_bits: 0,
+        _pad: [0; 7],
     };
+    if let Some(pf) = d.live.encap_source_v4_prefix {
+        g.encap_src_v4 = addr16(pf.addr);
+        g.encap_v4_host_bits = 32 - pf.len;
+    }
     dp.set_globals(&g)?;
     let ipip = |v6: bool| {
         vips.iter()
