@@ -5,11 +5,13 @@
 //! default size it reads a million entries, which must not hold up health
 //! reports or admin commands. The main loop reads the latest result.
 
-use crate::dataplane::ktime_coarse_ns;
+use crate::dataplane::{
+    batch::{batch_unsupported, lookup_batch},
+    ktime_coarse_ns,
+};
 use std::{
     collections::HashMap,
     io,
-    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
@@ -253,7 +255,7 @@ fn walk_for_ever(pin: &Path, limit: u64, entries: &AtomicU64, shared: &Shared) {
     };
     let mut walker = Walker {
         pin,
-        fd: data.fd().as_fd(),
+        data,
         ct,
         limit,
         batch: true,
@@ -287,7 +289,7 @@ fn walk_for_ever(pin: &Path, limit: u64, entries: &AtomicU64, shared: &Shared) {
 /// between walks.
 struct Walker<'m> {
     pin: &'m Path,
-    fd: BorrowedFd<'m>,
+    data: &'m aya::maps::MapData,
     ct: aya::maps::HashMap<&'m aya::maps::MapData, FlowKey, CtEntry>,
     limit: u64,
     /// Whether to try `BPF_MAP_LOOKUP_BATCH` (until the kernel says it
@@ -303,7 +305,7 @@ impl Walker<'_> {
         let mut c = Counter::new(ktime_coarse_ns(), window, self.limit);
         let mut result = Ok(());
         if self.batch {
-            result = walk_batch(self.fd, &mut c);
+            result = lookup_batch(self.data, |k, v| c.add(k, v));
             if let Err(e) = &result
                 && c.counts.entries == 0
                 && batch_unsupported(e)
@@ -333,105 +335,6 @@ impl Walker<'_> {
                 None
             }
         }
-    }
-}
-
-/// `BPF_MAP_LOOKUP_BATCH` in `enum bpf_cmd` (include/uapi/linux/bpf.h);
-/// hash and LRU hash maps support it since Linux 5.6 (commit 057996380a42,
-/// "bpf: Add batch ops to all htab bpf map").
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-
-/// The kernel's internal ENOTSUPP, which `bpf(2)` returns for a map type
-/// without batch operations.
-const ENOTSUPP: i32 = 524;
-
-/// Entries per `BPF_MAP_LOOKUP_BATCH` call: 256 KiB of buffers, and a
-/// million-entry table in 256 calls instead of two million.
-const BATCH: usize = 4096;
-
-/// The `batch` member of `union bpf_attr`. The kernel accepts an attribute
-/// shorter than its own union (the rest reads as zero).
-#[repr(C)]
-#[derive(Default)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
-
-fn batch_unsupported(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP | ENOTSUPP)
-    )
-}
-
-/// Walks the map with `BPF_MAP_LOOKUP_BATCH`: keys and values of up to
-/// [`BATCH`] entries per syscall.
-///
-/// aya 0.14 has no batch lookup (its `HashMap::iter` costs a
-/// `BPF_MAP_GET_NEXT_KEY` and a `BPF_MAP_LOOKUP_ELEM` per entry, two
-/// million syscalls at the default size), so this makes the call itself.
-/// It also walks bucket by bucket, where `get_next_key` restarts from the
-/// first key whenever the LRU evicted the key it was given.
-fn walk_batch(fd: BorrowedFd<'_>, c: &mut Counter) -> io::Result<()> {
-    let mut keys = vec![FlowKey::default(); BATCH];
-    let mut values = vec![CtEntry::default(); BATCH];
-    // The hash map's cursor is a bucket index (a u32); the array maps use
-    // key-sized cursors, so leave room for a key anyway.
-    let mut cursor = [0u64; 8];
-    let mut next = [0u64; 8];
-    let mut first = true;
-    loop {
-        let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { cursor.as_ptr() as u64 },
-            out_batch: next.as_mut_ptr() as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: BATCH as u32,
-            map_fd: fd.as_raw_fd() as u32,
-            ..BatchAttr::default()
-        };
-        // SAFETY: `attr` is a valid `batch` attribute of its stated size;
-        // `keys` and `values` hold `count` elements of the map's key and
-        // value sizes (aya checked both when it opened the map as
-        // `HashMap<FlowKey, CtEntry>`), and both cursors are 64 bytes: the
-        // kernel writes nothing beyond them.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>() as u32,
-            )
-        };
-        // ENOENT: past the last bucket; `count` still says how many
-        // entries this last call returned.
-        let done = if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                return Err(e);
-            }
-            true
-        } else {
-            false
-        };
-        let n = (attr.count as usize).min(BATCH);
-        for (k, v) in keys[..n].iter().zip(&values[..n]) {
-            if !c.add(k, v) {
-                return Ok(());
-            }
-        }
-        if done {
-            return Ok(());
-        }
-        cursor = next;
-        first = false;
     }
 }
 
@@ -621,7 +524,7 @@ mod tests {
         let mut ct = aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(&mut map).unwrap();
         let now = crate::dataplane::ktime_coarse_ns();
         // More than one batch, spread over three backends.
-        let n = 3 * BATCH as u32 + 17;
+        let n = 3 * crate::dataplane::batch::BATCH as u32 + 17;
         for i in 0..n {
             let key = FlowKey::new(
                 std::net::SocketAddr::from(([192, 0, 2, (i % 200) as u8], (i / 200) as u16 + 1)),
@@ -640,9 +543,8 @@ mod tests {
         let aya::maps::Map::LruHashMap(data) = &map else {
             unreachable!()
         };
-        let fd = data.fd().as_fd();
         let mut batch = Counter::new(now, Window::new(0), 1_000_000);
-        walk_batch(fd, &mut batch).unwrap();
+        lookup_batch(data, |k, v| batch.add(k, v)).unwrap();
         let ro = aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(&map).unwrap();
         let keys = walk_keys(&ro, now, Window::new(0), 1_000_000).unwrap();
         assert_eq!(batch.counts.entries, u64::from(n));
@@ -653,7 +555,7 @@ mod tests {
         );
         // The bound holds across batches.
         let mut bounded = Counter::new(now, Window::new(0), 5000);
-        walk_batch(fd, &mut bounded).unwrap();
+        lookup_batch(data, |k, v| bounded.add(k, v)).unwrap();
         assert_eq!(bounded.counts.entries, 5000);
         assert!(bounded.counts.truncated);
     }

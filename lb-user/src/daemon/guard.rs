@@ -30,6 +30,7 @@ use super::{
 use crate::{
     config::{Config, VipGuardConfig},
     ctl::{self, EventKind},
+    dataplane::batch::{batch_unsupported, lookup_batch},
     guard::{
         Prefix,
         lists::{self, Entry, EntryKey, Lists, NewEntry, Scope, Slot},
@@ -640,28 +641,44 @@ fn flow_matches(k: &FlowKey, e: &CtEntry, prefix: &Prefix, vip: Option<u32>) -> 
 }
 
 /// Walks the pinned conntrack at `pin` once (reading at most `limit`
-/// entries) and removes the entries of flows matching each target; the
-/// count cut per target.
+/// entries; batch lookups, key by key on kernels without them) and removes
+/// the entries of flows matching each target; the count cut per target.
 fn purge(pin: &std::path::Path, targets: &PurgeTargets, limit: usize) -> Vec<Result<u64, String>> {
     let fail = |e: String| targets.iter().map(|_| Err(e.clone())).collect();
-    let map = match aya::maps::MapData::from_pin(pin) {
-        Ok(m) => aya::maps::Map::LruHashMap(m),
+    let data = match aya::maps::MapData::from_pin(pin) {
+        Ok(m) => m,
         Err(e) => return fail(format!("opening {}: {e}", pin.display())),
-    };
-    let Ok(mut ct) = aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(map) else {
-        return fail(format!("{} is not the conntrack map", pin.display()));
     };
     let mut hit: Vec<Vec<FlowKey>> = vec![Vec::new(); targets.len()];
     let mut seen = HashSet::new();
-    for item in ct.iter().take(limit) {
-        let Ok((k, e)) = item else { break };
+    let mut read = 0usize;
+    let mut visit = |k: &FlowKey, e: &CtEntry| {
         if let Some(i) = targets
             .iter()
-            .position(|(p, vip, _)| flow_matches(&k, &e, p, *vip))
-            && seen.insert(k)
+            .position(|(p, vip, _)| flow_matches(k, e, p, *vip))
+            && seen.insert(*k)
         {
-            hit[i].push(k);
+            hit[i].push(*k);
         }
+        read += 1;
+        read < limit
+    };
+    let batched = lookup_batch(&data, &mut visit);
+    let map = aya::maps::Map::LruHashMap(data);
+    let Ok(mut ct) = aya::maps::HashMap::<_, FlowKey, CtEntry>::try_from(map) else {
+        return fail(format!("{} is not the conntrack map", pin.display()));
+    };
+    match batched {
+        Ok(()) => {}
+        Err(e) if batch_unsupported(&e) => {
+            for item in ct.iter() {
+                let Ok((k, e)) = item else { break };
+                if !visit(&k, &e) {
+                    break;
+                }
+            }
+        }
+        Err(e) => return fail(format!("walking {}: {e}", pin.display())),
     }
     hit.iter()
         .map(|keys| {

@@ -2,6 +2,7 @@
 //! userspace that knows map names and layouts (shared with the kernel through
 //! `lb-common`).
 
+pub mod batch;
 mod guard;
 
 pub use guard::{ListKey, source_key};

@@ -11,7 +11,6 @@
 
 use std::{
     io,
-    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -20,7 +19,10 @@ use std::{
 use lb_common::{SourceKey, SourceState};
 use tracing::{debug, info, warn};
 
-use crate::daemon::TICK;
+use crate::{
+    daemon::TICK,
+    dataplane::batch::{batch_unsupported, lookup_batch},
+};
 
 /// One walk of the map.
 #[derive(Clone, Debug, Default)]
@@ -55,7 +57,10 @@ pub(crate) fn spawn(pin: PathBuf, latest: Latest) {
 pub fn walk_sources(pin: &Path) -> io::Result<Vec<(SourceKey, SourceState)>> {
     let data = aya::maps::MapData::from_pin(pin).map_err(io::Error::other)?;
     let mut entries = Vec::new();
-    match walk_batch(data.fd().as_fd(), &mut entries) {
+    match lookup_batch(&data, |k, v| {
+        entries.push((*k, *v));
+        true
+    }) {
         Err(e) if entries.is_empty() && batch_unsupported(&e) => {
             let map = aya::maps::Map::LruHashMap(data);
             let by_key = aya::maps::HashMap::<_, SourceKey, SourceState>::try_from(&map)
@@ -87,7 +92,6 @@ fn walk_for_ever(pin: &Path, latest: &Latest) {
     let aya::maps::Map::LruHashMap(data) = &map else {
         return;
     };
-    let fd = data.fd().as_fd();
     let mut batch = true;
     let mut last_error = String::new();
     loop {
@@ -95,7 +99,10 @@ fn walk_for_ever(pin: &Path, latest: &Latest) {
         let mut entries = Vec::new();
         let mut result = Ok(());
         if batch {
-            result = walk_batch(fd, &mut entries);
+            result = lookup_batch(data, |k, v| {
+                entries.push((*k, *v));
+                true
+            });
             if let Err(e) = &result
                 && entries.is_empty()
                 && batch_unsupported(e)
@@ -138,90 +145,5 @@ fn walk_for_ever(pin: &Path, latest: &Latest) {
             }
         }
         std::thread::sleep(TICK.saturating_sub(started.elapsed()));
-    }
-}
-
-/// `BPF_MAP_LOOKUP_BATCH` in `enum bpf_cmd` (include/uapi/linux/bpf.h);
-/// hash and LRU hash maps have it since Linux 5.6 (commit 057996380a42).
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-
-/// The kernel's internal ENOTSUPP, which `bpf(2)` returns for a map type
-/// without batch operations.
-const ENOTSUPP: i32 = 524;
-
-/// Entries per call: a full map in 16 calls.
-const BATCH: usize = 4096;
-
-/// The `batch` member of `union bpf_attr` (the kernel reads the rest of
-/// its union as zero).
-#[repr(C)]
-#[derive(Default)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
-
-fn batch_unsupported(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP | ENOTSUPP)
-    )
-}
-
-/// Reads every entry with `BPF_MAP_LOOKUP_BATCH`, bucket by bucket.
-fn walk_batch(fd: BorrowedFd<'_>, out: &mut Vec<(SourceKey, SourceState)>) -> io::Result<()> {
-    let mut keys = vec![SourceKey::default(); BATCH];
-    let mut values = vec![SourceState::default(); BATCH];
-    // The hash map's cursor is a bucket index (a u32); leave room anyway.
-    let mut cursor = [0u64; 8];
-    let mut next = [0u64; 8];
-    let mut first = true;
-    loop {
-        let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { cursor.as_ptr() as u64 },
-            out_batch: next.as_mut_ptr() as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: BATCH as u32,
-            map_fd: fd.as_raw_fd() as u32,
-            ..BatchAttr::default()
-        };
-        // SAFETY: `attr` is a valid `batch` attribute of its stated size;
-        // `keys` and `values` hold `count` elements of the map's key and
-        // value sizes (aya checked both when it opened the map as
-        // `HashMap<SourceKey, SourceState>`), and both cursors are 64
-        // bytes: the kernel writes nothing beyond them.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>() as u32,
-            )
-        };
-        // ENOENT: past the last bucket; `count` says how many entries this
-        // last call returned.
-        let done = if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                return Err(e);
-            }
-            true
-        } else {
-            false
-        };
-        let n = (attr.count as usize).min(BATCH);
-        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
-        if done {
-            return Ok(());
-        }
-        cursor = next;
-        first = false;
     }
 }
