@@ -41,15 +41,33 @@ impl Daemon {
         self.reports = Some(rx);
     }
 
-    /// Applies a probe report: records the backend's health, then lets the
-    /// VIP policy decide what the table does with it.
-    pub(super) fn on_report(&mut self, r: Report) -> anyhow::Result<()> {
+    /// Applies a batch of probe reports: records each backend's health,
+    /// then lets the VIP policy decide what the table does with it, each
+    /// VIP they touch once: a mass flap (thousands of backends changing in a second)
+    /// rebuilds each VIP's table once per batch, not once per backend, and
+    /// the main loop gets back to control requests between batches.
+    pub(super) fn on_reports(&mut self, batch: Vec<Report>) -> anyhow::Result<()> {
+        let mut touched: Vec<usize> = Vec::new();
+        for r in batch {
+            if let Some(vi) = self.record_report(r)
+                && !touched.contains(&vi)
+            {
+                touched.push(vi);
+            }
+        }
+        for vi in touched {
+            self.evaluate_vip(vi)?;
+        }
+        Ok(())
+    }
+
+    /// Records a report's result and health; the VIP to evaluate, if the
+    /// report may change what its policy decides.
+    fn record_report(&mut self, r: Report) -> Option<usize> {
         let id = r.id as u32;
-        let Some(&(vi, bi)) = self.index.get(&id) else {
-            return Ok(()); // removed while its probe ran
-        };
+        let &(vi, bi) = self.index.get(&id)?; // removed while its probe ran
         if r.addr != self.vips[vi].backends[bi].cfg.socket_addr() {
-            return Ok(()); // about the id's previous holder, queued before a reload
+            return None; // about the id's previous holder, queued before a reload
         }
         // An interim Late report has no result (and no latency) yet.
         if let Some(result) = &r.result {
@@ -82,10 +100,7 @@ impl Daemon {
             && b.snapshot.as_ref().is_none_or(|s| s.consecutive_slow == 0)
             && v.policy.panic.is_none()
             && v.policy.fleet_slow.is_none();
-        if calm {
-            return Ok(());
-        }
-        self.evaluate_vip(vi)
+        (!calm).then_some(vi)
     }
 
     /// A probe failed for the load balancer's own reason (out of

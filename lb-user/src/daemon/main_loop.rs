@@ -21,6 +21,11 @@ use super::{
 };
 use crate::health::scheduler::Report;
 
+/// Most probe reports applied in one go of the main loop: a mass flap is
+/// coalesced into one table rebuild per VIP per batch, and a control
+/// request waits at most one batch.
+const REPORT_BATCH: usize = 1024;
+
 impl Daemon {
     /// Goes live and runs the main loop until SIGTERM/SIGINT. On exit
     /// nothing is detached: the data plane keeps forwarding with the last
@@ -88,8 +93,16 @@ impl Daemon {
         loop {
             tokio::select! {
                 Some(r) = reports.recv() => {
-                    if let Err(e) = self.on_report(r) {
-                        error!("applying a health report: {e:#}");
+                    // Every report already queued joins this one: each VIP
+                    // is evaluated (its table rebuilt) once per batch.
+                    let mut batch = vec![r];
+                    while batch.len() < REPORT_BATCH
+                        && let Ok(r) = reports.try_recv()
+                    {
+                        batch.push(r);
+                    }
+                    if let Err(e) = self.on_reports(batch) {
+                        error!("applying health reports: {e:#}");
                     }
                 }
                 Some((req, reply)) = calls.recv() => {
