@@ -16,3 +16,4 @@ pub mod health;
 pub mod host;
 pub mod maglev;
 pub mod metrics;
+pub mod route;

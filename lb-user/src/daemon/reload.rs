@@ -35,6 +35,13 @@ impl Daemon {
         for w in &new.warnings {
             warn!("{w}");
         }
+        let off_link = crate::route::dsr_l2_off_link(&new.vips);
+        if !off_link.is_empty() {
+            anyhow::bail!(
+                "{}\nconfiguration rejected: still running the previous one",
+                off_link.join("\n")
+            );
+        }
         let mut notes = daemon_changes(&self.cfg.daemon, &new.daemon);
         if self.cfg.daemon.live != new.daemon.live {
             let mut d = new.daemon.clone();

@@ -149,6 +149,10 @@ pub(super) fn write_globals(
 /// Everything up to serving: maps, globals, VIPs, tables, attach.
 pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     let d = &cfg.daemon;
+    let off_link = crate::route::dsr_l2_off_link(&cfg.vips);
+    if !off_link.is_empty() {
+        bail!("{}", off_link.join("\n"));
+    }
     host::ensure_bpffs()?;
     let pin_dir = persist::pin_dir(&d.pinned.instance);
     fs::create_dir_all(&pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
