@@ -25,18 +25,13 @@ pub struct ExplainReport {
     /// Where that choice comes from: one of [`VIA`].
     pub via: String,
     /// The flow's slot in the Maglev table (also shown for conntrack hits).
+    /// The keyed hash itself is not shown (protocol 2): pairs of flows and
+    /// hashes would be an oracle for the secret key.
     pub slot: Option<u32>,
     /// The VIP's table size.
     pub table_size: u32,
-    /// The keyed flow hash, 16 hex digits: [`flow_hash_hex`].
-    pub flow_hash: String,
     /// State of `backend`: one of [`BACKEND_STATES`](crate::BACKEND_STATES).
     pub backend_state: Option<String>,
     /// One sentence for the operator: why this backend.
     pub detail: String,
-}
-
-/// A flow hash as shown in [`ExplainReport::flow_hash`].
-pub fn flow_hash_hex(hash: u64) -> String {
-    format!("{hash:016x}")
 }

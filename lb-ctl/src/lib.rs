@@ -11,8 +11,8 @@
 //! Every line carries `"version": 1` ([`PROTOCOL_VERSION`]):
 //!
 //! ```text
-//! → {"version":1,"command":"drain","vip":"api","backend":"10.99.0.12:80"}
-//! ← {"version":1,"response":"ok","data":{"message":"drained 10.99.0.12:80 of vip api"}}
+//! → {"version":2,"command":"drain","vip":"api","backend":"10.99.0.12:80"}
+//! ← {"version":2,"response":"ok","data":{"message":"drained 10.99.0.12:80 of vip api"}}
 //! ```
 //!
 //! The types are also the `--json` output of the CLI, so their field names
@@ -33,7 +33,7 @@ mod status;
 mod wire;
 
 pub use event::{Event, EventKind};
-pub use explain::{ExplainReport, VIA, flow_hash_hex};
+pub use explain::{ExplainReport, VIA};
 pub use guard::{
     BlockEntry, EntryOrigin, GuardAction, ListKind, SourceRow, SourceVerdict, VipSources,
 };

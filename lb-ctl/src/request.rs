@@ -39,7 +39,7 @@ impl fmt::Display for Protocol {
 }
 
 /// What a client asks the daemon. On the wire the variant is the `command`
-/// field, next to `version`: `{"version":1,"command":"events","follow":true}`.
+/// field, next to `version`: `{"version":2,"command":"events","follow":true}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
@@ -238,7 +238,7 @@ mod tests {
             (
                 "status",
                 Request::Status,
-                r#"{"version":1,"command":"status"}"#,
+                r#"{"version":2,"command":"status"}"#,
             ),
             (
                 "events",
@@ -246,7 +246,7 @@ mod tests {
                     since_seq: Some(7),
                     follow: true,
                 },
-                r#"{"version":1,"command":"events","since_seq":7,"follow":true}"#,
+                r#"{"version":2,"command":"events","since_seq":7,"follow":true}"#,
             ),
             (
                 "explain v6",
@@ -255,7 +255,7 @@ mod tests {
                     client: "[2001:db8::1]:5353".parse().unwrap(),
                     vip: "[2001:db8::100]:53".parse().unwrap(),
                 },
-                r#"{"version":1,"command":"explain","protocol":"udp","client":"[2001:db8::1]:5353","vip":"[2001:db8::100]:53"}"#,
+                r#"{"version":2,"command":"explain","protocol":"udp","client":"[2001:db8::1]:5353","vip":"[2001:db8::100]:53"}"#,
             ),
             (
                 "drain",
@@ -264,7 +264,7 @@ mod tests {
                     backend: "10.99.0.12:80".to_owned(),
                     deadline_ms: None,
                 },
-                r#"{"version":1,"command":"drain","vip":"api","backend":"10.99.0.12:80"}"#,
+                r#"{"version":2,"command":"drain","vip":"api","backend":"10.99.0.12:80"}"#,
             ),
             (
                 "drain with a deadline",
@@ -273,7 +273,7 @@ mod tests {
                     backend: "10.99.0.12:80".to_owned(),
                     deadline_ms: Some(300_000),
                 },
-                r#"{"version":1,"command":"drain","vip":"api","backend":"10.99.0.12:80","deadline_ms":300000}"#,
+                r#"{"version":2,"command":"drain","vip":"api","backend":"10.99.0.12:80","deadline_ms":300000}"#,
             ),
             (
                 "enable",
@@ -281,12 +281,12 @@ mod tests {
                     vip: "api".to_owned(),
                     backend: "[fd00::2]:80".to_owned(),
                 },
-                r#"{"version":1,"command":"enable","vip":"api","backend":"[fd00::2]:80"}"#,
+                r#"{"version":2,"command":"enable","vip":"api","backend":"[fd00::2]:80"}"#,
             ),
             (
                 "reload",
                 Request::Reload,
-                r#"{"version":1,"command":"reload"}"#,
+                r#"{"version":2,"command":"reload"}"#,
             ),
             (
                 "block",
@@ -298,7 +298,7 @@ mod tests {
                     reason: Some("seed 001".to_owned()),
                     action: GuardAction::Reset,
                 },
-                r#"{"version":1,"command":"block","list":"deny","prefix":"2001:db8:1:2::/64","vip":"api","ttl_ms":3600000,"reason":"seed 001","action":"reset"}"#,
+                r#"{"version":2,"command":"block","list":"deny","prefix":"2001:db8:1:2::/64","vip":"api","ttl_ms":3600000,"reason":"seed 001","action":"reset"}"#,
             ),
             (
                 "unblock",
@@ -307,19 +307,19 @@ mod tests {
                     prefix: "192.0.2.0/24".to_owned(),
                     vip: None,
                 },
-                r#"{"version":1,"command":"unblock","list":"allow","prefix":"192.0.2.0/24"}"#,
+                r#"{"version":2,"command":"unblock","list":"allow","prefix":"192.0.2.0/24"}"#,
             ),
             (
                 "blocks",
                 Request::Blocks,
-                r#"{"version":1,"command":"blocks"}"#,
+                r#"{"version":2,"command":"blocks"}"#,
             ),
             (
                 "sources",
                 Request::Sources {
                     vip: Some("api".to_owned()),
                 },
-                r#"{"version":1,"command":"sources","vip":"api"}"#,
+                r#"{"version":2,"command":"sources","vip":"api"}"#,
             ),
         ];
         for (name, req, wire) in cases {
@@ -390,7 +390,7 @@ mod tests {
     #[test]
     fn events_defaults() {
         assert_eq!(
-            parse_request(br#"{"version":1,"command":"events"}"#),
+            parse_request(br#"{"version":2,"command":"events"}"#),
             Ok(Request::Events {
                 since_seq: None,
                 follow: false

@@ -7,7 +7,7 @@ use crate::{BlockEntry, Event, ExplainReport, StatusReport, VipSources};
 
 /// What the daemon answers. On the wire the variant is the `response` field
 /// and its content is `data`:
-/// `{"version":1,"response":"error","data":{"message":"..."}}`.
+/// `{"version":2,"response":"error","data":{"message":"..."}}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "response", content = "data", rename_all = "snake_case")]
 pub enum Response {

@@ -9,10 +9,15 @@ use crate::{Request, Response};
 /// Version of the wire format and of every type in this crate. A daemon
 /// answers a request of another version with an [`Response::Error`] naming
 /// the versions it supports.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// - 1: the first release.
+/// - 2: `ExplainReport` has no `flow_hash` (a flow's keyed hash is an
+///   oracle for the secret key; the slot is what an operator needs).
+///   Requests are unchanged, so version-1 requests are still accepted.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Versions this build accepts.
-pub const SUPPORTED_VERSIONS: &[u32] = &[PROTOCOL_VERSION];
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, PROTOCOL_VERSION];
 
 /// The `command` of every [`Request`], as spelled on the wire.
 pub const COMMANDS: &[&str] = &[
@@ -21,9 +26,9 @@ pub const COMMANDS: &[&str] = &[
 ];
 
 /// An example request, quoted in error messages about malformed ones.
-const EXAMPLE_REQUEST: &str = r#"{"version":1,"command":"status"}"#;
+const EXAMPLE_REQUEST: &str = r#"{"version":2,"command":"status"}"#;
 
-/// `{"version":1, ...body}` plus a newline. The version goes first so a
+/// `{"version":2, ...body}` plus a newline. The version goes first so a
 /// human reading the socket with `socat` sees it at once.
 pub(crate) fn to_line<T: Serialize>(body: &T) -> String {
     #[derive(Serialize)]
@@ -129,14 +134,25 @@ fn json_type(v: &Value) -> &'static str {
 mod tests {
     use super::*;
 
+    /// Protocol 2 changed a response only: a client of version 1 still
+    /// gets its requests answered (with version-2 responses).
+    #[test]
+    fn version_1_requests_are_still_accepted() {
+        assert_eq!(
+            parse_request(br#"{"version":1,"command":"status"}"#),
+            Ok(Request::Status)
+        );
+        assert!(Request::Status.to_line().starts_with(r#"{"version":2,"#));
+    }
+
     #[test]
     fn malformed_requests_say_what_is_wrong() {
         let cases: &[(&str, &[u8], &[&str])] = &[
             ("not json", b"status", &["malformed request", "column 1"]),
             (
                 "truncated json",
-                br#"{"version":1,"command":"status""#,
-                &["malformed request", "column 31", r#"{"version":1,"command":"status"}"#],
+                br#"{"version":2,"command":"status""#,
+                &["malformed request", "column 31", r#"{"version":2,"command":"status"}"#],
             ),
             ("not an object", b"[1,2]", &["expected a JSON object, got an array"]),
             (
@@ -146,18 +162,18 @@ mod tests {
             ),
             (
                 "other version",
-                br#"{"version":2,"command":"status"}"#,
-                &["unsupported protocol version 2", "supports version 1"],
+                br#"{"version":3,"command":"status"}"#,
+                &["unsupported protocol version 3", "supports version 1, 2"],
             ),
             (
                 "version as string",
                 br#"{"version":"1","command":"status"}"#,
                 &["unsupported protocol version \"1\""],
             ),
-            ("no command", br#"{"version":1}"#, &["missing field `command`"]),
+            ("no command", br#"{"version":2}"#, &["missing field `command`"]),
             (
                 "unknown command",
-                br#"{"version":1,"command":"restart"}"#,
+                br#"{"version":2,"command":"restart"}"#,
                 &[
                     "unknown command \"restart\"",
                     "status, events, explain, drain, enable, reload",
@@ -165,32 +181,32 @@ mod tests {
             ),
             (
                 "command not a string",
-                br#"{"version":1,"command":3}"#,
+                br#"{"version":2,"command":3}"#,
                 &["\"command\" must be a string, got 3"],
             ),
             (
                 "missing field",
-                br#"{"version":1,"command":"drain","vip":"api"}"#,
+                br#"{"version":2,"command":"drain","vip":"api"}"#,
                 &["bad request", "missing field `backend`"],
             ),
             (
                 "negative deadline",
-                br#"{"version":1,"command":"drain","vip":"api","backend":"10.0.0.1:80","deadline_ms":-5}"#,
+                br#"{"version":2,"command":"drain","vip":"api","backend":"10.0.0.1:80","deadline_ms":-5}"#,
                 &["bad request", "invalid value: integer `-5`"],
             ),
             (
                 "unknown field",
-                br#"{"version":1,"command":"events","since":3}"#,
+                br#"{"version":2,"command":"events","since":3}"#,
                 &["bad request", "unknown field `since`"],
             ),
             (
                 "bad address",
-                br#"{"version":1,"command":"explain","protocol":"tcp","client":"1.2.3.4","vip":"10.0.0.1:80"}"#,
+                br#"{"version":2,"command":"explain","protocol":"tcp","client":"1.2.3.4","vip":"10.0.0.1:80"}"#,
                 &["bad request", "invalid socket address syntax"],
             ),
             (
                 "bad protocol",
-                br#"{"version":1,"command":"explain","protocol":"sctp","client":"1.2.3.4:1","vip":"10.0.0.1:80"}"#,
+                br#"{"version":2,"command":"explain","protocol":"sctp","client":"1.2.3.4:1","vip":"10.0.0.1:80"}"#,
                 &["bad request", "unknown variant `sctp`"],
             ),
             ("not utf-8", b"\xff\xfe", &["malformed request"]),
@@ -213,12 +229,12 @@ mod tests {
             ),
             (
                 "other version",
-                br#"{"version":2,"response":"ok","data":{"message":"x"}}"#,
-                "unsupported protocol version 2: this xlb CLI",
+                br#"{"version":3,"response":"ok","data":{"message":"x"}}"#,
+                "unsupported protocol version 3: this xlb CLI",
             ),
             (
                 "unknown response",
-                br#"{"version":1,"response":"maybe"}"#,
+                br#"{"version":2,"response":"maybe"}"#,
                 "bad response: unknown variant `maybe`",
             ),
         ];

@@ -5,7 +5,7 @@
 
 pub use lb_ctl::{BackendStatus, Event, EventKind, ProbeStatus, StatusReport as Status, VipStatus};
 
-/// Unwraps `{"version":1,"response":...,"data":X}` to `X`; anything else is
+/// Unwraps `{"version":2,"response":...,"data":X}` to `X`; anything else is
 /// returned as it is.
 pub(super) fn unwrap_envelope(v: serde_json::Value) -> serde_json::Value {
     match v {
@@ -154,7 +154,7 @@ mod tests {
             ("json lines", format!("{e1}\n{e2}\n")),
             (
                 "envelope with array",
-                format!(r#"{{"version":1,"response":"events","data":[{e1},{e2}]}}"#),
+                format!(r#"{{"version":2,"response":"events","data":[{e1},{e2}]}}"#),
             ),
             (
                 "envelope per line",

@@ -24,7 +24,6 @@ pub fn render_explain(r: &ExplainReport, color: bool) -> String {
     let rows = vec![
         vec![Cell::plain("backend"), Cell::plain(backend)],
         vec![Cell::plain("via"), Cell::plain(via)],
-        vec![Cell::plain("flow hash"), Cell::plain(r.flow_hash.clone())],
     ];
     // Colored text is already in the cells; the table only pads.
     table(&mut out, "  ", &rows, false);

@@ -1210,17 +1210,32 @@ mod tests {
 
     #[test]
     fn status_text() {
-        let text = render_status(&sample_report(), SAMPLE_NOW_MS, false);
+        let report = sample_report();
+        let text = render_status(&report, SAMPLE_NOW_MS, false);
+        // Every drop reason the sample has, in name order, with its value:
+        // the line follows the counters as they are added.
+        let mut drops: Vec<(&String, &u64)> = report
+            .counters
+            .iter()
+            .filter(|(k, v)| (k.starts_with("drop_") || *k == "aborted") && **v > 0)
+            .collect();
+        drops.sort();
+        let dropped: Vec<String> = drops.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        assert!(
+            dropped.iter().any(|d| d.starts_with("drop_denied ")),
+            "{dropped:?}"
+        );
         let want = "\
 xlb instance default on eth0 (native XDP)  up 3h2m  conntrack 1234/1048576 (0.1%)  config /etc/xlb/xlb.toml (adopted pinned state)
-dropped: aborted 350, drop_bad_ihl 160, drop_bad_l4 200, drop_bad_length 170, drop_denied 250, drop_fragment 190, drop_ip_options 180, drop_no_backend 210, drop_no_headroom 240, drop_no_route 220, drop_rate_limited 280, drop_too_big 230
+dropped: {}
 
 VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
   BACKEND        STATE     FOR    LAST PROBE                                            OK/FAIL  NEW/S  PKT/S  FLOWS
   10.99.0.11:80  up        12m4s  ok 200 in 1.2ms                                       41/0     12     400    3712
   10.99.0.12:80  down      35s    connected, no HTTP response within 1s                 0/7      0      0      -
   10.99.0.13:80  draining  2m     ok 200 in 900µs  (admin drain, down in 4m, weight 2)  60/0     0      834    37
-";
+"
+        .replace("{}", &dropped.join(", "));
         assert_eq!(text, want, "got:\n{text}");
     }
 
@@ -1376,17 +1391,15 @@ VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
             via: "table".to_owned(),
             slot: Some(4242),
             table_size: 65537,
-            flow_hash: "0123456789abcdef".to_owned(),
             backend_state: Some("up".to_owned()),
-            detail: "new flow: flow hash 0123456789abcdef scaled to 65537 slots = slot 4242, which holds 10.99.0.11:80".to_owned(),
+            detail: "new flow: the keyed flow hash scaled to 65537 slots = slot 4242, which holds 10.99.0.11:80".to_owned(),
         };
         assert_eq!(
             render_explain(&r, false),
             "tcp 192.0.2.10:51234 → 10.100.0.1:80 (vip api)\n\
-             \x20 backend    10.99.0.11:80 (up)\n\
-             \x20 via        table, slot 4242 of 65537\n\
-             \x20 flow hash  0123456789abcdef\n\
-             \x20 new flow: flow hash 0123456789abcdef scaled to 65537 slots = slot 4242, which holds 10.99.0.11:80\n"
+             \x20 backend  10.99.0.11:80 (up)\n\
+             \x20 via      table, slot 4242 of 65537\n\
+             \x20 new flow: the keyed flow hash scaled to 65537 slots = slot 4242, which holds 10.99.0.11:80\n"
         );
         let ct = ExplainReport {
             via: "conntrack".to_owned(),
@@ -1394,7 +1407,7 @@ VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
         };
         assert!(
             render_explain(&ct, false)
-                .contains("  via        conntrack (table slot 4242 of 65537)\n")
+                .contains("  via      conntrack (table slot 4242 of 65537)\n")
         );
         let none = ExplainReport {
             backend: None,
@@ -1402,9 +1415,7 @@ VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
             via: "none".to_owned(),
             ..r
         };
-        assert!(
-            render_explain(&none, false).contains("  backend    none: the packet is dropped\n")
-        );
+        assert!(render_explain(&none, false).contains("  backend  none: the packet is dropped\n"));
     }
 
     #[test]

@@ -220,7 +220,6 @@ pub(crate) mod tests {
             via: "table".to_owned(),
             slot: Some(4242),
             table_size: 65537,
-            flow_hash: flow_hash_hex(0x0123_4567_89ab_cdef),
             backend_state: Some("up".to_owned()),
             detail: "no conntrack entry; slot 4242 of the table holds 10.99.0.11:80".to_owned(),
         }
@@ -253,14 +252,14 @@ pub(crate) mod tests {
                 "{name}"
             );
             assert!(
-                line.starts_with(r#"{"version":1,"response":""#),
+                line.starts_with(r#"{"version":2,"response":""#),
                 "{name}: {line}"
             );
             assert_eq!(parse_response(line.as_bytes()), Ok(resp), "{name}");
         }
         assert_eq!(
             Response::error("no such vip").to_line(),
-            "{\"version\":1,\"response\":\"error\",\"data\":{\"message\":\"no such vip\"}}\n"
+            "{\"version\":2,\"response\":\"error\",\"data\":{\"message\":\"no such vip\"}}\n"
         );
     }
 
@@ -284,7 +283,7 @@ pub(crate) mod tests {
                 "xdp_mode"
             ]
         );
-        assert_eq!(v["version"], json!(1));
+        assert_eq!(v["version"], json!(2));
         assert_eq!(v["instance"], json!("default"));
         assert_eq!(v["interface"], json!("eth0"));
         assert_eq!(v["xdp_mode"], json!("native"));
@@ -474,7 +473,6 @@ pub(crate) mod tests {
                 "via": "table",
                 "slot": 4242,
                 "table_size": 65537,
-                "flow_hash": "0123456789abcdef",
                 "backend_state": "up",
                 "detail": "no conntrack entry; slot 4242 of the table holds 10.99.0.11:80",
             })

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     config::{self, DownPolicy, Protocol},
-    ctl::{self, ExplainReport},
+    ctl::ExplainReport,
     dataplane,
 };
 
@@ -44,7 +44,6 @@ impl Daemon {
             .with_context(|| format!("no VIP serves {vipaddr}/{protocol}"))?;
         let flow = FlowKey::new(client, vipaddr, config::ip_proto(proto));
         let g = self.dp.globals()?;
-        let hash = lb_common::flow_hash(&g.hash_key, &flow);
         let slot = flow.slot(&g.hash_key, vip.cfg.table_size);
         let mut report = ExplainReport {
             protocol: protocol.to_string(),
@@ -55,7 +54,6 @@ impl Daemon {
             via: "none".to_string(),
             slot: Some(slot),
             table_size: vip.cfg.table_size,
-            flow_hash: ctl::flow_hash_hex(hash),
             backend_state: None,
             detail: String::new(),
         };
@@ -73,7 +71,7 @@ impl Daemon {
             }
             report.detail = "its conntrack entry is stale (backend replaced, down with policy rehash, or expired); ".into();
         }
-        explain_table(vip, hash, slot, &mut report);
+        explain_table(vip, slot, &mut report);
         Ok(report)
     }
 
@@ -103,7 +101,7 @@ impl Daemon {
 }
 
 /// A new flow: the backend in `slot` of the VIP's live table, if any.
-fn explain_table(vip: &Vip, hash: u64, slot: u32, report: &mut ExplainReport) {
+fn explain_table(vip: &Vip, slot: u32, report: &mut ExplainReport) {
     let table = vip.halves[vip.active as usize & 1]
         .as_deref()
         .unwrap_or(&[]);
@@ -118,7 +116,7 @@ fn explain_table(vip: &Vip, hash: u64, slot: u32, report: &mut ExplainReport) {
             report.via = "table".into();
             report.backend_state = Some(b.state_name().into());
             report.detail += &format!(
-                "new flow: flow hash {hash:016x} scaled to {} slots = slot {slot}, which holds {}",
+                "new flow: the keyed flow hash scaled to {} slots = slot {slot}, which holds {}",
                 vip.cfg.table_size,
                 b.cfg.socket_addr()
             );
