@@ -11,6 +11,7 @@ pub mod ctl;
 pub mod daemon;
 pub mod dataplane;
 pub mod decap;
+pub mod guard;
 pub mod health;
 pub mod host;
 pub mod maglev;

@@ -11,7 +11,9 @@
 //! - `vip`: each `[[vip]]` and its `[[vip.backend]]`s ([`VipConfig`]);
 //! - `health`: the health_check tables, merged into each backend's
 //!   [`CheckSpec`](crate::health::spec::CheckSpec);
-//! - `protection`: the protection tables, merged into each VIP's policy.
+//! - `protection`: the protection tables, merged into each VIP's policy;
+//! - `guard`: `[guard]` ([`GuardConfig`]) and each `[vip.guard]`, merged
+//!   into the VIP's [`VipGuardConfig`].
 //!
 //! Every default is a constant in [`defaults`] (or in
 //! [`crate::health::spec::defaults`] for health checks) and is shown with a
@@ -55,6 +57,7 @@ macro_rules! rejects {
 }
 
 mod daemon;
+mod guard;
 mod health;
 mod protection;
 mod raw;
@@ -63,6 +66,10 @@ mod vip;
 pub use daemon::{
     DaemonConfig, LiveSettings, MAX_RING_STRIDE, MIN_UDP_TIMEOUT, PinnedSettings, RestartSettings,
     XdpMode,
+};
+pub use guard::{
+    AutoBlock, GuardConfig, ListRule, MAX_TTL, SourceAlert, SourceLimit, VipGuardConfig,
+    defaults as guard_defaults, parse_rate,
 };
 pub use vip::{BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, ip_proto};
 
@@ -110,6 +117,9 @@ pub struct Config {
     pub daemon: DaemonConfig,
     /// In file order.
     pub vips: Vec<VipConfig>,
+    /// `[guard]`: the daemon-wide abuse-control settings and the global
+    /// deny and allow lists (each VIP's merged settings are its `guard`).
+    pub guard: GuardConfig,
     /// Problems that do not stop xlb but that the operator should see (log
     /// them at start and reload), e.g. a VIP without backends.
     pub warnings: Vec<String>,
@@ -205,14 +215,18 @@ fn validate(raw: &RawConfig, p: &mut Problems<'_>) -> Config {
     let global_health = health::global_layer(raw.health_check.as_ref(), p);
     check_vip_count(raw, p);
     check_backend_count(raw, p);
+    let guard = guard::global(raw.guard.as_ref(), p);
     let globals = vip::Globals {
         health: &global_health,
         protection: raw.protection.as_ref(),
+        guard: raw.guard.as_ref(),
     };
     let vips = vip::validate_all(&raw.vip, &daemon, &globals, p);
+    guard::check_rule_count(&guard, &vips, p);
     Config {
         daemon,
         vips,
+        guard,
         warnings: Vec::new(),
     }
 }
@@ -477,6 +491,7 @@ port = 80
                 down_policy: DownPolicy::Rehash,
                 table_size: 65_537,
                 protection: Policy::default(),
+                guard: VipGuardConfig::default(),
                 backends: vec![BackendConfig {
                     addr: ip("10.0.0.11"),
                     port: 80,
@@ -485,6 +500,7 @@ port = 80
                     max_flows: None,
                 }],
             }],
+            guard: GuardConfig::default(),
             warnings: vec![],
         };
         assert_eq!(config, want);
@@ -620,6 +636,7 @@ port = 80
                 down_policy: DownPolicy::Keep,
                 table_size: 131_071,
                 protection: Policy::default(),
+                guard: VipGuardConfig::default(),
                 backends: vec![
                     BackendConfig {
                         addr: ip("fd00::11"),
@@ -637,6 +654,7 @@ port = 80
                     },
                 ],
             }],
+            guard: GuardConfig::default(),
             warnings: vec![
                 "xlb.toml: daemon: xdp_mode = \"generic\" runs XDP after the kernel has built an \
                  skb: much slower than \"native\"; use it for testing only"

@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
+use lb_ctl::GuardAction;
+
 use super::{DownPolicy, Mode, Protocol, XdpMode};
 
 #[derive(Deserialize)]
@@ -21,6 +23,7 @@ pub(super) struct RawConfig {
     pub(super) daemon: RawDaemon,
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
+    pub(super) guard: Option<RawGuard>,
     #[serde(default)]
     pub(super) vip: Vec<RawVip>,
 }
@@ -56,6 +59,7 @@ pub(super) struct RawVip {
     pub(super) table_size: Option<u32>,
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
+    pub(super) guard: Option<RawGuard>,
     pub(super) max_flows: Option<u64>,
     #[serde(default)]
     pub(super) backend: Vec<RawBackend>,
@@ -127,6 +131,69 @@ pub(super) struct RawProtection {
     pub(super) flap_limit: Option<f64>,
 }
 
+/// A `[guard]` or `[vip.guard]` table (`ct_insert_cap` is daemon-wide: the
+/// VIP's table refuses it with a message).
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGuard {
+    pub(super) ct_insert_cap: Option<String>,
+    pub(super) track_sources: Option<bool>,
+    pub(super) source_v4_prefix: Option<i64>,
+    pub(super) source_v6_prefix: Option<i64>,
+    pub(super) new_flows_per_source: Option<RawSourceLimit>,
+    pub(super) source_alert: Option<RawSourceAlert>,
+    pub(super) auto_block: Option<RawAutoBlock>,
+    #[serde(default)]
+    pub(super) deny: Vec<RawListRule>,
+    #[serde(default)]
+    pub(super) allow: Vec<RawListRule>,
+}
+
+/// `new_flows_per_source = { rate = "200/s", burst = 400, action = "drop" }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSourceLimit {
+    pub(super) rate: String,
+    pub(super) burst: Option<i64>,
+    pub(super) action: Option<GuardAction>,
+}
+
+/// `source_alert = { rate = "500/s", share = "50%", min_rate = "20/s" }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSourceAlert {
+    pub(super) rate: Option<String>,
+    pub(super) share: Option<RawShare>,
+    pub(super) min_rate: Option<String>,
+}
+
+/// `auto_block = { above = "1000/s", for = "10s", ttl = "15m", action = "drop" }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAutoBlock {
+    pub(super) above: String,
+    #[serde(rename = "for")]
+    pub(super) sustained: Option<String>,
+    pub(super) ttl: Option<String>,
+    pub(super) action: Option<GuardAction>,
+}
+
+/// One `[[guard.deny]]`, `[[guard.allow]]`, `[[vip.guard.deny]]` or
+/// `[[vip.guard.allow]]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListRule {
+    pub(super) prefix: String,
+    pub(super) action: Option<GuardAction>,
+    pub(super) reason: Option<String>,
+}
+
+/// `share = 0.5` or `share = "50%"`.
+pub(super) enum RawShare {
+    Fraction(f64),
+    Text(String),
+}
+
 /// `jitter = 0.1` or `jitter = "10%"`.
 pub(super) enum RawJitter {
     Fraction(f64),
@@ -186,6 +253,11 @@ macro_rules! number_or_text {
 }
 
 number_or_text!(RawJitter, "a fraction such as 0.1 or a percentage such as \"10%\"", Fraction {
+    visit_f64(f64) => |v| v,
+    visit_i64(i64) => |v| v as f64,
+    visit_u64(u64) => |v| v as f64,
+});
+number_or_text!(RawShare, "a fraction such as 0.5 or a percentage such as \"50%\"", Fraction {
     visit_f64(f64) => |v| v,
     visit_i64(i64) => |v| v as f64,
     visit_u64(u64) => |v| v as f64,
@@ -297,5 +369,42 @@ jitter = true
 [health_check]
 interval = 2
 "#), at Some("interval"), "expected a string";
+        unknown_guard_field: format!(r#"{DAEMON}
+[guard]
+rate_limit = 5
+"#), at Some("rate_limit"), "unknown field `rate_limit`";
+        insert_cap_as_a_number: format!(r#"{DAEMON}
+[guard]
+ct_insert_cap = 250000
+"#), at Some("ct_insert_cap"), "expected a string";
+        unknown_list_action: format!(r#"{DAEMON}
+[[guard.deny]]
+prefix = "192.0.2.7"
+action = "reject"
+"#), at Some("reject"), "unknown variant `reject`, expected `drop` or `reset`";
+        list_entry_without_a_prefix: format!(r#"{DAEMON}
+[[guard.allow]]
+reason = "monitoring"
+"#), at None, "missing field `prefix`";
+        unknown_limit_field: format!(r#"{DAEMON}
+[guard]
+new_flows_per_source = {{ rate = "1/s", per = "s" }}
+"#), at Some("new_flows_per_source"), "unknown field `per`";
+        limit_without_a_rate: format!(r#"{DAEMON}
+[guard]
+new_flows_per_source = {{ burst = 10 }}
+"#), at Some("new_flows_per_source"), "missing field `rate`";
+        auto_block_without_above: format!(r#"{DAEMON}
+[guard]
+auto_block = {{ ttl = "1m" }}
+"#), at Some("auto_block"), "missing field `above`";
+        share_of_the_wrong_type: format!(r#"{DAEMON}
+[guard]
+source_alert = {{ share = true }}
+"#), at Some("share"), "a fraction such as 0.5 or a percentage such as \"50%\"";
+        unknown_vip_guard_field: api_with_backend(r#"
+[vip.guard]
+limit = 1
+"#), at Some("limit = 1"), "unknown field `limit`";
     }
 }

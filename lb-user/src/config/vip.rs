@@ -7,8 +7,9 @@ use std::net::{IpAddr, SocketAddr};
 use serde::{Deserialize, Serialize};
 
 use super::daemon::DaemonConfig;
+use super::guard::{self as guard_cfg, VipGuardConfig};
 use super::health::{self, HealthLayer, Layer};
-use super::raw::{RawBackend, RawProtection, RawVip};
+use super::raw::{RawBackend, RawGuard, RawProtection, RawVip};
 use super::{Problems, defaults, protection, suggest_prime};
 use crate::health::policy::Policy;
 use crate::health::spec::CheckSpec;
@@ -98,6 +99,9 @@ pub struct VipConfig {
     /// merged with `[vip.protection]`.
     #[serde(serialize_with = "protection::ser_policy")]
     pub protection: Policy,
+    /// Abuse control: `[guard]` merged under `[vip.guard]`, and the VIP's
+    /// own deny and allow lists.
+    pub guard: VipGuardConfig,
     /// In file order.
     pub backends: Vec<BackendConfig>,
 }
@@ -126,11 +130,12 @@ impl BackendConfig {
     }
 }
 
-/// The daemon-wide `[health_check]` and `[protection]` tables, which each
-/// VIP's own tables override field by field.
+/// The daemon-wide `[health_check]`, `[protection]` and `[guard]` tables,
+/// which each VIP's own tables override field by field.
 pub(super) struct Globals<'a> {
     pub(super) health: &'a HealthLayer,
     pub(super) protection: Option<&'a RawProtection>,
+    pub(super) guard: Option<&'a RawGuard>,
 }
 
 /// What must be unique across VIPs: names, and address/port/protocol.
@@ -198,6 +203,7 @@ fn validate<'a>(
             ],
             p,
         ),
+        guard: guard_cfg::resolve_vip(globals.guard, raw.guard.as_ref(), &ctx, p),
         backends,
     }
 }
