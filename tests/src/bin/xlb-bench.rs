@@ -363,6 +363,7 @@ fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
         down_policy: DownPolicy::Rehash,
         table_size: lb_common::DEFAULT_TABLE_SIZE,
         protection: Default::default(),
+        guard: Default::default(),
         backends: (0..n)
             .map(|i| BackendConfig {
                 addr: std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a01_0000 + i as u32)),
