@@ -196,6 +196,40 @@ impl ConnectFloodReport {
     }
 }
 
+/// How a single timed connect ended ([`time_connect_in`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Connect {
+    Connected,
+    /// `ECONNREFUSED`: a RST answered the SYN.
+    Refused,
+    /// Nothing answered within the timeout.
+    TimedOut,
+    /// Any other error, as the kernel said it.
+    Failed(String),
+}
+
+/// One blocking connect from namespace `ns` to `target`, timed: how it
+/// ended and how long it took (the timeout, when it timed out). The
+/// connection, if any, is closed at once.
+pub fn time_connect_in(
+    ns: &str,
+    target: SocketAddr,
+    timeout: Duration,
+) -> Result<(Connect, Duration), LabError> {
+    in_netns(ns, || {
+        let t0 = std::time::Instant::now();
+        let r = std::net::TcpStream::connect_timeout(&target, timeout);
+        let took = t0.elapsed();
+        let how = match r {
+            Ok(_) => Connect::Connected,
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => Connect::Refused,
+            Err(e) if e.kind() == ErrorKind::TimedOut => Connect::TimedOut,
+            Err(e) => Connect::Failed(e.to_string()),
+        };
+        (how, took)
+    })
+}
+
 /// Floods from inside namespace `ns` on a runtime of its own (one thread).
 pub fn connect_flood_in(
     ns: &str,

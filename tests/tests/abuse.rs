@@ -1,26 +1,54 @@
-//! End to end, issue 9: a conntrack that a flood cannot wash out. The real
-//! `xlb` in the namespaced lab with a small conntrack, 200 long-lived
-//! `/stream` connections through VIP `api`, one backend drained, then a
-//! flood of spoofed TCP ACKs (random sources in 10.99.128.0/17, inside the
-//! lab) to the VIP from the client namespace, many times the conntrack's
-//! size. Only a SYN (or a UDP packet) inserts an entry, so the flood misses
-//! without inserting and the real flows keep their entries: every long
-//! connection keeps its backend, the drained one included. Before that
-//! rule, every miss inserted, the flood evicted the real entries from the
-//! LRU, and the drained backend's connections followed the table to
-//! another backend, which reset them.
+//! End to end, issue 9: abuse control in the real `xlb`, in the namespaced
+//! lab.
+//!
+//! - A flood of new TCP connections, real kernel connects as fast as the
+//!   flooding client's namespace opens them (`xlb_lab::connect_flood`), to
+//!   a VIP with `new_flows_per_source = { rate = "50/s", burst = 50,
+//!   action = "drop" }`: from one IPv4 address
+//!   (`flood_from_one_ipv4_is_limited_and_others_do_not_notice`), and from
+//!   64 addresses of one IPv6 /64, the source prefix the limit keys
+//!   (`flood_from_one_ipv6_64_is_limited_and_others_do_not_notice`). The
+//!   XDP counters show the flood limited, the backends accept at most the
+//!   configured rate from the flooder (their `/peers` counts), and the
+//!   well-behaved client in the other namespace, run once before the flood
+//!   and once during it, has no failure and a p99 close to its own
+//!   baseline.
+//! - `xlb sources` names the flooder within 5 s, a `source` event fires,
+//!   and `auto_block` blocks its /32 and the block expires
+//!   (`sources_names_the_flooder_and_auto_block_expires`).
+//! - `xlb block --action reset`: the blocked client's connect fails with
+//!   `ECONNREFUSED` in milliseconds, `--action drop` makes it time out,
+//!   `xlb unblock` restores service (`block_with_reset_fails_connect_fast`).
+//! - A conntrack that a flood cannot wash out: 200 long-lived `/stream`
+//!   connections through VIP `api` with a small conntrack, one backend
+//!   drained, then a flood of spoofed TCP ACKs (random sources in
+//!   10.99.128.0/17, inside the lab) many times the conntrack's size. Only a
+//!   SYN (or a UDP packet) inserts an entry, so the flood misses without
+//!   inserting and the real flows keep their entries: every long connection
+//!   keeps its backend, the drained one included
+//!   (`spoofed_ack_flood_keeps_long_connections_on_their_backend`). Before
+//!   that rule, every miss inserted, the flood evicted the real entries from
+//!   the LRU, and the drained backend's connections followed the table to
+//!   another backend, which reset them.
+//!
+//! The floods come from the lab's flooding client, a namespace of its own
+//! on the client segment (`{p}-fl`: 10.99.0.9, and fd00:99:0:1::1–::40 of
+//! its own /64; see `xlb_lab::topology`), so the well-behaved client
+//! (`{p}-cl`, 10.99.0.10 and fd00:99::10) shares neither its sockets nor
+//! its source prefix. The spoofed-ACK flood is sent from the client
+//! namespace through a raw socket (`xlb_lab::flood`).
 //!
 //! Same rules as `e2e.rs` and `cascade.rs`: the test builds its own lab
 //! (own prefix `abu…`, instance and socket) through `LabRun`, whose Drop
 //! stops everything and removes the namespaces however the test ends; a
 //! passing test checks that nothing is left; one lab at a time
-//! (`xlb_tests::lab::serial`); every wait and the flood are bounded; traffic
-//! stays inside the namespaces.
+//! (`xlb_tests::lab::serial`); every wait and every flood is bounded in
+//! count and time; traffic stays inside the namespaces.
 //!
 //! Needs root and the binaries: `cargo build -p lb-user -p xlb-lab` (without
 //! AYA_BUILD_SKIP), then
-//! `cargo test -p xlb-tests --test abuse -- --nocapture`. `XLB_BIN` points
-//! at another `xlb`.
+//! `cargo test -p xlb-tests --test abuse -- --nocapture --test-threads=1`.
+//! `XLB_BIN` points at another `xlb`.
 
 #![allow(
     unused_crate_dependencies,
@@ -34,12 +62,21 @@ use std::{
     time::{Duration, Instant},
 };
 
+use lb_ctl::{EntryOrigin, ListKind};
 use xlb_lab::{
+    backend::{PeerCounts, total_peers},
     client::{LoadOptions, Report},
+    connect_flood::{
+        AfterConnect, Connect, ConnectFloodOptions, ConnectFloodReport, connect_flood_in,
+        time_connect_in,
+    },
     flood::{FloodOptions, flood_in},
-    scenario::{LabRun, Status, XlbConfig},
+    scenario::{Event, EventKind, LabRun, Mode, Status, Vip, XlbConfig},
+    topology::{self, FLOOD_NET_V6, FLOOD_NET_V6_PREFIX},
 };
-use xlb_tests::lab::{cascade::COUNTER_TICK, serial, teardown, up, wait_client_ms};
+use xlb_tests::lab::{
+    cascade::COUNTER_TICK, serial, teardown, up, up_with_flooder, wait_client_ms,
+};
 
 /// Entries of the conntrack LRU: small, so that the flood is many times it.
 const CONNTRACK_SIZE: u32 = 4096;
@@ -244,4 +281,631 @@ fn spoofed_ack_flood_keeps_long_connections_on_their_backend() {
     );
     teardown(run);
     eprintln!("[{p}] done in {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+// ---------------------------------------------------------------------------
+// Floods of new connections against new_flows_per_source.
+
+/// The per-source limit of the flood tests: 50 new flows/s, a burst of 50,
+/// excess SYNs dropped.
+const LIMIT_RATE: u64 = 50;
+const LIMIT_BURST: u64 = 50;
+
+/// `[vip.guard]` of the flood tests.
+fn limit_guard() -> String {
+    format!(
+        "new_flows_per_source = {{ rate = \"{LIMIT_RATE}/s\", burst = {LIMIT_BURST}, \
+         action = \"drop\" }}"
+    )
+}
+
+/// Over the limit's burst, at most one flow per CPU at the instant the
+/// bucket runs out can be admitted by CPUs racing on the same source's
+/// arrival time; each such admission is still charged, so the excess does
+/// not accumulate (lb-ebpf/src/guard.rs). The lab machine has 2 CPUs; one
+/// more for the flood's clock and the data plane's starting at slightly
+/// different instants.
+const LIMIT_SLACK: u64 = 3;
+
+/// How long each run of the well-behaved load lasts, and when the flood
+/// starts into it.
+const POLITE_FOR: Duration = Duration::from_secs(8);
+const FLOOD_AT_MS: u64 = 1500;
+/// Bound on the flood: it starts connects for this long at most...
+const FLOOD_FOR: Duration = Duration::from_secs(5);
+/// ... and at most this many.
+const FLOOD_COUNT: u64 = 200_000;
+/// Connects of the flood open at once: a dropped SYN holds its slot for
+/// the connect timeout (500 ms), so this bounds the flood to about 8,000
+/// connects/s, 160 times the limit; the flood's single thread is the
+/// other bound.
+const FLOOD_IN_FLIGHT: usize = 4096;
+
+/// The well-behaved client: 25 new connections/s (half the per-source
+/// limit, so it is never limited itself) and 8 keep-alive connections, a
+/// request every 25 ms each: about 345 requests/s.
+fn polite(target: SocketAddr) -> LoadOptions {
+    LoadOptions {
+        duration: POLITE_FOR,
+        rate: 25,
+        keepalive: 8,
+        keepalive_interval: Duration::from_millis(25),
+        timeout: Duration::from_secs(1),
+        slice: Duration::from_millis(500),
+        ..LoadOptions::new(target)
+    }
+}
+
+/// A flood of connects from `sources` to `target`, as fast as it goes.
+fn connect_flood(target: SocketAddr, sources: Vec<IpAddr>) -> ConnectFloodOptions {
+    ConnectFloodOptions {
+        in_flight: FLOOD_IN_FLIGHT,
+        ..ConnectFloodOptions::new(target, sources, FLOOD_COUNT, FLOOD_FOR)
+    }
+}
+
+/// One flood case: the VIP, the flood's sources and the prefix the limit
+/// keys them by.
+struct FloodCase {
+    tag: &'static str,
+    vip: Vip,
+    sources: Vec<IpAddr>,
+    net: IpAddr,
+    len: u8,
+}
+
+/// The data plane's counters the flood tests read.
+fn guard_counters(run: &LabRun) -> BTreeMap<String, u64> {
+    let s = run.status().unwrap();
+    [
+        "drop_rate_limited",
+        "reset_rate_limited",
+        "drop_denied",
+        "reset_denied",
+    ]
+    .into_iter()
+    .map(|k| (k.to_string(), s.counters.get(k).copied().unwrap_or(0)))
+    .collect()
+}
+
+fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>, key: &str) -> u64 {
+    after[key] - before[key]
+}
+
+/// Connections the backends accepted per peer address since `before`.
+fn accepted_since(run: &LabRun, before: &[PeerCounts]) -> PeerCounts {
+    let now = run.peers().unwrap();
+    let diffs: Vec<PeerCounts> = now.iter().zip(before).map(|(n, b)| n.since(b)).collect();
+    total_peers(&diffs)
+}
+
+fn failures_of(r: &Report) -> String {
+    format!(
+        "{} failures ({:?}); timeline of failures: {:?}",
+        r.summary.failures,
+        r.summary.counts,
+        xlb_tests::lab::failure_slices(r)
+    )
+}
+
+/// What the flood tests measured, for the message and the assertions.
+struct FloodRun {
+    baseline: Report,
+    during: Report,
+    flood: ConnectFloodReport,
+    limited: u64,
+    from_flooder: u64,
+    from_client: u64,
+}
+
+/// The well-behaved load alone, then again with the flood 1.5 s into it.
+fn run_flood_case(run: &LabRun, case: &FloodCase) -> FloodRun {
+    let p = run.prefix().to_string();
+    let target = case.vip.target();
+    let baseline = run.run_client(polite(target)).unwrap();
+    eprintln!("[{p}] baseline:\n{}", baseline.render_text());
+
+    let peers_before = run.peers().unwrap();
+    let before = guard_counters(run);
+    let client = run.start_client(polite(target)).unwrap();
+    wait_client_ms(&client, FLOOD_AT_MS);
+    let flood_ns = run.flood_ns().unwrap();
+    let flood = connect_flood_in(&flood_ns, &connect_flood(target, case.sources.clone())).unwrap();
+    let during = client.join().unwrap();
+    eprintln!("[{p}] during the flood:\n{}", during.render_text());
+    thread::sleep(COUNTER_TICK);
+    let after = guard_counters(run);
+    let accepted = accepted_since(run, &peers_before);
+    let client_addr: IpAddr = match case.net {
+        IpAddr::V4(_) => topology::CLIENT_V4.into(),
+        IpAddr::V6(_) => topology::CLIENT_V6.into(),
+    };
+    FloodRun {
+        baseline,
+        during,
+        limited: delta(&after, &before, "drop_rate_limited"),
+        from_flooder: accepted.from_prefix(case.net, case.len),
+        from_client: accepted
+            .from_prefix(client_addr, if client_addr.is_ipv4() { 32 } else { 128 }),
+        flood,
+    }
+}
+
+/// How much worse the well-behaved p99 may get under the flood. The issue
+/// asks for 10 %; see [`p99_bound`] for what this 2-CPU machine allows.
+const P99_FACTOR: f64 = 1.10;
+
+/// The p99 the well-behaved load must stay within during the flood.
+fn p99_bound(baseline_p99_ms: f64) -> f64 {
+    baseline_p99_ms * P99_FACTOR
+}
+
+fn flood_is_limited_and_others_do_not_notice(case: FloodCase) {
+    let _serial = serial();
+    let t0 = Instant::now();
+    let p = prefix(case.tag);
+    let cfg = XlbConfig {
+        vips: vec![case.vip.clone()],
+        ..XlbConfig::for_prefix(&p)
+    };
+    let run = up_with_flooder(&p, &cfg);
+    let m = run_flood_case(&run, &case);
+    let f = &m.flood;
+    let secs = f.sending.as_secs_f64();
+    let bound = LIMIT_BURST + (LIMIT_RATE as f64 * secs).ceil() as u64 + LIMIT_SLACK;
+    let (p99_a, p99_b) = (
+        m.baseline.summary.latency.p99_ms,
+        m.during.summary.latency.p99_ms,
+    );
+    eprintln!(
+        "[{p}] flood from {}/{}: {f:?}, {:.0} connects/s started; XDP drop_rate_limited +{}; \
+         backends accepted {} from the flooder (bound {bound} = burst {LIMIT_BURST} + \
+         {LIMIT_RATE}/s × {secs:.2} s + {LIMIT_SLACK}), {} from the well-behaved client; \
+         well-behaved p99 {p99_a:.2} ms alone, {p99_b:.2} ms during the flood ({:+.0} %), \
+         p50 {:.2} → {:.2} ms, requests {} → {}",
+        case.net,
+        case.len,
+        f.started_per_s(),
+        m.limited,
+        m.from_flooder,
+        m.from_client,
+        (p99_b / p99_a - 1.0) * 100.0,
+        m.baseline.summary.latency.p50_ms,
+        m.during.summary.latency.p50_ms,
+        m.baseline.summary.requests,
+        m.during.summary.requests,
+    );
+
+    assert_eq!(
+        m.baseline.summary.failures,
+        0,
+        "baseline: {}",
+        failures_of(&m.baseline)
+    );
+    assert_eq!(
+        m.during.summary.failures,
+        0,
+        "during the flood: {}",
+        failures_of(&m.during)
+    );
+    assert_eq!(
+        m.during.summary.skipped, 0,
+        "the well-behaved client skipped starts"
+    );
+    assert!(
+        f.started > 10 * bound,
+        "the flood was no flood: {} connects for a bound of {bound}",
+        f.started
+    );
+    assert_eq!(f.errors, 0, "flood connects failed: {f:?}");
+    assert!(
+        m.from_flooder <= bound,
+        "the backends accepted {} connections from {}/{} in {secs:.2} s; the limit allows {bound}",
+        m.from_flooder,
+        case.net,
+        case.len
+    );
+    assert!(
+        m.from_flooder >= LIMIT_BURST,
+        "the limit let less than its burst through: {}",
+        m.from_flooder
+    );
+    // Every SYN the limit dropped is one flood connect that timed out (one
+    // SYN each: the connect timeout is under the 1 s retransmission).
+    assert!(
+        m.limited >= f.timed_out * 9 / 10 && f.timed_out > 0,
+        "drop_rate_limited +{} for {} timed-out connects",
+        m.limited,
+        f.timed_out
+    );
+    assert!(
+        p99_b <= p99_bound(p99_a),
+        "the well-behaved p99 went from {p99_a:.2} ms to {p99_b:.2} ms under the flood \
+         (bound {:.2} ms)",
+        p99_bound(p99_a)
+    );
+    teardown(run);
+    eprintln!("[{p}] done in {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// A VIP of the flood tests, limited per source.
+fn limited_vip(name: &str, address: IpAddr) -> Vip {
+    Vip {
+        guard: Some(limit_guard()),
+        ..Vip::new(name, address, 80, Mode::DsrIpip, 3)
+    }
+}
+
+/// One IPv4 address floods `api` with connects; the limit holds it to
+/// 50/s, and the client next to it notices nothing.
+#[test]
+fn flood_from_one_ipv4_is_limited_and_others_do_not_notice() {
+    flood_is_limited_and_others_do_not_notice(FloodCase {
+        tag: "f4",
+        vip: limited_vip("api", topology::VIP_V4.into()),
+        sources: vec![topology::FLOOD_V4.into()],
+        net: topology::FLOOD_V4.into(),
+        len: 32,
+    });
+}
+
+/// 64 addresses of one IPv6 /64 flood `api6` in turn; the limit is keyed by
+/// the /64, so together they get 50/s, not 64 × 50/s.
+#[test]
+fn flood_from_one_ipv6_64_is_limited_and_others_do_not_notice() {
+    flood_is_limited_and_others_do_not_notice(FloodCase {
+        tag: "f6",
+        vip: limited_vip("api6", topology::VIP_V6.into()),
+        sources: topology::flood_v6_sources()
+            .into_iter()
+            .map(IpAddr::from)
+            .collect(),
+        net: FLOOD_NET_V6.into(),
+        len: FLOOD_NET_V6_PREFIX,
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Heavy hitters: `xlb sources`, the `source` alert, `auto_block`.
+
+/// The flooder as `xlb sources` and `xlb blocks` key it.
+const FLOODER_V4: &str = "10.99.0.9/32";
+
+/// `[vip.guard]` of the sources test: no limit, an alert at 100 new
+/// flows/s from one source, an automatic 5 s block above 300/s for 2 s.
+const HEAVY_GUARD: &str = "source_alert = { rate = \"100/s\" }\n\
+     auto_block = { above = \"300/s\", for = \"2s\", ttl = \"5s\", action = \"drop\" }";
+
+/// The sources test's flood: 1,000 connects/s (over the auto_block
+/// threshold whatever the machine's speed), each closed at once.
+const HEAVY_RATE: u32 = 1000;
+/// Long enough for the alert (1 s ticks) and the block (2 s sustained,
+/// then a tick); it ends before the block's 5 s TTL, so the expired block
+/// is not renewed by a flood that goes on.
+const HEAVY_FOR: Duration = Duration::from_secs(6);
+
+/// How soon `xlb sources` must name the flooder after the flood starts.
+const NAMED_WITHIN: Duration = Duration::from_secs(5);
+
+fn heavy_flood(target: SocketAddr) -> ConnectFloodOptions {
+    ConnectFloodOptions {
+        rate: Some(HEAVY_RATE),
+        then: AfterConnect::Close,
+        ..ConnectFloodOptions::new(
+            target,
+            vec![topology::FLOOD_V4.into()],
+            u64::from(HEAVY_RATE) * HEAVY_FOR.as_secs(),
+            HEAVY_FOR,
+        )
+    }
+}
+
+/// Events of `kind` about `prefix` (named in any field) after `seq`.
+fn events_about<'a>(
+    events: &'a [Event],
+    kind: EventKind,
+    prefix: &str,
+    seq: u64,
+) -> Vec<&'a Event> {
+    events
+        .iter()
+        .filter(|e| e.seq > seq && e.kind == kind)
+        .filter(|e| {
+            [
+                e.backend.as_deref(),
+                Some(e.reason.as_str()),
+                e.to.as_deref(),
+                e.from.as_deref(),
+            ]
+            .into_iter()
+            .flatten()
+            .any(|f| f.contains(prefix.trim_end_matches("/32")))
+        })
+        .collect()
+}
+
+/// What the sources test saw while the flood ran, timed from its start.
+#[derive(Debug, Default)]
+struct HeavyWatch {
+    named_at: Option<Duration>,
+    named_row: Option<String>,
+    blocked_at: Option<Duration>,
+    block_entry: Option<String>,
+}
+
+/// Polls `xlb sources` and `xlb blocks` every 250 ms until the flood ends.
+fn watch_heavy(
+    run: &LabRun,
+    started: Instant,
+    flood: &thread::JoinHandle<ConnectFloodReport>,
+) -> HeavyWatch {
+    let mut w = HeavyWatch::default();
+    while !flood.is_finished() && started.elapsed() < HEAVY_FOR + Duration::from_secs(5) {
+        if w.named_at.is_none() {
+            let sources = run.sources(Some("api")).unwrap();
+            if let Some(row) = sources
+                .iter()
+                .flat_map(|v| &v.sources)
+                .find(|r| r.prefix == FLOODER_V4)
+            {
+                w.named_at = Some(started.elapsed());
+                w.named_row = Some(format!("{row:?}"));
+            }
+        }
+        if w.blocked_at.is_none()
+            && let Some(b) = run
+                .blocks()
+                .unwrap()
+                .into_iter()
+                .find(|b| b.prefix == FLOODER_V4 && b.origin == EntryOrigin::Auto)
+        {
+            w.blocked_at = Some(started.elapsed());
+            w.block_entry = Some(format!("{b:?}"));
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+    w
+}
+
+/// A source at 1,000 new flows/s: `xlb sources` names it within 5 s, a
+/// `source` event fires, `auto_block` blocks its /32 (one `block` event,
+/// listed by `xlb blocks` as `auto`), and 5 s later the block expires (a
+/// second `block` event; gone from `xlb blocks`).
+#[test]
+fn sources_names_the_flooder_and_auto_block_expires() {
+    let _serial = serial();
+    let t0 = Instant::now();
+    let p = prefix("src");
+    let vip = Vip {
+        guard: Some(HEAVY_GUARD.to_string()),
+        ..Vip::new("api", topology::VIP_V4.into(), 80, Mode::DsrIpip, 3)
+    };
+    let cfg = XlbConfig {
+        vips: vec![vip.clone()],
+        ..XlbConfig::for_prefix(&p)
+    };
+    let run = up_with_flooder(&p, &cfg);
+    let seq0 = run
+        .events()
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .max()
+        .unwrap_or(0);
+    let flood_ns = run.flood_ns().unwrap();
+    let opts = heavy_flood(vip.target());
+    let started = Instant::now();
+    let flood = thread::spawn(move || connect_flood_in(&flood_ns, &opts).unwrap());
+    let w = watch_heavy(&run, started, &flood);
+    let flood = flood.join().unwrap();
+    let flood_end = started.elapsed();
+
+    // The block expires 5 s after it was made.
+    let expiry_wait = Duration::from_secs(10);
+    let mut expired_at = None;
+    while started.elapsed() < HEAVY_FOR + expiry_wait {
+        let listed = run.blocks().unwrap().iter().any(|b| b.prefix == FLOODER_V4);
+        if !listed {
+            expired_at = Some(started.elapsed());
+            break;
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+    thread::sleep(COUNTER_TICK);
+    let events = run.events().unwrap();
+    let source_events = events_about(&events, EventKind::Source, FLOODER_V4, seq0);
+    let block_events = events_about(&events, EventKind::Block, FLOODER_V4, seq0);
+    eprintln!(
+        "[{p}] flood {flood:?} ({:.0}/s) ended at {flood_end:?}; named by xlb sources at {:?}: \
+         {}; auto-blocked at {:?}: {}; left xlb blocks at {expired_at:?}\n\
+         source events: {source_events:#?}\nblock events: {block_events:#?}",
+        flood.started_per_s(),
+        w.named_at,
+        w.named_row.as_deref().unwrap_or("-"),
+        w.blocked_at,
+        w.block_entry.as_deref().unwrap_or("-"),
+    );
+
+    let named_at = w.named_at.expect("xlb sources never named the flooder");
+    assert!(named_at <= NAMED_WITHIN, "named after {named_at:?}");
+    assert!(
+        source_events
+            .iter()
+            .any(|e| e.to.as_deref() == Some("heavy")),
+        "no `source` event says {FLOODER_V4} went heavy"
+    );
+    let blocked_at = w.blocked_at.expect("auto_block never blocked the flooder");
+    assert!(
+        flood.timed_out > 0,
+        "the block should have dropped the flood's SYNs: {flood:?}"
+    );
+    let blocked: Vec<_> = block_events
+        .iter()
+        .filter(|e| e.to.as_deref() == Some("blocked"))
+        .collect();
+    let unblocked: Vec<_> = block_events
+        .iter()
+        .filter(|e| e.to.as_deref() == Some("unblocked"))
+        .collect();
+    assert_eq!(
+        blocked.len(),
+        1,
+        "one `block` event blocks it: {block_events:#?}"
+    );
+    assert_eq!(
+        unblocked.len(),
+        1,
+        "one `block` event says it expired: {block_events:#?}"
+    );
+    let expired_at = expired_at.expect("the auto block did not expire");
+    let held = expired_at.saturating_sub(blocked_at);
+    assert!(
+        held >= Duration::from_secs(4) && held <= Duration::from_secs(8),
+        "the 5 s block was listed for {held:?}"
+    );
+    assert!(
+        unblocked[0].at_unix_ms - blocked[0].at_unix_ms >= 4_500,
+        "expired {} ms after it was made",
+        unblocked[0].at_unix_ms - blocked[0].at_unix_ms
+    );
+    teardown(run);
+    eprintln!("[{p}] done in {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+// ---------------------------------------------------------------------------
+// `xlb block` with reset and with drop.
+
+/// A connect refused by a RST from XDP must fail within this; one that is
+/// answered or dropped behaves nothing like it (a dropped SYN is retried
+/// after 1 s).
+const RESET_FAILS_WITHIN: Duration = Duration::from_millis(200);
+/// Timeout of the connects of the drop case.
+const DROP_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// `xlb block` of the client's address on `api` with `--action reset`: its
+/// connects fail with ECONNREFUSED in milliseconds; with `--action drop`
+/// they time out; `xlb unblock` lets it connect again.
+#[test]
+fn block_with_reset_fails_connect_fast() {
+    let _serial = serial();
+    let t0 = Instant::now();
+    let p = prefix("rst");
+    let cfg = XlbConfig::for_prefix(&p);
+    let vip = cfg.vip("api").unwrap().clone();
+    let run = up(&p, &cfg);
+    let ns = run.lab().ns_client();
+    let client = run.lab().client_v4().to_string();
+    let connect = |timeout| time_connect_in(&ns, vip.target(), timeout).unwrap();
+    let (how, took) = connect(DROP_TIMEOUT);
+    assert_eq!(how, Connect::Connected, "before any block ({took:?})");
+
+    // Reset: every connect refused at once.
+    let before = guard_counters(&run);
+    run.block(
+        &client,
+        &[
+            "--vip",
+            "api",
+            "--action",
+            "reset",
+            "--reason",
+            "abuse test",
+        ],
+    )
+    .unwrap();
+    let entry = run.blocks().unwrap();
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        let (how, took) = connect(DROP_TIMEOUT);
+        assert_eq!(
+            how,
+            Connect::Refused,
+            "blocked with reset ({took:?}); blocks: {entry:?}"
+        );
+        times.push(took);
+    }
+    let worst = times.iter().max().copied().unwrap_or_default();
+    let mean = times.iter().sum::<Duration>() / times.len() as u32;
+    thread::sleep(COUNTER_TICK);
+    let after = guard_counters(&run);
+    let hits = run
+        .blocks()
+        .unwrap()
+        .into_iter()
+        .find(|b| b.list == ListKind::Deny && b.prefix == format!("{client}/32"))
+        .map(|b| b.hits);
+    run.unblock(&client, &["--vip", "api"]).unwrap();
+    let (how, took) = connect(DROP_TIMEOUT);
+    assert_eq!(how, Connect::Connected, "after unblock ({took:?})");
+
+    // Drop: the SYN is lost, the connect waits for its retransmissions.
+    run.block(&client, &["--vip", "api", "--action", "drop"])
+        .unwrap();
+    let (dropped, drop_took) = connect(DROP_TIMEOUT);
+    run.unblock(&client, &["--vip", "api"]).unwrap();
+    let (how, took) = connect(DROP_TIMEOUT);
+    eprintln!(
+        "[{p}] reset: 10 connects refused in {times:?} (mean {mean:?}, worst {worst:?}); \
+         reset_denied +{}, the entry's hits {hits:?}; drop: {dropped:?} after {drop_took:?}; \
+         after unblock: {how:?} in {took:?}",
+        delta(&after, &before, "reset_denied"),
+    );
+    assert!(
+        worst < RESET_FAILS_WITHIN,
+        "a refused connect took {worst:?}"
+    );
+    assert!(
+        delta(&after, &before, "reset_denied") >= 10,
+        "reset_denied +{}",
+        delta(&after, &before, "reset_denied")
+    );
+    assert!(hits.unwrap_or(0) >= 10, "the entry's hits: {hits:?}");
+    assert_eq!(
+        dropped,
+        Connect::TimedOut,
+        "blocked with drop ({drop_took:?})"
+    );
+    assert_eq!(
+        how,
+        Connect::Connected,
+        "after the second unblock ({took:?})"
+    );
+    teardown(run);
+    eprintln!("[{p}] done in {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// The configurations these tests run are ones xlb accepts (no root
+/// needed).
+#[test]
+fn abuse_configurations_are_valid() {
+    let p = "cfg";
+    let with = |vip: Vip| {
+        XlbConfig {
+            vips: vec![vip],
+            ..XlbConfig::for_prefix(p)
+        }
+        .render()
+    };
+    let cases = [
+        (
+            "limited v4",
+            with(limited_vip("api", topology::VIP_V4.into())),
+        ),
+        (
+            "limited v6",
+            with(limited_vip("api6", topology::VIP_V6.into())),
+        ),
+        (
+            "heavy",
+            with(Vip {
+                guard: Some(HEAVY_GUARD.to_string()),
+                ..Vip::new("api", topology::VIP_V4.into(), 80, Mode::DsrIpip, 3)
+            }),
+        ),
+    ];
+    for (name, text) in cases {
+        let cfg = lb_user::config::Config::from_str(&text, name)
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+        assert_eq!(cfg.warnings, Vec::<String>::new(), "{name}");
+    }
 }
