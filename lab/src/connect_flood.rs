@@ -24,6 +24,13 @@
 //! - `connect_timeout`: a connect not done by then counts as timed out and
 //!   its socket is closed. Below Linux's initial SYN retransmission timeout
 //!   (1 s), every connect sends exactly one SYN.
+//! - `background`: run the flood's thread under `SCHED_IDLE`
+//!   ([`connect_flood_in`] only). On a small shared machine a flood at full
+//!   speed takes a whole CPU from everything else; in the background it
+//!   runs on what is left over and yields at once to any other thread that
+//!   wakes up, so a test measures what the flood costs the system under
+//!   test (the packets it sends, dropped or not), not the generator's own
+//!   CPU, which in production is on someone else's machine.
 //! - `then`: after connecting, [`AfterConnect::Request`] sends one
 //!   keep-alive `GET` and reads the answer, [`AfterConnect::Close`] does
 //!   nothing; either way the flood then closes first (FIN), so the
@@ -80,6 +87,7 @@ pub struct ConnectFloodOptions {
     pub then: AfterConnect,
     /// Bound on the request and its answer ([`AfterConnect::Request`]).
     pub request_timeout: Duration,
+    pub background: bool,
 }
 
 impl ConnectFloodOptions {
@@ -97,6 +105,7 @@ impl ConnectFloodOptions {
             connect_timeout: Duration::from_millis(500),
             then: AfterConnect::Request,
             request_timeout: Duration::from_secs(1),
+            background: false,
         }
     }
 
@@ -147,8 +156,14 @@ pub struct ConnectFloodReport {
     pub answered: u64,
     /// Connections whose request got no answer in time.
     pub unanswered: u64,
-    /// From the first connect started to the last one started.
+    /// From the flood's start to the last `connect(2)` call.
     pub sending: Duration,
+    /// From the flood's start to the end of the last connect attempt: the
+    /// window in which its SYNs went out, retransmissions included (a
+    /// connect whose timeout fires late, on a loaded machine, retransmits
+    /// its SYN after 1 s). A rate limit admits at most its burst plus
+    /// rate × this.
+    pub syn_window: Duration,
     /// From the first connect started to the last outcome.
     pub elapsed: Duration,
     /// The time limit ended the flood before `count` connects started.
@@ -164,6 +179,15 @@ impl ConnectFloodReport {
     }
 }
 
+/// How one connection ended, and when (since the flood's start) it called
+/// `connect(2)`.
+struct Ended {
+    outcome: Outcome,
+    connect_at: Duration,
+    /// When the connect attempt ended (connected, failed or gave up).
+    connect_end: Duration,
+}
+
 /// How one connection ended.
 enum Outcome {
     Connected { answered: Option<bool> },
@@ -173,8 +197,10 @@ enum Outcome {
 }
 
 impl ConnectFloodReport {
-    fn tally(&mut self, o: Outcome) {
-        match o {
+    fn tally(&mut self, e: Ended) {
+        self.sending = self.sending.max(e.connect_at);
+        self.syn_window = self.syn_window.max(e.connect_end);
+        match e.outcome {
             Outcome::Connected { answered } => {
                 self.connected += 1;
                 match answered {
@@ -237,6 +263,9 @@ pub fn connect_flood_in(
 ) -> Result<ConnectFloodReport, LabError> {
     let what = format!("flooding {} with connects from namespace {ns}", opts.target);
     in_netns(ns, || {
+        if opts.background {
+            sched_idle()?;
+        }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -277,12 +306,11 @@ pub async fn connect_flood(opts: ConnectFloodOptions) -> io::Result<ConnectFlood
         };
         let o = opts.clone();
         tasks.spawn(async move {
-            let outcome = one(&o, src).await;
+            let ended = one(&o, src, start).await;
             drop(permit);
-            outcome
+            ended
         });
         report.started += 1;
-        report.sending = start.elapsed();
         while let Some(r) = tasks.try_join_next() {
             report.tally(r.map_err(io::Error::other)?);
         }
@@ -296,13 +324,30 @@ pub async fn connect_flood(opts: ConnectFloodOptions) -> io::Result<ConnectFlood
 }
 
 /// One connection from `src`, as the options say.
-async fn one(opts: &ConnectFloodOptions, src: Option<IpAddr>) -> Outcome {
+async fn one(opts: &ConnectFloodOptions, src: Option<IpAddr>, start: Instant) -> Ended {
+    let t0 = Instant::now();
+    let mut connect_end = None;
+    let outcome = connect_and_close(opts, src, t0, &mut connect_end).await;
+    Ended {
+        outcome,
+        connect_at: t0 - start,
+        connect_end: connect_end.unwrap_or_else(Instant::now) - start,
+    }
+}
+
+async fn connect_and_close(
+    opts: &ConnectFloodOptions,
+    src: Option<IpAddr>,
+    t0: Instant,
+    connect_end: &mut Option<Instant>,
+) -> Outcome {
     let sock = match socket(opts.target, src) {
         Ok(s) => s,
         Err(e) => return Outcome::Error(e),
     };
-    let t0 = Instant::now();
-    let stream = match tokio::time::timeout(opts.connect_timeout, sock.connect(opts.target)).await {
+    let connected = tokio::time::timeout(opts.connect_timeout, sock.connect(opts.target)).await;
+    *connect_end = Some(Instant::now());
+    let stream = match connected {
         Err(_) => return Outcome::TimedOut,
         Ok(Err(e)) if e.kind() == ErrorKind::ConnectionRefused => {
             return Outcome::Refused(t0.elapsed());
@@ -333,6 +378,19 @@ fn socket(target: SocketAddr, src: Option<IpAddr>) -> io::Result<TcpSocket> {
         sock.bind(SocketAddr::new(src, 0))?;
     }
     Ok(sock)
+}
+
+/// Puts this thread under `SCHED_IDLE` (Linux 2.6.23+; a scheduling policy
+/// is per thread: `man 7 sched`).
+fn sched_idle() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a valid sched_param; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &raw const param) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// `IP_BIND_ADDRESS_NO_PORT` (Linux 4.2+; IPv6 sockets take it at the
