@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use clap::Parser as _;
-use lb_user::cli::{self, Cli, Command};
+use lb_user::cli::{self, Cli, Command, blocks::GuardCommand};
 use lb_user::config::{self, Config};
 use lb_user::ctl::{self, Client, Request, Response};
 use tracing_subscriber::EnvFilter;
@@ -81,7 +81,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let req = command
                 .request()
                 .context("every other command is a control request")?;
+            let sent_unix_ms = ctl::now_unix_ms();
             let resp = ctl::request(socket, &req).await?;
+            let purging = matches!(&resp, Response::Ok { message } if message.contains(PURGING));
             print_response(command, resp)?;
             match command {
                 Command::Drain {
@@ -90,6 +92,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     wait: true,
                     ..
                 } => wait_drained(socket, vip, backend).await,
+                Command::Guard(GuardCommand::Block { prefix, .. }) if purging => {
+                    wait_flows_cut(socket, &prefix.to_string(), sent_unix_ms).await
+                }
                 _ => Ok(()),
             }
         }
@@ -120,6 +125,7 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
         Command::Status { json: true }
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
+            | Command::Guard(GuardCommand::Blocks { json: true })
     );
     let text = match resp {
         Response::Error { message } => bail!("{message}"),
@@ -130,8 +136,9 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
         Response::Events(events) => cli::render_events(&events, color()),
         Response::Explain(r) if json => pretty(&r)?,
         Response::Explain(r) => cli::render_explain(&r, color()),
-        // TEMPORARY (guard-base): the guard helpers render these.
-        Response::Blocks(b) => pretty(&b)?,
+        Response::Blocks(b) if json => pretty(&b)?,
+        Response::Blocks(b) => cli::blocks::render_blocks(&b, ctl::now_unix_ms(), color()),
+        // TEMPORARY (guard-base): the sources helper renders this.
         Response::Sources(s) => pretty(&s)?,
         Response::Event(e) => bail!(
             "the daemon answered with a single event (seq {}) instead of a list",
@@ -225,5 +232,41 @@ async fn wait_drained(socket: &Path, vip: &str, backend: &str) -> anyhow::Result
             last = line;
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// What the daemon's answer to `xlb block` says when it cuts the prefix's
+/// established flows in the background.
+const PURGING: &str = "cutting the established flows";
+
+/// `xlb block`: waits (a few seconds at most) for the `block` event that
+/// says how many established flows of `prefix` were cut, and prints it.
+async fn wait_flows_cut(socket: &Path, prefix: &str, since_unix_ms: u64) -> anyhow::Result<()> {
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+    let watch = async {
+        let mut client = Client::connect(socket).await?;
+        let req = Request::Events {
+            since_seq: None,
+            follow: true,
+        };
+        client.send(&req).await?;
+        while let Some(resp) = client.recv().await? {
+            if let Response::Event(e) = resp
+                && e.kind == ctl::EventKind::Block
+                && e.at_unix_ms >= since_unix_ms
+                && e.reason.contains(&format!(" {prefix} "))
+                && e.reason.contains("established flows")
+            {
+                return Ok::<_, anyhow::Error>(Some(e.reason));
+            }
+        }
+        Ok(None)
+    };
+    match tokio::time::timeout(WAIT, watch).await {
+        Ok(Ok(Some(reason))) => emit(&format!("{reason}\n")),
+        Ok(Ok(None)) | Err(_) => {
+            emit("(the flows are still being cut; `xlb events` will say how many)\n")
+        }
+        Ok(Err(e)) => Err(e).context("waiting for the count of cut flows"),
     }
 }

@@ -2,6 +2,7 @@
 //! help text) and the pure functions that turn protocol answers into what
 //! an operator reads. `main.rs` does the I/O.
 
+pub mod blocks;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -19,8 +20,7 @@ use crate::ctl::{
 #[derive(Debug, Parser)]
 #[command(name = "xlb", version, propagate_version = true)]
 pub struct Cli {
-    /// Control socket of the daemon, for status, events, drain, enable,
-    /// explain and reload.
+    /// Control socket of the daemon, for every command that talks to it.
     #[arg(
         long,
         global = true,
@@ -151,6 +151,8 @@ pub enum Command {
         #[arg(long, short, value_name = "IF")]
         interface: String,
     },
+    #[command(flatten)]
+    Guard(blocks::GuardCommand),
 }
 
 impl Command {
@@ -189,6 +191,7 @@ impl Command {
                 vip: *vip,
             },
             Command::Reload => Request::Reload,
+            Command::Guard(g) => g.request(),
             Command::Run { .. }
             | Command::CheckConfig { .. }
             | Command::Detach { .. }

@@ -60,11 +60,31 @@ impl Daemon {
                 .set_drain(&vip, &backend, false, None)
                 .map(|m| Response::Ok { message: m }),
             Request::Reload => self.reload().map(|m| Response::Ok { message: m }),
-            // TEMPORARY (guard-base): the guard helpers replace these arms.
-            Request::Block { .. }
-            | Request::Unblock { .. }
-            | Request::Blocks
-            | Request::Sources { .. } => Err(anyhow::anyhow!("not built yet")),
+            Request::Block {
+                list,
+                prefix,
+                vip,
+                ttl_ms,
+                reason,
+                action,
+            } => super::guard::parse_prefix(&prefix).and_then(|p| {
+                self.add_list_entry(
+                    list,
+                    vip.as_deref(),
+                    p,
+                    action,
+                    ctl::EntryOrigin::Runtime,
+                    ttl_ms.map(Duration::from_millis),
+                    reason.unwrap_or_default(),
+                )
+                .map(|m| Response::Ok { message: m })
+            }),
+            Request::Unblock { list, prefix, vip } => super::guard::parse_prefix(&prefix)
+                .and_then(|p| self.remove_list_entry(list, vip.as_deref(), p))
+                .map(|m| Response::Ok { message: m }),
+            Request::Blocks => Ok(Response::Blocks(self.blocks())),
+            // TEMPORARY (guard-base): the sources helper replaces this arm.
+            Request::Sources { .. } => Err(anyhow::anyhow!("not built yet")),
         };
         res.unwrap_or_else(|e| Response::Error {
             message: format!("{e:#}"),

@@ -114,6 +114,7 @@ impl Daemon {
     /// timeouts follow the VIPs' latency), then the rates.
     fn on_tick(&mut self) {
         self.check_drains();
+        self.guard_tick();
         self.check_alarms();
         for v in &self.vips {
             v.update_auto_timeout();

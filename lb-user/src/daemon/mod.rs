@@ -29,6 +29,7 @@ mod control;
 mod drain;
 mod evaluate;
 mod explain;
+mod guard;
 mod links;
 mod main_loop;
 pub mod model;
@@ -107,6 +108,10 @@ pub struct Daemon {
     status_asked: Option<Instant>,
     /// What the metrics endpoint serves, refreshed every tick.
     published: Arc<Mutex<(StatusReport, MetricsExtra)>>,
+    /// The deny and allow lists (`guard`).
+    lists: crate::guard::lists::Lists,
+    /// Conntrack purges of new deny entries, finished off the main loop.
+    purges: Arc<guard::Purges>,
 }
 
 impl Daemon {
@@ -170,7 +175,12 @@ impl Daemon {
                 StatusReport::default(),
                 MetricsExtra::default(),
             ))),
+            lists: crate::guard::lists::Lists::default(),
+            purges: Arc::default(),
         };
+        // Guards and lists before the VIPs go live: a VIP's first packet
+        // is judged by its configuration.
+        d.init_lists(saved.as_ref())?;
         for vi in 0..d.vips.len() {
             d.install(vi)?;
         }
@@ -265,7 +275,9 @@ impl Daemon {
 
     fn save(&self) {
         let path = persist::state_path(&self.cfg.daemon.pinned.instance);
-        if let Err(e) = model::to_saved(&self.vips).store(&path) {
+        let mut saved = model::to_saved(&self.vips);
+        saved.lists = self.saved_lists();
+        if let Err(e) = saved.store(&path) {
             warn!("{e:#}");
         }
     }

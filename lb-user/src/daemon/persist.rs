@@ -13,6 +13,7 @@ use std::{
 };
 
 use anyhow::Context as _;
+use lb_ctl::{EntryOrigin, GuardAction, ListKind};
 use serde::{Deserialize, Serialize};
 
 use crate::health::machine::HealthState;
@@ -82,6 +83,28 @@ pub struct SavedBackend {
     pub drain_expired: bool,
 }
 
+/// A runtime or automatic deny/allow entry (`xlb block`, `auto_block`).
+/// The pinned tries hold it too, but only the daemon knows its origin,
+/// reason and expiry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedListEntry {
+    pub list: ListKind,
+    /// `None` = every VIP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip: Option<String>,
+    /// `"192.0.2.7/32"`.
+    pub prefix: String,
+    pub action: GuardAction,
+    pub origin: EntryOrigin,
+    #[serde(default)]
+    pub reason: String,
+    pub created_unix_ms: u64,
+    /// Wall-clock time, ms since the Unix epoch, so a TTL runs on while no
+    /// daemon runs; `None` = never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_unix_ms: Option<u64>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Saved {
     /// `lb_common::LAYOUT_VERSION` of the maps this describes.
@@ -89,6 +112,10 @@ pub struct Saved {
     /// VIP name → VIP id.
     pub vips: BTreeMap<String, u32>,
     pub backends: Vec<SavedBackend>,
+    /// Runtime and automatic list entries. Absent in files of earlier
+    /// versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lists: Vec<SavedListEntry>,
 }
 
 impl Saved {
@@ -144,6 +171,16 @@ mod tests {
                 drain_deadline_unix_ms: None,
                 drain_expired: false,
             }],
+            lists: vec![SavedListEntry {
+                list: ListKind::Deny,
+                vip: None,
+                prefix: "192.0.2.7/32".into(),
+                action: GuardAction::Reset,
+                origin: EntryOrigin::Runtime,
+                reason: "seed 001".into(),
+                created_unix_ms: 1_800_000_000_000,
+                expires_unix_ms: Some(1_800_003_600_000),
+            }],
         };
         s.store(&path).unwrap();
         assert_eq!(Saved::load(&path).unwrap(), Some(s));
@@ -176,6 +213,7 @@ mod tests {
                 layout_version: 1,
                 vips: [("api".to_string(), 3)].into(),
                 backends: vec![b],
+                lists: vec![],
             };
             s.store(&path).unwrap();
             assert_eq!(Saved::load(&path).unwrap(), Some(s), "{name}");

@@ -44,7 +44,8 @@ impl Daemon {
         }
         let removed = self.remove_vips_gone(&new)?;
         self.release_moved_keys(&new)?;
-        let (added, changed) = self.add_or_change_vips(&new)?;
+        let guard_changed = self.cfg.guard != new.guard;
+        let (added, changed, guarded) = self.add_or_change_vips(&new)?;
         // Keep file order.
         let order: Vec<String> = new.vips.iter().map(|v| v.name.clone()).collect();
         self.vips
@@ -54,6 +55,18 @@ impl Daemon {
         new.daemon.pinned = self.cfg.daemon.pinned.clone();
         new.daemon.restart = self.cfg.daemon.restart.clone();
         self.cfg = new;
+        let lists_note = self.reload_lists()?;
+        if guard_changed || guarded > 0 {
+            notes.push(format!(
+                "guard settings updated ([guard]{}; {guarded} VIPs' [vip.guard])",
+                if guard_changed {
+                    " changed"
+                } else {
+                    " unchanged"
+                }
+            ));
+        }
+        notes.extend(lists_note);
         self.save();
         let summary = format!(
             "reloaded: {added} VIPs added, {changed} changed, {removed} removed, {} unchanged",
@@ -82,6 +95,9 @@ impl Daemon {
                 continue;
             }
             let v = self.vips.remove(i);
+            // Its id may go to another VIP: that one starts unguarded
+            // until its own guard is written.
+            self.dp.set_guard(v.id, &lb_common::VipGuard::default())?;
             for b in &v.backends {
                 self.forget_backend(b.id);
             }
@@ -107,12 +123,17 @@ impl Daemon {
     }
 
     /// Adds the VIPs `new` lists for the first time and applies the changed
-    /// ones; how many of each.
-    fn add_or_change_vips(&mut self, new: &Config) -> anyhow::Result<(usize, usize)> {
-        let (mut added, mut changed) = (0, 0);
+    /// ones; how many added, changed, and changed in `[vip.guard]` only
+    /// (applied by `reload_lists` without touching the VIP).
+    fn add_or_change_vips(&mut self, new: &Config) -> anyhow::Result<(usize, usize, usize)> {
+        let (mut added, mut changed, mut guarded) = (0, 0, 0);
         for ncfg in new.vips.iter().cloned() {
             match self.vips.iter().position(|v| v.cfg.name == ncfg.name) {
                 Some(vi) if self.vips[vi].cfg == ncfg => {} // untouched
+                Some(vi) if same_but_guard(&self.vips[vi].cfg, &ncfg) => {
+                    self.vips[vi].cfg.guard = ncfg.guard;
+                    guarded += 1;
+                }
                 Some(vi) => {
                     let r = self.change_vip(vi, ncfg)?;
                     self.table_event(vi, "vip changed by reload", r);
@@ -124,7 +145,7 @@ impl Daemon {
                 }
             }
         }
-        Ok((added, changed))
+        Ok((added, changed, guarded))
     }
 
     /// A VIP the configuration did not have: new ids, probes, its table.
@@ -229,6 +250,14 @@ impl Daemon {
         info!(vip = %self.vips[vi].cfg.name, rebuilt = r.is_some(), "vip changed");
         Ok(r)
     }
+}
+
+/// Whether `a` and `b` differ in their guard at most: the VIP itself (its
+/// table, backends, probes) is untouched by such a change.
+fn same_but_guard(a: &VipConfig, b: &VipConfig) -> bool {
+    let mut b = b.clone();
+    b.guard = a.guard.clone();
+    *a == b
 }
 
 /// One note for each daemon setting that changed but is not applied now.

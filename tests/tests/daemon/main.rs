@@ -22,6 +22,7 @@
 )]
 
 mod env;
+mod guard;
 
 use std::{
     collections::BTreeSet,

@@ -192,5 +192,6 @@ pub fn to_saved(vips: &[Vip]) -> Saved {
                 })
             })
             .collect(),
+        lists: Vec::new(),
     }
 }
