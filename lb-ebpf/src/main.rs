@@ -14,7 +14,10 @@
 #![no_std]
 #![no_main]
 // `core::intrinsics::atomic_xadd`: shared counters of `guard.rs`.
-#![allow(internal_features, reason = "atomic_xadd is the one atomic add the BPF target offers")]
+#![allow(
+    internal_features,
+    reason = "atomic_xadd is the one atomic add the BPF target offers"
+)]
 #![feature(core_intrinsics)]
 #![expect(
     clippy::needless_borrows_for_generic_args,

@@ -125,6 +125,7 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
         Command::Status { json: true }
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
+            | Command::Sources { json: true, .. }
             | Command::Guard(GuardCommand::Blocks { json: true })
     );
     let text = match resp {
@@ -138,8 +139,8 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
         Response::Explain(r) => cli::render_explain(&r, color()),
         Response::Blocks(b) if json => pretty(&b)?,
         Response::Blocks(b) => cli::blocks::render_blocks(&b, ctl::now_unix_ms(), color()),
-        // TEMPORARY (guard-base): the sources helper renders this.
-        Response::Sources(s) => pretty(&s)?,
+        Response::Sources(s) if json => pretty(&s)?,
+        Response::Sources(s) => cli::sources::render_sources(&s, color()),
         Response::Event(e) => bail!(
             "the daemon answered with a single event (seq {}) instead of a list",
             e.seq

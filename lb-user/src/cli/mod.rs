@@ -3,6 +3,8 @@
 //! an operator reads. `main.rs` does the I/O.
 
 pub mod blocks;
+pub mod sources;
+
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -115,6 +117,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show the heaviest sources of each VIP: new flows, packets and
+    /// rate-limited flows per second, share, and whether each is limited,
+    /// blocked or allowed.
+    Sources {
+        /// Only this VIP.
+        #[arg(long, value_name = "NAME")]
+        vip: Option<String>,
+        /// Print the daemon's report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Re-read the configuration file and apply the changes (as SIGHUP does).
     Reload,
     /// Remove the XDP program and pinned maps that `xlb run` left behind.
@@ -191,6 +204,7 @@ impl Command {
                 vip: *vip,
             },
             Command::Reload => Request::Reload,
+            Command::Sources { vip, .. } => Request::Sources { vip: vip.clone() },
             Command::Guard(g) => g.request(),
             Command::Run { .. }
             | Command::CheckConfig { .. }

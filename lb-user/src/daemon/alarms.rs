@@ -6,11 +6,17 @@
 //!   when the table changes. Idle entries do not count: the LRU keeps them
 //!   until it needs the room, so a table full of them is normal;
 //! - a backend holding more established flows than its `max_flows` (the
-//!   maxconn alarm of the seed).
+//!   maxconn alarm of the seed);
+//! - new flows forwarded without a conntrack entry because a CPU went over
+//!   `guard.ct_insert_cap` (the `ct_insert_capped` counter grows): a flood
+//!   of new flows, or a cap too low for the load. Those flows follow the
+//!   table, so they lose their backend when it changes.
 //!
 //! Each is an `alarm` event and a warning when raised, and an event when it
 //! clears, with hysteresis so a value hovering at a threshold does not
 //! repeat itself.
+
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
@@ -116,7 +122,100 @@ pub fn max_flows_off(max: u64) -> u64 {
     max.saturating_mul(FLOWS_CLEAR_PERCENT) / 100
 }
 
+/// While `ct_insert_capped` keeps growing, at most one event per this long.
+pub(super) const CAPPED_REPEAT: Duration = Duration::from_secs(10);
+/// `ct_insert_capped` unchanged for this long: the alarm clears (one quiet
+/// second of a bursty flood does not clear and raise it again).
+pub(super) const CAPPED_QUIET: Duration = Duration::from_secs(3);
+
+/// The insert-cap alarm: raised when `ct_insert_capped` grows, repeated at
+/// most every [`CAPPED_REPEAT`] while it keeps growing, cleared once it
+/// stays put for [`CAPPED_QUIET`].
+#[derive(Debug, Default)]
+pub(super) struct CappedAlarm {
+    /// The counter at the last sample, and when it last grew.
+    last: Option<u64>,
+    grew_at: Option<Instant>,
+    /// Since when it is raised, the counter then, and the last event.
+    raised: Option<(Instant, u64)>,
+    told_at: Option<Instant>,
+}
+
+impl CappedAlarm {
+    /// Feeds the counter's value at `now`; the event to record, if any.
+    /// The first value is the baseline: what grew before the daemon
+    /// started is not news.
+    pub(super) fn update(
+        &mut self,
+        value: u64,
+        now: Instant,
+        cap: Option<u64>,
+    ) -> Option<(Edge, String)> {
+        let last = self.last.replace(value)?;
+        // A smaller value: the maps were re-created; a new baseline.
+        let grew = value.saturating_sub(last);
+        let cap = cap.map_or_else(|| "not set".to_owned(), |c| format!("{c}/s per CPU"));
+        if grew > 0 {
+            self.grew_at = Some(now);
+            let (since, at_raise) = *self.raised.get_or_insert((now, last));
+            let due = self
+                .told_at
+                .is_none_or(|t| now.duration_since(t) >= CAPPED_REPEAT);
+            if !due {
+                return None;
+            }
+            self.told_at = Some(now);
+            let total = value - at_raise;
+            let secs = now.duration_since(since).as_secs();
+            return Some((
+                Edge::Raised,
+                format!(
+                    "conntrack insert cap reached: {grew} new flows in the last sample forwarded \
+                     without a conntrack entry ({total} in {secs} s; guard.ct_insert_cap {cap}). \
+                     A flood of new flows, or a cap too low for the load: such flows lose their \
+                     backend when the table changes. Look for the source (xlb sources) or raise \
+                     the cap"
+                ),
+            ));
+        }
+        let (since, at_raise) = self.raised?;
+        if self
+            .grew_at
+            .is_some_and(|t| now.duration_since(t) < CAPPED_QUIET)
+        {
+            return None;
+        }
+        self.raised = None;
+        self.told_at = None;
+        let secs = self
+            .grew_at
+            .map_or(0, |t| t.duration_since(since).as_secs());
+        Some((
+            Edge::Cleared,
+            format!(
+                "conntrack insert cap no longer reached: {} new flows went untracked over {secs} s",
+                value - at_raise
+            ),
+        ))
+    }
+}
+
 impl Daemon {
+    /// Checks the conntrack insert cap's counter (every tick).
+    pub(super) fn check_insert_cap(&mut self) {
+        let Ok(stats) = self.dp.stats() else {
+            return;
+        };
+        let n = stats
+            .get(&lb_common::Stat::CtInsertCapped)
+            .copied()
+            .unwrap_or(0);
+        let cap = self.cfg.guard.ct_insert_cap;
+        if let Some((edge, text)) = self.capped_alarm.update(n, Instant::now(), cap) {
+            self.tell_alarm(edge, None, None, text);
+        }
+    }
+
     /// Checks the capacity alarms against the latest conntrack walk (a new
     /// one every 10 s, every 2 s while a drain is watched).
     pub(super) fn check_alarms(&mut self) {
@@ -214,6 +313,50 @@ mod tests {
             down[0].1
         );
         assert!(a.update(0, 0).is_empty(), "no capacity, no alarm");
+    }
+
+    #[test]
+    fn insert_cap_alarm_is_rate_limited_and_clears_when_quiet() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut a = CappedAlarm::default();
+        assert_eq!(
+            a.update(500, at(0), Some(1000)),
+            None,
+            "history is the baseline"
+        );
+        assert_eq!(a.update(500, at(1), Some(1000)), None, "no growth");
+        let (edge, text) = a.update(800, at(2), Some(1000)).unwrap();
+        assert_eq!(edge, Edge::Raised);
+        assert!(
+            text.starts_with(
+                "conntrack insert cap reached: 300 new flows in the last sample forwarded \
+                 without a conntrack entry (300 in 0 s; guard.ct_insert_cap 1000/s per CPU)"
+            ),
+            "{text}"
+        );
+        // Growing every second: told again 10 s after the first time.
+        let told: Vec<u64> = (3..25)
+            .filter(|&s| a.update(800 + s * 100, at(s), Some(1000)).is_some())
+            .collect();
+        assert_eq!(told, [12, 22]);
+        // Two quiet seconds are not the end yet; the third is.
+        assert_eq!(a.update(3200, at(25), Some(1000)), None);
+        assert_eq!(a.update(3200, at(26), Some(1000)), None);
+        let (edge, text) = a.update(3200, at(27), Some(1000)).unwrap();
+        assert_eq!(edge, Edge::Cleared);
+        assert_eq!(
+            text,
+            "conntrack insert cap no longer reached: 2700 new flows went untracked over 22 s"
+        );
+        assert_eq!(a.update(3200, at(40), Some(1000)), None, "once");
+        // It grows again: a new alarm at once.
+        let (edge, _) = a.update(3300, at(41), None).unwrap();
+        assert_eq!(edge, Edge::Raised);
+        // Maps re-created under us (a smaller value): nothing to tell.
+        let mut b = CappedAlarm::default();
+        let _ = b.update(500, at(0), None);
+        assert_eq!(b.update(10, at(1), None), None);
     }
 
     #[test]

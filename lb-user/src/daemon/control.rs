@@ -83,8 +83,7 @@ impl Daemon {
                 .and_then(|p| self.remove_list_entry(list, vip.as_deref(), p))
                 .map(|m| Response::Ok { message: m }),
             Request::Blocks => Ok(Response::Blocks(self.blocks())),
-            // TEMPORARY (guard-base): the sources helper replaces this arm.
-            Request::Sources { .. } => Err(anyhow::anyhow!("not built yet")),
+            Request::Sources { vip } => self.sources_report(vip.as_deref()).map(Response::Sources),
         };
         res.unwrap_or_else(|e| Response::Error {
             message: format!("{e:#}"),

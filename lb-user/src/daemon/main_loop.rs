@@ -116,6 +116,7 @@ impl Daemon {
         self.check_drains();
         self.guard_tick();
         self.check_alarms();
+        self.check_sources();
         for v in &self.vips {
             v.update_auto_timeout();
         }

@@ -35,6 +35,7 @@ mod main_loop;
 pub mod model;
 pub mod persist;
 mod reload;
+mod sources;
 mod start;
 mod status;
 
@@ -64,6 +65,7 @@ use crate::{
 
 pub use self::{
     links::detach,
+    sources::walk_sources,
     start::{run, start},
 };
 /// Kept where the health benchmark finds it.
@@ -94,6 +96,10 @@ pub struct Daemon {
     last_alarm: Option<Instant>,
     /// The conntrack table's fill alarms.
     fill_alarms: alarms::FillAlarms,
+    /// The conntrack insert cap's alarm.
+    capped_alarm: alarms::CappedAlarm,
+    /// Heavy hitters: rates, alerts, auto_block (`sources`).
+    sources: sources::Watch,
     histograms: HashMap<u32, LatencyHistogram>,
     transitions: HashMap<u32, u64>,
     /// Backend id → (VIP index, backend index); rebuilt whenever `vips`
@@ -165,6 +171,8 @@ impl Daemon {
             last_sample: Instant::now(),
             last_alarm: None,
             fill_alarms: alarms::FillAlarms::default(),
+            capped_alarm: alarms::CappedAlarm::default(),
+            sources: sources::Watch::default(),
             histograms: HashMap::new(),
             index,
             ct_entries: Arc::new(AtomicU64::new(0)),

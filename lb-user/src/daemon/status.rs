@@ -77,7 +77,10 @@ impl Daemon {
     /// Latency histograms and transition counts per backend: what only
     /// metrics show.
     fn metrics_extra(&self) -> MetricsExtra {
-        let mut extra = MetricsExtra::default();
+        let mut extra = MetricsExtra {
+            guard: self.sources_metrics(),
+            ..MetricsExtra::default()
+        };
         for v in &self.vips {
             for b in &v.backends {
                 let h = self.histograms.get(&b.id).cloned().unwrap_or_default();

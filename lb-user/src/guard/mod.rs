@@ -7,6 +7,7 @@
 
 pub mod lists;
 pub mod prefix;
+pub mod sources;
 
 pub use prefix::{Prefix, PrefixError};
 

@@ -13,6 +13,7 @@ mod backend;
 mod daemon;
 mod endpoint;
 mod exposition;
+pub mod guard;
 mod vip;
 
 use std::collections::BTreeMap;
@@ -83,6 +84,8 @@ pub struct MetricsExtra {
     /// [`crate::ctl::BackendStatus::address`]): the backend's probe
     /// latencies and its number of state transitions since the daemon started.
     pub per_backend: BTreeMap<(String, String), (LatencyHistogram, u64)>,
+    /// Sources and lists (abuse control).
+    pub guard: guard::GuardExtra,
 }
 
 /// Where the endpoint gets its numbers, once per scrape.
@@ -112,6 +115,7 @@ pub fn render(status: &StatusReport, extra: &MetricsExtra) -> String {
     out.families(&daemon::FAMILIES, std::iter::once(status));
     out.families(&vip::FAMILIES, status.vips.iter());
     out.families(&backend::FAMILIES, backend::views(status, extra).iter());
+    guard::write(&mut out, &extra.guard);
     out.into_text()
 }
 
@@ -130,6 +134,29 @@ mod tests {
         extra
             .per_backend
             .insert(("api".to_owned(), "10.99.0.11:80".to_owned()), (h, 3));
+        extra.guard = guard::GuardExtra {
+            vips: vec![guard::VipGuardExtra {
+                vip: "api".to_owned(),
+                tracked: 812,
+                heavy: 1,
+                top: vec![
+                    ("198.51.100.7/32".to_owned(), 1000.0),
+                    ("2001:db8:1:2::/64".to_owned(), 12.5),
+                ],
+            }],
+            lists: vec![
+                guard::ListCount {
+                    list: "deny".to_owned(),
+                    origin: "config".to_owned(),
+                    entries: 2,
+                },
+                guard::ListCount {
+                    list: "deny".to_owned(),
+                    origin: "auto".to_owned(),
+                    entries: 1,
+                },
+            ],
+        };
         extra
     }
 
@@ -180,7 +207,6 @@ mod tests {
             "# TYPE xlb_packets_total counter",
             "xlb_packets_total{reason=\"fwd_tx\"} 0",
             "xlb_packets_total{reason=\"ct_hit\"} 20",
-            "xlb_packets_total{reason=\"aborted\"} 250",
             "xlb_info{instance=\"default\",interface=\"eth0\",xdp_mode=\"native\"} 1",
             "xlb_start_time_seconds 1799989080",
             "xlb_adopted 1",
@@ -228,8 +254,24 @@ mod tests {
             "xlb_backend_packets_total{vip=\"api\",backend=\"10.99.0.11:80\"} 600000",
             "xlb_backend_bytes_total{vip=\"api\",backend=\"10.99.0.12:80\"} 400000000",
             "xlb_backend_new_flows_total{vip=\"api\",backend=\"10.99.0.11:80\"} 30000",
+            "# TYPE xlb_vip_sources_tracked gauge",
+            "xlb_vip_sources_tracked{vip=\"api\"} 812",
+            "xlb_vip_source_alerts{vip=\"api\"} 1",
+            "# TYPE xlb_source_new_flows_per_second gauge",
+            "xlb_source_new_flows_per_second{vip=\"api\",prefix=\"198.51.100.7/32\"} 1000",
+            "xlb_source_new_flows_per_second{vip=\"api\",prefix=\"2001:db8:1:2::/64\"} 12.5",
+            "# TYPE xlb_list_entries gauge",
+            "xlb_list_entries{list=\"deny\",origin=\"config\"} 2",
+            "xlb_list_entries{list=\"deny\",origin=\"auto\"} 1",
         ];
         let lines: Vec<&str> = text.lines().collect();
+        // The sample's counters are 10 × the position in `Stat::ALL`.
+        let aborted = lb_common::Stat::ALL
+            .iter()
+            .position(|s| *s == lb_common::Stat::Aborted)
+            .unwrap();
+        let aborted = format!("xlb_packets_total{{reason=\"aborted\"}} {}", aborted * 10);
+        assert!(lines.contains(&aborted.as_str()), "missing {aborted:?}");
         for w in want {
             assert!(lines.contains(&w), "missing line {w:?} in\n{text}");
         }
@@ -330,6 +372,21 @@ mod tests {
                 backend::FAMILIES
                     .iter()
                     .map(|f| (f.name, f.kind, f.help, &["vip", "backend"][..])),
+            )
+            .chain(
+                guard::VIP_FAMILIES
+                    .iter()
+                    .map(|f| (f.name, f.kind, f.help, &["vip"][..])),
+            )
+            .chain(
+                guard::SOURCE_FAMILIES
+                    .iter()
+                    .map(|f| (f.name, f.kind, f.help, &["vip", "prefix"][..])),
+            )
+            .chain(
+                guard::LIST_FAMILIES
+                    .iter()
+                    .map(|f| (f.name, f.kind, f.help, &["list", "origin"][..])),
             );
         let mut parsed = 0;
         for (name, kind, help, labels) in families {

@@ -23,6 +23,7 @@
 
 mod env;
 mod guard;
+mod sources;
 
 use std::{
     collections::BTreeSet,

@@ -1,0 +1,369 @@
+//! Heavy hitters in the daemon: every tick, the latest walk of the
+//! per-source map (taken on its own thread, see [`walk`]) goes through the
+//! pure model (`guard::sources`): rates per source, the heaviest sources per
+//! VIP (`xlb sources`, metrics), `source` events when a source goes above
+//! or back below its VIP's `source_alert`, and the VIP's deny list gets an
+//! `Auto` entry when a source stays above `auto_block` for its `for`.
+
+mod walk;
+
+pub use walk::walk_sources;
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::bail;
+use lb_ctl::{EntryOrigin, ListKind, SourceRow, SourceVerdict, VipSources};
+use tracing::{error, info, warn};
+
+use super::Daemon;
+use crate::{
+    config::{AutoBlock, SourceAlert},
+    ctl::EventKind,
+    guard::{
+        Prefix,
+        sources::{
+            AlertChange, AlertRule, Alerts, CLEAR_FACTOR, CLEAR_SAMPLES, ClearedBy, Rates,
+            SourceRate, Sustain, SustainRule, TOP, VipSummary, by_vip, key_prefix, key_text,
+        },
+    },
+    metrics::guard::{GuardExtra, ListCount, VipGuardExtra},
+};
+
+const ORIGINS: [EntryOrigin; 3] = [EntryOrigin::Config, EntryOrigin::Runtime, EntryOrigin::Auto];
+
+/// An origin as the metrics label it (as in the protocol's JSON).
+fn origin_str(o: EntryOrigin) -> &'static str {
+    match o {
+        EntryOrigin::Config => "config",
+        EntryOrigin::Runtime => "runtime",
+        EntryOrigin::Auto => "auto",
+    }
+}
+
+/// Top sources per VIP in the metrics (`xlb_source_new_flows_per_second`):
+/// bounded label cardinality.
+pub(crate) const METRICS_TOP: usize = 10;
+
+/// What the daemon keeps between walks.
+#[derive(Debug)]
+pub(super) struct Watch {
+    /// The clock of the pure model: walks are timed from here.
+    epoch: Instant,
+    /// The walking thread's latest walk; `None` until it is started.
+    latest: Option<walk::Latest>,
+    rates: Rates,
+    alerts: Alerts,
+    sustain: Sustain,
+    /// The latest summary per VIP id.
+    summary: BTreeMap<u32, VipSummary>,
+    /// The slowest walk so far (logged when it grows past 50 ms).
+    slowest: Duration,
+}
+
+impl Default for Watch {
+    fn default() -> Self {
+        Watch {
+            epoch: Instant::now(),
+            latest: None,
+            rates: Rates::default(),
+            alerts: Alerts::default(),
+            sustain: Sustain::default(),
+            summary: BTreeMap::new(),
+            slowest: Duration::ZERO,
+        }
+    }
+}
+
+fn alert_rule(a: &SourceAlert) -> AlertRule {
+    AlertRule {
+        rate_per_s: a.rate_per_s,
+        share: a.share,
+        min_rate_per_s: a.min_rate_per_s,
+    }
+}
+
+fn sustain_rule(a: &AutoBlock) -> SustainRule {
+    SustainRule {
+        above_per_s: a.above_per_s,
+        sustained: a.sustained,
+    }
+}
+
+/// A rate as the events write it: whole numbers, one decimal below 10.
+fn per_s(x: f64) -> String {
+    if x < 10.0 {
+        format!("{x:.1}/s")
+    } else {
+        format!("{x:.0}/s")
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0}%", x * 100.0)
+}
+
+impl Daemon {
+    /// Every tick: the insert-cap alarm, then the latest walk of the
+    /// sources map through rates, alerts and auto_block.
+    pub(super) fn check_sources(&mut self) {
+        self.check_insert_cap();
+        let latest = self.sources.latest.get_or_insert_with(|| {
+            let latest = Arc::new(Mutex::new(None));
+            let pin = super::persist::pin_dir(&self.cfg.daemon.pinned.instance)
+                .join(lb_common::MAP_SOURCES);
+            walk::spawn(pin, Arc::clone(&latest));
+            latest
+        });
+        let Some(w) = latest.lock().ok().and_then(|mut l| l.take()) else {
+            return;
+        };
+        let Some(at) = w.at else { return };
+        if w.took > self.sources.slowest && w.took > Duration::from_millis(50) {
+            self.sources.slowest = w.took;
+            info!(
+                "walking the sources map took {} ms for {} entries (its own thread)",
+                w.took.as_millis(),
+                w.entries.len()
+            );
+        }
+        let now = at.saturating_duration_since(self.sources.epoch);
+        let from = self.sources.rates.last_walk();
+        let rates = self.sources.rates.update(&w.entries, now);
+        self.sources.summary = by_vip(&w.entries, rates.as_deref().unwrap_or_default());
+        let (Some(rates), Some(from)) = (rates, from) else {
+            return;
+        };
+        let ids: Vec<u32> = self.vips.iter().map(|v| v.id).collect();
+        self.sources.alerts.retain_vips(&ids);
+        self.sources.sustain.retain_vips(&ids);
+        for vi in 0..self.vips.len() {
+            self.judge_alerts(vi);
+            self.judge_auto_block(vi, &rates, (from, now));
+        }
+    }
+
+    /// VIP `vi`'s `source_alert`: one `source` event per source that went
+    /// heavy or back to normal.
+    fn judge_alerts(&mut self, vi: usize) {
+        let vip = &self.vips[vi];
+        let rule = vip.cfg.guard.alert.as_ref().map(alert_rule);
+        let changes =
+            self.sources
+                .alerts
+                .update(vip.id, rule.as_ref(), self.sources.summary.get(&vip.id));
+        let name = vip.cfg.name.clone();
+        let total = self
+            .sources
+            .summary
+            .get(&vip.id)
+            .map_or(0.0, |s| s.new_flows_per_s);
+        for c in changes {
+            let text = alert_text(&name, &c, total, rule.as_ref());
+            let to = if c.cleared.is_none() {
+                warn!("{text}");
+                "heavy"
+            } else {
+                info!("{text}");
+                "normal"
+            };
+            let from = if to == "heavy" { "normal" } else { "heavy" };
+            self.event(
+                EventKind::Source,
+                Some(&name),
+                None,
+                Some(from),
+                Some(to),
+                text,
+                None,
+            );
+        }
+    }
+
+    /// VIP `vi`'s `auto_block`: sources above its rate for its `for` get an
+    /// `Auto` deny entry (which records the one `block` event).
+    fn judge_auto_block(
+        &mut self,
+        vi: usize,
+        rates: &[SourceRate],
+        interval: (Duration, Duration),
+    ) {
+        let vip = &self.vips[vi];
+        let (vip_id, name) = (vip.id, vip.cfg.name.clone());
+        let auto = vip.cfg.guard.auto_block.clone();
+        let rule = auto.as_ref().map(sustain_rule);
+        let mut sustain = std::mem::take(&mut self.sources.sustain);
+        let due = sustain.update(vip_id, rule.as_ref(), rates, interval, |k| {
+            self.list_covers(ListKind::Deny, vip_id, key_prefix(k).0)
+        });
+        self.sources.sustain = sustain;
+        let Some(auto) = auto else { return };
+        for r in due {
+            let (addr, len) = key_prefix(&r.key);
+            let reason = format!(
+                "auto_block: {} new flows for at least {} s (above {})",
+                per_s(r.new_flows_per_s),
+                auto.sustained.as_secs_f64(),
+                per_s(auto.above_per_s)
+            );
+            let prefix = Prefix::of(addr, len);
+            if let Err(e) = self.add_list_entry(
+                ListKind::Deny,
+                Some(&name),
+                prefix,
+                auto.action,
+                EntryOrigin::Auto,
+                Some(auto.ttl),
+                reason,
+            ) {
+                error!("auto_block of {prefix} at VIP {name}: {e:#}");
+            }
+        }
+    }
+
+    /// `xlb sources`: the heaviest sources of one VIP or of every VIP.
+    pub(super) fn sources_report(&self, vip: Option<&str>) -> anyhow::Result<Vec<VipSources>> {
+        if let Some(name) = vip
+            && !self.vips.iter().any(|v| v.cfg.name == name)
+        {
+            let names: Vec<&str> = self.vips.iter().map(|v| v.cfg.name.as_str()).collect();
+            bail!("no VIP named {name:?}; the VIPs are {}", names.join(", "));
+        }
+        let empty = VipSummary::default();
+        let report = self
+            .vips
+            .iter()
+            .filter(|v| vip.is_none_or(|n| v.cfg.name == n))
+            .map(|v| {
+                let s = self.sources.summary.get(&v.id).unwrap_or(&empty);
+                let rows = s.top(TOP).map(|r| SourceRow {
+                    prefix: key_text(&r.key),
+                    new_flows_per_s: r.new_flows_per_s,
+                    packets_per_s: r.packets_per_s,
+                    limited_per_s: r.limited_per_s,
+                    share: s.share(r),
+                    verdict: self.verdict(v.id, r),
+                });
+                VipSources {
+                    vip: v.cfg.name.clone(),
+                    new_flows_per_s: s.new_flows_per_s,
+                    tracked: s.tracked,
+                    sources: rows.collect(),
+                }
+            });
+        Ok(report.collect())
+    }
+
+    /// How a source is treated now: an allow entry wins over a deny entry
+    /// (as in the data plane), then the rate limit.
+    fn verdict(&self, vip_id: u32, r: &SourceRate) -> SourceVerdict {
+        let addr: IpAddr = key_prefix(&r.key).0;
+        if self.list_covers(ListKind::Allow, vip_id, addr) {
+            SourceVerdict::Allowed
+        } else if self.list_covers(ListKind::Deny, vip_id, addr) {
+            SourceVerdict::Blocked
+        } else if r.limited_per_s > 0.0 {
+            SourceVerdict::Limited
+        } else {
+            SourceVerdict::Ok
+        }
+    }
+
+    /// What the metrics show of the sources: per VIP, how many are tracked
+    /// and heavy, and the [`METRICS_TOP`] heaviest.
+    pub(super) fn sources_metrics(&self) -> GuardExtra {
+        let empty = VipSummary::default();
+        let vips = self.vips.iter().map(|v| {
+            let s = self.sources.summary.get(&v.id).unwrap_or(&empty);
+            VipGuardExtra {
+                vip: v.cfg.name.clone(),
+                tracked: s.tracked,
+                heavy: self.sources.alerts.heavy_count(v.id),
+                top: s
+                    .top(METRICS_TOP)
+                    .map(|r| (key_text(&r.key), r.new_flows_per_s))
+                    .collect(),
+            }
+        });
+        GuardExtra {
+            vips: vips.collect(),
+            lists: self.list_counts(),
+        }
+    }
+
+    /// Entries per list and origin, every pair even at 0 (a series that
+    /// exists from the start is one an alert rule can watch).
+    fn list_counts(&self) -> Vec<ListCount> {
+        let mut counts: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        for list in [ListKind::Deny, ListKind::Allow] {
+            for origin in ORIGINS {
+                counts.insert((list.as_str(), origin_str(origin)), 0);
+            }
+        }
+        for e in self.lists.sorted() {
+            *counts
+                .entry((e.key.list.as_str(), origin_str(e.origin)))
+                .or_default() += 1;
+        }
+        counts
+            .into_iter()
+            .map(|((list, origin), entries)| ListCount {
+                list: list.to_owned(),
+                origin: origin.to_owned(),
+                entries,
+            })
+            .collect()
+    }
+}
+
+/// The text of a `source` event.
+fn alert_text(vip: &str, c: &AlertChange, total: f64, rule: Option<&AlertRule>) -> String {
+    let src = key_text(&c.key);
+    let now = format!(
+        "{} new flows ({} of the VIP's {})",
+        per_s(c.rate),
+        pct(c.share),
+        per_s(total)
+    );
+    match c.cleared {
+        None => {
+            let rule = rule.copied().unwrap_or(AlertRule {
+                rate_per_s: None,
+                share: None,
+                min_rate_per_s: 0.0,
+            });
+            let why = if rule.rate_per_s.is_some_and(|t| c.rate > t) {
+                format!(
+                    "above source_alert rate {}",
+                    per_s(rule.rate_per_s.unwrap_or(0.0))
+                )
+            } else {
+                format!(
+                    "above source_alert share {} (the VIP at least {})",
+                    pct(rule.share.unwrap_or(0.0)),
+                    per_s(rule.min_rate_per_s)
+                )
+            };
+            format!(
+                "source {src} of VIP {vip} is heavy: {now}, {why}. xlb sources --vip {vip} \
+                 lists it; xlb block {src} --vip {vip} refuses it"
+            )
+        }
+        Some(ClearedBy::Below) => format!(
+            "source {src} of VIP {vip} back to normal: {now}, below {} of source_alert for \
+             {CLEAR_SAMPLES} samples",
+            pct(CLEAR_FACTOR)
+        ),
+        Some(ClearedBy::Gone) => format!(
+            "source {src} of VIP {vip} back to normal: it is no longer in the sources map \
+             (evicted by newer sources, or removed)"
+        ),
+        Some(ClearedBy::Unconfigured) => format!(
+            "source {src} of VIP {vip} back to normal: the VIP has no source_alert any more"
+        ),
+    }
+}
