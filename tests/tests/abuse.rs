@@ -687,6 +687,19 @@ fn events_about<'a>(
         .collect()
 }
 
+/// Whether a `block` event adds an entry: `to` names the list it joined
+/// (or says `blocked`).
+fn adds(e: &Event) -> bool {
+    e.to.as_deref().is_some_and(|t| t != "unblocked")
+}
+
+/// Whether a `block` event removes an entry: `from` names the list it left
+/// and `to` is empty (or says `unblocked`). A third kind, with neither,
+/// reports the established flows a new entry cut.
+fn removes(e: &Event) -> bool {
+    e.to.as_deref() == Some("unblocked") || (e.from.is_some() && e.to.is_none())
+}
+
 /// What the sources test saw while the flood ran, timed from its start.
 #[derive(Debug, Default)]
 struct HeavyWatch {
@@ -802,14 +815,8 @@ fn sources_names_the_flooder_and_auto_block_expires() {
         flood.timed_out > 0,
         "the block should have dropped the flood's SYNs: {flood:?}"
     );
-    let blocked: Vec<_> = block_events
-        .iter()
-        .filter(|e| e.to.as_deref() == Some("blocked"))
-        .collect();
-    let unblocked: Vec<_> = block_events
-        .iter()
-        .filter(|e| e.to.as_deref() == Some("unblocked"))
-        .collect();
+    let blocked: Vec<_> = block_events.iter().filter(|e| adds(e)).collect();
+    let unblocked: Vec<_> = block_events.iter().filter(|e| removes(e)).collect();
     assert_eq!(
         blocked.len(),
         1,
