@@ -75,7 +75,7 @@ use xlb_lab::{
     topology::{self, FLOOD_NET_V6, FLOOD_NET_V6_PREFIX},
 };
 use xlb_tests::lab::{
-    cascade::COUNTER_TICK, serial, teardown, up, up_with_flooder, wait_client_ms,
+    cascade::COUNTER_TICK, now_unix_ms, serial, teardown, up, up_with_flooder, wait_client_ms,
 };
 
 /// Entries of the conntrack LRU: small, so that the flood is many times it.
@@ -771,6 +771,7 @@ fn sources_names_the_flooder_and_auto_block_expires() {
     let flood_ns = run.flood_ns().unwrap();
     let opts = heavy_flood(vip.target());
     let started = Instant::now();
+    let started_unix_ms = now_unix_ms();
     let flood = thread::spawn(move || connect_flood_in(&flood_ns, &opts).unwrap());
     let w = watch_heavy(&run, started, &flood);
     let flood = flood.join().unwrap();
@@ -791,9 +792,13 @@ fn sources_names_the_flooder_and_auto_block_expires() {
     let events = run.events().unwrap();
     let source_events = events_about(&events, EventKind::Source, FLOODER_V4, seq0);
     let block_events = events_about(&events, EventKind::Block, FLOODER_V4, seq0);
+    let heavy_after = source_events
+        .iter()
+        .find(|e| e.to.as_deref() == Some("heavy"))
+        .map(|e| e.at_unix_ms.saturating_sub(started_unix_ms));
     eprintln!(
         "[{p}] flood {flood:?} ({:.0}/s) ended at {flood_end:?}; named by xlb sources at {:?}: \
-         {}; auto-blocked at {:?}: {}; left xlb blocks at {expired_at:?}\n\
+         {}; auto-blocked at {:?}: {}; left xlb blocks at {expired_at:?}; `source` event {heavy_after:?} ms after the start\n\
          source events: {source_events:#?}\nblock events: {block_events:#?}",
         flood.started_per_s(),
         w.named_at,
@@ -804,11 +809,11 @@ fn sources_names_the_flooder_and_auto_block_expires() {
 
     let named_at = w.named_at.expect("xlb sources never named the flooder");
     assert!(named_at <= NAMED_WITHIN, "named after {named_at:?}");
+    let alert_after =
+        heavy_after.unwrap_or_else(|| panic!("no `source` event says {FLOODER_V4} went heavy"));
     assert!(
-        source_events
-            .iter()
-            .any(|e| e.to.as_deref() == Some("heavy")),
-        "no `source` event says {FLOODER_V4} went heavy"
+        alert_after <= NAMED_WITHIN.as_millis() as u64,
+        "the `source` event came {alert_after} ms after the flood started"
     );
     let blocked_at = w.blocked_at.expect("auto_block never blocked the flooder");
     assert!(
