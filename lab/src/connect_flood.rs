@@ -24,13 +24,6 @@
 //! - `connect_timeout`: a connect not done by then counts as timed out and
 //!   its socket is closed. Below Linux's initial SYN retransmission timeout
 //!   (1 s), every connect sends exactly one SYN.
-//! - `background`: run the flood's thread under `SCHED_IDLE`
-//!   ([`connect_flood_in`] only). On a small shared machine a flood at full
-//!   speed takes a whole CPU from everything else; in the background it
-//!   runs on what is left over and yields at once to any other thread that
-//!   wakes up, so a test measures what the flood costs the system under
-//!   test (the packets it sends, dropped or not), not the generator's own
-//!   CPU, which in production is on someone else's machine.
 //! - `then`: after connecting, [`AfterConnect::Request`] sends one
 //!   keep-alive `GET` and reads the answer, [`AfterConnect::Close`] does
 //!   nothing; either way the flood then closes first (FIN), so the
@@ -87,7 +80,6 @@ pub struct ConnectFloodOptions {
     pub then: AfterConnect,
     /// Bound on the request and its answer ([`AfterConnect::Request`]).
     pub request_timeout: Duration,
-    pub background: bool,
 }
 
 impl ConnectFloodOptions {
@@ -105,7 +97,6 @@ impl ConnectFloodOptions {
             connect_timeout: Duration::from_millis(500),
             then: AfterConnect::Request,
             request_timeout: Duration::from_secs(1),
-            background: false,
         }
     }
 
@@ -263,9 +254,6 @@ pub fn connect_flood_in(
 ) -> Result<ConnectFloodReport, LabError> {
     let what = format!("flooding {} with connects from namespace {ns}", opts.target);
     in_netns(ns, || {
-        if opts.background {
-            sched_idle()?;
-        }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -378,19 +366,6 @@ fn socket(target: SocketAddr, src: Option<IpAddr>) -> io::Result<TcpSocket> {
         sock.bind(SocketAddr::new(src, 0))?;
     }
     Ok(sock)
-}
-
-/// Puts this thread under `SCHED_IDLE` (Linux 2.6.23+; a scheduling policy
-/// is per thread: `man 7 sched`).
-fn sched_idle() -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: a valid sched_param; pid 0 is the calling thread.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &raw const param) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// `IP_BIND_ADDRESS_NO_PORT` (Linux 4.2+; IPv6 sockets take it at the
