@@ -679,7 +679,7 @@ fn events_about<'a>(
             ]
             .into_iter()
             .flatten()
-            .any(|f| f.contains(prefix.trim_end_matches("/32")))
+            .any(|f| f.contains(prefix))
         })
         .collect()
 }
