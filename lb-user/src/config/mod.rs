@@ -830,6 +830,12 @@ address = "10.0.0.11"
             config.vip("dns").unwrap().backends[0].health.kind,
             CheckKind::Tcp
         );
+        assert_eq!(config.guard.deny.len(), 1);
+        assert_eq!(config.guard.allow.len(), 1);
+        let guard = &api.guard;
+        assert_eq!(guard.limit.as_ref().map(|l| l.burst), Some(100));
+        assert_eq!(guard.deny[0].prefix.to_string(), "2001:db8:77:1::/64");
+        assert_eq!(config.vip("dns").unwrap().guard.limit, None);
     }
 
     #[test]

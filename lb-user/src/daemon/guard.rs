@@ -12,7 +12,7 @@
 //! judged; a `block` event says how many flows were cut.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     net::IpAddr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -115,6 +115,16 @@ fn expiry_text(expires_unix_ms: Option<u64>, now: u64) -> String {
 }
 
 impl Daemon {
+    /// A VIP name given to `block`/`unblock` is one of ours.
+    fn check_vip(&self, vip: Option<&str>) -> anyhow::Result<()> {
+        if let Some(name) = vip
+            && self.vip_id_of(name).is_none()
+        {
+            bail!("no VIP named {name:?}; `xlb status` lists them");
+        }
+        Ok(())
+    }
+
     /// The VIP id of the VIP called `name`.
     fn vip_id_of(&self, name: &str) -> Option<u32> {
         self.vips.iter().find(|v| v.cfg.name == name).map(|v| v.id)
@@ -182,6 +192,13 @@ impl Daemon {
         }
         lists.drop_hints();
         self.lists = lists;
+        // Slots of VIP ids not in use (VIPs removed while no daemon ran):
+        // a VIP given such an id later starts from nothing.
+        for id in 0..lb_common::MAX_VIPS {
+            if self.vips.iter().all(|v| v.id != id) {
+                self.dp.set_guard(id, &VipGuard::default())?;
+            }
+        }
         let (written, removed) = self.sync_lists(&present)?;
         if written + removed > 0 || !self.lists.is_empty() {
             info!(
@@ -218,15 +235,18 @@ impl Daemon {
 
     /// Writes every VIP's `XLB_GUARD` entry.
     pub(super) fn write_guards(&mut self) -> anyhow::Result<()> {
-        let global = self.lists.has_entries(ListKind::Deny, &Scope::Global);
+        let denying = self.lists.scopes_with(ListKind::Deny);
+        let global = denying.contains(&Scope::Global);
         let cap = self.cfg.guard.ct_insert_cap;
-        for vi in 0..self.vips.len() {
-            let v = &self.vips[vi];
-            let own = self
-                .lists
-                .has_entries(ListKind::Deny, &Scope::Vip(v.cfg.name.clone()));
-            let g = vip_guard(&v.cfg.guard, global || own, cap);
-            let id = v.id;
+        let guards: Vec<(u32, VipGuard)> = self
+            .vips
+            .iter()
+            .map(|v| {
+                let own = denying.contains(&Scope::Vip(v.cfg.name.clone()));
+                (v.id, vip_guard(&v.cfg.guard, global || own, cap))
+            })
+            .collect();
+        for (id, g) in guards {
             self.dp.set_guard(id, &g)?;
         }
         Ok(())
@@ -238,7 +258,7 @@ impl Daemon {
     pub(super) fn reload_lists(&mut self) -> anyhow::Result<Option<String>> {
         let names: Vec<String> = self.vips.iter().map(|v| v.cfg.name.clone()).collect();
         let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let before: Vec<EntryKey> = self.lists.sorted().iter().map(|e| e.key.clone()).collect();
+        let before: HashSet<EntryKey> = self.lists.sorted().iter().map(|e| e.key.clone()).collect();
         let mut removed = self.lists.retain_vips(&name_refs);
         removed.extend(
             self.lists
@@ -253,7 +273,7 @@ impl Daemon {
                 EventKind::Block,
                 e.key.scope.vip(),
                 None,
-                Some(e.key.list.as_str()),
+                None,
                 None,
                 why,
                 None,
@@ -296,11 +316,7 @@ impl Daemon {
         ttl: Option<Duration>,
         reason: String,
     ) -> anyhow::Result<String> {
-        if let Some(name) = vip
-            && self.vip_id_of(name).is_none()
-        {
-            bail!("no VIP named {name:?}; `xlb status` lists them");
-        }
+        self.check_vip(vip)?;
         if ttl.is_some_and(|t| t.is_zero()) {
             bail!(
                 "a TTL of 0 would remove the entry at once; give a TTL such as 10m or 1h, or none"
@@ -331,15 +347,7 @@ impl Daemon {
         }
         self.write_guards()?;
         let mut msg = format!("{} added: {}", describe_entry(&e), entry_detail(&e, now));
-        self.event(
-            EventKind::Block,
-            vip,
-            None,
-            None,
-            Some(list.as_str()),
-            msg.clone(),
-            None,
-        );
+        self.event(EventKind::Block, vip, None, None, None, msg.clone(), None);
         self.save();
         if list == ListKind::Deny && self.allowed_anyway(vip, prefix) {
             msg.push_str(&format!(
@@ -386,11 +394,7 @@ impl Daemon {
         vip: Option<&str>,
         prefix: Prefix,
     ) -> anyhow::Result<String> {
-        if let Some(name) = vip
-            && self.vip_id_of(name).is_none()
-        {
-            bail!("no VIP named {name:?}; `xlb status` lists them");
-        }
+        self.check_vip(vip)?;
         let key = EntryKey {
             list,
             scope: Scope::of(vip),
@@ -400,7 +404,10 @@ impl Daemon {
             .lists
             .get(&key)
             .map(|e| self.dp.list_hits(e.rule).unwrap_or(0));
-        let e = self.lists.remove(&key)?;
+        let e = self
+            .lists
+            .remove(&key)
+            .map_err(|err| self.other_scopes(err, &key))?;
         self.erase_entry(&e)?;
         self.write_guards()?;
         let msg = format!(
@@ -408,18 +415,29 @@ impl Daemon {
             describe_entry(&e),
             hits.unwrap_or(0)
         );
-        self.event(
-            EventKind::Block,
-            vip,
-            None,
-            Some(list.as_str()),
-            None,
-            msg.clone(),
-            None,
-        );
+        self.event(EventKind::Block, vip, None, None, None, msg.clone(), None);
         self.save();
         info!("{msg}");
         Ok(msg)
+    }
+
+    /// An unblock of an absent entry whose prefix is listed in another
+    /// scope says where (the operator left out or added `--vip`).
+    fn other_scopes(&self, err: lists::ListError, key: &EntryKey) -> anyhow::Error {
+        let elsewhere: Vec<String> = self
+            .lists
+            .sorted()
+            .into_iter()
+            .filter(|e| e.key.list == key.list && e.key.prefix == key.prefix)
+            .map(|e| match e.key.scope.vip() {
+                Some(v) => format!("--vip {v}"),
+                None => "no --vip (every VIP)".to_owned(),
+            })
+            .collect();
+        if elsewhere.is_empty() || !matches!(err, lists::ListError::NotFound { .. }) {
+            return err.into();
+        }
+        anyhow::anyhow!("{err}; it is listed with {}", elsewhere.join(", "))
     }
 
     /// `xlb blocks`: every entry with its hits.
@@ -457,7 +475,7 @@ impl Daemon {
                 EventKind::Block,
                 e.key.scope.vip(),
                 None,
-                Some(e.key.list.as_str()),
+                None,
                 None,
                 msg,
                 None,
@@ -546,6 +564,10 @@ impl Daemon {
             return false;
         }
         let pin = persist::pin_dir(&self.cfg.daemon.pinned.instance).join(lb_common::MAP_CT);
+        // `get_next_key` restarts from the first key when the LRU evicted
+        // the one it was given: under churn the walk could go round for
+        // ever, so it reads at most twice the table.
+        let limit = 2 * self.cfg.daemon.pinned.conntrack_size as usize;
         let purges = Arc::clone(&self.purges);
         let names: HashMap<u32, String> = self
             .vips
@@ -555,7 +577,7 @@ impl Daemon {
         let spawned = std::thread::Builder::new()
             .name("xlb-ct-purge".into())
             .spawn(move || {
-                let cut = purge(&pin, &targets);
+                let cut = purge(&pin, &targets, limit);
                 let mut done = purges
                     .done
                     .lock()
@@ -617,9 +639,10 @@ fn flow_matches(k: &FlowKey, e: &CtEntry, prefix: &Prefix, vip: Option<u32>) -> 
         && vip.is_none_or(|id| e.vip_id == id)
 }
 
-/// Walks the pinned conntrack at `pin` once and removes the entries of
-/// flows matching each target; the count cut per target.
-fn purge(pin: &std::path::Path, targets: &PurgeTargets) -> Vec<Result<u64, String>> {
+/// Walks the pinned conntrack at `pin` once (reading at most `limit`
+/// entries) and removes the entries of flows matching each target; the
+/// count cut per target.
+fn purge(pin: &std::path::Path, targets: &PurgeTargets, limit: usize) -> Vec<Result<u64, String>> {
     let fail = |e: String| targets.iter().map(|_| Err(e.clone())).collect();
     let map = match aya::maps::MapData::from_pin(pin) {
         Ok(m) => aya::maps::Map::LruHashMap(m),
@@ -629,11 +652,13 @@ fn purge(pin: &std::path::Path, targets: &PurgeTargets) -> Vec<Result<u64, Strin
         return fail(format!("{} is not the conntrack map", pin.display()));
     };
     let mut hit: Vec<Vec<FlowKey>> = vec![Vec::new(); targets.len()];
-    for item in ct.iter() {
+    let mut seen = HashSet::new();
+    for item in ct.iter().take(limit) {
         let Ok((k, e)) = item else { break };
         if let Some(i) = targets
             .iter()
             .position(|(p, vip, _)| flow_matches(&k, &e, p, *vip))
+            && seen.insert(k)
         {
             hit[i].push(k);
         }

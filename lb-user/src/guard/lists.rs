@@ -8,7 +8,7 @@
 //! turns names into VIP ids when it writes the tries ([`Lists::wanted`]),
 //! and [`diff`] says what to write to make the tries hold exactly that.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use lb_ctl::{EntryOrigin, GuardAction, ListKind};
@@ -385,6 +385,15 @@ impl Lists {
             .any(|k| k.list == list && k.scope == *scope)
     }
 
+    /// The scopes whose list `list` has entries (one pass over the lists).
+    pub fn scopes_with(&self, list: ListKind) -> HashSet<&Scope> {
+        self.entries
+            .keys()
+            .filter(|k| k.list == list)
+            .map(|k| &k.scope)
+            .collect()
+    }
+
     /// The most specific entry of `list` covering `addr` that applies to
     /// VIP `vip` (its own or a global one).
     pub fn covering(&self, list: ListKind, vip: &str, addr: IpAddr) -> Option<&Entry> {
@@ -688,6 +697,10 @@ mod tests {
         );
         assert!(l.has_entries(ListKind::Deny, &Scope::Global));
         assert!(!l.has_entries(ListKind::Allow, &Scope::Global));
+        let scopes = l.scopes_with(ListKind::Deny);
+        assert_eq!(scopes.len(), 3);
+        assert!(scopes.contains(&Scope::Vip("web".into())));
+        assert!(l.scopes_with(ListKind::Allow).is_empty());
     }
 
     #[test]

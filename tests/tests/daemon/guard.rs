@@ -222,6 +222,8 @@ fn block_blocks_unblock_round_trip() {
             out.contains("runtime deny 192.0.2.7/32 (all VIPs) removed (1 hits)"),
             "{out}"
         );
+        let err = xlb_fails(&e, &["unblock", "192.0.2.9"]);
+        assert!(err.contains("it is listed with --vip api"), "{err}");
         e.xlb(&["unblock", "192.0.2.9", "--vip", "api"]).unwrap();
         e.xlb(&["unblock", "2001:db8:1:2::/64", "--vip", "web"])
             .unwrap();
