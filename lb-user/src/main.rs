@@ -125,9 +125,8 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
         Command::Status { json: true }
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
-            | Command::Sources { json: true, .. }
             | Command::Guard(GuardCommand::Blocks { json: true })
-    );
+    ) || matches!(command, Command::Sources(s) if s.json());
     let text = match resp {
         Response::Error { message } => bail!("{message}"),
         Response::Ok { message } => format!("{message}\n"),

@@ -3,7 +3,10 @@
 //! an operator reads. `main.rs` does the I/O.
 
 pub mod blocks;
+mod explain;
 pub mod sources;
+
+pub use explain::render_explain;
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -14,8 +17,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{self, Config, ConfigErrors};
 use crate::ctl::{
-    BackendStatus, DEFAULT_CONTROL_SOCKET, Event, ExplainReport, Protocol, Request, StatusReport,
-    VipStatus,
+    BackendStatus, DEFAULT_CONTROL_SOCKET, Event, Protocol, Request, StatusReport, VipStatus,
 };
 
 /// xlb: an XDP layer-4 load balancer (Maglev hashing, direct server return).
@@ -117,17 +119,6 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show the heaviest sources of each VIP: new flows, packets and
-    /// rate-limited flows per second, share, and whether each is limited,
-    /// blocked or allowed.
-    Sources {
-        /// Only this VIP.
-        #[arg(long, value_name = "NAME")]
-        vip: Option<String>,
-        /// Print the daemon's report as JSON.
-        #[arg(long)]
-        json: bool,
-    },
     /// Re-read the configuration file and apply the changes (as SIGHUP does).
     Reload,
     /// Remove the XDP program and pinned maps that `xlb run` left behind.
@@ -166,6 +157,8 @@ pub enum Command {
     },
     #[command(flatten)]
     Guard(blocks::GuardCommand),
+    #[command(flatten)]
+    Sources(sources::SourcesCommand),
 }
 
 impl Command {
@@ -204,7 +197,7 @@ impl Command {
                 vip: *vip,
             },
             Command::Reload => Request::Reload,
-            Command::Sources { vip, .. } => Request::Sources { vip: vip.clone() },
+            Command::Sources(s) => s.request(),
             Command::Guard(g) => g.request(),
             Command::Run { .. }
             | Command::CheckConfig { .. }
@@ -756,33 +749,6 @@ pub fn render_event(e: &Event, color: bool) -> String {
     line
 }
 
-/// `xlb explain`.
-pub fn render_explain(r: &ExplainReport, color: bool) -> String {
-    let mut out = format!(
-        "{} {} → {} (vip {})\n",
-        r.protocol, r.client, r.vip, r.vip_name
-    );
-    let backend = match (&r.backend, &r.backend_state) {
-        (Some(b), Some(state)) => format!("{b} ({})", paint(state, state_style(state), color)),
-        (Some(b), None) => b.clone(),
-        (None, _) => paint("none: the packet is dropped", Style::Red, color),
-    };
-    let via = match (r.via.as_str(), r.slot) {
-        ("table", Some(slot)) => format!("table, slot {slot} of {}", r.table_size),
-        (via, Some(slot)) => format!("{via} (table slot {slot} of {})", r.table_size),
-        (via, None) => via.to_owned(),
-    };
-    let rows = vec![
-        vec![Cell::plain("backend"), Cell::plain(backend)],
-        vec![Cell::plain("via"), Cell::plain(via)],
-        vec![Cell::plain("flow hash"), Cell::plain(r.flow_hash.clone())],
-    ];
-    // Colored text is already in the cells; the table only pads.
-    table(&mut out, "  ", &rows, false);
-    let _ = writeln!(out, "  {}", r.detail);
-    out
-}
-
 /// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS.mmm`, UTC.
 pub fn format_utc(ms: u64) -> String {
     let days = (ms / 86_400_000) as i64;
@@ -815,8 +781,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ctl::EventKind;
     use crate::ctl::tests::{SAMPLE_NOW_MS, sample_event, sample_report};
+    use crate::ctl::{EventKind, ExplainReport};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("xlb").chain(args.iter().copied()))

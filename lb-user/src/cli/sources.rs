@@ -3,8 +3,38 @@
 
 use std::fmt::Write as _;
 
+use clap::Subcommand;
+
 use super::{Cell, Style, paint, rate, table};
-use crate::ctl::{SourceVerdict, VipSources};
+use crate::ctl::{Request, SourceVerdict, VipSources};
+
+#[derive(Debug, PartialEq, Subcommand)]
+pub enum SourcesCommand {
+    /// Show the heaviest sources of each VIP: new flows, packets and
+    /// rate-limited flows per second, share, and whether each is limited,
+    /// blocked or allowed.
+    Sources {
+        /// Only this VIP.
+        #[arg(long, value_name = "NAME")]
+        vip: Option<String>,
+        /// Print the daemon's report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+impl SourcesCommand {
+    pub fn request(&self) -> Request {
+        let SourcesCommand::Sources { vip, .. } = self;
+        Request::Sources { vip: vip.clone() }
+    }
+
+    /// Whether the answer is printed as JSON.
+    pub fn json(&self) -> bool {
+        let SourcesCommand::Sources { json, .. } = self;
+        *json
+    }
+}
 
 /// `xlb sources`: one block per VIP; the tables of all VIPs share their
 /// columns.
@@ -81,6 +111,37 @@ mod tests {
             share,
             verdict: v,
         }
+    }
+
+    #[test]
+    fn sources_command_line() {
+        use clap::Parser as _;
+
+        use crate::cli::{Cli, Command};
+        let cases: [(&[&str], Option<&str>, bool); 3] = [
+            (&["xlb", "sources"], None, false),
+            (&["xlb", "sources", "--vip", "api"], Some("api"), false),
+            (
+                &["xlb", "sources", "--json", "--vip", "web"],
+                Some("web"),
+                true,
+            ),
+        ];
+        for (args, vip, json) in cases {
+            let cli = Cli::try_parse_from(args).unwrap();
+            let Command::Sources(s) = &cli.command else {
+                panic!("{args:?}: {:?}", cli.command);
+            };
+            assert_eq!(s.json(), json, "{args:?}");
+            assert_eq!(
+                cli.command.request(),
+                Some(Request::Sources {
+                    vip: vip.map(str::to_owned)
+                }),
+                "{args:?}"
+            );
+        }
+        assert!(Cli::try_parse_from(["xlb", "sources", "api"]).is_err());
     }
 
     #[test]

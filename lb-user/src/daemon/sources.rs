@@ -134,10 +134,15 @@ impl Daemon {
         let now = at.saturating_duration_since(self.sources.epoch);
         let from = self.sources.rates.last_walk();
         let rates = self.sources.rates.update(&w.entries, now);
-        self.sources.summary = by_vip(&w.entries, rates.as_deref().unwrap_or_default());
         let (Some(rates), Some(from)) = (rates, from) else {
+            // The first walk: sources tracked, no rates yet. (A walk too
+            // close to the last one keeps the last summary.)
+            if from.is_none() {
+                self.sources.summary = by_vip(&w.entries, &[]);
+            }
             return;
         };
+        self.sources.summary = by_vip(&w.entries, &rates);
         let ids: Vec<u32> = self.vips.iter().map(|v| v.id).collect();
         self.sources.alerts.retain_vips(&ids);
         self.sources.sustain.retain_vips(&ids);

@@ -1,8 +1,8 @@
 //! The metric families of abuse control: per VIP, the sources tracked and
 //! those over `source_alert`; the heaviest sources of each VIP by new flows
-//! per second (the top [`crate::daemon`] publishes, at most 10 per VIP, so
-//! the label `prefix` stays bounded whatever a flood's sources); and the
-//! deny and allow entries by list and origin.
+//! per second (at most 10 per VIP, as the daemon publishes them, so the
+//! label `prefix` stays bounded whatever a flood's sources); and the deny
+//! and allow entries by list and origin.
 
 use super::exposition::{Family, Kind, Out, Subject, Value};
 

@@ -99,7 +99,7 @@ fn send_syns(
     let mut tick = 0u32;
     while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(30) {
         for (ip, vip, every) in plan {
-            if tick % every != 0 {
+            if !tick.is_multiple_of(*every) {
                 continue;
             }
             let sport = 1024 + (tick % 60_000) as u16;
@@ -186,7 +186,7 @@ fn heavy_source_is_named_alerted_and_auto_blocked() {
         auto_blocked(&e);
     });
     println!("blocked after {:?}", t.elapsed());
-    step("its SYNs are refused; the alert clears", || {
+    step("its SYNs are refused; the alerts clear", || {
         refused_then_cleared(&e);
     });
     stop.store(true, Ordering::Relaxed);
@@ -343,6 +343,12 @@ fn refused_then_cleared(e: &Env) {
             .any(|v| v["to"] == "normal"))
     })
     .unwrap();
+    // Its SYNs no longer reach conntrack, the light source's 10/s are
+    // under the cap: the insert cap's alarm clears.
+    wait_for(Duration::from_secs(6), "insert cap alarm cleared", || {
+        Ok(!events_of(e, "alarm", "conntrack insert cap no longer reached").is_empty())
+    })
+    .unwrap();
 }
 
 /// Walking all `MAX_SOURCES` entries: with aya's iterator, two syscalls per
@@ -393,9 +399,12 @@ fn walking_a_full_sources_map() {
     let _ = std::fs::remove_dir_all(&pins);
     let (by_key, batch) = took;
     println!("walking {MAX_SOURCES} sources: key by key {by_key:?}, batched {batch:?}");
+    // 12 to 25 ms on the 2-CPU test machine while other builds run; the
+    // bound leaves room for a loaded machine, the comparison says why batch.
     let fastest = *batch.iter().min().unwrap();
     assert!(
-        fastest < Duration::from_millis(50),
-        "a batched walk of a full map in {fastest:?}: over the 50 ms budget"
+        fastest < Duration::from_millis(100),
+        "a batched walk of a full map in {fastest:?}"
     );
+    assert!(fastest < *by_key.iter().min().unwrap(), "batched is faster");
 }
