@@ -684,17 +684,19 @@ fn events_about<'a>(
         .collect()
 }
 
-/// Whether a `block` event adds an entry: `to` names the list it joined
-/// (or says `blocked`).
+/// Whether a `block` event adds an entry: its reason says `added` (or
+/// its `to` says `blocked`).
 fn adds(e: &Event) -> bool {
-    e.to.as_deref().is_some_and(|t| t != "unblocked")
+    e.to.as_deref() == Some("blocked") || e.reason.contains(" added")
 }
 
-/// Whether a `block` event removes an entry: `from` names the list it left
-/// and `to` is empty (or says `unblocked`). A third kind, with neither,
-/// reports the established flows a new entry cut.
+/// Whether a `block` event removes an entry: its reason says `expired` or
+/// `removed` (or its `to` says `unblocked`). A third kind reports the
+/// established flows a new entry cut.
 fn removes(e: &Event) -> bool {
-    e.to.as_deref() == Some("unblocked") || (e.from.is_some() && e.to.is_none())
+    e.to.as_deref() == Some("unblocked")
+        || e.reason.contains(" expired")
+        || e.reason.contains(" removed")
 }
 
 /// What the sources test saw while the flood ran, timed from its start.
