@@ -536,7 +536,7 @@ const P99_FACTOR: f64 = 1.10;
 /// Added to the p99 bound, because 10 % alone does not hold on the lab
 /// machine: 2 CPUs, shared with builds and other tests (load average 3 to
 /// 9 while these were measured), and with the flood's own generator. Over
-/// eight runs, the well-behaved p99 between the bursts was 3.9–7.8 ms and
+/// six runs, the well-behaved p99 between the bursts was 4.5–7.8 ms and
 /// during them 6.4–13.3 ms: +1.1 to +7.5 ms, while its p50 stayed at
 /// 0.4–0.7 ms on both sides and nothing failed. What it pays for is the
 /// kernel's work for 8,000–10,000 connects/s on the same 2 CPUs (sockets,
