@@ -535,18 +535,19 @@ const P99_FACTOR: f64 = 1.10;
 
 /// Added to the p99 bound, because 10 % alone does not hold on the lab
 /// machine: 2 CPUs, shared with builds and other tests (load average 3 to
-/// 9 while these were measured), and with the flood's own generator. Over
-/// six runs, the well-behaved p99 between the bursts was 4.5–7.8 ms and
-/// during them 6.4–13.3 ms: +1.1 to +7.5 ms, while its p50 stayed at
-/// 0.4–0.7 ms on both sides and nothing failed. What it pays for is the
-/// kernel's work for 8,000–10,000 connects/s on the same 2 CPUs (sockets,
-/// waves of 4,096 SYNs through the veths, the bridge's per-CPU backlog and
-/// the XDP drop), not the load balancer letting the flood through: at
-/// 2,000 connects/s (40 × the limit) the p99 stayed within run-to-run
-/// noise (4.1 → 3.7 ms), and without the limit the same flood took it from
-/// 3 ms to 64 ms. Pacing the flood evenly at 8,000/s instead of in waves
-/// did no better (+3 to +14 ms).
-const P99_MARGIN_MS: f64 = 10.0;
+/// 12 while these were measured), and with the flood's own generator. Over
+/// seven runs, the well-behaved p99 between the bursts was 4.5–7.8 ms and
+/// during them 6.4–20.1 ms: +1.1 to +7.5 ms up to a load average of 9,
+/// +13.7 ms at 12, while its p50 stayed at 0.4–0.9 ms on both sides and
+/// nothing failed. What it pays for is the kernel's work for 7,000–10,000
+/// connects/s on the same 2 CPUs (sockets, waves of 4,096 SYNs through the
+/// veths, the bridge's per-CPU backlog and the XDP drop), not the load
+/// balancer letting the flood through: at 2,000 connects/s (40 × the
+/// limit) the p99 stayed within run-to-run noise (4.1 → 3.7 ms). Pacing
+/// the flood evenly at 8,000/s instead of in waves did no better (+3 to
+/// +14 ms). The bound still tells a limited flood from one that is not:
+/// without the limit the same flood took the p99 from 3 ms to 64 ms.
+const P99_MARGIN_MS: f64 = 20.0;
 
 /// The p99 the well-behaved load must stay within during the flood.
 fn p99_bound(quiet_p99_ms: f64) -> f64 {
