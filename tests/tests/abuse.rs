@@ -544,8 +544,9 @@ const P99_FACTOR: f64 = 1.10;
 /// veths, the bridge's per-CPU backlog and the XDP drop), not the load
 /// balancer letting the flood through: at 2,000 connects/s (40 × the
 /// limit) the p99 stayed within run-to-run noise (4.1 → 3.7 ms). Pacing
-/// the flood evenly at 8,000/s instead of in waves did no better (+3 to
-/// +14 ms). The bound still tells a limited flood from one that is not:
+/// the flood evenly at 8,000/s instead of in waves was not clearly better
+/// (+8.1 and −1.3 ms in one run). The bound still tells a limited flood
+/// from one that is not:
 /// without the limit the same flood took the p99 from 3 ms to 64 ms.
 const P99_MARGIN_MS: f64 = 20.0;
 
