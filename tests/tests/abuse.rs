@@ -536,10 +536,10 @@ const P99_FACTOR: f64 = 1.10;
 /// Added to the p99 bound, because 10 % alone does not hold on the lab
 /// machine: 2 CPUs, shared with builds and other tests (load average 3 to
 /// 12 while these were measured), and with the flood's own generator. Over
-/// seven runs, the well-behaved p99 between the bursts was 4.5–7.8 ms and
-/// during them 6.4–20.1 ms: +1.1 to +7.5 ms up to a load average of 9,
-/// +13.7 ms at 12, while its p50 stayed at 0.4–0.9 ms on both sides and
-/// nothing failed. What it pays for is the kernel's work for 7,000–10,000
+/// ten runs (five of each test), the well-behaved p99 between the bursts
+/// was 4.5–7.8 ms and during them 6.4–20.1 ms: +1.1 to +7.5 ms up to a
+/// load average of 9, +3.0 to +13.7 ms at 11–12, while its p50 stayed at
+/// 0.4–0.9 ms on both sides and nothing failed. What it pays for is the kernel's work for 7,000–10,000
 /// connects/s on the same 2 CPUs (sockets, waves of 4,096 SYNs through the
 /// veths, the bridge's per-CPU backlog and the XDP drop), not the load
 /// balancer letting the flood through: at 2,000 connects/s (40 × the
