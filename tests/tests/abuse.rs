@@ -18,8 +18,9 @@
 //!   and `auto_block` blocks its /32 and the block expires
 //!   (`sources_names_the_flooder_and_auto_block_expires`).
 //! - `xlb block --action reset`: the blocked client's connect fails with
-//!   `ECONNREFUSED` in milliseconds, `--action drop` makes it time out,
-//!   `xlb unblock` restores service (`block_with_reset_fails_connect_fast`).
+//!   `ECONNREFUSED` in milliseconds (its IPv4 address, and its IPv6 /64),
+//!   `--action drop` makes it time out, `xlb unblock` restores service
+//!   (`block_with_reset_fails_connect_fast`).
 //! - A conntrack that a flood cannot wash out: 200 long-lived `/stream`
 //!   connections through VIP `api` with a small conntrack, one backend
 //!   drained, then a flood of spoofed TCP ACKs (random sources in
@@ -928,14 +929,19 @@ const DROP_TIMEOUT: Duration = Duration::from_millis(1500);
 
 /// `xlb block` of the client's address on `api` with `--action reset`: its
 /// connects fail with ECONNREFUSED in milliseconds; with `--action drop`
-/// they time out; `xlb unblock` lets it connect again.
+/// they time out; `xlb unblock` lets it connect again. The same with reset
+/// for the client's IPv6 /64 on `api6`.
 #[test]
 fn block_with_reset_fails_connect_fast() {
     let _serial = serial();
     let t0 = Instant::now();
     let p = prefix("rst");
-    let cfg = XlbConfig::for_prefix(&p);
-    let vip = cfg.vip("api").unwrap().clone();
+    let vip = Vip::new("api", topology::VIP_V4.into(), 80, Mode::DsrIpip, 3);
+    let vip6 = Vip::new("api6", topology::VIP_V6.into(), 80, Mode::DsrIpip, 3);
+    let cfg = XlbConfig {
+        vips: vec![vip.clone(), vip6.clone()],
+        ..XlbConfig::for_prefix(&p)
+    };
     let run = up(&p, &cfg);
     let ns = run.lab().ns_client();
     let client = run.lab().client_v4().to_string();
@@ -988,10 +994,20 @@ fn block_with_reset_fails_connect_fast() {
     let (dropped, drop_took) = connect(DROP_TIMEOUT);
     run.unblock(&client, &["--vip", "api"]).unwrap();
     let (how, took) = connect(DROP_TIMEOUT);
+
+    // IPv6: the client's /64 on api6, reset (the RST built for IPv6).
+    let net6 = "fd00:99::/64";
+    let connect6 = |timeout| time_connect_in(&ns, vip6.target(), timeout).unwrap();
+    run.block(net6, &["--vip", "api6", "--action", "reset"])
+        .unwrap();
+    let (refused6, took6) = connect6(DROP_TIMEOUT);
+    run.unblock(net6, &["--vip", "api6"]).unwrap();
+    let (how6, after6) = connect6(DROP_TIMEOUT);
     eprintln!(
         "[{p}] reset: 10 connects refused in {times:?} (mean {mean:?}, worst {worst:?}); \
          reset_denied +{}, the entry's hits {hits:?}; drop: {dropped:?} after {drop_took:?}; \
-         after unblock: {how:?} in {took:?}",
+         after unblock: {how:?} in {took:?}; IPv6 /64 with reset: {refused6:?} in {took6:?}, \
+         after unblock: {how6:?} in {after6:?}",
         delta(&after, &before, "reset_denied"),
     );
     assert!(
@@ -1014,6 +1030,16 @@ fn block_with_reset_fails_connect_fast() {
         Connect::Connected,
         "after the second unblock ({took:?})"
     );
+    assert_eq!(
+        refused6,
+        Connect::Refused,
+        "IPv6 /64 blocked with reset ({took6:?})"
+    );
+    assert!(
+        took6 < RESET_FAILS_WITHIN,
+        "a refused IPv6 connect took {took6:?}"
+    );
+    assert_eq!(how6, Connect::Connected, "IPv6 after unblock ({after6:?})");
     teardown(run);
     eprintln!("[{p}] done in {:.1} s", t0.elapsed().as_secs_f64());
 }
