@@ -31,7 +31,9 @@ pub enum EventKind {
     /// insert cap) was raised or cleared.
     Alarm,
     /// A deny or allow entry was added, removed or expired (`xlb block`,
-    /// `unblock`, a TTL, `auto_block`); `to` is `blocked` or `unblocked`.
+    /// `unblock`, a TTL, `auto_block`, a reload), or a new deny entry's
+    /// established flows were cut: `to` is `added`, `removed`, `expired` or
+    /// `flows_cut`, and `reason` names the entry.
     Block,
     /// A source went above (`to` = `heavy`) or back below (`to` = `normal`)
     /// its VIP's `source_alert`.

@@ -755,19 +755,16 @@ fn events_about<'a>(
         .collect()
 }
 
-/// Whether a `block` event adds an entry: its reason says `added` (or
-/// its `to` says `blocked`).
+/// Whether a `block` event adds an entry (`to` = `added`).
 fn adds(e: &Event) -> bool {
-    e.to.as_deref() == Some("blocked") || e.reason.contains(" added")
+    e.to.as_deref() == Some("added")
 }
 
-/// Whether a `block` event removes an entry: its reason says `expired` or
-/// `removed` (or its `to` says `unblocked`). A third kind reports the
-/// established flows a new entry cut.
+/// Whether a `block` event removes an entry (`to` = `removed` or
+/// `expired`). A third kind (`flows_cut`) reports the established flows a
+/// new entry cut.
 fn removes(e: &Event) -> bool {
-    e.to.as_deref() == Some("unblocked")
-        || e.reason.contains(" expired")
-        || e.reason.contains(" removed")
+    matches!(e.to.as_deref(), Some("removed" | "expired"))
 }
 
 /// What the sources test saw while the flood ran, timed from its start.

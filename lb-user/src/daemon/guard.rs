@@ -275,7 +275,7 @@ impl Daemon {
                 e.key.scope.vip(),
                 None,
                 None,
-                None,
+                Some("removed"),
                 why,
                 None,
             );
@@ -348,7 +348,15 @@ impl Daemon {
         }
         self.write_guards()?;
         let mut msg = format!("{} added: {}", describe_entry(&e), entry_detail(&e, now));
-        self.event(EventKind::Block, vip, None, None, None, msg.clone(), None);
+        self.event(
+            EventKind::Block,
+            vip,
+            None,
+            None,
+            Some("added"),
+            msg.clone(),
+            None,
+        );
         self.save();
         if list == ListKind::Deny && self.allowed_anyway(vip, prefix) {
             msg.push_str(&format!(
@@ -416,7 +424,15 @@ impl Daemon {
             describe_entry(&e),
             hits.unwrap_or(0)
         );
-        self.event(EventKind::Block, vip, None, None, None, msg.clone(), None);
+        self.event(
+            EventKind::Block,
+            vip,
+            None,
+            None,
+            Some("removed"),
+            msg.clone(),
+            None,
+        );
         self.save();
         info!("{msg}");
         Ok(msg)
@@ -477,7 +493,7 @@ impl Daemon {
                 e.key.scope.vip(),
                 None,
                 None,
-                None,
+                Some("expired"),
                 msg,
                 None,
             );
@@ -506,7 +522,7 @@ impl Daemon {
                 p.vip.as_deref(),
                 None,
                 None,
-                None,
+                Some("flows_cut"),
                 msg,
                 None,
             );
