@@ -130,6 +130,13 @@ impl Daemon {
     ) -> anyhow::Result<Self> {
         let saved = saved.filter(|s| s.layout_version == LAYOUT_VERSION);
         let mut ids = Ids::default();
+        // Ids the pinned maps still use stay out of reach of new backends
+        // until the tables no longer point at them (`retire_orphans`, after
+        // `install`): a removed backend's id handed to an added one would
+        // send the removed one's table slots to a backend not yet probed.
+        for id in model::pinned_backend_ids(&dp)? {
+            ids.take_backend(id);
+        }
         for vcfg in &cfg.vips {
             model::reserve_adoptable(&dp, &mut ids, vcfg, saved.as_ref())?;
         }
@@ -140,16 +147,15 @@ impl Daemon {
             adopted |= a;
             vips.push(vip);
         }
-        // Pinned entries of VIPs and backends no longer configured (removed
-        // while no daemon ran): remove them, so their conntrack entries are
-        // stale rather than forwarded to a backend nobody probes.
+        // Pinned entries of VIPs no longer configured (removed while no
+        // daemon ran): remove them, so their traffic is not balanced by a
+        // table nobody maintains.
         let keep: Vec<_> = vips.iter().map(|v| v.key).collect();
         for (key, _) in dp.vip_entries()? {
             if !keep.contains(&key) {
                 dp.remove_vip(&key)?;
             }
         }
-        model::retire_orphans(&mut dp, &vips)?;
         let events_tx = broadcast::channel(256).0;
         let index = model::backend_index(&vips);
         let mut d = Self {
@@ -192,6 +198,10 @@ impl Daemon {
         for vi in 0..d.vips.len() {
             d.install(vi)?;
         }
+        // As a reload retires a removed backend: only once the live tables
+        // no longer point at it. Its conntrack entries are then stale
+        // rather than forwarded to a backend nobody probes.
+        model::retire_orphans(&mut d.dp, &mut d.ids, &d.vips)?;
         d.dp.sync_hc_reals(&model::hc_reals(&d.vips))?;
         Ok(d)
     }
