@@ -120,6 +120,10 @@ pub(super) fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<
 /// `instance`, and says what it removed. Established flows stop being
 /// balanced at once.
 pub fn detach(instance: &str) -> anyhow::Result<String> {
+    // The name becomes part of paths under /sys/fs/bpf/xlb and /run/xlb:
+    // `../..` must not walk out of them.
+    crate::config::check_instance(instance)
+        .map_err(|e| anyhow::anyhow!("xlb detach --instance: {e}"))?;
     let dir = persist::pin_dir(instance);
     let mut removed = Vec::new();
     let links = [
@@ -159,9 +163,34 @@ pub fn detach(instance: &str) -> anyhow::Result<String> {
             removed.push(path.display().to_string());
         }
     }
+    let lock = persist::lock_path(instance);
+    if persist::InstanceLock::remove_if_free(&lock)? {
+        removed.push(lock.display().to_string());
+    }
     Ok(if removed.is_empty() {
         format!("xlb instance {instance:?}: nothing pinned, nothing to remove")
     } else {
         format!("xlb instance {instance:?}: removed {}", removed.join(", "))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detach_refuses_a_name_that_is_not_an_instance() {
+        let long = "a".repeat(33);
+        for name in ["../..", "..", "a/../../b", "", "Prod", "x y", long.as_str()] {
+            let err = detach(name).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "xlb detach --instance: instance {name:?} is invalid; use 1 to 32 \
+                     characters from a-z 0-9 _ -"
+                ),
+                "{name:?}"
+            );
+        }
+    }
 }

@@ -23,6 +23,7 @@
 
 mod env;
 mod guard;
+mod restart;
 mod sources;
 
 use std::{
