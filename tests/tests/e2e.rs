@@ -516,7 +516,10 @@ fn restart_and_reload_lose_nothing() {
         assert_eq!(b.state, "up", "b{i} not adopted up: {}", status.summary());
         assert!(b.in_table, "b{i} not in the table: {}", status.summary());
     }
-    assert_eq!(status.backend("api", vip.backend_addr(1)).unwrap().weight, 3);
+    assert_eq!(
+        status.backend("api", vip.backend_addr(1)).unwrap().weight,
+        3
+    );
     assert_eq!(status.vip("other").unwrap().backends.len(), 2);
     run.wait_all_up(Duration::from_secs(5)).unwrap();
 

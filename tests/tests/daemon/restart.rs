@@ -18,7 +18,15 @@ const WEB: &str = "10.100.0.2";
 fn members(dp: &Dataplane, vip: &str) -> BTreeMap<u32, (String, u32)> {
     live_ids(dp, vip)
         .into_iter()
-        .map(|id| (id, (crate::backend_addr(dp, id), dp.backend(id).unwrap().generation)))
+        .map(|id| {
+            (
+                id,
+                (
+                    crate::backend_addr(dp, id),
+                    dp.backend(id).unwrap().generation,
+                ),
+            )
+        })
         .collect()
 }
 
@@ -56,24 +64,31 @@ fn restart_with_a_changed_file_adopts_backends() {
         e.start().unwrap();
         assert_eq!(e.status().unwrap()["adopted"], true);
     });
-    step("kept backends keep their health, ids and generations", || {
-        for (addr, want) in [("10.0.0.11:80", "up"), ("10.0.0.12:80", "down")] {
-            assert_eq!(e.backend_state("web", addr).unwrap(), want, "{addr}");
-        }
-        let after = members(&dp, WEB);
-        println!("web after: {after:?}");
-        let kept: BTreeMap<_, _> = before
-            .iter()
-            .filter(|(_, (a, _))| a != "10.0.0.13:80")
-            .map(|(id, m)| (*id, m.clone()))
-            .collect();
-        // Backend 2 is down: out of the table before and after.
-        assert_eq!(after, kept, "table members, ids and generations");
-        assert_eq!(crate::backend_id(&e, "web", "10.0.0.12:80"), b2);
-        assert_eq!(dp.backend(b2).unwrap().generation, b2_generation);
-        let info = dp.vip(&crate::vip_key(WEB)).unwrap().context("web").unwrap();
-        assert_eq!(info.table_size, 241, "rebuilt at the new size");
-    });
+    step(
+        "kept backends keep their health, ids and generations",
+        || {
+            for (addr, want) in [("10.0.0.11:80", "up"), ("10.0.0.12:80", "down")] {
+                assert_eq!(e.backend_state("web", addr).unwrap(), want, "{addr}");
+            }
+            let after = members(&dp, WEB);
+            println!("web after: {after:?}");
+            let kept: BTreeMap<_, _> = before
+                .iter()
+                .filter(|(_, (a, _))| a != "10.0.0.13:80")
+                .map(|(id, m)| (*id, m.clone()))
+                .collect();
+            // Backend 2 is down: out of the table before and after.
+            assert_eq!(after, kept, "table members, ids and generations");
+            assert_eq!(crate::backend_id(&e, "web", "10.0.0.12:80"), b2);
+            assert_eq!(dp.backend(b2).unwrap().generation, b2_generation);
+            let info = dp
+                .vip(&crate::vip_key(WEB))
+                .unwrap()
+                .context("web")
+                .unwrap();
+            assert_eq!(info.table_size, 241, "rebuilt at the new size");
+        },
+    );
     step("the removed backend's id is retired, not reused", || {
         let (gone, _) = before
             .iter()
@@ -84,4 +99,128 @@ fn restart_with_a_changed_file_adopts_backends() {
         assert!(!before.contains_key(&added), "added got a used id {added}");
         assert_eq!(e.backend_state("web", "10.0.0.14:80").unwrap(), "unknown");
     });
+}
+
+/// Runs `xlb run --config <config>` in the namespace and waits up to 10 s
+/// for it to exit; its stderr. A daemon still running after that is killed
+/// and the step fails.
+fn run_expecting_exit(e: &Env, config: &std::path::Path) -> (bool, String) {
+    let mut child = e
+        .in_ns()
+        .arg(xlb_bin())
+        .args(["run", "--config"])
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if t.elapsed() > std::time::Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("xlb run --config {} did not exit", config.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (status.success(), err)
+}
+
+/// A second daemon for the same instance, with a control socket of its own,
+/// is refused before it touches the maps, naming the first one's pid; the
+/// first one's tables are untouched.
+#[test]
+fn a_second_daemon_for_the_same_instance_is_refused() {
+    let _serial = serial();
+    let e = up();
+    let dp = e.maps().unwrap();
+    let before = (
+        crate::table(&dp, "10.100.0.1").unwrap(),
+        crate::table(&dp, WEB).unwrap(),
+    );
+    let other_socket = e.socket.with_file_name("second.sock");
+    let other_config = e.config.with_file_name("second.toml");
+    let text = std::fs::read_to_string(&e.config).unwrap();
+    let text = text.replace(
+        &e.socket.display().to_string(),
+        &other_socket.display().to_string(),
+    );
+    std::fs::write(&other_config, text).unwrap();
+    step("the second daemon exits with the first one's pid", || {
+        let (ok, err) = run_expecting_exit(&e, &other_config);
+        assert!(!ok, "the second daemon must be refused");
+        let pid = e.daemon_pid().unwrap();
+        assert!(
+            err.contains(&format!(
+                "instance {:?} is in use by xlb run (pid {pid})",
+                e.instance
+            )),
+            "{err}"
+        );
+        assert!(!other_socket.exists(), "no second control socket");
+    });
+    step("the first daemon and its tables are untouched", || {
+        let after = (
+            crate::table(&dp, "10.100.0.1").unwrap(),
+            crate::table(&dp, WEB).unwrap(),
+        );
+        assert_eq!(after, before);
+        assert!(e.status().is_ok(), "the first daemon answers");
+    });
+}
+
+/// Maps pinned by a first start that never finished (layout version 0, no
+/// link) do not block the next start: they are replaced.
+#[test]
+fn pins_of_a_start_that_never_finished_are_replaced() {
+    let _serial = serial();
+    let mut e = Env::new().unwrap();
+    step("pin maps with layout version 0 and no link", || {
+        std::fs::create_dir_all(e.pins()).unwrap();
+        let mut dp = e.maps().unwrap();
+        let mut g = dp.globals().unwrap();
+        g.layout_version = 0;
+        dp.set_globals(&g).unwrap();
+        assert_eq!(
+            lb_user::dataplane::pinned_layout_version(&e.pins()).unwrap(),
+            Some(0)
+        );
+    });
+    step("xlb run starts afresh", || {
+        crate::start_all_up(&mut e);
+        assert_eq!(e.status().unwrap()["adopted"], false);
+        assert_eq!(
+            lb_user::dataplane::pinned_layout_version(&e.pins()).unwrap(),
+            Some(lb_common::LAYOUT_VERSION)
+        );
+        let log = e.log(1).unwrap();
+        assert!(
+            log.contains("maps pinned by a start that never finished"),
+            "{log}"
+        );
+    });
+}
+
+/// `xlb detach --instance` with a name that would walk out of
+/// /sys/fs/bpf/xlb is refused, and touches nothing.
+#[test]
+fn detach_refuses_an_instance_name_that_is_a_path() {
+    let _serial = serial();
+    for name in ["../..", "../xlb", "a/b"] {
+        let out = Command::new(xlb_bin())
+            .args(["detach", "--instance", name])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{name:?} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("instance {name:?} is invalid")),
+            "{name:?}: {err}"
+        );
+    }
 }
