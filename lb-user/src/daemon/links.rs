@@ -156,6 +156,12 @@ pub fn detach(instance: &str) -> anyhow::Result<String> {
         let _ = fs::remove_dir(persist::PIN_ROOT);
     }
     let state = persist::state_path(instance);
+    // The sysctls `xlb run` changed go back before the state file that
+    // records them goes.
+    let restored = match persist::Saved::load(&state) {
+        Ok(saved) => saved.map_or_else(Vec::new, |s| crate::host::restore_sysctls(&s.forwarding)),
+        Err(e) => vec![format!("forwarding sysctls not restored: {e:#}")],
+    };
     // The state file, and a temporary one a kill mid-write left behind.
     for path in [state.clone(), state.with_extension("json.tmp")] {
         if path.exists() {
@@ -167,11 +173,15 @@ pub fn detach(instance: &str) -> anyhow::Result<String> {
     if persist::InstanceLock::remove_if_free(&lock)? {
         removed.push(lock.display().to_string());
     }
-    Ok(if removed.is_empty() {
+    let mut out = if removed.is_empty() {
         format!("xlb instance {instance:?}: nothing pinned, nothing to remove")
     } else {
         format!("xlb instance {instance:?}: removed {}", removed.join(", "))
-    })
+    };
+    for note in restored {
+        out.push_str(&format!("\n{note}"));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -118,6 +118,11 @@ pub struct Daemon {
     lists: crate::guard::lists::Lists,
     /// Conntrack purges of new deny entries, finished off the main loop.
     purges: Arc<guard::Purges>,
+    /// Sysctls changed by this run or an earlier one, with their values
+    /// before: kept in the state file for `xlb detach`.
+    forwarding: Vec<crate::host::SysctlChange>,
+    /// Those this process changed: put back if it fails to go live.
+    forwarding_changed: Vec<crate::host::SysctlChange>,
 }
 
 impl Daemon {
@@ -191,6 +196,8 @@ impl Daemon {
             ))),
             lists: crate::guard::lists::Lists::default(),
             purges: Arc::default(),
+            forwarding: Vec::new(),
+            forwarding_changed: Vec::new(),
         };
         // Guards and lists before the VIPs go live: a VIP's first packet
         // is judged by its configuration.
@@ -295,6 +302,7 @@ impl Daemon {
         let path = persist::state_path(&self.cfg.daemon.pinned.instance);
         let mut saved = model::to_saved(&self.vips);
         saved.lists = self.saved_lists();
+        saved.forwarding = self.forwarding.clone();
         if let Err(e) = saved.store(&path) {
             warn!("{e:#}");
         }

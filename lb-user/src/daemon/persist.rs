@@ -187,6 +187,11 @@ pub struct Saved {
     /// versions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lists: Vec<SavedListEntry>,
+    /// Sysctls `xlb run` changed on the host (forwarding on its interface)
+    /// and their values before, which `xlb detach` puts back. Absent in
+    /// files of earlier versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forwarding: Vec<crate::host::SysctlChange>,
 }
 
 impl Saved {
@@ -273,6 +278,11 @@ mod tests {
                 created_unix_ms: 1_800_000_000_000,
                 expires_unix_ms: Some(1_800_003_600_000),
             }],
+            forwarding: vec![crate::host::SysctlChange {
+                path: "/proc/sys/net/ipv4/conf/eth0/forwarding".into(),
+                previous: "0".into(),
+                netns: 4_026_531_840,
+            }],
         };
         s.store(&path).unwrap();
         assert_eq!(Saved::load(&path).unwrap(), Some(s));
@@ -306,6 +316,7 @@ mod tests {
                 vips: [("api".to_string(), 3)].into(),
                 backends: vec![b],
                 lists: vec![],
+                forwarding: vec![],
             };
             s.store(&path).unwrap();
             assert_eq!(Saved::load(&path).unwrap(), Some(s), "{name}");

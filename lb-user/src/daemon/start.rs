@@ -216,14 +216,58 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
         );
     }
     write_globals(&mut dp, d, &cfg.vips)?;
-    host::enable_forwarding(
-        &d.pinned.interface,
-        cfg.vips.iter().any(|v| v.addr.is_ipv6()),
-    )?;
+    let iface = d.pinned.interface.clone();
+    let v6 = cfg.vips.iter().any(|v| v.addr.is_ipv6());
     let saved = persist::Saved::load(&persist::state_path(&d.pinned.instance))?;
-    let daemon = Daemon::new(config_path, cfg, dp, saved)?;
+    let recorded = saved
+        .as_ref()
+        .map(|s| s.forwarding.clone())
+        .unwrap_or_default();
+    let mut daemon = Daemon::new(config_path, cfg, dp, saved)?;
+    // Last, so a start that fails before has changed nothing on the host.
+    let changed = host::enable_forwarding(&iface, v6)?;
+    daemon.record_forwarding(recorded, changed);
     info!(took_ms = t0.elapsed().as_millis() as u64, "maps ready");
     Ok(daemon)
+}
+
+impl Daemon {
+    /// Keeps what earlier runs recorded of the sysctls they changed (a
+    /// restart finds forwarding on already and changes nothing) and adds
+    /// what this run changed; a change is written to the state file at
+    /// once, so a `kill -9` before going live does not lose it.
+    fn record_forwarding(
+        &mut self,
+        mut recorded: Vec<host::SysctlChange>,
+        changed: Vec<host::SysctlChange>,
+    ) {
+        for c in &changed {
+            if !recorded
+                .iter()
+                .any(|r| r.path == c.path && r.netns == c.netns)
+            {
+                recorded.push(c.clone());
+            }
+        }
+        self.forwarding = recorded;
+        self.forwarding_changed = changed;
+        if !self.forwarding_changed.is_empty() {
+            self.save();
+        }
+    }
+
+    /// After a failed start: puts back the sysctls this process changed
+    /// and forgets them in the state file.
+    pub(super) fn undo_forwarding(&mut self) {
+        if self.forwarding_changed.is_empty() {
+            return;
+        }
+        let changed = std::mem::take(&mut self.forwarding_changed);
+        warn!("xlb run failed to start: putting back the forwarding sysctls it changed");
+        host::restore_sysctls(&changed);
+        self.forwarding.retain(|r| !changed.contains(r));
+        self.save();
+    }
 }
 
 #[cfg(test)]

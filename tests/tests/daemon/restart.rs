@@ -224,3 +224,150 @@ fn detach_refuses_an_instance_name_that_is_a_path() {
         );
     }
 }
+
+const XD0_FORWARDING: &str = "/proc/sys/net/ipv4/conf/xd0/forwarding";
+
+/// `XD0_FORWARDING` as the namespace sees it.
+fn xd0_forwarding(e: &Env) -> String {
+    let out = e.in_ns().args(["cat", XD0_FORWARDING]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// `xlb run` turns forwarding on for xd0 and says why; the value before is
+/// kept in the state file across a restart (which finds it on and changes
+/// nothing); `xlb detach` in the namespace puts it back.
+#[test]
+fn detach_restores_the_forwarding_xlb_run_turned_on() {
+    let _serial = serial();
+    let mut e = Env::new().unwrap();
+    let set = e
+        .in_ns()
+        .args(["sh", "-c", &format!("echo 0 > {XD0_FORWARDING}")])
+        .status()
+        .unwrap();
+    assert!(set.success());
+    assert_eq!(xd0_forwarding(&e), "0");
+    let recorded = |e: &Env| {
+        lb_user::daemon::persist::Saved::load(&lb_user::daemon::persist::state_path(&e.instance))
+            .unwrap()
+            .unwrap()
+            .forwarding
+    };
+    step(
+        "xlb run turns it on, logs it and records the value before",
+        || {
+            crate::start_all_up(&mut e);
+            assert_eq!(xd0_forwarding(&e), "1");
+            let log = e.log(1).unwrap();
+            assert!(
+                log.contains(&format!("set {XD0_FORWARDING} = 1 (was 0)")),
+                "{log}"
+            );
+            let r = recorded(&e);
+            assert_eq!(r.len(), 1, "{r:?}");
+            assert_eq!(
+                (r[0].path.as_str(), r[0].previous.as_str()),
+                (XD0_FORWARDING, "0")
+            );
+        },
+    );
+    step("kill -9 and start again: the record is kept", || {
+        e.kill9().unwrap();
+        std::fs::remove_file(&e.socket).ok();
+        e.start().unwrap();
+        assert_eq!(recorded(&e).len(), 1);
+        assert!(!e.log(2).unwrap().contains("(was "), "nothing changed");
+        e.kill9().unwrap();
+    });
+    step("xlb detach in the namespace puts 0 back", || {
+        let out = e
+            .in_ns()
+            .arg(xlb_bin())
+            .args(["detach", "--instance", &e.instance])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&format!("restored {XD0_FORWARDING} = 0")),
+            "{text}"
+        );
+        assert_eq!(xd0_forwarding(&e), "0");
+    });
+}
+
+/// Runs `xlb detach --instance` of an instance a test made besides its
+/// environment's, however the test ends.
+struct DetachOnDrop(String);
+
+impl Drop for DetachOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new(xlb_bin())
+            .args(["detach", "--instance", &self.0])
+            .output();
+    }
+}
+
+/// A start that fails after turning forwarding on (here: native XDP on
+/// `lo`, which has no driver support) puts the value back before it exits,
+/// and leaves no record of it.
+#[test]
+fn a_failed_start_puts_forwarding_back() {
+    let _serial = serial();
+    let e = Env::new().unwrap();
+    let instance = format!("{}-lo", e.instance);
+    let _detach = DetachOnDrop(instance.clone());
+    let lo_forwarding = "/proc/sys/net/ipv4/conf/lo/forwarding";
+    let read = || {
+        let out = e.in_ns().args(["cat", lo_forwarding]).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let set = e
+        .in_ns()
+        .args(["sh", "-c", &format!("echo 0 > {lo_forwarding}")])
+        .status()
+        .unwrap();
+    assert!(set.success());
+    let config = e.config.with_file_name("lo.toml");
+    let text = std::fs::read_to_string(&e.config)
+        .unwrap()
+        .replace(
+            "interface = \"xd0\"",
+            "interface = \"lo\"\nxdp_mode = \"native\"",
+        )
+        .replace(&format!("\"{}\"", e.instance), &format!("\"{instance}\""))
+        .replace(
+            &e.socket.display().to_string(),
+            &e.socket.with_file_name("lo.sock").display().to_string(),
+        );
+    std::fs::write(&config, text).unwrap();
+    step("the start fails at attaching XDP", || {
+        let (ok, err) = run_expecting_exit(&e, &config);
+        assert!(!ok, "native XDP on lo must fail");
+        assert!(err.contains("attaching XDP to lo"), "{err}");
+        assert!(
+            err.contains(&format!("set {lo_forwarding} = 1 (was 0)")),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("restored {lo_forwarding} = 0")),
+            "{err}"
+        );
+    });
+    step("forwarding is back at 0, and no record is left", || {
+        assert_eq!(read(), "0");
+        let saved =
+            lb_user::daemon::persist::Saved::load(&lb_user::daemon::persist::state_path(&instance))
+                .unwrap();
+        assert!(saved.is_none_or(|s| s.forwarding.is_empty()));
+    });
+}

@@ -207,6 +207,7 @@ pub fn to_saved(vips: &[Vip]) -> Saved {
             })
             .collect(),
         lists: Vec::new(),
+        forwarding: Vec::new(),
     }
 }
 
@@ -256,6 +257,7 @@ mod tests {
                 b(13, 3, SavedHealth::Up),
             ],
             lists: Vec::new(),
+            forwarding: Vec::new(),
         }
     }
 
