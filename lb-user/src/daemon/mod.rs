@@ -134,33 +134,7 @@ impl Daemon {
         saved: Option<Saved>,
     ) -> anyhow::Result<Self> {
         let saved = saved.filter(|s| s.layout_version == LAYOUT_VERSION);
-        let mut ids = Ids::default();
-        // Ids the pinned maps still use stay out of reach of new backends
-        // until the tables no longer point at them (`retire_orphans`, after
-        // `install`): a removed backend's id handed to an added one would
-        // send the removed one's table slots to a backend not yet probed.
-        for id in model::pinned_backend_ids(&dp)? {
-            ids.take_backend(id);
-        }
-        for vcfg in &cfg.vips {
-            model::reserve_adoptable(&dp, &mut ids, vcfg, saved.as_ref())?;
-        }
-        let mut vips = Vec::new();
-        let mut adopted = false;
-        for vcfg in cfg.vips.clone() {
-            let (vip, a) = model::adopt_or_create_vip(&mut dp, &mut ids, vcfg, saved.as_ref())?;
-            adopted |= a;
-            vips.push(vip);
-        }
-        // Pinned entries of VIPs no longer configured (removed while no
-        // daemon ran): remove them, so their traffic is not balanced by a
-        // table nobody maintains.
-        let keep: Vec<_> = vips.iter().map(|v| v.key).collect();
-        for (key, _) in dp.vip_entries()? {
-            if !keep.contains(&key) {
-                dp.remove_vip(&key)?;
-            }
-        }
+        let (ids, vips, adopted) = model::adopt_all(&mut dp, &cfg, saved.as_ref())?;
         let events_tx = broadcast::channel(256).0;
         let index = model::backend_index(&vips);
         let mut d = Self {

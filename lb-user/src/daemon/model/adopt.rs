@@ -13,7 +13,7 @@ use lb_common::{BackendInfo, VipInfo, addr16};
 
 use super::{Backend, Ids, Vip, new_backend, vip_key};
 use crate::{
-    config::{BackendConfig, VipConfig},
+    config::{BackendConfig, Config, VipConfig},
     daemon::persist::{Saved, SavedBackend, SavedHealth},
     dataplane::Dataplane,
     health::{
@@ -84,7 +84,7 @@ fn plan_from<'s>(
 /// saved id still holds its key) and the saved backend ids whose pinned
 /// address still matches. Reserving all of these before any new id is handed
 /// out keeps a new VIP from taking an id a later VIP is about to adopt.
-pub fn reserve_adoptable(
+fn reserve_adoptable(
     dp: &Dataplane,
     ids: &mut Ids,
     cfg: &VipConfig,
@@ -149,6 +149,45 @@ pub fn adopt_or_create_vip(
         answers: VecDeque::new(),
     };
     Ok((vip, adopted))
+}
+
+/// The model of every VIP of `cfg` at start, adopting what the previous
+/// run left (see [`plan`]); also whether anything was adopted. The tables
+/// are not written yet (`Daemon::install`), nor orphans retired
+/// (`retire_orphans`, after the tables).
+pub fn adopt_all(
+    dp: &mut Dataplane,
+    cfg: &Config,
+    saved: Option<&Saved>,
+) -> anyhow::Result<(Ids, Vec<Vip>, bool)> {
+    let mut ids = Ids::default();
+    // Ids the pinned maps still use stay out of reach of new backends
+    // until the tables no longer point at them (`retire_orphans`, after
+    // `install`): a removed backend's id handed to an added one would
+    // send the removed one's table slots to a backend not yet probed.
+    for id in super::pinned_backend_ids(dp)? {
+        ids.take_backend(id);
+    }
+    for vcfg in &cfg.vips {
+        reserve_adoptable(dp, &mut ids, vcfg, saved)?;
+    }
+    let mut vips = Vec::new();
+    let mut adopted = false;
+    for vcfg in cfg.vips.clone() {
+        let (vip, a) = adopt_or_create_vip(dp, &mut ids, vcfg, saved)?;
+        adopted |= a;
+        vips.push(vip);
+    }
+    // Pinned entries of VIPs no longer configured (removed while no
+    // daemon ran): remove them, so their traffic is not balanced by a
+    // table nobody maintains.
+    let keep: Vec<_> = vips.iter().map(|v| v.key).collect();
+    for (key, _) in dp.vip_entries()? {
+        if !keep.contains(&key) {
+            dp.remove_vip(&key)?;
+        }
+    }
+    Ok((ids, vips, adopted))
 }
 
 /// Takes a backend over from the previous run: its id and generation (so
@@ -218,7 +257,6 @@ mod tests {
     use lb_common::{BACKEND_DOWN, BACKEND_UP, FAMILY_V4};
 
     use super::*;
-    use crate::config::Config;
 
     /// VIP "api" on 10.100.0.1:80 with `table_size` and backends `addrs`
     /// (with weight 1 unless `heavy` names one, which gets 3).

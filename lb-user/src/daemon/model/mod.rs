@@ -31,7 +31,7 @@ use crate::{
 
 mod adopt;
 
-pub use self::adopt::{adopt_or_create_vip, reserve_adoptable, to_saved};
+pub use self::adopt::{adopt_all, adopt_or_create_vip, to_saved};
 
 /// The map key of VIP `cfg`.
 pub fn vip_key(cfg: &VipConfig) -> VipKey {
