@@ -10,6 +10,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 /// Capabilities `xlb run` needs, with why.
@@ -79,22 +80,94 @@ pub fn ensure_bpffs() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A sysctl `xlb run` changed: its path, its value before, and the network
+/// namespace it belongs to (`/proc/sys/net` is per namespace). Kept in the
+/// state file so `xlb detach` can put the value back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SysctlChange {
+    /// `/proc/sys/net/ipv4/conf/eth0/forwarding`.
+    pub path: String,
+    /// The value before, as read (`"0"`).
+    pub previous: String,
+    /// The inode of the namespace's `/proc/self/ns/net`.
+    pub netns: u64,
+}
+
+/// The current network namespace's identity (the inode of
+/// `/proc/self/ns/net`).
+pub fn netns_id() -> anyhow::Result<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    Ok(fs::metadata("/proc/self/ns/net")
+        .context("reading /proc/self/ns/net")?
+        .ino())
+}
+
 /// `bpf_fib_lookup` from XDP answers "forwarding disabled" unless forwarding
 /// is on for the ingress interface (checked on 6.18), so turn it on there,
-/// and only there.
-pub fn enable_forwarding(iface: &str, v6: bool) -> anyhow::Result<()> {
+/// and only there. Returns what was changed (nothing if it was on), for
+/// [`restore_sysctls`].
+pub fn enable_forwarding(iface: &str, v6: bool) -> anyhow::Result<Vec<SysctlChange>> {
     let mut keys = vec![format!("/proc/sys/net/ipv4/conf/{iface}/forwarding")];
     if v6 {
         keys.push(format!("/proc/sys/net/ipv6/conf/{iface}/forwarding"));
     }
+    let netns = netns_id()?;
+    let mut changed = Vec::new();
     for k in keys {
         let cur = fs::read_to_string(&k).with_context(|| format!("reading {k}"))?;
-        if cur.trim() != "1" {
+        let cur = cur.trim();
+        if cur != "1" {
             fs::write(&k, "1").with_context(|| format!("writing 1 to {k}"))?;
-            info!("set {k} = 1 (bpf_fib_lookup needs it for the XDP interface)");
+            info!(
+                "set {k} = 1 (was {cur}): bpf_fib_lookup in XDP needs forwarding on the \
+                 interface it runs on; `xlb detach` puts {cur} back"
+            );
+            changed.push(SysctlChange {
+                path: k,
+                previous: cur.to_string(),
+                netns,
+            });
         }
     }
-    Ok(())
+    Ok(changed)
+}
+
+/// Puts back what [`enable_forwarding`] changed, where it still holds the
+/// value xlb wrote and only in the namespace it was changed in (from any
+/// other, `/proc/sys/net` names another interface, maybe the host's).
+/// Never fails: returns one note per sysctl, also logged.
+pub fn restore_sysctls(changes: &[SysctlChange]) -> Vec<String> {
+    let here = netns_id().ok();
+    let mut notes = Vec::new();
+    for c in changes {
+        let note = if here != Some(c.netns) {
+            format!(
+                "{} not restored to {}: it was changed in another network namespace \
+                 (run `xlb detach` in the daemon's namespace, or set it by hand)",
+                c.path, c.previous
+            )
+        } else {
+            match fs::read_to_string(&c.path) {
+                Err(e) => format!("{} not restored to {}: {e}", c.path, c.previous),
+                Ok(cur) if cur.trim() != "1" => format!(
+                    "{} left at {}: changed since xlb set it to 1",
+                    c.path,
+                    cur.trim()
+                ),
+                Ok(_) => match fs::write(&c.path, &c.previous) {
+                    Ok(()) => format!("restored {} = {}", c.path, c.previous),
+                    Err(e) => format!("{} not restored to {}: {e}", c.path, c.previous),
+                },
+            }
+        };
+        if note.starts_with("restored") {
+            info!("{note}");
+        } else {
+            warn!("{note}");
+        }
+        notes.push(note);
+    }
+    notes
 }
 
 /// Every address of `iface`, in the order the kernel lists them.
@@ -164,4 +237,45 @@ pub fn raise_nofile_to(target: u64) -> std::io::Result<(u64, u64)> {
         lim.rlim_cur = target;
     }
     Ok((lim.rlim_cur, lim.rlim_max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restore_puts_back_only_what_xlb_set_in_its_own_namespace() {
+        let dir = std::env::temp_dir().join(format!("xlb-sysctl-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let here = netns_id().unwrap();
+        // (name, value now, namespace of the record, value after, note)
+        let cases = [
+            ("ours, still 1", Some("1\n"), here, Some("0"), "restored"),
+            (
+                "another namespace",
+                Some("1\n"),
+                here + 1,
+                Some("1\n"),
+                "another network namespace",
+            ),
+            ("changed since", Some("0\n"), here, Some("0\n"), "left at 0"),
+            ("gone", None, here, None, "not restored to 0"),
+        ];
+        for (i, (name, now, netns, after, note)) in cases.into_iter().enumerate() {
+            let path = dir.join(format!("forwarding-{i}"));
+            if let Some(now) = now {
+                fs::write(&path, now).unwrap();
+            }
+            let change = SysctlChange {
+                path: path.display().to_string(),
+                previous: "0".into(),
+                netns,
+            };
+            let notes = restore_sysctls(&[change]);
+            assert_eq!(notes.len(), 1, "{name}");
+            assert!(notes[0].contains(note), "{name}: {notes:?}");
+            assert_eq!(fs::read_to_string(&path).ok().as_deref(), after, "{name}");
+        }
+        fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -33,7 +33,7 @@ use xlb_lab::{
 };
 use xlb_tests::lab::{
     CLIENT_TIMEOUT, DETECTION_MARGIN, MAP_UPDATE_MARGIN_MS, answered_by, failure_slices,
-    now_unix_ms, serial, steady, teardown, transitions, up, wait_client_ms,
+    now_unix_ms, serial, steady, teardown, transitions, up, wait_client_ms, xlb_binary,
 };
 
 /// How stale `xlb status` counters may be: the daemon samples the data
@@ -441,9 +441,28 @@ fn drain_keeps_established_connections() {
     teardown(run);
 }
 
-/// 200 long-lived connections survive `kill -9` of the daemon and its
-/// restart (which adopts the pinned maps), then a reload that changes
-/// another VIP.
+/// The file a restart finds after `kill -9` (the usual edit, then
+/// `systemctl restart`): VIP `api` with a new table size (1009 → 997), b1's
+/// weight 1 → 3 and b4 added; VIP `other` as `cfg` has it.
+fn changed_file(cfg: &XlbConfig) -> String {
+    let mut changed = cfg.clone();
+    changed.vips[0].backends = vec![1, 2, 3, 4];
+    let text = changed.render();
+    let api = "name = \"api\"\n";
+    assert!(text.contains(api), "{text}");
+    let text = text.replacen(api, &format!("{api}table_size = 997\n"), 1);
+    // The first backend listed is api's b1.
+    let b1 = format!("address = \"{}\"\n", changed.vips[0].backend_addr(1).ip());
+    assert!(text.contains(&b1), "{text}");
+    text.replacen(&b1, &format!("{b1}weight = 3\n"), 1)
+}
+
+/// 200 long-lived connections survive `kill -9` of the daemon and a restart
+/// with a changed file (table size, a weight, a backend added to their VIP,
+/// one removed from another VIP), which adopts the pinned maps and the
+/// backends' ids, generations and health as a reload would: no SYN is
+/// dropped for want of a backend, no backend goes through `unknown`. Then a
+/// reload that changes another VIP.
 #[test]
 fn restart_and_reload_lose_nothing() {
     let _serial = serial();
@@ -451,7 +470,12 @@ fn restart_and_reload_lose_nothing() {
     let vip = api();
     let other = Vip::new("other", topology::VIP2_V4.into(), 80, Mode::DsrL2, 3);
     let mut cfg = config(&p, Health::default(), vec![vip.clone(), other.clone()]);
-    let mut run = up(&p, &cfg);
+    // A fourth backend for the restart to add.
+    let mut run = scenario::LabRun::up_with(scenario::RunOptions {
+        backends: 4,
+        ..scenario::RunOptions::new(&p, &xlb_binary(), &cfg.render())
+    })
+    .unwrap_or_else(|e| panic!("lab up: {e}"));
     let client = run
         .start_client(LoadOptions {
             duration: Duration::from_secs(10),
@@ -466,15 +490,18 @@ fn restart_and_reload_lose_nothing() {
         })
         .unwrap();
     wait_client_ms(&client, 2000);
+    let drops_before = run.counter("drop_no_backend").unwrap();
     let old_pid = run.daemon_pid();
     run.kill9_daemon().unwrap();
     let killed_ms = client.elapsed().as_millis();
+    cfg.vips[1].backends = vec![1, 2];
+    std::fs::write(run.config_path(), changed_file(&cfg)).unwrap();
     thread::sleep(Duration::from_millis(500));
     run.start_daemon().unwrap();
     let restarted_ms = client.elapsed().as_millis();
     let status = run.status().unwrap();
     eprintln!(
-        "[{p}] daemon {old_pid:?} killed at {killed_ms} ms, restarted (pid {:?}) answering at {restarted_ms} ms; adopted = {}",
+        "[{p}] daemon {old_pid:?} killed at {killed_ms} ms, restarted with a changed file (pid {:?}) answering at {restarted_ms} ms; adopted = {}",
         run.daemon_pid(),
         status.adopted
     );
@@ -482,20 +509,35 @@ fn restart_and_reload_lose_nothing() {
         status.adopted,
         "the restarted daemon did not adopt the pinned maps"
     );
+    let api_now = status.vip("api").unwrap();
+    assert_eq!(api_now.table_size, 997, "{}", status.summary());
+    for i in 1..=3 {
+        let b = status.backend("api", vip.backend_addr(i)).unwrap();
+        assert_eq!(b.state, "up", "b{i} not adopted up: {}", status.summary());
+        assert!(b.in_table, "b{i} not in the table: {}", status.summary());
+    }
+    assert_eq!(
+        status.backend("api", vip.backend_addr(1)).unwrap().weight,
+        3
+    );
+    assert_eq!(status.vip("other").unwrap().backends.len(), 2);
     run.wait_all_up(Duration::from_secs(5)).unwrap();
 
     wait_client_ms(&client, 5000);
-    // Another VIP changes: b3 leaves it.
-    cfg.vips[1].backends = vec![1, 2];
-    let out = run.reload(&cfg.render()).unwrap();
+    // Another VIP changes: b2 leaves it.
+    cfg.vips[1].backends = vec![1];
+    let out = run.reload(&changed_file(&cfg)).unwrap();
     eprintln!("[{p}] xlb reload: {}", out.trim());
     let (reloaded, _) = run
-        .wait_until("other to have 2 backends", Duration::from_secs(3), |s| {
-            s.vip("other").is_some_and(|v| v.backends.len() == 2)
+        .wait_until("other to have 1 backend", Duration::from_secs(3), |s| {
+            s.vip("other").is_some_and(|v| v.backends.len() == 1)
         })
         .unwrap();
-    assert_eq!(reloaded.vip("api").unwrap().backends.len(), 3);
     let report = client.join().unwrap();
+    assert_eq!(reloaded.vip("api").unwrap().backends.len(), 4);
+    let events = run.events().unwrap();
+    assert_stayed_up(&events, &vip, [1, 2, 3]);
+    let drops_after = run.counter("drop_no_backend").unwrap();
 
     let spread: BTreeSet<&str> = report
         .long
@@ -503,7 +545,7 @@ fn restart_and_reload_lose_nothing() {
         .filter_map(|l| l.backend.as_deref())
         .collect();
     eprintln!(
-        "[{p}] long connections: {} of {} kept flowing (backends {spread:?}), longest gap {} ms; new connections {} ok, {} failed",
+        "[{p}] long connections: {} of {} kept flowing (backends {spread:?}), longest gap {} ms; new connections {} ok, {} failed; drop_no_backend {drops_before} -> {drops_after}",
         report.summary.long_total - report.summary.long_broken,
         report.summary.long_total,
         report
@@ -520,6 +562,10 @@ fn restart_and_reload_lose_nothing() {
     assert!(broken.is_empty(), "connections broke: {broken:?}");
     assert!(spread.len() >= 2, "connections all on {spread:?}");
     assert_eq!(report.summary.failures, 0, "{}", report.render_text());
+    assert_eq!(
+        drops_after, drops_before,
+        "SYNs dropped for want of a backend"
+    );
     teardown(run);
 }
 

@@ -195,18 +195,28 @@ fn instance(raw: &RawDaemon, p: &mut Problems<'_>) -> String {
         .instance
         .clone()
         .unwrap_or_else(|| defaults::INSTANCE.to_owned());
+    if let Err(e) = check_instance(&instance) {
+        p.error(CTX, e);
+    }
+    instance
+}
+
+/// Whether `instance` can name an instance: 1 to 32 characters from
+/// `a-z 0-9 _ -`, so it stays one component of the pin and state paths
+/// (no `/`, no `..`). Shared by the configuration and `xlb detach
+/// --instance`.
+pub fn check_instance(instance: &str) -> Result<(), String> {
     if instance.is_empty()
         || instance.len() > 32
         || !instance
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
     {
-        p.error(
-            CTX,
-            format!("instance {instance:?} is invalid; use 1 to 32 characters from a-z 0-9 _ -"),
-        );
+        return Err(format!(
+            "instance {instance:?} is invalid; use 1 to 32 characters from a-z 0-9 _ -"
+        ));
     }
-    instance
+    Ok(())
 }
 
 fn control_socket(raw: &RawDaemon, p: &mut Problems<'_>) -> PathBuf {

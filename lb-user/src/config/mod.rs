@@ -65,7 +65,7 @@ mod vip;
 
 pub use daemon::{
     DaemonConfig, LiveSettings, MAX_RING_STRIDE, MIN_UDP_TIMEOUT, PinnedSettings, RestartSettings,
-    XdpMode,
+    XdpMode, check_instance,
 };
 pub use guard::{
     AutoBlock, GuardConfig, ListRule, MAX_TTL, SourceAlert, SourceLimit, VipGuardConfig,

@@ -120,6 +120,10 @@ pub(super) fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<
 /// `instance`, and says what it removed. Established flows stop being
 /// balanced at once.
 pub fn detach(instance: &str) -> anyhow::Result<String> {
+    // The name becomes part of paths under /sys/fs/bpf/xlb and /run/xlb:
+    // `../..` must not walk out of them.
+    crate::config::check_instance(instance)
+        .map_err(|e| anyhow::anyhow!("xlb detach --instance: {e}"))?;
     let dir = persist::pin_dir(instance);
     let mut removed = Vec::new();
     let links = [
@@ -152,6 +156,12 @@ pub fn detach(instance: &str) -> anyhow::Result<String> {
         let _ = fs::remove_dir(persist::PIN_ROOT);
     }
     let state = persist::state_path(instance);
+    // The sysctls `xlb run` changed go back before the state file that
+    // records them goes.
+    let restored = match persist::Saved::load(&state) {
+        Ok(saved) => saved.map_or_else(Vec::new, |s| crate::host::restore_sysctls(&s.forwarding)),
+        Err(e) => vec![format!("forwarding sysctls not restored: {e:#}")],
+    };
     // The state file, and a temporary one a kill mid-write left behind.
     for path in [state.clone(), state.with_extension("json.tmp")] {
         if path.exists() {
@@ -159,9 +169,38 @@ pub fn detach(instance: &str) -> anyhow::Result<String> {
             removed.push(path.display().to_string());
         }
     }
-    Ok(if removed.is_empty() {
+    let lock = persist::lock_path(instance);
+    if persist::InstanceLock::remove_if_free(&lock)? {
+        removed.push(lock.display().to_string());
+    }
+    let mut out = if removed.is_empty() {
         format!("xlb instance {instance:?}: nothing pinned, nothing to remove")
     } else {
         format!("xlb instance {instance:?}: removed {}", removed.join(", "))
-    })
+    };
+    for note in restored {
+        out.push_str(&format!("\n{note}"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detach_refuses_a_name_that_is_not_an_instance() {
+        let long = "a".repeat(33);
+        for name in ["../..", "..", "a/../../b", "", "Prod", "x y", long.as_str()] {
+            let err = detach(name).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "xlb detach --instance: instance {name:?} is invalid; use 1 to 32 \
+                     characters from a-z 0-9 _ -"
+                ),
+                "{name:?}"
+            );
+        }
+    }
 }

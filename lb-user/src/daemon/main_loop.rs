@@ -31,7 +31,10 @@ impl Daemon {
     /// nothing is detached: the data plane keeps forwarding with the last
     /// written state.
     pub async fn main_loop(mut self, listener: UnixListener) -> anyhow::Result<()> {
-        self.go_live()?;
+        if let Err(e) = self.go_live() {
+            self.undo_forwarding();
+            return Err(e);
+        }
         let calls = control::spawn_control(listener, self.events_tx.clone());
         if let Some(addr) = self.cfg.daemon.restart.metrics_address {
             control::spawn_metrics(addr, Arc::clone(&self.published));

@@ -118,6 +118,11 @@ pub struct Daemon {
     lists: crate::guard::lists::Lists,
     /// Conntrack purges of new deny entries, finished off the main loop.
     purges: Arc<guard::Purges>,
+    /// Sysctls changed by this run or an earlier one, with their values
+    /// before: kept in the state file for `xlb detach`.
+    forwarding: Vec<crate::host::SysctlChange>,
+    /// Those this process changed: put back if it fails to go live.
+    forwarding_changed: Vec<crate::host::SysctlChange>,
 }
 
 impl Daemon {
@@ -129,27 +134,7 @@ impl Daemon {
         saved: Option<Saved>,
     ) -> anyhow::Result<Self> {
         let saved = saved.filter(|s| s.layout_version == LAYOUT_VERSION);
-        let mut ids = Ids::default();
-        for vcfg in &cfg.vips {
-            model::reserve_adoptable(&dp, &mut ids, vcfg, saved.as_ref())?;
-        }
-        let mut vips = Vec::new();
-        let mut adopted = false;
-        for vcfg in cfg.vips.clone() {
-            let (vip, a) = model::adopt_or_create_vip(&mut dp, &mut ids, vcfg, saved.as_ref())?;
-            adopted |= a;
-            vips.push(vip);
-        }
-        // Pinned entries of VIPs and backends no longer configured (removed
-        // while no daemon ran): remove them, so their conntrack entries are
-        // stale rather than forwarded to a backend nobody probes.
-        let keep: Vec<_> = vips.iter().map(|v| v.key).collect();
-        for (key, _) in dp.vip_entries()? {
-            if !keep.contains(&key) {
-                dp.remove_vip(&key)?;
-            }
-        }
-        model::retire_orphans(&mut dp, &vips)?;
+        let (ids, vips, adopted) = model::adopt_all(&mut dp, &cfg, saved.as_ref())?;
         let events_tx = broadcast::channel(256).0;
         let index = model::backend_index(&vips);
         let mut d = Self {
@@ -185,6 +170,8 @@ impl Daemon {
             ))),
             lists: crate::guard::lists::Lists::default(),
             purges: Arc::default(),
+            forwarding: Vec::new(),
+            forwarding_changed: Vec::new(),
         };
         // Guards and lists before the VIPs go live: a VIP's first packet
         // is judged by its configuration.
@@ -192,6 +179,10 @@ impl Daemon {
         for vi in 0..d.vips.len() {
             d.install(vi)?;
         }
+        // As a reload retires a removed backend: only once the live tables
+        // no longer point at it. Its conntrack entries are then stale
+        // rather than forwarded to a backend nobody probes.
+        model::retire_orphans(&mut d.dp, &mut d.ids, &d.vips)?;
         d.dp.sync_hc_reals(&model::hc_reals(&d.vips))?;
         Ok(d)
     }
@@ -285,6 +276,7 @@ impl Daemon {
         let path = persist::state_path(&self.cfg.daemon.pinned.instance);
         let mut saved = model::to_saved(&self.vips);
         saved.lists = self.saved_lists();
+        saved.forwarding = self.forwarding.clone();
         if let Err(e) = saved.store(&path) {
             warn!("{e:#}");
         }

@@ -36,6 +36,77 @@ pub fn state_path(instance: &str) -> PathBuf {
     Path::new(STATE_ROOT).join(format!("{instance}.json"))
 }
 
+/// Root of the instance locks: `/run/xlb/<instance>.lock`.
+pub const LOCK_ROOT: &str = "/run/xlb";
+
+pub fn lock_path(instance: &str) -> PathBuf {
+    Path::new(LOCK_ROOT).join(format!("{instance}.lock"))
+}
+
+/// The exclusive lock of one instance, held by the daemon that owns its
+/// pinned maps for as long as it runs (the kernel drops it when the process
+/// exits, `kill -9` included). Two daemons with the same `instance` but
+/// different control sockets would otherwise both adopt the same maps and
+/// flip each other's tables.
+#[derive(Debug)]
+pub struct InstanceLock {
+    _file: fs::File,
+}
+
+impl InstanceLock {
+    /// Takes the lock at `path` without waiting, and writes our pid into
+    /// the file; fails naming the holder's pid if another process has it.
+    pub fn take(path: &Path, instance: &str) -> anyhow::Result<Self> {
+        let dir = path.parent().context("lock path has no parent")?;
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                let holder = fs::read_to_string(path).unwrap_or_default();
+                let holder = match holder.trim() {
+                    "" => "another process".to_string(),
+                    pid => format!("xlb run (pid {pid})"),
+                };
+                anyhow::bail!(
+                    "instance {instance:?} is in use by {holder}: it holds {}; stop it first, \
+                     or give this daemon another daemon.instance (two daemons on one \
+                     instance would both write its pinned maps)",
+                    path.display()
+                );
+            }
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {}", path.display()));
+            }
+        }
+        file.set_len(0)
+            .and_then(|()| file.write_all(format!("{}\n", std::process::id()).as_bytes()))
+            .with_context(|| format!("writing our pid to {}", path.display()))?;
+        Ok(Self { _file: file })
+    }
+
+    /// Removes the lock file at `path` unless a daemon holds it (`xlb
+    /// detach`); whether it was removed.
+    pub fn remove_if_free(path: &Path) -> anyhow::Result<bool> {
+        let file = match fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+        };
+        if file.try_lock().is_err() {
+            return Ok(false);
+        }
+        fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
+        Ok(true)
+    }
+}
+
 /// Health of a backend as remembered between runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -116,6 +187,11 @@ pub struct Saved {
     /// versions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lists: Vec<SavedListEntry>,
+    /// Sysctls `xlb run` changed on the host (forwarding on its interface)
+    /// and their values before, which `xlb detach` puts back. Absent in
+    /// files of earlier versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forwarding: Vec<crate::host::SysctlChange>,
 }
 
 impl Saved {
@@ -155,6 +231,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_second_lock_of_an_instance_is_refused_with_the_holders_pid() {
+        let dir = std::env::temp_dir().join(format!("xlb-lock-{}", std::process::id()));
+        let path = dir.join("i.lock");
+        let first = InstanceLock::take(&path, "i").unwrap();
+        // flock locks belong to the open file description: a second open in
+        // the same process conflicts as another process's would.
+        let err = InstanceLock::take(&path, "i").unwrap_err().to_string();
+        let pid = std::process::id();
+        assert!(
+            err.contains(&format!("instance \"i\" is in use by xlb run (pid {pid})")),
+            "{err}"
+        );
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        drop(first);
+        let again = InstanceLock::take(&path, "i").unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), format!("{pid}\n"));
+        drop(again);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn round_trip_and_missing_file() {
         let dir = std::env::temp_dir().join(format!("xlb-persist-{}", std::process::id()));
         let path = dir.join("t.json");
@@ -180,6 +277,11 @@ mod tests {
                 reason: "seed 001".into(),
                 created_unix_ms: 1_800_000_000_000,
                 expires_unix_ms: Some(1_800_003_600_000),
+            }],
+            forwarding: vec![crate::host::SysctlChange {
+                path: "/proc/sys/net/ipv4/conf/eth0/forwarding".into(),
+                previous: "0".into(),
+                netns: 4_026_531_840,
             }],
         };
         s.store(&path).unwrap();
@@ -214,6 +316,7 @@ mod tests {
                 vips: [("api".to_string(), 3)].into(),
                 backends: vec![b],
                 lists: vec![],
+                forwarding: vec![],
             };
             s.store(&path).unwrap();
             assert_eq!(Saved::load(&path).unwrap(), Some(s), "{name}");

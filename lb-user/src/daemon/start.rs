@@ -2,7 +2,12 @@
 //! limit, binds the control socket, then loads or adopts the maps, writes
 //! the globals and builds the model ([`start`]).
 
-use std::{fs, net::IpAddr, path::PathBuf, time::Instant};
+use std::{
+    fs,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    time::Instant,
+};
 
 use anyhow::{Context as _, bail};
 use lb_common::{Globals, LAYOUT_VERSION, addr16};
@@ -23,8 +28,13 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         warn!("{w}");
     }
     raise_nofile(&cfg);
-    // The control socket first: a second daemon for the same socket stops
+    // The instance's lock first: a second daemon for the same instance stops
     // here, before it touches the maps or the link of the running one.
+    // Held until this process exits.
+    let instance = &cfg.daemon.pinned.instance;
+    let _lock = persist::InstanceLock::take(&persist::lock_path(instance), instance)?;
+    // Then the control socket: a second daemon for the same socket (another
+    // instance) stops here.
     let listener = crate::ctl::bind(
         &cfg.daemon.restart.control_socket,
         cfg.daemon.restart.socket_group.as_deref(),
@@ -146,6 +156,36 @@ pub(super) fn write_globals(
     Ok(())
 }
 
+/// Removes maps pinned by a first start that never finished: their layout
+/// version is still 0 (a verifier error, a memlock limit or `kill -9` hit
+/// between creating the maps and stamping them) and no link is pinned, so
+/// no program ever used them. Left there they would block every later
+/// start with "layout version 0". Maps with a link, or a version, stay.
+/// Runs under the instance's lock: no other daemon is creating them now.
+fn discard_unfinished_pins(pin_dir: &Path) -> anyhow::Result<()> {
+    if crate::dataplane::pinned_layout_version(pin_dir)? != Some(0) {
+        return Ok(());
+    }
+    let links = [persist::LINK_PIN, persist::HC_LINK_PIN];
+    if links.iter().any(|l| pin_dir.join(l).exists()) {
+        return Ok(());
+    }
+    let mut removed = Vec::new();
+    for entry in fs::read_dir(pin_dir).with_context(|| format!("listing {}", pin_dir.display()))? {
+        let entry = entry?;
+        fs::remove_file(entry.path())
+            .with_context(|| format!("removing {}", entry.path().display()))?;
+        removed.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    warn!(
+        dir = %pin_dir.display(),
+        "maps pinned by a start that never finished (layout version 0, no program attached): \
+         removed {} and starting afresh",
+        removed.join(", ")
+    );
+    Ok(())
+}
+
 /// Everything up to serving: maps, globals, VIPs, tables, attach.
 pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     let d = &cfg.daemon;
@@ -157,6 +197,7 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     let pin_dir = persist::pin_dir(&d.pinned.instance);
     fs::create_dir_all(&pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
     let t0 = Instant::now();
+    discard_unfinished_pins(&pin_dir)?;
     // aya adopts a pinned map whatever its size: check the one size that a
     // configuration can change.
     let ct_pin = pin_dir.join(lb_common::MAP_CT);
@@ -192,14 +233,58 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
         );
     }
     write_globals(&mut dp, d, &cfg.vips)?;
-    host::enable_forwarding(
-        &d.pinned.interface,
-        cfg.vips.iter().any(|v| v.addr.is_ipv6()),
-    )?;
+    let iface = d.pinned.interface.clone();
+    let v6 = cfg.vips.iter().any(|v| v.addr.is_ipv6());
     let saved = persist::Saved::load(&persist::state_path(&d.pinned.instance))?;
-    let daemon = Daemon::new(config_path, cfg, dp, saved)?;
+    let recorded = saved
+        .as_ref()
+        .map(|s| s.forwarding.clone())
+        .unwrap_or_default();
+    let mut daemon = Daemon::new(config_path, cfg, dp, saved)?;
+    // Last, so a start that fails before has changed nothing on the host.
+    let changed = host::enable_forwarding(&iface, v6)?;
+    daemon.record_forwarding(recorded, changed);
     info!(took_ms = t0.elapsed().as_millis() as u64, "maps ready");
     Ok(daemon)
+}
+
+impl Daemon {
+    /// Keeps what earlier runs recorded of the sysctls they changed (a
+    /// restart finds forwarding on already and changes nothing) and adds
+    /// what this run changed; a change is written to the state file at
+    /// once, so a `kill -9` before going live does not lose it.
+    fn record_forwarding(
+        &mut self,
+        mut recorded: Vec<host::SysctlChange>,
+        changed: Vec<host::SysctlChange>,
+    ) {
+        for c in &changed {
+            if !recorded
+                .iter()
+                .any(|r| r.path == c.path && r.netns == c.netns)
+            {
+                recorded.push(c.clone());
+            }
+        }
+        self.forwarding = recorded;
+        self.forwarding_changed = changed;
+        if !self.forwarding_changed.is_empty() {
+            self.save();
+        }
+    }
+
+    /// After a failed start: puts back the sysctls this process changed
+    /// and forgets them in the state file.
+    pub(super) fn undo_forwarding(&mut self) {
+        if self.forwarding_changed.is_empty() {
+            return;
+        }
+        let changed = std::mem::take(&mut self.forwarding_changed);
+        warn!("xlb run failed to start: putting back the forwarding sysctls it changed");
+        host::restore_sysctls(&changed);
+        self.forwarding.retain(|r| !changed.contains(r));
+        self.save();
+    }
 }
 
 #[cfg(test)]

@@ -180,6 +180,18 @@ impl Env {
         c
     }
 
+    /// The log of the `n`th daemon started (from 1).
+    pub(crate) fn log(&self, n: u32) -> anyhow::Result<String> {
+        Ok(std::fs::read_to_string(
+            self.dir.join(format!("daemon-{n}.log")),
+        )?)
+    }
+
+    /// The pid of the running `xlb run`, if one runs.
+    pub(crate) fn daemon_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(Child::id)
+    }
+
     pub(crate) fn kill9(&mut self) -> anyhow::Result<()> {
         let mut c = self.daemon.take().context("no daemon")?;
         c.kill()?; // SIGKILL

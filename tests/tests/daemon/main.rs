@@ -4,7 +4,9 @@
 //! again (same link, conntrack and states kept, `xlb explain` agrees); reload
 //! with one VIP changed (the other VIP's table bytes identical), a resize, an
 //! invalid file refused; drain and enable; drain with a deadline; a pinned
-//! layout of another version refused; detach removes everything.
+//! layout of another version refused; detach removes everything. Restarts
+//! with an edited file, a second daemon for one instance, unfinished pins and
+//! the forwarding sysctls are in `restart`.
 //!
 //! A scenario is a list of named steps ([`step`]): a failure names its step.
 //! One daemon at a time (`xlb_tests::lab::serial`): the health checks run
@@ -23,6 +25,7 @@
 
 mod env;
 mod guard;
+mod restart;
 mod sources;
 
 use std::{

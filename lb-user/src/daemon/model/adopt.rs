@@ -13,7 +13,7 @@ use lb_common::{BackendInfo, VipInfo, addr16};
 
 use super::{Backend, Ids, Vip, new_backend, vip_key};
 use crate::{
-    config::{BackendConfig, VipConfig},
+    config::{BackendConfig, Config, VipConfig},
     daemon::persist::{Saved, SavedBackend, SavedHealth},
     dataplane::Dataplane,
     health::{
@@ -23,66 +23,86 @@ use crate::{
     },
 };
 
-/// The pinned entry of VIP `cfg`, if the previous run's state file gave it
-/// the id the entry still holds (else the key now belongs to another VIP,
-/// or the entry was not ours).
-fn pinned_vip(
-    dp: &Dataplane,
-    cfg: &VipConfig,
-    saved: Option<&Saved>,
-) -> anyhow::Result<Option<VipInfo>> {
-    let Some(&id) = saved.and_then(|s| s.vips.get(&cfg.name)) else {
-        return Ok(None);
-    };
-    Ok(dp.vip(&vip_key(cfg))?.filter(|info| info.vip_id == id))
+/// What a restart adopts of one VIP: its pinned entry, if the state file
+/// gave it the id the entry still holds, and for each configured backend
+/// (in order) the previous run's record and pinned entry, or `None` for a
+/// backend that starts afresh.
+#[derive(Debug)]
+pub(super) struct Plan<'s> {
+    pub vip: Option<VipInfo>,
+    pub backends: Vec<Option<(&'s SavedBackend, BackendInfo)>>,
 }
 
-/// The previous run's record of backend `bcfg` of VIP `vip` and its pinned
-/// entry, if that entry is still in use at the same address.
-fn pinned_backend<'s>(
-    dp: &Dataplane,
+/// Decides what a restart adopts of VIP `cfg` from the state file and the
+/// pinned entries (`pinned_vip`: the entry at the VIP's key; `pinned_backend`
+/// reads backend `id`'s entry). Whenever the VIP is ours, every backend the
+/// state file recorded for it at the same address, whose entry is still in
+/// use at that address, is adopted: its id, generation and health. What
+/// else changed (table size, weights, backends added or removed, mode) is
+/// applied the way a reload applies it, by rebuilding the table only.
+pub(super) fn plan<'s>(
+    cfg: &VipConfig,
     saved: Option<&'s Saved>,
-    vip: &str,
-    bcfg: &BackendConfig,
-) -> anyhow::Result<Option<(&'s SavedBackend, BackendInfo)>> {
-    let Some(prev) = saved.and_then(|s| {
-        s.backends
-            .iter()
-            .find(|b| b.vip == vip && b.addr == bcfg.socket_addr())
-    }) else {
-        return Ok(None);
+    pinned_vip: Option<VipInfo>,
+    mut pinned_backend: impl FnMut(u32) -> anyhow::Result<BackendInfo>,
+) -> anyhow::Result<Plan<'s>> {
+    let saved_id = saved.and_then(|s| s.vips.get(&cfg.name));
+    let vip = pinned_vip.filter(|info| Some(&info.vip_id) == saved_id);
+    let mut backends = Vec::with_capacity(cfg.backends.len());
+    for bcfg in &cfg.backends {
+        let prev = vip.and(saved).and_then(|s| {
+            s.backends
+                .iter()
+                .find(|b| b.vip == cfg.name && b.addr == bcfg.socket_addr())
+        });
+        let adopt = match prev {
+            Some(prev) => {
+                let info = pinned_backend(prev.id)?;
+                (info.addr == addr16(bcfg.addr) && info.state != 0).then_some((prev, info))
+            }
+            None => None,
+        };
+        backends.push(adopt);
+    }
+    Ok(Plan { vip, backends })
+}
+
+/// [`plan`] with the pinned entries read from `dp`.
+fn plan_from<'s>(
+    dp: &Dataplane,
+    cfg: &VipConfig,
+    saved: Option<&'s Saved>,
+) -> anyhow::Result<Plan<'s>> {
+    let pinned_vip = match saved.and_then(|s| s.vips.get(&cfg.name)) {
+        Some(_) => dp.vip(&vip_key(cfg))?,
+        None => None,
     };
-    let info = dp.backend(prev.id)?;
-    Ok((info.addr == addr16(bcfg.addr) && info.state != 0).then_some((prev, info)))
+    plan(cfg, saved, pinned_vip, |id| Ok(dp.backend(id)?))
 }
 
 /// What `adopt_or_create_vip` will adopt for `cfg`: its pinned VIP id (if the
 /// saved id still holds its key) and the saved backend ids whose pinned
 /// address still matches. Reserving all of these before any new id is handed
 /// out keeps a new VIP from taking an id a later VIP is about to adopt.
-pub fn reserve_adoptable(
+fn reserve_adoptable(
     dp: &Dataplane,
     ids: &mut Ids,
     cfg: &VipConfig,
     saved: Option<&Saved>,
 ) -> anyhow::Result<()> {
-    let Some(info) = pinned_vip(dp, cfg, saved)? else {
-        return Ok(());
-    };
-    ids.take_vip(info.vip_id);
-    if info.table_size != cfg.table_size {
-        return Ok(());
+    let plan = plan_from(dp, cfg, saved)?;
+    if let Some(info) = plan.vip {
+        ids.take_vip(info.vip_id);
     }
-    for bcfg in &cfg.backends {
-        if let Some((prev, _)) = pinned_backend(dp, saved, &cfg.name, bcfg)? {
-            ids.take_backend(prev.id);
-        }
+    for (prev, _) in plan.backends.into_iter().flatten() {
+        ids.take_backend(prev.id);
     }
     Ok(())
 }
 
 /// Builds the VIP model from configuration, adopting ids, states and the
 /// live table from a previous run where `saved` and the maps have them.
+/// Returns whether the VIP was adopted.
 pub fn adopt_or_create_vip(
     dp: &mut Dataplane,
     ids: &mut Ids,
@@ -90,14 +110,12 @@ pub fn adopt_or_create_vip(
     saved: Option<&Saved>,
 ) -> anyhow::Result<(Vip, bool)> {
     let key = vip_key(&cfg);
-    let pinned = pinned_vip(dp, &cfg, saved)?;
-    // Backends are adopted only with their table, when its size is still
-    // the configured one.
-    let adopted = pinned.is_some_and(|info| info.table_size == cfg.table_size);
-    let (id, active, halves) = match pinned {
+    let plan = plan_from(dp, &cfg, saved)?;
+    let (id, active, halves) = match plan.vip {
         Some(info) => {
-            // Same VIP (with a new table size, the new table goes into the
-            // spare half; the live one keeps serving until the flip).
+            // Same VIP: the live half keeps serving; the wanted table (of
+            // the configured size, with the configured weights) goes into
+            // the spare half and one write flips to it (`Daemon::install`).
             ids.take_vip(info.vip_id);
             let live = info.active & 1;
             let mut halves = [None, None];
@@ -111,18 +129,14 @@ pub fn adopt_or_create_vip(
         }
     };
     let mut backends = Vec::new();
-    for bcfg in cfg.backends.clone() {
-        let pinned = if adopted {
-            pinned_backend(dp, saved, &cfg.name, &bcfg)?
-        } else {
-            None
-        };
-        let b = match pinned {
+    for (bcfg, adopt) in cfg.backends.clone().into_iter().zip(plan.backends) {
+        let b = match adopt {
             Some((prev, info)) => adopt_backend(dp, ids, bcfg, prev, &info)?,
             None => new_backend(dp, ids, bcfg)?,
         };
         backends.push(b);
     }
+    let adopted = plan.vip.is_some();
     let vip = Vip {
         cfg,
         id,
@@ -135,6 +149,45 @@ pub fn adopt_or_create_vip(
         answers: VecDeque::new(),
     };
     Ok((vip, adopted))
+}
+
+/// The model of every VIP of `cfg` at start, adopting what the previous
+/// run left (see [`plan`]); also whether anything was adopted. The tables
+/// are not written yet (`Daemon::install`), nor orphans retired
+/// (`retire_orphans`, after the tables).
+pub fn adopt_all(
+    dp: &mut Dataplane,
+    cfg: &Config,
+    saved: Option<&Saved>,
+) -> anyhow::Result<(Ids, Vec<Vip>, bool)> {
+    let mut ids = Ids::default();
+    // Ids the pinned maps still use stay out of reach of new backends
+    // until the tables no longer point at them (`retire_orphans`, after
+    // `install`): a removed backend's id handed to an added one would
+    // send the removed one's table slots to a backend not yet probed.
+    for id in super::pinned_backend_ids(dp)? {
+        ids.take_backend(id);
+    }
+    for vcfg in &cfg.vips {
+        reserve_adoptable(dp, &mut ids, vcfg, saved)?;
+    }
+    let mut vips = Vec::new();
+    let mut adopted = false;
+    for vcfg in cfg.vips.clone() {
+        let (vip, a) = adopt_or_create_vip(dp, &mut ids, vcfg, saved)?;
+        adopted |= a;
+        vips.push(vip);
+    }
+    // Pinned entries of VIPs no longer configured (removed while no
+    // daemon ran): remove them, so their traffic is not balanced by a
+    // table nobody maintains.
+    let keep: Vec<_> = vips.iter().map(|v| v.key).collect();
+    for (key, _) in dp.vip_entries()? {
+        if !keep.contains(&key) {
+            dp.remove_vip(&key)?;
+        }
+    }
+    Ok((ids, vips, adopted))
 }
 
 /// Takes a backend over from the previous run: its id and generation (so
@@ -193,5 +246,192 @@ pub fn to_saved(vips: &[Vip]) -> Saved {
             })
             .collect(),
         lists: Vec::new(),
+        forwarding: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use lb_common::{BACKEND_DOWN, BACKEND_UP, FAMILY_V4};
+
+    use super::*;
+
+    /// VIP "api" on 10.100.0.1:80 with `table_size` and backends `addrs`
+    /// (with weight 1 unless `heavy` names one, which gets 3).
+    fn vip(table_size: u32, addrs: &[&str], heavy: Option<&str>) -> VipConfig {
+        let mut text = format!(
+            "[daemon]\ninterface = \"eth0\"\nmax_table_size = 1009\n\
+             [[vip]]\nname = \"api\"\naddress = \"10.100.0.1\"\nport = 80\n\
+             table_size = {table_size}\n"
+        );
+        for a in addrs {
+            let w = if heavy == Some(*a) { 3 } else { 1 };
+            text += &format!("[[vip.backend]]\naddress = \"{a}\"\nweight = {w}\n");
+        }
+        let cfg = Config::from_str(&text, "xlb.toml").unwrap();
+        cfg.vip("api").unwrap().clone()
+    }
+
+    /// The previous run: VIP api had id 5, backends .11 (id 1, up), .12 (id
+    /// 2, down), .13 (id 3, up), all on port 80.
+    fn saved() -> Saved {
+        let b = |last: u8, id, health| SavedBackend {
+            vip: "api".into(),
+            addr: format!("10.0.0.{last}:80").parse().unwrap(),
+            id,
+            health,
+            admin_drained: false,
+            drain_deadline_unix_ms: None,
+            drain_expired: false,
+        };
+        Saved {
+            layout_version: lb_common::LAYOUT_VERSION,
+            vips: [("api".to_string(), 5)].into(),
+            backends: vec![
+                b(11, 1, SavedHealth::Up),
+                b(12, 2, SavedHealth::Down),
+                b(13, 3, SavedHealth::Up),
+            ],
+            lists: Vec::new(),
+            forwarding: Vec::new(),
+        }
+    }
+
+    /// The pinned entries of the previous run: VIP id 5 with a table of
+    /// 1009 slots, backends 1..=3 at .11..=.13 with generations 7, 8, 9.
+    fn pinned() -> (VipInfo, HashMap<u32, BackendInfo>) {
+        let vip = VipInfo {
+            table_size: 1009,
+            active: 1,
+            vip_id: 5,
+            mode: lb_common::MODE_DSR_IPIP,
+            ..VipInfo::default()
+        };
+        let backends = (1..=3u32)
+            .map(|id| {
+                let addr = format!("10.0.0.{}", 10 + id).parse().unwrap();
+                let state = if id == 2 { BACKEND_DOWN } else { BACKEND_UP };
+                let info = BackendInfo {
+                    addr: addr16(addr),
+                    generation: 6 + id,
+                    state,
+                    family: FAMILY_V4,
+                    _pad: [0; 2],
+                };
+                (id, info)
+            })
+            .collect();
+        (vip, backends)
+    }
+
+    /// (id, generation) adopted for each configured backend; None = new.
+    fn adopted(plan: &Plan<'_>) -> Vec<Option<(u32, u32)>> {
+        plan.backends
+            .iter()
+            .map(|a| a.map(|(prev, info)| (prev.id, info.generation)))
+            .collect()
+    }
+
+    #[test]
+    fn a_changed_vip_keeps_its_backends_ids_generations_and_health() {
+        let saved = saved();
+        let (pvip, pbackends) = pinned();
+        let read = |id: u32| -> anyhow::Result<BackendInfo> {
+            Ok(pbackends.get(&id).copied().unwrap_or_default())
+        };
+        let all = ["10.0.0.11", "10.0.0.12", "10.0.0.13"];
+        // (name, configuration, what is adopted)
+        let cases = [
+            (
+                "unchanged",
+                vip(1009, &all, None),
+                vec![Some((1, 7)), Some((2, 8)), Some((3, 9))],
+            ),
+            (
+                "table size 1009 -> 997",
+                vip(997, &all, None),
+                vec![Some((1, 7)), Some((2, 8)), Some((3, 9))],
+            ),
+            (
+                "a weight changed",
+                vip(1009, &all, Some("10.0.0.12")),
+                vec![Some((1, 7)), Some((2, 8)), Some((3, 9))],
+            ),
+            (
+                "a backend added",
+                vip(
+                    1009,
+                    &["10.0.0.11", "10.0.0.14", "10.0.0.12", "10.0.0.13"],
+                    None,
+                ),
+                vec![Some((1, 7)), None, Some((2, 8)), Some((3, 9))],
+            ),
+            (
+                "a backend removed",
+                vip(1009, &["10.0.0.11", "10.0.0.13"], None),
+                vec![Some((1, 7)), Some((3, 9))],
+            ),
+            (
+                "all at once",
+                vip(
+                    997,
+                    &["10.0.0.13", "10.0.0.14", "10.0.0.11"],
+                    Some("10.0.0.11"),
+                ),
+                vec![Some((3, 9)), None, Some((1, 7))],
+            ),
+        ];
+        for (name, cfg, want) in cases {
+            let p = super::plan(&cfg, Some(&saved), Some(pvip), read).unwrap();
+            assert_eq!(p.vip.map(|v| v.vip_id), Some(5), "{name}");
+            assert_eq!(adopted(&p), want, "{name}");
+            // Health comes with the record: .12 stays down.
+            for (prev, _) in p.backends.iter().flatten() {
+                let want = if prev.id == 2 {
+                    SavedHealth::Down
+                } else {
+                    SavedHealth::Up
+                };
+                assert_eq!(prev.health, want, "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_is_adopted_that_is_not_ours() {
+        let saved = saved();
+        let (pvip, pbackends) = pinned();
+        let all = ["10.0.0.11", "10.0.0.12", "10.0.0.13"];
+        let cfg = vip(997, &all, None);
+        let read = |id: u32| -> anyhow::Result<BackendInfo> {
+            Ok(pbackends.get(&id).copied().unwrap_or_default())
+        };
+        // No state file, no pinned VIP, a pinned VIP of another id.
+        let other = VipInfo { vip_id: 6, ..pvip };
+        for (name, s, p) in [
+            ("no state file", None, Some(pvip)),
+            ("no pinned entry", Some(&saved), None),
+            ("key held by another id", Some(&saved), Some(other)),
+        ] {
+            let p = super::plan(&cfg, s, p, read).unwrap();
+            assert!(p.vip.is_none(), "{name}");
+            assert_eq!(adopted(&p), vec![None, None, None], "{name}");
+        }
+        // A backend whose id was retired, or now holds another address.
+        let mut moved = pbackends.clone();
+        moved.get_mut(&1).unwrap().state = 0;
+        moved.get_mut(&3).unwrap().addr = addr16("10.0.0.99".parse().unwrap());
+        let p = super::plan(&cfg, Some(&saved), Some(pvip), |id: u32| {
+            Ok(moved.get(&id).copied().unwrap_or_default())
+        })
+        .unwrap();
+        assert_eq!(adopted(&p), vec![None, Some((2, 8)), None]);
+        // A backend on another port is another backend.
+        let mut other_port = saved.clone();
+        other_port.backends[1].addr = "10.0.0.12:8080".parse().unwrap();
+        let p = super::plan(&cfg, Some(&other_port), Some(pvip), read).unwrap();
+        assert_eq!(adopted(&p), vec![Some((1, 7)), None, Some((3, 9))]);
     }
 }

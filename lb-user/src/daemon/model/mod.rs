@@ -31,7 +31,7 @@ use crate::{
 
 mod adopt;
 
-pub use self::adopt::{adopt_or_create_vip, reserve_adoptable, to_saved};
+pub use self::adopt::{adopt_all, adopt_or_create_vip, to_saved};
 
 /// The map key of VIP `cfg`.
 pub fn vip_key(cfg: &VipConfig) -> VipKey {
@@ -466,10 +466,23 @@ pub fn remove_vip(dp: &mut Dataplane, ids: &mut Ids, vip: &Vip) -> anyhow::Resul
     Ok(())
 }
 
-/// Marks every backend id and VIP id the model does not own as unused, so
-/// state left in pinned maps by configuration removed while no daemon ran
-/// serves nothing.
-pub fn retire_orphans(dp: &mut Dataplane, vips: &[Vip]) -> anyhow::Result<()> {
+/// Backend ids whose pinned entry is in use (state not 0): tables and
+/// conntrack entries may point at them.
+pub fn pinned_backend_ids(dp: &Dataplane) -> anyhow::Result<Vec<u32>> {
+    let mut out = Vec::new();
+    for id in 1..MAX_BACKENDS {
+        if dp.backend(id)?.state != 0 {
+            out.push(id);
+        }
+    }
+    Ok(out)
+}
+
+/// Marks every backend id and VIP id the model does not own as unused, and
+/// frees them in `ids`, so state left in pinned maps by configuration
+/// removed while no daemon ran serves nothing. Call it once the tables are
+/// installed: until then the live tables may still point at those ids.
+pub fn retire_orphans(dp: &mut Dataplane, ids: &mut Ids, vips: &[Vip]) -> anyhow::Result<()> {
     let owned_backends: HashSet<u32> = vips
         .iter()
         .flat_map(|v| v.backends.iter().map(|b| b.id))
@@ -478,6 +491,7 @@ pub fn retire_orphans(dp: &mut Dataplane, vips: &[Vip]) -> anyhow::Result<()> {
         if owned_backends.contains(&id) {
             continue;
         }
+        ids.free_backend(id);
         let mut info = dp.backend(id)?;
         if info.state != 0 {
             info.state = 0;
