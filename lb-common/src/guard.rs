@@ -1,0 +1,196 @@
+//! Abuse control's shared types: each VIP's guard settings, the deny and
+//! allow tries' keys and values, the per-source LRU, the per-CPU conntrack
+//! insert window, and the prefix mask both sides key sources by.
+
+use crate::Addr;
+
+/// Entries of each deny/allow trie and of `XLB_LIST_HITS`: list entries
+/// (rules) get ids below this, shared by the four tries.
+pub const MAX_LIST_RULES: u32 = 262_144;
+
+/// Entries of `XLB_SOURCES`: the sources (prefixes) tracked per VIP. An LRU,
+/// so a source that keeps sending stays while one-off sources age out.
+pub const MAX_SOURCES: u32 = 65_536;
+
+/// [`ListV4::scope`] / [`ListV6::scope`] of entries that apply to every VIP
+/// (otherwise the scope is the VIP id).
+pub const SCOPE_GLOBAL: u32 = u32::MAX;
+
+/// Bits of [`VipGuard::flags`].
+/// The VIP's deny list or the global one has entries: judge new flows
+/// against the lists.
+pub const GUARD_LISTS: u32 = 1;
+/// `new_flows_per_source` is set: admit new flows through each source's
+/// token bucket.
+pub const GUARD_LIMIT: u32 = 2;
+/// Count new flows and (sampled) packets per source in `XLB_SOURCES` for
+/// `xlb sources`, without limiting.
+pub const GUARD_TRACK: u32 = 4;
+
+/// Actions of a list entry or a limit: drop, or answer a TCP SYN with a RST
+/// (anything else is dropped).
+pub const ACTION_DROP: u8 = 1;
+pub const ACTION_RESET: u8 = 2;
+
+/// One established packet in this many (per CPU, by the `ct_hit` counter)
+/// is counted in its source's `packets`, weighted by this number: packet
+/// rates per source cost the established path one branch.
+pub const SOURCE_SAMPLE: u64 = 64;
+
+/// Value of `XLB_GUARD` (array by VIP id): what new flows to the VIP are
+/// judged by. Read on new flows and conntrack misses only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipGuard {
+    /// [`GUARD_LISTS`] | [`GUARD_LIMIT`] | [`GUARD_TRACK`].
+    pub flags: u32,
+    /// [`ACTION_DROP`] or [`ACTION_RESET`] for flows over the rate.
+    pub limit_action: u8,
+    /// Prefix length a source is keyed by: IPv4 (default 32), IPv6 (default 64).
+    pub v4_prefix: u8,
+    pub v6_prefix: u8,
+    pub _pad: u8,
+    /// Token bucket as GCRA: ns between admitted new flows (1e9 / rate).
+    pub interval_ns: u64,
+    /// How far ahead of now a source's theoretical arrival time may run:
+    /// (burst − 1) × `interval_ns`.
+    pub tolerance_ns: u64,
+    /// Conntrack inserts per second per CPU (the daemon writes the one global
+    /// setting into every VIP's entry, so a new flow reads one entry);
+    /// 0 = no cap.
+    pub ct_insert_cap: u64,
+}
+const _: () = assert!(core::mem::size_of::<VipGuard>() == 32);
+
+/// Data of an IPv4 deny/allow trie key (`XLB_DENY_V4`, `XLB_ALLOW_V4`). The
+/// LPM prefix length counts the 32 bits of `scope` plus the address bits, so
+/// one trie holds every VIP's list and the global one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ListV4 {
+    /// VIP id or [`SCOPE_GLOBAL`], network order.
+    pub scope: [u8; 4],
+    pub addr: [u8; 4],
+}
+const _: () = assert!(core::mem::size_of::<ListV4>() == 8);
+
+/// Data of an IPv6 trie key; see [`ListV4`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ListV6 {
+    pub scope: [u8; 4],
+    pub addr: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<ListV6>() == 20);
+
+/// Value of the deny/allow tries.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListEntry {
+    /// Index of the entry's hit counter in `XLB_LIST_HITS` (< [`MAX_LIST_RULES`]).
+    pub rule: u32,
+    /// [`ACTION_DROP`] or [`ACTION_RESET`] (deny lists).
+    pub action: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<ListEntry>() == 8);
+
+/// Key of `XLB_SOURCES`: a source prefix as seen by one VIP.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceKey {
+    /// The source address masked to `prefix_len` bits (see [`Addr`]).
+    pub addr: Addr,
+    pub vip_id: u32,
+    pub prefix_len: u8,
+    /// [`FAMILY_V4`] or [`FAMILY_V6`].
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<SourceKey>() == 24);
+
+/// Value of `XLB_SOURCES`. Shared by all CPUs: the counters are added to
+/// with atomic adds, and the bucket is a single theoretical arrival time
+/// (GCRA) advanced with an atomic add, so no admission goes uncharged.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceState {
+    /// GCRA theoretical arrival time, `bpf_ktime_get_coarse_ns` clock.
+    pub tat_ns: u64,
+    /// New flows seen (admitted or not).
+    pub new_flows: u64,
+    /// New flows refused by the rate limit.
+    pub limited: u64,
+    /// Packets: new flows, misses, and established packets sampled one in
+    /// [`SOURCE_SAMPLE`] (weighted).
+    pub packets: u64,
+}
+const _: () = assert!(core::mem::size_of::<SourceState>() == 32);
+
+/// Value of `XLB_CT_RATE` (per-CPU array of one): this CPU's conntrack
+/// inserts in the current one-second window.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtRate {
+    pub window_start_ns: u64,
+    pub inserts: u64,
+}
+const _: () = assert!(core::mem::size_of::<CtRate>() == 16);
+
+/// Masks `addr` (see [`Addr`]) to its first `bits` bits.
+#[inline(always)]
+pub fn mask_addr(addr: &Addr, bits: u8) -> Addr {
+    let mut out = [0u8; 16];
+    let full = (bits / 8) as usize;
+    let mut i = 0;
+    while i < 16 {
+        if i < full {
+            out[i] = addr[i];
+        } else if i == full && !bits.is_multiple_of(8) {
+            out[i] = addr[i] & (0xffu8 << (8 - bits % 8));
+        }
+        i += 1;
+    }
+    out
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: each is repr(C), Copy, and every byte pattern is a valid value
+    // (integers and byte arrays only, padding explicit).
+    unsafe impl aya::Pod for VipGuard {}
+    unsafe impl aya::Pod for ListV4 {}
+    unsafe impl aya::Pod for ListV6 {}
+    unsafe impl aya::Pod for ListEntry {}
+    unsafe impl aya::Pod for SourceKey {}
+    unsafe impl aya::Pod for SourceState {}
+    unsafe impl aya::Pod for CtRate {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_addr_keeps_the_prefix_bits_only() {
+        let a = [0xffu8; 16];
+        let cases: [(u8, [u8; 4]); 6] = [
+            (0, [0, 0, 0, 0]),
+            (8, [0xff, 0, 0, 0]),
+            (12, [0xff, 0xf0, 0, 0]),
+            (24, [0xff, 0xff, 0xff, 0]),
+            (31, [0xff, 0xff, 0xff, 0xfe]),
+            (32, [0xff, 0xff, 0xff, 0xff]),
+        ];
+        for (bits, want) in cases {
+            let m = mask_addr(&a, bits);
+            assert_eq!(&m[..4], &want, "/{bits}");
+            assert!(m[4..].iter().all(|&b| b == 0), "/{bits}");
+        }
+        let v6 = mask_addr(&a, 64);
+        assert_eq!(v6[..8], [0xff; 8]);
+        assert_eq!(v6[8..], [0; 8]);
+        assert_eq!(mask_addr(&a, 128), a);
+    }
+}
