@@ -57,7 +57,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use lb_ctl::{Event, EventKind, Request, Response, parse_response};
+use lb_ctl::{Event, EventKind, Request, Response, now_unix_ms, parse_response};
 use nix::{
     sys::signal::{Signal, killpg},
     unistd::Pid,
@@ -66,11 +66,12 @@ use xlb_lab::scenario::{command_in, detach, find_xlb, log_tail};
 use xlb_tests::{bench::print_command, netns::NetNs};
 
 const USAGE: &str =
-    "usage: xlb-flap-bench [--backends N] [--flaps N] [--interval-ms N] [--kind tcp|http]
+    "usage: xlb-flap-bench [--backends N] [--flaps N] [--interval-ms N] [--kind tcp|http] [--keep]
   --backends N     backends of the one VIP (default 4000, at most 4000)
   --flaps N        down-and-up cycles (default 3)
   --interval-ms N  probe interval, also the probe timeout (default 500)
-  --kind K         probe kind, tcp (default) or http";
+  --kind K         probe kind, tcp (default) or http
+  --keep           keep the daemon's log and samples.csv (every answer's latency)";
 
 /// How often the client asks.
 const PERIOD: Duration = Duration::from_millis(10);
@@ -97,6 +98,8 @@ struct Opts {
     flaps: usize,
     interval_ms: u64,
     kind: String,
+    /// Keep the work directory (logs, samples.csv).
+    keep: bool,
 }
 
 fn parse_args() -> Result<Opts> {
@@ -105,6 +108,7 @@ fn parse_args() -> Result<Opts> {
         flaps: 3,
         interval_ms: 500,
         kind: "tcp".to_string(),
+        keep: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -121,6 +125,7 @@ fn parse_args() -> Result<Opts> {
             "--flaps" => o.flaps = number(value()?)? as usize,
             "--interval-ms" => o.interval_ms = number(value()?)?,
             "--kind" => o.kind = value()?,
+            "--keep" => o.keep = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -452,9 +457,29 @@ fn record(shared: &Shared, sample: Sample, resp: Response) -> Result<()> {
 /// A stretch of the run, for sorting samples and events.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// Nothing changing, every backend up.
     Quiet,
+    /// Nothing changing, every backend down (still probed, failing).
+    QuietDown,
+    /// Every backend going down.
     Down,
+    /// Every backend coming back.
     Up,
+}
+
+impl Phase {
+    fn is_flap(self) -> bool {
+        matches!(self, Phase::Down | Phase::Up)
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Phase::Quiet => "quiet",
+            Phase::QuietDown => "quiet_down",
+            Phase::Down => "down",
+            Phase::Up => "up",
+        }
+    }
 }
 
 struct Window {
@@ -463,9 +488,14 @@ struct Window {
     flap: usize,
     start: Instant,
     end: Instant,
-    /// Events with seq in (seq_from, seq_to] belong to it (half flaps only).
+    /// Events with seq in (seq_from, seq_to] belong to it (half flaps
+    /// only: with the quiet settling after them).
     seq_from: u64,
     seq_to: u64,
+    /// The same span on the daemon's clock (ms since the Unix epoch), for
+    /// the lines of its log.
+    from_unix_ms: u64,
+    to_unix_ms: u64,
 }
 
 /// Everything the run holds; dropped in field order: the client, the
@@ -605,24 +635,27 @@ impl Run {
         }
     }
 
-    /// A quiet stretch of `d`.
-    fn quiet(&self, flap: usize, d: Duration) -> Window {
-        let (start, seq) = (Instant::now(), self.client().last_seq());
+    /// A quiet stretch of `d` (`phase`: every backend up or down).
+    fn quiet(&self, flap: usize, d: Duration, phase: Phase) -> Window {
+        let (start, seq, from_unix_ms) = (Instant::now(), self.client().last_seq(), now_unix_ms());
         thread::sleep(d);
         Window {
-            phase: Phase::Quiet,
+            phase,
             flap,
             start,
             end: Instant::now(),
             seq_from: seq,
             seq_to: self.client().last_seq(),
+            from_unix_ms,
+            to_unix_ms: now_unix_ms(),
         }
     }
 
     /// Every backend down (the responder killed) or up (started again),
     /// until the table shows it; the settling after it is a quiet window.
     fn half_flap(&mut self, flap: usize, phase: Phase) -> Result<[Window; 2]> {
-        let (start, seq_from) = (Instant::now(), self.client().last_seq());
+        let (start, seq_from, from_unix_ms) =
+            (Instant::now(), self.client().last_seq(), now_unix_ms());
         let want = match phase {
             Phase::Down => {
                 if let Some(mut r) = self.responder.take() {
@@ -636,7 +669,12 @@ impl Run {
             }
         };
         let end = self.wait_up(want, FLAP_TIMEOUT)?;
-        let settle = self.quiet(flap, SETTLE);
+        let still = if phase == Phase::Down {
+            Phase::QuietDown
+        } else {
+            Phase::Quiet
+        };
+        let settle = self.quiet(flap, SETTLE, still);
         let w = Window {
             phase,
             flap,
@@ -644,13 +682,15 @@ impl Run {
             end,
             seq_from,
             seq_to: settle.seq_to,
+            from_unix_ms,
+            to_unix_ms: settle.to_unix_ms,
         };
         Ok([w, settle])
     }
 
     fn measure(&mut self, o: &Opts) -> Result<Vec<Window>> {
         self.wait_up(self.backends, START_TIMEOUT)?;
-        let mut windows = vec![self.quiet(0, QUIET)];
+        let mut windows = vec![self.quiet(0, QUIET, Phase::Quiet)];
         for flap in 1..=o.flaps {
             windows.extend(self.half_flap(flap, Phase::Down)?);
             windows.extend(self.half_flap(flap, Phase::Up)?);
@@ -666,6 +706,40 @@ impl Run {
         self.instance.clean()?;
         Ok(seen)
     }
+}
+
+/// `/proc/loadavg`'s first three fields: how busy the host was (the
+/// latencies include waiting for a CPU).
+fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg").map_or_else(
+        |e| format!("unknown ({e})"),
+        |s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    )
+}
+
+/// Every answer: ms since the first, request, latency (ms), phase.
+fn write_samples(path: &Path, seen: &Seen, windows: &[Window]) -> Result<()> {
+    let Some(t0) = seen.samples.first().map(|s| s.at) else {
+        return Ok(());
+    };
+    let mut out = String::from("t_ms,request,latency_ms,phase\n");
+    for s in &seen.samples {
+        let phase = windows
+            .iter()
+            .find(|w| in_window(w, s))
+            .map_or("-", |w| w.phase.label());
+        out.push_str(&format!(
+            "{:.1},{},{:.3},{phase}\n",
+            (s.at - t0).as_secs_f64() * 1e3,
+            if s.ask == Ask::Status {
+                "status"
+            } else {
+                "events"
+            },
+            s.latency.as_secs_f64() * 1e3
+        ));
+    }
+    fs::write(path, out).with_context(|| format!("writing {}", path.display()))
 }
 
 /// p50, p99, max of `v` (sorted here), ms.
@@ -691,52 +765,125 @@ fn latency_row(label: &str, seen: &Seen, windows: &[&Window], ask: Ask) {
         .collect();
     match percentiles(&mut v) {
         Some((p50, p99, max)) => println!(
-            "{label:<24} {:>8} {p50:>9.2} {p99:>9.2} {max:>9.2}",
+            "{label:<26} {:>8} {p50:>9.2} {p99:>9.2} {max:>9.2}",
             v.len()
         ),
-        None => println!("{label:<24} {:>8}", 0),
+        None => println!("{label:<26} {:>8}", 0),
     }
 }
 
 fn print_latency(seen: &Seen, windows: &[Window]) {
-    let quiet: Vec<&Window> = windows.iter().filter(|w| w.phase == Phase::Quiet).collect();
-    let flap: Vec<&Window> = windows.iter().filter(|w| w.phase != Phase::Quiet).collect();
+    let of =
+        |p: fn(Phase) -> bool| -> Vec<&Window> { windows.iter().filter(|w| p(w.phase)).collect() };
+    let quiet = of(|p| p == Phase::Quiet);
+    let down = of(|p| p == Phase::QuietDown);
+    let flap = of(Phase::is_flap);
     println!();
     println!(
         "control requests, one connection, one every {PERIOD:?} (every {STATUS_EVERY}th a status):"
     );
     println!(
-        "{:<24} {:>8} {:>9} {:>9} {:>9}",
+        "{:<26} {:>8} {:>9} {:>9} {:>9}",
         "", "requests", "p50 ms", "p99 ms", "max ms"
     );
-    latency_row("events, quiet", seen, &quiet, Ask::Events);
-    latency_row("events, during flaps", seen, &flap, Ask::Events);
-    latency_row("status, quiet", seen, &quiet, Ask::Status);
-    latency_row("status, during flaps", seen, &flap, Ask::Status);
+    for (ask, name) in [(Ask::Events, "events"), (Ask::Status, "status")] {
+        latency_row(&format!("{name}, quiet, all up"), seen, &quiet, ask);
+        latency_row(&format!("{name}, quiet, all down"), seen, &down, ask);
+        latency_row(&format!("{name}, during flaps"), seen, &flap, ask);
+    }
 }
 
-/// One half flap's events: transitions, rebuilds and their timing.
-fn flap_row(seen: &Seen, w: &Window) {
-    let events: Vec<&Event> = seen
-        .events
+/// A transition line of the daemon's log: when (ms since the Unix epoch),
+/// and the table rebuild it carried (ms), if any. The log, unlike the
+/// daemon's 1,000-event memory, has every one.
+struct Logged {
+    at_unix_ms: u64,
+    build_ms: Option<f64>,
+}
+
+/// The transition lines of `xlb run`'s log (`backend up -> down: …`,
+/// `…; table rebuilt in 12.34 ms (…)`), in order.
+fn read_log(path: &Path) -> Result<Vec<Logged>> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let rebuilt = |l: &str| {
+        let rest = l.split("table rebuilt in ").nth(1)?;
+        rest.split_whitespace().next()?.parse::<f64>().ok()
+    };
+    Ok(text
+        .lines()
+        .map(strip_ansi)
+        .filter(|l| l.contains(" backend ") && l.contains(" -> "))
+        .filter_map(|l| {
+            let at_unix_ms = unix_ms_of(l.split_whitespace().next()?)?;
+            Some(Logged {
+                at_unix_ms,
+                build_ms: rebuilt(&l),
+            })
+        })
+        .collect())
+}
+
+/// `line` without terminal colour sequences (`ESC [ … m`).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `2026-12-01T16:35:10.123456Z` (the log's timestamps) as ms since the
+/// Unix epoch.
+fn unix_ms_of(ts: &str) -> Option<u64> {
+    let (date, time) = ts.strip_suffix('Z')?.split_once('T')?;
+    let num = |s: &str| s.parse::<i64>().ok();
+    let d: Vec<i64> = date.split('-').map(num).collect::<Option<_>>()?;
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let t: Vec<i64> = hms.split(':').map(num).collect::<Option<_>>()?;
+    let ms = num(&format!("{frac:0<3}")[..3])?;
+    let ([y, m, day], [h, mi, sec]) = (d.as_slice(), t.as_slice()) else {
+        return None;
+    };
+    // Days from 1970-01-01 to y-m-d (the proleptic Gregorian calendar).
+    let y = if *m <= 2 { y - 1 } else { *y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    u64::try_from(((days * 24 + h) * 60 + mi) * 60_000 + sec * 1000 + ms).ok()
+}
+
+/// One half flap: transitions, rebuilds and their timing from the log;
+/// events the daemon's memory dropped; the slowest control answer.
+fn flap_row(seen: &Seen, log: &[Logged], w: &Window) {
+    let lines: Vec<&Logged> = log
         .iter()
-        .filter(|e| e.seq > w.seq_from && e.seq <= w.seq_to)
+        .filter(|l| l.at_unix_ms >= w.from_unix_ms && l.at_unix_ms <= w.to_unix_ms)
         .collect();
-    let transitions: Vec<&&Event> = events
-        .iter()
-        .filter(|e| e.kind == EventKind::Transition)
-        .collect();
-    let builds: Vec<u64> = events.iter().filter_map(|e| e.table_build_us).collect();
-    let first = transitions.iter().map(|e| e.at_unix_ms).min();
-    let last = transitions.iter().map(|e| e.at_unix_ms).max();
+    let builds: Vec<f64> = lines.iter().filter_map(|l| l.build_ms).collect();
+    let first = lines.iter().map(|l| l.at_unix_ms).min();
+    let last = lines.iter().map(|l| l.at_unix_ms).max();
     let applied = first.zip(last).map_or(0, |(f, l)| l - f);
     let lost: u64 = seen
         .gaps
         .iter()
         .filter(|(a, b)| *b > w.seq_from && *a <= w.seq_to)
-        .map(|(a, b)| b - a + 1)
+        .map(|(a, b)| b.min(&w.seq_to) - a.max(&(w.seq_from + 1)) + 1)
         .sum();
-    let per = transitions.len() as f64 / builds.len().max(1) as f64;
+    let retained = seen
+        .events
+        .iter()
+        .filter(|e| e.seq > w.seq_from && e.seq <= w.seq_to && e.kind == EventKind::Transition)
+        .count();
     let max_ms = seen
         .samples
         .iter()
@@ -744,23 +891,24 @@ fn flap_row(seen: &Seen, w: &Window) {
         .map(|s| s.latency.as_secs_f64() * 1e3)
         .fold(0.0, f64::max);
     println!(
-        "{:>4} {:<5} {:>11} {:>8} {:>9.1} {:>10} {:>9.1} {:>9.2} {:>8.1} {:>7}",
+        "{:>4} {:<5} {:>11} {:>8} {:>9.1} {:>10} {:>9.1} {:>9.2} {:>8.1} {:>6}/{:<6}",
         w.flap,
         if w.phase == Phase::Down { "down" } else { "up" },
-        transitions.len(),
+        lines.len(),
         builds.len(),
-        per,
+        lines.len() as f64 / builds.len().max(1) as f64,
         applied,
-        builds.iter().sum::<u64>() as f64 / 1e3,
-        builds.iter().copied().max().unwrap_or(0) as f64 / 1e3,
+        builds.iter().sum::<f64>(),
+        builds.iter().copied().fold(0.0, f64::max),
         max_ms,
+        retained,
         lost,
     );
 }
 
-fn print_flaps(seen: &Seen, windows: &[Window]) {
+fn print_flaps(seen: &Seen, log: &[Logged], windows: &[Window]) {
     println!();
-    println!("per half flap (events of the daemon; a rebuild = an event with table_build_us):");
+    println!("per half flap (from the daemon's log, which has every transition):");
     println!(
         "{:>4} {:<5} {:>11} {:>8} {:>9} {:>10} {:>9} {:>9} {:>8} {:>7}",
         "flap",
@@ -772,16 +920,16 @@ fn print_flaps(seen: &Seen, windows: &[Window]) {
         "build ms",
         "max build",
         "ctl max",
-        "lost ev"
+        "events seen/lost"
     );
-    for w in windows.iter().filter(|w| w.phase != Phase::Quiet) {
-        flap_row(seen, w);
+    for w in windows.iter().filter(|w| w.phase.is_flap()) {
+        flap_row(seen, log, w);
     }
     println!(
         "applied ms: first to last transition event (daemon clock); build ms: all rebuilds' \
          time; ctl max: slowest control answer (ms) from the responder's stop/start to the \
-         table showing it; lost ev: events the daemon's 1,000-event log dropped before the \
-         client asked (0 = every transition and rebuild counted)"
+         table showing it; events seen/lost: transition events `xlb events` returned, and \
+         events its 1,000-event memory dropped before the client, asking every 10 ms, got them"
     );
 }
 
@@ -799,6 +947,7 @@ fn main() -> Result<()> {
          min_healthy 0, flap_damping off; {} flaps (responder SIGKILLed, then restarted)",
         o.backends, o.kind, o.interval_ms, o.interval_ms, o.flaps
     );
+    println!("load average at start: {}", load_average());
     let mut run = Run::up(&o)?;
     let work = run.work.clone();
     let windows = match run.measure(&o) {
@@ -809,11 +958,21 @@ fn main() -> Result<()> {
         }
     };
     let seen = run.shutdown()?;
+    println!("load average at end:   {}", load_average());
     if let Some(e) = &seen.error {
         bail!("control client: {e}");
     }
+    let log = read_log(&work.join("xlb-run.log"))?;
+    write_samples(&work.join("samples.csv"), &seen, &windows)?;
     print_latency(&seen, &windows);
-    print_flaps(&seen, &windows);
-    let _ = fs::remove_dir_all(&work);
+    print_flaps(&seen, &log, &windows);
+    if o.keep {
+        println!(
+            "logs and samples.csv (every answer's latency) kept in {}",
+            work.display()
+        );
+    } else {
+        let _ = fs::remove_dir_all(&work);
+    }
     Ok(())
 }
