@@ -57,6 +57,14 @@ const BENCHES: &[Bench] = &[
         bin: "xlb-dpath-bench",
         runs: LAB_BINARIES,
     },
+    // A mass flap: 4,000 backends of one VIP down and up at once, a few
+    // times; control-socket latency quiet and during the flap, table
+    // rebuilds per flap against transitions.
+    Bench {
+        package: "xlb-tests",
+        bin: "xlb-flap-bench",
+        runs: LAB_BINARIES,
+    },
     // HTTP throughput through xlb in the lab, with wrk, next to no LB.
     Bench {
         package: "xlb-tests",
