@@ -10,6 +10,7 @@ use super::{
     model::{self, Rebuild},
 };
 use crate::health::{
+    machine::HealthState,
     policy::{self, Change},
     probe::{FailReason, ProbeClass},
     scheduler::{Report, Scheduler},
@@ -100,7 +101,12 @@ impl Daemon {
             && b.snapshot.as_ref().is_none_or(|s| s.consecutive_slow == 0)
             && v.policy.panic.is_none()
             && v.policy.fleet_slow.is_none();
-        (!calm).then_some(vi)
+        // Nor does another failure of a backend already out for failing
+        // (during a mass outage, thousands a second).
+        let still_down = !hard_changed
+            && b.health == HealthState::Down
+            && b.policy.placement == policy::Placement::Down;
+        (!calm && !still_down).then_some(vi)
     }
 
     /// A probe failed for the load balancer's own reason (out of

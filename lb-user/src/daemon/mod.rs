@@ -71,8 +71,9 @@ pub use self::{
 /// Kept where the health benchmark finds it.
 pub use crate::host::raise_nofile_to;
 
-/// Events kept for `xlb events`.
-const EVENT_LOG: usize = 1000;
+/// Events kept for `xlb events`: a mass flap of a few thousand backends
+/// fits (one event per transition; about 3 MB at most).
+const EVENT_LOG: usize = 10_000;
 
 /// The daemon state, owned by the main loop.
 pub struct Daemon {

@@ -485,13 +485,13 @@ fn apply(
     now: Instant,
     changes: &mut Vec<Change>,
 ) {
+    // Whether some other weighted member is in the table, for each member:
+    // counted once (a scan per member was quadratic, 16 M steps per
+    // evaluation of a VIP of 4,000 backends when none was in the table).
+    let serving = |j: usize| states[j].placement.in_table() && members[j].weight > 0;
+    let in_table = (0..members.len()).filter(|&j| serving(j)).count();
     let others_in: Vec<bool> = (0..members.len())
-        .map(|i| {
-            states
-                .iter()
-                .enumerate()
-                .any(|(j, s)| j != i && s.placement.in_table() && members[j].weight > 0)
-        })
+        .map(|i| in_table - usize::from(serving(i)) > 0)
         .collect();
     for (i, (to, reason)) in next.into_iter().enumerate() {
         let m = &members[i];
