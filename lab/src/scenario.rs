@@ -52,9 +52,10 @@ pub use traffic::{ClientRun, start_client_in};
 /// both forwarding modes).
 pub const SERVICE_PORTS: [u16; 2] = [80, 8080];
 
-/// UDP port every backend answers on (v4 and v6): an echo naming the
-/// backend (`xlb-backend --udp`), for UDP VIPs.
-pub const UDP_PORT: u16 = 5353;
+/// UDP ports every backend answers on (v4 and v6) with an echo naming the
+/// backend (`xlb-backend --udp`), for UDP VIPs: two, like
+/// [`SERVICE_PORTS`], so that one VIP address can serve UDP in both modes.
+pub const UDP_PORTS: [u16; 2] = [5353, 5354];
 
 /// Port of each backend's admin listener (fault switches, `/stats`).
 pub const ADMIN_PORT: u16 = 9000;

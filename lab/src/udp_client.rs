@@ -129,11 +129,7 @@ mod tests {
             ("not text", b"\xff\xfe q7.3", "q7.3", None),
         ];
         for (name, datagram, payload, want) in cases {
-            assert_eq!(
-                parse_answer(datagram, payload).as_deref(),
-                want,
-                "{name}"
-            );
+            assert_eq!(parse_answer(datagram, payload).as_deref(), want, "{name}");
         }
     }
 }

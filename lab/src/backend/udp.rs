@@ -213,10 +213,17 @@ mod tests {
     /// socket's wildcard address).
     #[tokio::test]
     async fn answers_name_the_backend_from_the_address_asked() {
-        let h = serve_udp("b7", &["0.0.0.0:0".parse().unwrap(), "[::]:0".parse().unwrap()])
-            .unwrap();
+        let h = serve_udp(
+            "b7",
+            &["0.0.0.0:0".parse().unwrap(), "[::]:0".parse().unwrap()],
+        )
+        .unwrap();
         let cases = [
-            ("v4 on another loopback address", "127.0.0.2", h.addrs()[0].port()),
+            (
+                "v4 on another loopback address",
+                "127.0.0.2",
+                h.addrs()[0].port(),
+            ),
             ("v6", "::1", h.addrs()[1].port()),
         ];
         for (name, ip, port) in cases {

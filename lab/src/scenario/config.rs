@@ -284,6 +284,8 @@ pub struct XlbConfig {
     /// `daemon.conntrack_size`: entries of the conntrack LRU
     /// ([`LAB_CONNTRACK_SIZE`] by default; the abuse tests make it small).
     pub conntrack_size: u32,
+    /// `daemon.udp_timeout`; `None`: not written (xlb's default, 30 s).
+    pub udp_timeout: Option<Duration>,
     pub health: Health,
     /// `[protection]`, written when not empty.
     pub protection: Protection,
@@ -313,6 +315,7 @@ impl XlbConfig {
             control_socket: socket_for(prefix),
             xdp_mode: "native".to_string(),
             conntrack_size: LAB_CONNTRACK_SIZE,
+            udp_timeout: None,
             health: Health::default(),
             protection: Protection::default(),
             guard: None,
@@ -373,6 +376,11 @@ impl XlbConfig {
             self.conntrack_size,
             h.kind,
         );
+        if let Some(t) = self.udp_timeout {
+            // Before `[health_check]`: the key belongs to `[daemon]`.
+            let at = out.find("\n[health_check]").unwrap_or(out.len());
+            out.insert_str(at, &format!("udp_timeout = {}\n", ms(t)));
+        }
         if !h.xlb_defaults {
             out.push_str(&format!(
                 "interval = {}\n\
@@ -402,35 +410,43 @@ impl XlbConfig {
             out.push_str(&with_newline(g));
         }
         for v in &self.vips {
+            out.push_str(&v.render());
+        }
+        out
+    }
+}
+
+impl Vip {
+    /// The `[[vip]]` table with its protection, guard and backends.
+    fn render(&self) -> String {
+        let mut out = format!(
+            "\n[[vip]]\nname = \"{}\"\naddress = \"{}\"\nport = {}\nmode = \"{}\"\n",
+            self.name,
+            self.address,
+            self.port,
+            self.mode.as_str()
+        );
+        if self.protocol != Protocol::Tcp {
+            out.push_str(&format!("protocol = \"{}\"\n", self.protocol.as_str()));
+        }
+        if let Some(p) = self.protection.as_ref().filter(|p| !p.is_empty()) {
+            out.push_str("\n[vip.protection]\n");
+            out.push_str(&p.render_keys());
+        }
+        if let Some(g) = &self.guard {
+            out.push_str("\n[vip.guard]\n");
+            out.push_str(&with_newline(g));
+        }
+        for &i in &self.backends {
             out.push_str(&format!(
-                "\n[[vip]]\nname = \"{}\"\naddress = \"{}\"\nport = {}\nmode = \"{}\"\n",
-                v.name,
-                v.address,
-                v.port,
-                v.mode.as_str()
+                "\n[[vip.backend]]\naddress = \"{}\"\n",
+                self.backend_addr(i).ip()
             ));
-            if v.protocol != Protocol::Tcp {
-                out.push_str(&format!("protocol = \"{}\"\n", v.protocol.as_str()));
+            if let Some(port) = self.health_port {
+                out.push_str(&format!("health_port = {port}\n"));
             }
-            if let Some(p) = v.protection.as_ref().filter(|p| !p.is_empty()) {
-                out.push_str("\n[vip.protection]\n");
-                out.push_str(&p.render_keys());
-            }
-            if let Some(g) = &v.guard {
-                out.push_str("\n[vip.guard]\n");
-                out.push_str(&with_newline(g));
-            }
-            for &i in &v.backends {
-                out.push_str(&format!(
-                    "\n[[vip.backend]]\naddress = \"{}\"\n",
-                    v.backend_addr(i).ip()
-                ));
-                if let Some(port) = v.health_port {
-                    out.push_str(&format!("health_port = {port}\n"));
-                }
-                if let Some(w) = v.weights.get(&i) {
-                    out.push_str(&format!("weight = {w}\n"));
-                }
+            if let Some(w) = self.weights.get(&i) {
+                out.push_str(&format!("weight = {w}\n"));
             }
         }
         out
@@ -607,20 +623,26 @@ mod tests {
     #[test]
     fn udp_vips_write_protocol_health_port_and_weights() {
         let mut cfg = XlbConfig::for_prefix("p");
-        let mut dns = Vip::udp(
-            "dns",
-            topology::VIP2_V4.into(),
-            5353,
-            Mode::DsrL2,
-            2,
-            80,
-        );
+        let mut dns = Vip::udp("dns", topology::VIP2_V4.into(), 5353, Mode::DsrL2, 2, 80);
         dns.weights.insert(2, 4);
         cfg.vips.push(dns);
+        assert!(
+            !cfg.render().contains("udp_timeout"),
+            "not written unless set"
+        );
+        cfg.udp_timeout = Some(Duration::from_secs(2));
         let text = cfg.render();
         let doc: toml::Table = text.parse().unwrap_or_else(|e| panic!("{e}:\n{text}"));
+        assert_eq!(
+            doc["daemon"]["udp_timeout"].as_str(),
+            Some("2000ms"),
+            "{text}"
+        );
         let vips = doc["vip"].as_array().unwrap();
-        assert!(vips[0].get("protocol").is_none(), "tcp is not written:\n{text}");
+        assert!(
+            vips[0].get("protocol").is_none(),
+            "tcp is not written:\n{text}"
+        );
         assert!(vips[0]["backend"][0].get("health_port").is_none(), "{text}");
         let dns = &vips[1];
         assert_eq!(dns["protocol"].as_str(), Some("udp"), "{text}");

@@ -21,8 +21,8 @@ use nix::{
 use super::process::stop_recorded;
 use super::{
     ADMIN_PORT, Binaries, DEFAULT_READY_TIMEOUT, HELPER_START_TIMEOUT, POLL, ProcRecord, Result,
-    SERVICE_PORTS, STATE_FILE, UDP_PORT, ScenarioError, StateFile, command_in, detach, instance_and_socket,
-    io_err, log_tail, set_tx_checksum_offload, xdp_attached,
+    SERVICE_PORTS, STATE_FILE, ScenarioError, StateFile, UDP_PORTS, command_in, detach,
+    instance_and_socket, io_err, log_tail, set_tx_checksum_offload, xdp_attached,
 };
 use crate::topology::{HOST_IFNAME, Lab, LabConfig};
 
@@ -506,14 +506,13 @@ impl LabRun {
     }
 }
 
-/// `xlb-backend` arguments for the UDP echo on [`UDP_PORT`], v4 and v6.
-fn udp_listen_args() -> [String; 4] {
-    [
-        "--udp".to_string(),
-        format!("0.0.0.0:{UDP_PORT}"),
-        "--udp".to_string(),
-        format!("[::]:{UDP_PORT}"),
-    ]
+/// `xlb-backend` arguments for the UDP echo on [`UDP_PORTS`], v4 and v6.
+fn udp_listen_args() -> Vec<String> {
+    UDP_PORTS
+        .iter()
+        .flat_map(|p| [format!("0.0.0.0:{p}"), format!("[::]:{p}")])
+        .flat_map(|addr| ["--udp".to_string(), addr])
+        .collect()
 }
 
 impl Drop for LabRun {
