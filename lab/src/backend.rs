@@ -23,6 +23,9 @@
 //! - `GET /peers` → service connections accepted per peer address since the
 //!   start ([`PeerCounts`]), for the abuse tests
 //! - `GET /health` → 200 `ok`
+//!
+//! UDP (`xlb-backend --udp ADDR`, [`serve_udp`]): every datagram is echoed
+//! as `<name> <payload>` from the address it was sent to (see `udp.rs`).
 
 use std::{
     io,
@@ -46,8 +49,10 @@ use tokio::{
 use crate::http::{self, HttpError, RequestHead};
 
 mod peers;
+mod udp;
 
 pub use peers::{MAX_PEERS, PeerCounts, in_prefix, total as total_peers};
+pub use udp::{UdpHandle, answer as udp_answer, serve_udp};
 
 /// Listen backlog of the service sockets: during a hang the kernel completes
 /// up to this many handshakes that nobody accepts (capped by

@@ -4,7 +4,8 @@
 //! request's outcome ([`client`], binary `xlb-client`), and two bounded
 //! floods for the abuse tests: spoofed TCP packets from a raw socket
 //! ([`flood`]) and real connects as fast as the kernel opens them
-//! ([`connect_flood`]).
+//! ([`connect_flood`]); and for UDP, an echo on every backend that names it
+//! ([`backend::serve_udp`]) and a client of many flows ([`udp_client`]).
 //!
 //! The lab does not depend on the rest of xlb, but for the control
 //! protocol's types (`lb_ctl`) that it reads xlb's answers into: whoever
@@ -23,6 +24,7 @@ pub mod flood;
 pub mod http;
 pub mod scenario;
 pub mod topology;
+pub mod udp_client;
 
 pub use backend::{BackendHandle, BackendOptions, BackendStats, Fault, serve};
 pub use client::{LoadOptions, Outcome, Report, run_load};

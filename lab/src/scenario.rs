@@ -36,7 +36,7 @@ mod status;
 mod traffic;
 
 pub use config::{
-    Health, LAB_CONNTRACK_SIZE, LAB_TABLE_SIZE, Mode, Protection, Share, Vip, XlbConfig,
+    Health, LAB_CONNTRACK_SIZE, LAB_TABLE_SIZE, Mode, Protection, Protocol, Share, Vip, XlbConfig,
     backend_addr, instance_and_socket, instance_for, setting, socket_for,
 };
 pub use netdev::{set_tx_checksum_offload, xdp_attached};
@@ -51,6 +51,11 @@ pub use traffic::{ClientRun, start_client_in};
 /// 8080 so that one VIP address can be configured twice (e.g. fd00:100::1 in
 /// both forwarding modes).
 pub const SERVICE_PORTS: [u16; 2] = [80, 8080];
+
+/// UDP ports every backend answers on (v4 and v6) with an echo naming the
+/// backend (`xlb-backend --udp`), for UDP VIPs: two, like
+/// [`SERVICE_PORTS`], so that one VIP address can serve UDP in both modes.
+pub const UDP_PORTS: [u16; 2] = [5353, 5354];
 
 /// Port of each backend's admin listener (fault switches, `/stats`).
 pub const ADMIN_PORT: u16 = 9000;

@@ -11,11 +11,11 @@ use std::net::SocketAddr;
 use anyhow::{Context, Result};
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
-use xlb_lab::backend::{BackendOptions, serve};
+use xlb_lab::backend::{BackendOptions, serve, serve_udp};
 
 /// HTTP/1.1 backend for the xlb lab: /health, /api, /stream on the service
 /// listeners; /fault/{hang,slow?ms=N,503,crash,recover} and /stats on the
-/// admin listener.
+/// admin listener; a UDP echo that names the backend on each `--udp`.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -28,6 +28,10 @@ struct Args {
     /// Admin address (fault switches and stats; answers during faults).
     #[arg(long, default_value = "0.0.0.0:9000")]
     admin: SocketAddr,
+    /// UDP address to answer on (repeatable): each datagram P is answered
+    /// with `<name> P` from the address it was sent to.
+    #[arg(long)]
+    udp: Vec<SocketAddr>,
 }
 
 #[tokio::main]
@@ -40,22 +44,26 @@ async fn main() -> Result<()> {
     })
     .await
     .with_context(|| format!("starting backend {}", args.name))?;
+    let udp = serve_udp(&args.name, &args.udp)?;
     let service: Vec<String> = handle
         .service_addrs()
         .iter()
         .map(ToString::to_string)
         .collect();
+    let udp_addrs: Vec<String> = udp.addrs().iter().map(ToString::to_string).collect();
     eprintln!(
-        "xlb-backend {}: serving on {}, admin on {}",
+        "xlb-backend {}: serving on {}, admin on {}, UDP echo on [{}]",
         handle.name(),
         service.join(", "),
-        handle.admin_addr()
+        handle.admin_addr(),
+        udp_addrs.join(", ")
     );
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     tokio::select! {
         r = tokio::signal::ctrl_c() => r.context("waiting for ctrl-c")?,
         _ = term.recv() => {}
     }
+    drop(udp);
     handle.shutdown().await;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! the settings read back from a configuration text.
 
 use std::{
+    collections::BTreeMap,
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     time::Duration,
@@ -43,6 +44,23 @@ impl std::str::FromStr for Mode {
             "dsr-ipip" => Ok(Mode::DsrIpip),
             "dsr-l2" => Ok(Mode::DsrL2),
             _ => Err(format!("unknown mode {s:?}; use dsr-ipip or dsr-l2")),
+        }
+    }
+}
+
+/// Transport protocol of a VIP (`vip.protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
         }
     }
 }
@@ -194,6 +212,14 @@ pub struct Vip {
     /// they are, e.g. `new_flows_per_source = { rate = "50/s", burst = 50 }`;
     /// a `[[vip.guard.deny]]` table may follow them. `None`: not written.
     pub guard: Option<String>,
+    /// `protocol`; written only when UDP.
+    pub protocol: Protocol,
+    /// `health_port` of every backend, when set (a UDP VIP's backends are
+    /// probed over HTTP on another port, e.g. 80).
+    pub health_port: Option<u16>,
+    /// `weight` of the backends listed (by number); the others are not
+    /// given one (xlb's default, 1).
+    pub weights: BTreeMap<usize, u32>,
 }
 
 impl Vip {
@@ -206,6 +232,25 @@ impl Vip {
             backends: (1..=backends).collect(),
             protection: None,
             guard: None,
+            protocol: Protocol::Tcp,
+            health_port: None,
+            weights: BTreeMap::new(),
+        }
+    }
+
+    /// A UDP VIP whose backends are probed over HTTP on `health_port`.
+    pub fn udp(
+        name: &str,
+        address: IpAddr,
+        port: u16,
+        mode: Mode,
+        backends: usize,
+        health_port: u16,
+    ) -> Self {
+        Self {
+            protocol: Protocol::Udp,
+            health_port: Some(health_port),
+            ..Self::new(name, address, port, mode, backends)
         }
     }
 
@@ -239,6 +284,8 @@ pub struct XlbConfig {
     /// `daemon.conntrack_size`: entries of the conntrack LRU
     /// ([`LAB_CONNTRACK_SIZE`] by default; the abuse tests make it small).
     pub conntrack_size: u32,
+    /// `daemon.udp_timeout`; `None`: not written (xlb's default, 30 s).
+    pub udp_timeout: Option<Duration>,
     pub health: Health,
     /// `[protection]`, written when not empty.
     pub protection: Protection,
@@ -268,6 +315,7 @@ impl XlbConfig {
             control_socket: socket_for(prefix),
             xdp_mode: "native".to_string(),
             conntrack_size: LAB_CONNTRACK_SIZE,
+            udp_timeout: None,
             health: Health::default(),
             protection: Protection::default(),
             guard: None,
@@ -328,6 +376,11 @@ impl XlbConfig {
             self.conntrack_size,
             h.kind,
         );
+        if let Some(t) = self.udp_timeout {
+            // Before `[health_check]`: the key belongs to `[daemon]`.
+            let at = out.find("\n[health_check]").unwrap_or(out.len());
+            out.insert_str(at, &format!("udp_timeout = {}\n", ms(t)));
+        }
         if !h.xlb_defaults {
             out.push_str(&format!(
                 "interval = {}\n\
@@ -357,26 +410,43 @@ impl XlbConfig {
             out.push_str(&with_newline(g));
         }
         for v in &self.vips {
+            out.push_str(&v.render());
+        }
+        out
+    }
+}
+
+impl Vip {
+    /// The `[[vip]]` table with its protection, guard and backends.
+    fn render(&self) -> String {
+        let mut out = format!(
+            "\n[[vip]]\nname = \"{}\"\naddress = \"{}\"\nport = {}\nmode = \"{}\"\n",
+            self.name,
+            self.address,
+            self.port,
+            self.mode.as_str()
+        );
+        if self.protocol != Protocol::Tcp {
+            out.push_str(&format!("protocol = \"{}\"\n", self.protocol.as_str()));
+        }
+        if let Some(p) = self.protection.as_ref().filter(|p| !p.is_empty()) {
+            out.push_str("\n[vip.protection]\n");
+            out.push_str(&p.render_keys());
+        }
+        if let Some(g) = &self.guard {
+            out.push_str("\n[vip.guard]\n");
+            out.push_str(&with_newline(g));
+        }
+        for &i in &self.backends {
             out.push_str(&format!(
-                "\n[[vip]]\nname = \"{}\"\naddress = \"{}\"\nport = {}\nmode = \"{}\"\n",
-                v.name,
-                v.address,
-                v.port,
-                v.mode.as_str()
+                "\n[[vip.backend]]\naddress = \"{}\"\n",
+                self.backend_addr(i).ip()
             ));
-            if let Some(p) = v.protection.as_ref().filter(|p| !p.is_empty()) {
-                out.push_str("\n[vip.protection]\n");
-                out.push_str(&p.render_keys());
+            if let Some(port) = self.health_port {
+                out.push_str(&format!("health_port = {port}\n"));
             }
-            if let Some(g) = &v.guard {
-                out.push_str("\n[vip.guard]\n");
-                out.push_str(&with_newline(g));
-            }
-            for &i in &v.backends {
-                out.push_str(&format!(
-                    "\n[[vip.backend]]\naddress = \"{}\"\n",
-                    v.backend_addr(i).ip()
-                ));
+            if let Some(w) = self.weights.get(&i) {
+                out.push_str(&format!("weight = {w}\n"));
             }
         }
         out
@@ -548,6 +618,39 @@ mod tests {
             Some("10.99.0.9/32")
         );
         assert_eq!(vip["backend"].as_array().map(Vec::len), Some(3), "{text}");
+    }
+
+    #[test]
+    fn udp_vips_write_protocol_health_port_and_weights() {
+        let mut cfg = XlbConfig::for_prefix("p");
+        let mut dns = Vip::udp("dns", topology::VIP2_V4.into(), 5353, Mode::DsrL2, 2, 80);
+        dns.weights.insert(2, 4);
+        cfg.vips.push(dns);
+        assert!(
+            !cfg.render().contains("udp_timeout"),
+            "not written unless set"
+        );
+        cfg.udp_timeout = Some(Duration::from_secs(2));
+        let text = cfg.render();
+        let doc: toml::Table = text.parse().unwrap_or_else(|e| panic!("{e}:\n{text}"));
+        assert_eq!(
+            doc["daemon"]["udp_timeout"].as_str(),
+            Some("2000ms"),
+            "{text}"
+        );
+        let vips = doc["vip"].as_array().unwrap();
+        assert!(
+            vips[0].get("protocol").is_none(),
+            "tcp is not written:\n{text}"
+        );
+        assert!(vips[0]["backend"][0].get("health_port").is_none(), "{text}");
+        let dns = &vips[1];
+        assert_eq!(dns["protocol"].as_str(), Some("udp"), "{text}");
+        let backends = dns["backend"].as_array().unwrap();
+        assert_eq!(backends[0]["health_port"].as_integer(), Some(80), "{text}");
+        assert_eq!(backends[1]["health_port"].as_integer(), Some(80), "{text}");
+        assert!(backends[0].get("weight").is_none(), "{text}");
+        assert_eq!(backends[1]["weight"].as_integer(), Some(4), "{text}");
     }
 
     #[test]

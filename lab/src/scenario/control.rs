@@ -1,5 +1,5 @@
 //! Driving a running xlb through its command line: `status`, `events`,
-//! `drain`, `enable`, `reload`, the abuse controls (`block`, `unblock`,
+//! `drain`, `enable`, `reload`, `explain`, the abuse controls (`block`, `unblock`,
 //! `blocks`, `sources`), and waiting for a state.
 
 use std::{
@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb_ctl::{BlockEntry, VipSources};
+use lb_ctl::{BlockEntry, ExplainReport, VipSources};
 use serde::de::DeserializeOwned;
 
 use super::process::run_bounded;
@@ -87,6 +87,18 @@ impl LabRun {
             Some(v) => self.ctl_json(&["sources", "--json", "--vip", v]),
             None => self.ctl_json(&["sources", "--json"]),
         }
+    }
+
+    /// `xlb explain PROTOCOL CLIENT VIP --json`: the backend a flow goes
+    /// to, and whether by conntrack or the table (`protocol`: tcp or udp).
+    pub fn explain(
+        &self,
+        protocol: &str,
+        client: SocketAddr,
+        vip: SocketAddr,
+    ) -> Result<ExplainReport> {
+        let (c, v) = (client.to_string(), vip.to_string());
+        self.ctl_json(&["explain", protocol, &c, &v, "--json"])
     }
 
     /// `xlb block PREFIX EXTRA...` (e.g. `--vip api --action reset`).

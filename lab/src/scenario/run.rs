@@ -21,8 +21,8 @@ use nix::{
 use super::process::stop_recorded;
 use super::{
     ADMIN_PORT, Binaries, DEFAULT_READY_TIMEOUT, HELPER_START_TIMEOUT, POLL, ProcRecord, Result,
-    SERVICE_PORTS, STATE_FILE, ScenarioError, StateFile, command_in, detach, instance_and_socket,
-    io_err, log_tail, set_tx_checksum_offload, xdp_attached,
+    SERVICE_PORTS, STATE_FILE, ScenarioError, StateFile, UDP_PORTS, command_in, detach,
+    instance_and_socket, io_err, log_tail, set_tx_checksum_offload, xdp_attached,
 };
 use crate::topology::{HOST_IFNAME, Lab, LabConfig};
 
@@ -289,6 +289,7 @@ impl LabRun {
                 args.extend(["--listen".to_string(), format!("[::]:{port}")]);
             }
             args.extend(["--admin".to_string(), format!("0.0.0.0:{ADMIN_PORT}")]);
+            args.extend(udp_listen_args());
             let log = self.work_dir.join(format!("backend-b{i}.log"));
             let pid = self.spawn(&format!("backend-b{i}"), ns, &backend_bin, &args, &log)?;
             started.push((format!("backend b{i}"), pid, log));
@@ -503,6 +504,15 @@ impl LabRun {
         let _ = fs::remove_file(work_dir.join(STATE_FILE));
         result
     }
+}
+
+/// `xlb-backend` arguments for the UDP echo on [`UDP_PORTS`], v4 and v6.
+fn udp_listen_args() -> Vec<String> {
+    UDP_PORTS
+        .iter()
+        .flat_map(|p| [format!("0.0.0.0:{p}"), format!("[::]:{p}")])
+        .flat_map(|addr| ["--udp".to_string(), addr])
+        .collect()
 }
 
 impl Drop for LabRun {
