@@ -295,9 +295,9 @@ fn xdp_fuzz_short() {
 #[test]
 #[ignore = "long: run with `cargo xtask fuzz --frames N`"]
 fn xdp_fuzz_long() {
-    let n = std::env::var("XLB_FUZZ_FRAMES")
-        .map(|s| s.parse().expect("XLB_FUZZ_FRAMES: a number"))
-        .unwrap_or(10_000_000);
+    let n = std::env::var("XLB_FUZZ_FRAMES").map_or(10_000_000, |s| {
+        s.parse().expect("XLB_FUZZ_FRAMES: a number")
+    });
     run_and_report(n);
 }
 
