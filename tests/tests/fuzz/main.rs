@@ -50,6 +50,9 @@ use crate::world::{XDP_ABORTED, base, hex, world};
 /// counter, a frame one syscall.
 const BATCH: usize = 2048;
 
+/// A long run says how far it is every this many frames.
+const PROGRESS_EVERY: u64 = 10_000_000;
+
 /// Violations reported before a run stops.
 const MAX_VIOLATIONS: usize = 10;
 
@@ -181,6 +184,13 @@ fn fuzz(w: &mut World, seed: u64, n: u64) -> anyhow::Result<Report> {
             violations.push(format!("seed {seed}, batch at frame {done}: {e}; {blame}"));
         }
         done += batch.len() as u64;
+        if done % PROGRESS_EVERY < BATCH as u64 && done < n {
+            println!(
+                "xdp fuzz: {done} frames, {:.0} s, {} violations so far",
+                start.elapsed().as_secs_f64(),
+                violations.len()
+            );
+        }
     }
     println!(
         "xdp fuzz: {:.1} s in BPF_PROG_TEST_RUN",
