@@ -131,6 +131,9 @@ fn json_type(v: &Value) -> &'static str {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -60,6 +60,12 @@ pub(crate) const QUOTED: u32 = u32::MAX;
 #[inline(never)]
 pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     let l4off = pkt.l3off + IPV4_LEN;
+    // The IP packet's end: bytes behind it (padding, junk) are no part of
+    // the message, even where the frame has them.
+    let end = pkt.l3off + pkt.ip_len;
+    if l4off + ICMP_LEN > end {
+        return pass(Stat::PassNotVip);
+    }
     let Some(h) = ptr_at::<IcmpHdr>(ctx, l4off) else {
         return pass(Stat::PassNotVip);
     };
@@ -73,6 +79,9 @@ pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     }
     if kind == ICMP_ECHO {
         return echo4(ctx, pkt.l3off, l4off);
+    }
+    if l4off + ICMP_LEN + IPV4_LEN + 4 > end {
+        return pass(Stat::PassIcmp);
     }
     let Some(q) = ptr_at::<Ipv4Hdr>(ctx, l4off + ICMP_LEN) else {
         return pass(Stat::PassIcmp);
@@ -101,6 +110,12 @@ pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
 #[inline(never)]
 pub(crate) fn v6(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     let l4off = pkt.l3off + IPV6_LEN;
+    // The IP packet's end: bytes behind it (padding, junk) are no part of
+    // the message, even where the frame has them.
+    let end = pkt.l3off + pkt.ip_len;
+    if l4off + ICMP_LEN > end {
+        return pass(Stat::PassNotVip);
+    }
     let Some(h) = ptr_at::<IcmpHdr>(ctx, l4off) else {
         return pass(Stat::PassNotVip);
     };
@@ -116,6 +131,9 @@ pub(crate) fn v6(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     }
     if kind == ICMP6_ECHO_REQUEST {
         return echo6(ctx, pkt.l3off, l4off);
+    }
+    if l4off + ICMP_LEN + IPV6_LEN + 4 > end {
+        return pass(Stat::PassIcmp);
     }
     let Some(q) = ptr_at::<Ipv6Hdr>(ctx, l4off + ICMP_LEN) else {
         return pass(Stat::PassIcmp);

@@ -148,8 +148,9 @@ pub(crate) fn ipv4(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
     }
     let proto = ip.protocol;
     if proto == icmp::PROTO_ICMP {
-        let v = icmp::v4(ctx, pkt);
+        // The ICMP parser reads no further than the packet's own length.
         pkt.ip_len = tot_len;
+        let v = icmp::v4(ctx, pkt);
         return if v == icmp::QUOTED { Ok(()) } else { Err(v) };
     }
     if proto != PROTO_TCP && proto != PROTO_UDP {
@@ -202,8 +203,8 @@ pub(crate) fn ipv6(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
         return Err(pass(why));
     }
     if next == icmp::PROTO_ICMP6 {
-        let v = icmp::v6(ctx, pkt);
         pkt.ip_len = IPV6_LEN + payload_len;
+        let v = icmp::v6(ctx, pkt);
         return if v == icmp::QUOTED { Ok(()) } else { Err(v) };
     }
     if next != PROTO_TCP && next != PROTO_UDP {

@@ -8,6 +8,7 @@
 mod bench;
 mod build_cmd;
 mod demo;
+mod fuzz;
 mod lab;
 mod layout;
 mod run;
@@ -79,6 +80,21 @@ enum Command {
         #[arg(long)]
         keep: bool,
     },
+    /// Fuzz the XDP program for a long run: random and mutated frames
+    /// through `BPF_PROG_TEST_RUN`, each checked against the packet policy
+    /// (as root). The test suite runs a million frames; this runs more.
+    Fuzz {
+        /// How many frames to send.
+        #[arg(long, default_value_t = 10_000_000)]
+        frames: u64,
+        /// The generator's seed (printed by every run and every violation);
+        /// a new one from the clock if not given.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Build the test in release (faster frames, a longer first build).
+        #[arg(long)]
+        release: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -148,6 +164,15 @@ fn main() -> ExitCode {
             action: LabAction::Down { prefix },
         } => lab::down(&prefix),
         Command::Demo { keep } => demo::run(keep),
+        Command::Fuzz {
+            frames,
+            seed,
+            release,
+        } => fuzz::run(&fuzz::Options {
+            frames,
+            seed,
+            release,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -253,5 +278,19 @@ mod tests {
     fn cli_is_well_formed() {
         use clap::CommandFactory as _;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn fuzz_takes_frames_and_seed() {
+        let cli = Cli::try_parse_from(["xtask", "fuzz", "--frames", "100", "--seed", "7"]).unwrap();
+        let Command::Fuzz {
+            frames,
+            seed,
+            release,
+        } = cli.command
+        else {
+            panic!("not parsed as fuzz");
+        };
+        assert_eq!((frames, seed, release), (100, Some(7), false));
     }
 }

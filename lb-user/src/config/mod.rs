@@ -352,6 +352,9 @@ fn suggest_prime(n: u32, max: u32) -> u32 {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     //! Helpers shared by the tests of every `config` module, and the tests
     //! of the whole file: defaults, a full file, the example, loading.

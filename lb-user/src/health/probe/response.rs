@@ -443,6 +443,9 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, FailReason> {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
