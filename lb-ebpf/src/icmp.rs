@@ -169,9 +169,7 @@ fn swap_macs(ctx: &XdpContext) -> Option<()> {
     let eth = ptr_at::<EthHdr>(ctx, 0)?;
     // SAFETY: bounds checked by ptr_at.
     let eth = unsafe { &mut *eth };
-    let dst = eth.dst;
-    eth.dst = eth.src;
-    eth.src = dst;
+    core::mem::swap(&mut eth.dst, &mut eth.src);
     Some(())
 }
 
@@ -183,9 +181,7 @@ fn echo4(ctx: &XdpContext, l3off: usize, l4off: usize) -> u32 {
     };
     // SAFETY: bounds checked by ptr_at; the headers do not overlap.
     let (ip, h) = unsafe { (&mut *ip, &mut *h) };
-    let client = ip.saddr;
-    ip.saddr = ip.daddr;
-    ip.daddr = client;
+    core::mem::swap(&mut ip.saddr, &mut ip.daddr);
     ip.ttl = ENCAP_TTL;
     ip.check = [0; 2];
     ip.check = checksum::ipv4_header(ip).to_be_bytes();
@@ -205,9 +201,7 @@ fn echo6(ctx: &XdpContext, l3off: usize, l4off: usize) -> u32 {
     };
     // SAFETY: bounds checked by ptr_at; the headers do not overlap.
     let (ip, h) = unsafe { (&mut *ip, &mut *h) };
-    let client = ip.saddr;
-    ip.saddr = ip.daddr;
-    ip.daddr = client;
+    core::mem::swap(&mut ip.saddr, &mut ip.daddr);
     ip.hop_limit = ENCAP_TTL;
     let old = u16::from_be_bytes([h.kind, h.code]);
     h.kind = ICMP6_ECHO_REPLY;

@@ -66,9 +66,7 @@ fn swap_macs(ctx: &XdpContext) -> Option<()> {
     let eth = ptr_at::<EthHdr>(ctx, 0)?;
     // SAFETY: bounds checked by ptr_at.
     let eth = unsafe { &mut *eth };
-    let dst = eth.dst;
-    eth.dst = eth.src;
-    eth.src = dst;
+    core::mem::swap(&mut eth.dst, &mut eth.src);
     Some(())
 }
 
@@ -79,9 +77,7 @@ fn ipv4(ctx: &XdpContext, l3off: usize, l4off: usize, ack: u32) -> Option<()> {
     let tcp = ptr_at::<TcpHdr>(ctx, l4off)?;
     // SAFETY: bounds checked by ptr_at; the headers do not overlap.
     let (ip, tcp) = unsafe { (&mut *ip, &mut *tcp) };
-    let client = ip.saddr;
-    ip.saddr = ip.daddr;
-    ip.daddr = client;
+    core::mem::swap(&mut ip.saddr, &mut ip.daddr);
     ip.version_ihl = IPV4_VERSION_IHL;
     ip.tos = 0;
     ip.tot_len = ((IPV4_LEN + TCP_LEN) as u16).to_be_bytes();
@@ -104,9 +100,7 @@ fn ipv6(ctx: &XdpContext, l3off: usize, l4off: usize, ack: u32) -> Option<()> {
     let tcp = ptr_at::<TcpHdr>(ctx, l4off)?;
     // SAFETY: bounds checked by ptr_at; the headers do not overlap.
     let (ip, tcp) = unsafe { (&mut *ip, &mut *tcp) };
-    let client = ip.saddr;
-    ip.saddr = ip.daddr;
-    ip.daddr = client;
+    core::mem::swap(&mut ip.saddr, &mut ip.daddr);
     ip.version_tc_flow = [0x60, 0, 0, 0];
     ip.payload_len = (TCP_LEN as u16).to_be_bytes();
     ip.nexthdr = PROTO_TCP;
@@ -120,9 +114,7 @@ fn ipv6(ctx: &XdpContext, l3off: usize, l4off: usize, ack: u32) -> Option<()> {
 /// The TCP header of a RST acknowledging `ack`, ports swapped, checksum 0.
 #[inline(always)]
 fn rst(tcp: &mut TcpHdr, ack: u32) {
-    let client = tcp.source;
-    tcp.source = tcp.dest;
-    tcp.dest = client;
+    core::mem::swap(&mut tcp.source, &mut tcp.dest);
     tcp.seq = [0; 4];
     tcp.ack_seq = ack.to_be_bytes();
     tcp.doff_res = ((TCP_LEN / 4) as u8) << 4;
