@@ -98,6 +98,9 @@ pub const MAP_BE_STATS: &str = "XLB_BE_STATS";
 pub const MAP_NEXTHOP: &str = "XLB_NEXTHOP";
 pub const MAP_DECAP_ADDRS: &str = "XLB_DECAP_ADDR";
 pub const MAP_DECAP_STATS: &str = "XLB_DECAP_STAT";
+pub const MAP_DECAP_SRC_V4: &str = "XLB_DECAP_SRC4";
+pub const MAP_DECAP_SRC_V6: &str = "XLB_DECAP_SRC6";
+pub const MAP_DECAP_VIPS: &str = "XLB_DECAP_VIP";
 pub const MAP_HC_REALS: &str = "XLB_HC_REALS";
 pub const MAP_HC_STATS: &str = "XLB_HC_STATS";
 pub const MAP_GUARD: &str = "XLB_GUARD";
@@ -125,6 +128,9 @@ const _: () = {
         MAP_NEXTHOP,
         MAP_DECAP_ADDRS,
         MAP_DECAP_STATS,
+        MAP_DECAP_SRC_V4,
+        MAP_DECAP_SRC_V6,
+        MAP_DECAP_VIPS,
         MAP_HC_REALS,
         MAP_HC_STATS,
         MAP_GUARD,
@@ -497,17 +503,59 @@ pub const STATS_LEN: u32 = Stat::ALL.len() as u32;
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecapStat {
-    /// IPIP / IP6IP6 to one of our addresses: outer header stripped.
+    /// IPIP / IP6IP6 to one of our addresses, from an allowed load balancer,
+    /// to a VIP we serve: outer header stripped.
     Decap = 0,
-    /// Anything else: passed untouched.
+    /// Anything else (not a tunnel packet, or one to another address):
+    /// passed untouched.
     Pass = 1,
     /// Tunnel packet to us whose inner header is truncated: dropped.
     DropMalformed = 2,
+    /// Tunnel packet to us from an outer source that is not an allowed load
+    /// balancer (`--allow-source`): dropped.
+    DropSource = 3,
+    /// Tunnel packet to us from an allowed source whose inner destination is
+    /// not a VIP this backend serves (`--vip`): dropped.
+    DropInnerDst = 4,
 }
-pub const DECAP_STATS_LEN: u32 = 3;
+pub const DECAP_STATS_LEN: u32 = DecapStat::ALL.len() as u32;
+
+impl DecapStat {
+    /// Every counter, in index order.
+    pub const ALL: [DecapStat; 5] = [
+        DecapStat::Decap,
+        DecapStat::Pass,
+        DecapStat::DropMalformed,
+        DecapStat::DropSource,
+        DecapStat::DropInnerDst,
+    ];
+
+    /// The counter's name in logs and the README.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DecapStat::Decap => "decap",
+            DecapStat::Pass => "pass",
+            DecapStat::DropMalformed => "drop_malformed",
+            DecapStat::DropSource => "drop_source",
+            DecapStat::DropInnerDst => "drop_inner_dst",
+        }
+    }
+}
 
 /// Key of `XLB_DECAP_ADDR`: an outer destination the decapsulator accepts.
+/// Also the key of `XLB_DECAP_VIP`: an inner destination (a VIP address this
+/// backend serves) it accepts.
 pub type DecapAddrKey = VipAddrKey;
+
+/// Data of an `XLB_DECAP_SRC4` trie key: an allowed outer IPv4 source
+/// prefix, network order (the trie key's `prefix_len` gives its length).
+pub type DecapSrcV4 = [u8; 4];
+/// Data of an `XLB_DECAP_SRC6` trie key; see [`DecapSrcV4`].
+pub type DecapSrcV6 = [u8; 16];
+/// Most allowed outer source prefixes per family.
+pub const MAX_DECAP_SOURCES: u32 = 256;
+/// Most outer destinations, and most inner destinations (VIP addresses).
+pub const MAX_DECAP_ADDRS: u32 = 1024;
 
 /// `addr` as the maps store it (see [`Addr`]).
 pub fn addr16(addr: core::net::IpAddr) -> Addr {
