@@ -20,6 +20,8 @@
 //! - `POST /fault/recover` – back to normal; rebinds after a crash. Requests
 //!   held during a hang are answered.
 //! - `GET /stats` → `{"name","requests","connections","fault","slow_ms"}`
+//! - `GET /peers` → service connections accepted per peer address since the
+//!   start ([`PeerCounts`]), for the abuse tests
 //! - `GET /health` → 200 `ok`
 
 use std::{
@@ -42,6 +44,10 @@ use tokio::{
 };
 
 use crate::http::{self, HttpError, RequestHead};
+
+mod peers;
+
+pub use peers::{MAX_PEERS, PeerCounts, in_prefix, total as total_peers};
 
 /// Listen backlog of the service sockets: during a hang the kernel completes
 /// up to this many handshakes that nobody accepts (capped by
@@ -141,6 +147,9 @@ struct Shared {
     shutdown: watch::Sender<bool>,
     requests: AtomicU64,
     connections: AtomicU64,
+    /// Held for one map update per accepted connection, never across an
+    /// await.
+    peers: std::sync::Mutex<PeerCounts>,
     control: Mutex<Control>,
 }
 
@@ -199,6 +208,7 @@ pub async fn serve(opts: BackendOptions) -> Result<BackendHandle, BackendError> 
         shutdown: watch::Sender::new(false),
         requests: AtomicU64::new(0),
         connections: AtomicU64::new(0),
+        peers: std::sync::Mutex::new(PeerCounts::default()),
         control: Mutex::new(Control {
             accept_tasks: Vec::new(),
             crashed: false,
@@ -248,6 +258,11 @@ impl BackendHandle {
         stats(&self.shared)
     }
 
+    /// Service connections accepted per peer address so far.
+    pub fn peers(&self) -> PeerCounts {
+        peer_counts(&self.shared)
+    }
+
     /// Stops everything and waits for the listeners to close.
     pub async fn shutdown(self) {
         self.shared.shutdown.send_replace(true);
@@ -279,6 +294,20 @@ fn stats(shared: &Shared) -> BackendStats {
             Fault::Slow { ms } => Some(ms),
             _ => None,
         },
+    }
+}
+
+fn lock_peers(shared: &Shared) -> std::sync::MutexGuard<'_, PeerCounts> {
+    shared
+        .peers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn peer_counts(shared: &Shared) -> PeerCounts {
+    PeerCounts {
+        name: shared.name.clone(),
+        ..lock_peers(shared).clone()
     }
 }
 
@@ -324,8 +353,9 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             // Not calling accept() is the whole hang fault: the kernel keeps
             // completing handshakes into the backlog.
             r = listener.accept(), if !hung => match r {
-                Ok((stream, _peer)) => {
+                Ok((stream, peer)) => {
                     shared.connections.fetch_add(1, Ordering::Relaxed);
+                    lock_peers(&shared).count(peer.ip());
                     let _ = stream.set_nodelay(true);
                     conns.spawn(service_conn(stream, shared.clone()));
                 }
@@ -632,6 +662,12 @@ async fn admin_answer(shared: &Arc<Shared>, head: &RequestHead) -> (u16, String)
             );
         }
         ("GET", "/health") => return (200, "\"ok\"".to_string()),
+        ("GET", "/peers") => {
+            return (
+                200,
+                serde_json::to_string(&peer_counts(shared)).unwrap_or_default(),
+            );
+        }
         ("POST", "/fault/hang") => Fault::Hang,
         ("POST", "/fault/503") => Fault::Error503,
         ("POST", "/fault/crash") => Fault::Crash,
@@ -645,7 +681,7 @@ async fn admin_answer(shared: &Arc<Shared>, head: &RequestHead) -> (u16, String)
                 );
             }
         },
-        (_, "/stats" | "/health") => return (405, json_error("use GET")),
+        (_, "/stats" | "/health" | "/peers") => return (405, json_error("use GET")),
         (_, p) if p.starts_with("/fault/") => {
             if head.method == "POST" {
                 return (
@@ -660,7 +696,7 @@ async fn admin_answer(shared: &Arc<Shared>, head: &RequestHead) -> (u16, String)
         _ => {
             return (
                 404,
-                json_error("not found; try GET /stats or POST /fault/<kind>"),
+                json_error("not found; try GET /stats, GET /peers or POST /fault/<kind>"),
             );
         }
     };
@@ -698,6 +734,19 @@ pub async fn remote_stats(admin: SocketAddr, timeout: Duration) -> io::Result<Ba
     if resp.head.status != 200 {
         return Err(io::Error::other(format!(
             "GET http://{admin}/stats answered {}",
+            resp.head.status
+        )));
+    }
+    serde_json::from_slice(&resp.body).map_err(io::Error::other)
+}
+
+/// Reads `/peers` (connections accepted per peer address) from a backend's
+/// admin listener.
+pub async fn remote_peers(admin: SocketAddr, timeout: Duration) -> io::Result<PeerCounts> {
+    let resp = http::request(admin, "GET", "/peers", timeout).await?;
+    if resp.head.status != 200 {
+        return Err(io::Error::other(format!(
+            "GET http://{admin}/peers answered {}",
             resp.head.status
         )));
     }

@@ -259,6 +259,11 @@ pub struct Slice {
     /// [`SYN_RETRANSMIT_CONNECT`] (or never completed by then).
     #[serde(default)]
     pub syn_retransmit_waits: u64,
+    /// Latency of each `ok` request started in this slice, µs, in the
+    /// order they ended: for [`Report::latency_where`]. Not serialized
+    /// (the JSON report would grow by a number per request).
+    #[serde(skip)]
+    pub latencies_us: Vec<u64>,
 }
 
 /// Latency of `ok` requests, milliseconds.
@@ -392,6 +397,7 @@ impl Recorder {
                 *slice.per_backend.entry(b.to_string()).or_default() += 1;
                 *self.per_backend.entry(b.to_string()).or_default() += 1;
             }
+            slice.latencies_us.push(latency.as_micros() as u64);
             self.latencies_us.push(latency.as_micros() as u64);
         } else {
             self.first_failure = Some(self.first_failure.map_or(at, |f| f.min(at)));
@@ -399,21 +405,8 @@ impl Recorder {
         }
     }
 
-    fn finish(mut self, opts: &LoadOptions, long: Vec<LongConn>) -> Report {
-        self.latencies_us.sort_unstable();
-        let pct = |p: f64| -> f64 {
-            if self.latencies_us.is_empty() {
-                return 0.0;
-            }
-            let rank = ((p / 100.0) * self.latencies_us.len() as f64).ceil() as usize;
-            self.latencies_us[rank.clamp(1, self.latencies_us.len()) - 1] as f64 / 1000.0
-        };
-        let latency = Latency {
-            p50_ms: pct(50.0),
-            p90_ms: pct(90.0),
-            p99_ms: pct(99.0),
-            max_ms: pct(100.0),
-        };
+    fn finish(self, opts: &LoadOptions, long: Vec<LongConn>) -> Report {
+        let latency = Latency::of(self.latencies_us);
         Report {
             target: opts.target.to_string(),
             duration_ms: opts.duration.as_millis() as u64,
@@ -435,6 +428,43 @@ impl Recorder {
             timeline: self.timeline,
             long,
         }
+    }
+}
+
+impl Latency {
+    /// Nearest-rank percentiles of `us` (microseconds, any order).
+    pub fn of(mut us: Vec<u64>) -> Latency {
+        us.sort_unstable();
+        let pct = |p: f64| -> f64 {
+            if us.is_empty() {
+                return 0.0;
+            }
+            let rank = ((p / 100.0) * us.len() as f64).ceil() as usize;
+            us[rank.clamp(1, us.len()) - 1] as f64 / 1000.0
+        };
+        Latency {
+            p50_ms: pct(50.0),
+            p90_ms: pct(90.0),
+            p99_ms: pct(99.0),
+            max_ms: pct(100.0),
+        }
+    }
+}
+
+impl Report {
+    /// Latency of the `ok` requests started in the slices `keep` selects
+    /// (e.g. while a flood ran, or while it did not), with how many there
+    /// were. Only on the report [`run_load`] returned: a report read back
+    /// from JSON has no per-request latencies.
+    pub fn latency_where(&self, keep: impl Fn(&Slice) -> bool) -> (Latency, usize) {
+        let us: Vec<u64> = self
+            .timeline
+            .iter()
+            .filter(|s| keep(s))
+            .flat_map(|s| s.latencies_us.iter().copied())
+            .collect();
+        let n = us.len();
+        (Latency::of(us), n)
     }
 }
 
@@ -851,6 +881,14 @@ mod tests {
         assert_eq!(rep.timeline[9].counts.ok, 1);
         assert_eq!(rep.summary.latency.p50_ms, 4.0);
         assert_eq!(rep.summary.latency.max_ms, 6.0);
+        let (early, n) = rep.latency_where(|s| s.t_ms < 200);
+        assert_eq!(
+            (early.p50_ms, early.max_ms, n),
+            (2.0, 4.0, 2),
+            "slices 0 and 1"
+        );
+        let (none, n) = rep.latency_where(|_| false);
+        assert_eq!((none, n), (Latency::default(), 0));
         assert_eq!(rep.summary.syn_retransmit_waits, 1, "over, not at, 900 ms");
         assert_eq!(rep.timeline[6].syn_retransmit_waits, 1);
         assert_eq!(rep.summary.max_connect_ms, 1000.0);

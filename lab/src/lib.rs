@@ -1,7 +1,10 @@
 //! xlb's test lab: a namespaced network with a client, an LB host and
 //! backends ([`topology`]), a backend HTTP server with switchable faults
 //! ([`backend`], binary `xlb-backend`) and a load client that records every
-//! request's outcome ([`client`], binary `xlb-client`).
+//! request's outcome ([`client`], binary `xlb-client`), and two bounded
+//! floods for the abuse tests: spoofed TCP packets from a raw socket
+//! ([`flood`]) and real connects as fast as the kernel opens them
+//! ([`connect_flood`]).
 //!
 //! The lab does not depend on the rest of xlb, but for the control
 //! protocol's types (`lb_ctl`) that it reads xlb's answers into: whoever
@@ -15,6 +18,7 @@
 use {anyhow as _, clap as _};
 pub mod backend;
 pub mod client;
+pub mod connect_flood;
 pub mod flood;
 pub mod http;
 pub mod scenario;

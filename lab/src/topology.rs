@@ -12,6 +12,12 @@
 //! MTU 1500     MTU 1600     MTU 1600 (room for the +20/+40 bytes of IPIP/IP6IP6)
 //! ```
 //!
+//! A lab built with [`LabConfig::flooder`] has one more host on the segment,
+//! the flooding client `{p}-fl` (port `v-fl`, eth0 MTU 1500, 10.99.0.9 and
+//! fd00:99::9, plus 64 addresses of its own /64 fd00:99:0:1::/64, which the
+//! backends route on-link), so that a flood and the well-behaved client
+//! come from different namespaces and source prefixes.
+//!
 //! Every address exists only inside these namespaces, so labs with different
 //! prefixes reuse the same addresses without seeing each other; the prefix
 //! only keeps the namespace names apart.
@@ -133,6 +139,12 @@ pub struct LabConfig {
     pub prefix: String,
     /// Number of backend namespaces, 1..=[`MAX_BACKENDS`].
     pub backends: usize,
+    /// Also build the flooding client `{prefix}-fl` (host 9 of the segment,
+    /// plus [`FLOOD_V6_SOURCES`] addresses of its own /64,
+    /// [`FLOOD_NET_V6`]), for the abuse tests: floods come from a namespace
+    /// of their own, so the well-behaved client's sockets, CPU accounting
+    /// and addresses stay apart.
+    pub flooder: bool,
 }
 
 impl Default for LabConfig {
@@ -141,6 +153,7 @@ impl Default for LabConfig {
         Self {
             prefix: DEFAULT_PREFIX.to_string(),
             backends: 3,
+            flooder: false,
         }
     }
 }
@@ -191,7 +204,7 @@ fn is_lab_namespace(prefix: &str, name: &str) -> bool {
         return false;
     };
     match role {
-        "br" | "cl" | "lb" => true,
+        "br" | "cl" | "lb" | "fl" => true,
         _ => role
             .strip_prefix('b')
             .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
@@ -381,6 +394,12 @@ impl Lab {
         format!("{}-lb", self.cfg.prefix)
     }
 
+    /// The flooding client's namespace; `None` unless the lab was built
+    /// with [`LabConfig::flooder`].
+    pub fn ns_flood(&self) -> Option<String> {
+        self.cfg.flooder.then(|| format!("{}-fl", self.cfg.prefix))
+    }
+
     /// Namespace of backend `i`, 1-based.
     pub fn ns_backend(&self, i: usize) -> String {
         assert!(
@@ -398,10 +417,11 @@ impl Lab {
             .collect()
     }
 
-    /// Client, LB and backend namespaces (everything with an eth0).
+    /// Client, LB, backend and flood namespaces (everything with an eth0).
     pub fn host_namespaces(&self) -> Vec<String> {
         let mut v = vec![self.ns_client(), self.ns_lb()];
         v.extend(self.backend_namespaces());
+        v.extend(self.ns_flood());
         v
     }
 
@@ -447,6 +467,16 @@ impl Lab {
 
     pub fn client_v6(&self) -> Ipv6Addr {
         CLIENT_V6
+    }
+
+    /// The flooding client's address on the segment (see [`Lab::ns_flood`]).
+    pub fn flood_v4(&self) -> Ipv4Addr {
+        FLOOD_V4
+    }
+
+    /// The flood namespace's addresses of its own /64 ([`flood_v6_sources`]).
+    pub fn flood_v6_sources(&self) -> Vec<Ipv6Addr> {
+        flood_v6_sources()
     }
 
     /// Backend `i`'s IPv4 address, 1-based.
@@ -527,6 +557,7 @@ mod tests {
         let cases = [
             ("bridge", "xlb", "xlb-br", true),
             ("client", "xlb", "xlb-cl", true),
+            ("flood", "xlb", "xlb-fl", true),
             ("lb", "xlb", "xlb-lb", true),
             ("backend", "xlb", "xlb-b2", true),
             ("backend two digits", "xlb", "xlb-b12", true),

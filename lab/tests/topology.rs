@@ -143,6 +143,68 @@ fn up_builds_the_segment_and_drop_removes_it() {
     assert_eq!(lab_namespaces(&p), Vec::<String>::new());
 }
 
+/// The flooding client: a namespace of its own on the segment, its /64's
+/// addresses on eth0, and backends that answer those addresses directly.
+#[test]
+fn flooder_gets_a_namespace_and_a_64_the_backends_reach() {
+    if !root_or_skip("flooder_gets_a_namespace_and_a_64_the_backends_reach") {
+        return;
+    }
+    let p = prefix('f');
+    let lab = Lab::up(&LabConfig {
+        flooder: true,
+        ..LabConfig::with_prefix(&p)
+    })
+    .unwrap();
+    assert_eq!(lab_namespaces(&p).len(), 7, "br, cl, lb, b1..b3, fl");
+    let fl = lab.ns_flood().expect("a flood namespace");
+    assert_eq!(fl, format!("{p}-fl"));
+    assert_wired(&lab);
+    ping(&fl, lab.backend_v4(1).into(), PING_TIMEOUT).unwrap();
+    ping(&fl, lab.backend_v6(2).into(), PING_TIMEOUT).unwrap();
+    let addrs = ip_out(&["-n", &fl, "-o", "addr", "show", "dev", "eth0"]);
+    for want in [
+        "10.99.0.9/24",
+        "fd00:99::9/64",
+        "fd00:99:0:1::1/64",
+        "fd00:99:0:1::40/64",
+    ] {
+        assert!(addrs.contains(want), "{fl} eth0 lacks {want}: {addrs}");
+    }
+    let route = ip_out(&["-n", &fl, "-6", "route", "get", "fd00:100::1"]);
+    assert!(route.contains("via fd00:99::2 dev eth0"), "{route}");
+    assert_eq!(
+        sysctl_get(&fl, "net.ipv4.ip_local_port_range")
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["1024", "65535"]
+    );
+
+    // A connection from each end of the /64 reaches b1, whose answers find
+    // their way back (on-link route and neighbour discovery).
+    let listen = SocketAddr::new(lab.backend_v6(1).into(), 0);
+    let listener = in_netns(&lab.ns_backend(1), || TcpListener::bind(listen))
+        .unwrap()
+        .unwrap();
+    let to = listener.local_addr().unwrap();
+    for src in [lab.flood_v6_sources()[0], lab.flood_v6_sources()[63]] {
+        let stream = in_netns(&fl, || {
+            let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)?;
+            s.bind(&SocketAddr::new(src.into(), 0).into())?;
+            s.connect_timeout(&to.into(), Duration::from_secs(1))?;
+            Ok::<_, std::io::Error>(TcpStream::from(s))
+        })
+        .unwrap()
+        .unwrap_or_else(|e| panic!("connect from {src}: {e}"));
+        let (_, peer) = listener.accept().unwrap();
+        assert_eq!(peer.ip(), IpAddr::from(src));
+        drop(stream);
+    }
+    drop(lab);
+    assert_eq!(lab_namespaces(&p), Vec::<String>::new());
+}
+
 #[test]
 fn backends_never_answer_arp_or_nd_for_the_vips() {
     if !root_or_skip("backends_never_answer_arp_or_nd_for_the_vips") {

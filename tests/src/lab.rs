@@ -15,7 +15,7 @@ use std::{
 pub use lb_ctl::now_unix_ms;
 use xlb_lab::{
     client::{LoadOptions, Report},
-    scenario::{self, ClientRun, Event, EventKind, LabRun, StateFile, XlbConfig},
+    scenario::{self, ClientRun, Event, EventKind, LabRun, RunOptions, StateFile, XlbConfig},
     topology::list_namespaces,
 };
 
@@ -101,10 +101,24 @@ pub fn xlb_binary() -> PathBuf {
 
 /// Brings a lab up with xlb running `cfg` and waits for every backend.
 pub fn up(prefix: &str, cfg: &XlbConfig) -> LabRun {
+    up_lab(prefix, cfg, false)
+}
+
+/// [`up`], with the flooding client's namespace too (`{prefix}-fl`, see
+/// `xlb_lab::topology::LabConfig::flooder`), for the abuse tests.
+pub fn up_with_flooder(prefix: &str, cfg: &XlbConfig) -> LabRun {
+    up_lab(prefix, cfg, true)
+}
+
+fn up_lab(prefix: &str, cfg: &XlbConfig, flooder: bool) -> LabRun {
     crate::require_root();
     let xlb = xlb_binary();
     let t0 = Instant::now();
-    let run = LabRun::up(prefix, &xlb, &cfg.render()).unwrap_or_else(|e| panic!("lab up: {e}"));
+    let opts = RunOptions {
+        flooder,
+        ..RunOptions::new(prefix, &xlb, &cfg.render())
+    };
+    let run = LabRun::up_with(opts).unwrap_or_else(|e| panic!("lab up: {e}"));
     eprintln!(
         "[{prefix}] lab up, every backend up, in {:.1} s",
         t0.elapsed().as_secs_f64()

@@ -190,6 +190,10 @@ pub struct Vip {
     pub backends: Vec<usize>,
     /// `[vip.protection]`, written when set and not empty.
     pub protection: Option<Protection>,
+    /// The body of `[vip.guard]` (abuse control), TOML lines written as
+    /// they are, e.g. `new_flows_per_source = { rate = "50/s", burst = 50 }`;
+    /// a `[[vip.guard.deny]]` table may follow them. `None`: not written.
+    pub guard: Option<String>,
 }
 
 impl Vip {
@@ -201,6 +205,7 @@ impl Vip {
             mode,
             backends: (1..=backends).collect(),
             protection: None,
+            guard: None,
         }
     }
 
@@ -237,6 +242,9 @@ pub struct XlbConfig {
     pub health: Health,
     /// `[protection]`, written when not empty.
     pub protection: Protection,
+    /// The body of `[guard]` (abuse control, every VIP's defaults), TOML
+    /// lines written as they are. `None`: not written.
+    pub guard: Option<String>,
     pub vips: Vec<Vip>,
 }
 
@@ -262,6 +270,7 @@ impl XlbConfig {
             conntrack_size: LAB_CONNTRACK_SIZE,
             health: Health::default(),
             protection: Protection::default(),
+            guard: None,
             vips: vec![Vip::new(
                 "api",
                 topology::VIP_V4.into(),
@@ -343,6 +352,10 @@ impl XlbConfig {
             out.push_str("\n[protection]\n");
             out.push_str(&self.protection.render_keys());
         }
+        if let Some(g) = &self.guard {
+            out.push_str("\n[guard]\n");
+            out.push_str(&with_newline(g));
+        }
         for v in &self.vips {
             out.push_str(&format!(
                 "\n[[vip]]\nname = \"{}\"\naddress = \"{}\"\nport = {}\nmode = \"{}\"\n",
@@ -355,6 +368,10 @@ impl XlbConfig {
                 out.push_str("\n[vip.protection]\n");
                 out.push_str(&p.render_keys());
             }
+            if let Some(g) = &v.guard {
+                out.push_str("\n[vip.guard]\n");
+                out.push_str(&with_newline(g));
+            }
             for &i in &v.backends {
                 out.push_str(&format!(
                     "\n[[vip.backend]]\naddress = \"{}\"\n",
@@ -364,6 +381,11 @@ impl XlbConfig {
         }
         out
     }
+}
+
+/// `text` ending in exactly one newline.
+fn with_newline(text: &str) -> String {
+    format!("{}\n", text.trim_end())
 }
 
 /// `daemon.conntrack_size` of lab configurations unless a test asks for
@@ -500,6 +522,32 @@ mod tests {
         }
         let off = Protection::off().render_keys();
         assert_eq!(off, "min_healthy = 0\nflap_damping = false\n");
+    }
+
+    #[test]
+    fn guard_tables_are_written_as_given_and_parse() {
+        let plain = XlbConfig::for_prefix("p").render();
+        assert!(!plain.contains("guard"), "{plain}");
+        let mut cfg = XlbConfig::for_prefix("p");
+        cfg.guard = Some("track_sources = true".to_string());
+        cfg.vips[0].guard = Some(
+            "new_flows_per_source = { rate = \"50/s\", burst = 50, action = \"drop\" }\n\n\
+             [[vip.guard.deny]]\nprefix = \"10.99.0.9/32\"\n"
+                .to_string(),
+        );
+        let text = cfg.render();
+        let doc: toml::Table = text.parse().unwrap_or_else(|e| panic!("{e}:\n{text}"));
+        assert_eq!(doc["guard"]["track_sources"].as_bool(), Some(true));
+        let vip = &doc["vip"][0];
+        assert_eq!(
+            vip["guard"]["new_flows_per_source"]["rate"].as_str(),
+            Some("50/s")
+        );
+        assert_eq!(
+            vip["guard"]["deny"][0]["prefix"].as_str(),
+            Some("10.99.0.9/32")
+        );
+        assert_eq!(vip["backend"].as_array().map(Vec::len), Some(3), "{text}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Driving a running xlb through its command line: `status`, `events`,
-//! `drain`, `enable`, `reload`, and waiting for a state.
+//! `drain`, `enable`, `reload`, the abuse controls (`block`, `unblock`,
+//! `blocks`, `sources`), and waiting for a state.
 
 use std::{
     fs,
@@ -8,6 +9,9 @@ use std::{
     thread,
     time::{Duration, Instant},
 };
+
+use lb_ctl::{BlockEntry, VipSources};
+use serde::de::DeserializeOwned;
 
 use super::process::run_bounded;
 use super::status::unwrap_envelope;
@@ -70,6 +74,47 @@ impl LabRun {
             reason,
             output: out,
         })
+    }
+
+    /// `xlb blocks --json`: every deny and allow entry.
+    pub fn blocks(&self) -> Result<Vec<BlockEntry>> {
+        self.ctl_json(&["blocks", "--json"])
+    }
+
+    /// `xlb sources --json [--vip NAME]`: the heaviest sources per VIP.
+    pub fn sources(&self, vip: Option<&str>) -> Result<Vec<VipSources>> {
+        match vip {
+            Some(v) => self.ctl_json(&["sources", "--json", "--vip", v]),
+            None => self.ctl_json(&["sources", "--json"]),
+        }
+    }
+
+    /// `xlb block PREFIX EXTRA...` (e.g. `--vip api --action reset`).
+    pub fn block(&self, prefix: &str, extra: &[&str]) -> Result<String> {
+        let mut args = vec!["block", prefix];
+        args.extend_from_slice(extra);
+        self.ctl(&args)
+    }
+
+    /// `xlb unblock PREFIX EXTRA...` (e.g. `--vip api`).
+    pub fn unblock(&self, prefix: &str, extra: &[&str]) -> Result<String> {
+        let mut args = vec!["unblock", prefix];
+        args.extend_from_slice(extra);
+        self.ctl(&args)
+    }
+
+    /// A control command whose `--json` output is `T` (plain, or inside
+    /// the protocol's envelope).
+    fn ctl_json<T: DeserializeOwned>(&self, args: &[&str]) -> Result<T> {
+        let out = self.ctl(args)?;
+        let parse_err = |reason: String| ScenarioError::Parse {
+            cmd: format!("xlb {}", args.join(" ")),
+            reason,
+            output: out.clone(),
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(out.trim()).map_err(|e| parse_err(e.to_string()))?;
+        serde_json::from_value(unwrap_envelope(v)).map_err(|e| parse_err(e.to_string()))
     }
 
     /// `xlb drain VIP BACKEND`.

@@ -32,6 +32,8 @@ pub struct RunOptions {
     /// Namespace prefix (see [`LabConfig::prefix`]).
     pub prefix: String,
     pub backends: usize,
+    /// Also build the flooding client's namespace ([`LabConfig::flooder`]).
+    pub flooder: bool,
     /// The `xlb` binary; `xlb-backend` is looked for next to it.
     pub xlb: PathBuf,
     /// The configuration file's text; its `[daemon]` must say
@@ -53,6 +55,7 @@ impl RunOptions {
         Self {
             prefix: prefix.to_string(),
             backends: 3,
+            flooder: false,
             xlb: xlb.to_path_buf(),
             config: config.to_string(),
             work_dir: None,
@@ -95,6 +98,7 @@ impl LabRun {
         let cfg = LabConfig {
             prefix: opts.prefix.clone(),
             backends: opts.backends,
+            flooder: opts.flooder,
         };
         cfg.validate()?;
         let (instance, socket) = instance_and_socket(&opts.config);
@@ -128,7 +132,10 @@ impl LabRun {
         // drops it as corrupt (TcpInCsumErrors). Real NICs deliver complete
         // checksums, so the client computes its own, as a real one's sender
         // would have.
-        set_tx_checksum_offload(&lab.ns_client(), HOST_IFNAME, false)?;
+        // The flooder's connects go the same way.
+        for ns in std::iter::once(lab.ns_client()).chain(lab.ns_flood()) {
+            set_tx_checksum_offload(&ns, HOST_IFNAME, false)?;
+        }
         // From here on an error drops `run`, which tears everything down.
         let mut run = LabRun {
             lab: Some(lab),

@@ -1,5 +1,6 @@
 //! The client namespace: load from the load client, calls to the backends'
-//! admin listeners, single HTTP requests.
+//! admin listeners (faults, `/stats`, `/peers`), single HTTP requests; and
+//! the flood namespace's name.
 
 use std::{
     net::SocketAddr,
@@ -12,7 +13,7 @@ use lb_ctl::now_unix_ms;
 
 use super::{ADMIN_PORT, ADMIN_TIMEOUT, LabRun, Result, ScenarioError, io_err};
 use crate::{
-    backend::{BackendStats, Fault, remote_set_fault, remote_stats},
+    backend::{BackendStats, Fault, PeerCounts, remote_peers, remote_set_fault, remote_stats},
     client::{LoadOptions, Report, run_load},
     http,
     topology::in_netns,
@@ -60,6 +61,39 @@ impl LabRun {
                 addr,
                 source,
             })
+    }
+
+    /// Backend `i`'s `/peers`: connections it accepted per peer address
+    /// since it started.
+    pub fn backend_peers(&self, i: usize) -> Result<PeerCounts> {
+        let addr = self.backend_admin(i);
+        self.in_client(remote_peers(addr, ADMIN_TIMEOUT))?
+            .map_err(|source| ScenarioError::Admin {
+                backend: i,
+                addr,
+                source,
+            })
+    }
+
+    /// Every backend's `/peers`, b1 first.
+    pub fn peers(&self) -> Result<Vec<PeerCounts>> {
+        (1..=self.backend_count())
+            .map(|i| self.backend_peers(i))
+            .collect()
+    }
+
+    /// The flooding client's namespace.
+    ///
+    /// # Errors
+    ///
+    /// The lab was built without one ([`RunOptions::flooder`](super::RunOptions::flooder)).
+    pub fn flood_ns(&self) -> Result<String> {
+        self.lab().ns_flood().ok_or_else(|| {
+            ScenarioError::Invalid(
+                "this lab has no flood namespace; bring it up with RunOptions { flooder: true, .. }"
+                    .to_string(),
+            )
+        })
     }
 
     /// One HTTP GET from the client namespace, `Connection: close`; returns

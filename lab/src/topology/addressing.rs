@@ -14,6 +14,39 @@ pub const LB_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
 pub const LB_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x2);
 pub const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 pub const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x10);
+/// The flooding client (only in a lab built with
+/// [`LabConfig::flooder`](super::LabConfig::flooder)): host 9 of the segment.
+pub const FLOOD_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 9);
+pub const FLOOD_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x9);
+
+/// The flooding client's own IPv6 /64, on-link on the segment next to the
+/// segment's /64: a source prefix that no other host shares, so that a
+/// per-/64 limit on it touches nobody else (the well-behaved client is in
+/// fd00:99::/64). The flood namespace holds [`FLOOD_V6_SOURCES`] addresses
+/// of it ([`flood_v6_source`]); the backends route it on-link.
+pub const FLOOD_NET_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0x1, 0, 0, 0, 0);
+pub const FLOOD_NET_V6_PREFIX: u8 = 64;
+
+/// Addresses of [`FLOOD_NET_V6`] on the flood namespace's eth0: enough that
+/// a limit per address would let the flood through 64 times over, few
+/// enough that neighbour discovery on every backend stays small.
+pub const FLOOD_V6_SOURCES: u16 = 64;
+
+/// Source `i` (1-based, up to [`FLOOD_V6_SOURCES`]) of the flood /64:
+/// fd00:99:0:1::i (hex).
+pub fn flood_v6_source(i: u16) -> Ipv6Addr {
+    assert!(
+        (1..=FLOOD_V6_SOURCES).contains(&i),
+        "flood source {i} out of range 1..={FLOOD_V6_SOURCES}"
+    );
+    let n = FLOOD_NET_V6.segments();
+    Ipv6Addr::new(n[0], n[1], n[2], n[3], 0, 0, 0, i)
+}
+
+/// Every address of the flood /64 the flood namespace holds, 1 first.
+pub fn flood_v6_sources() -> Vec<Ipv6Addr> {
+    (1..=FLOOD_V6_SOURCES).map(flood_v6_source).collect()
+}
 
 /// The main VIPs, held on every backend's `lo` and routed by the client via the LB.
 pub const VIP_V4: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 1);
@@ -86,6 +119,11 @@ pub fn client_mac() -> [u8; 6] {
     host_mac(10)
 }
 
+/// MAC address of the flooding client's eth0.
+pub fn flood_mac() -> [u8; 6] {
+    host_mac(9)
+}
+
 /// MAC address of backend `i`'s eth0 (1-based): 02:99:00:00:00:(10+i).
 pub fn backend_mac(i: usize) -> [u8; 6] {
     host_mac(backend_host(i))
@@ -121,5 +159,22 @@ mod tests {
         assert_eq!(VIP_V6.to_string(), "fd00:100::1");
         assert_eq!(format_mac(lb_mac()), "02:99:00:00:00:02");
         assert_eq!(format_mac(client_mac()), "02:99:00:00:00:10");
+        assert_eq!(FLOOD_V6.to_string(), "fd00:99::9");
+        assert_eq!(format_mac(flood_mac()), "02:99:00:00:00:09");
+    }
+
+    #[test]
+    fn flood_sources_share_one_64_that_nobody_else_is_in() {
+        let sources = flood_v6_sources();
+        assert_eq!(sources.len(), usize::from(FLOOD_V6_SOURCES));
+        assert_eq!(sources[0].to_string(), "fd00:99:0:1::1");
+        assert_eq!(sources[63].to_string(), "fd00:99:0:1::40");
+        let net64 = |a: Ipv6Addr| a.segments()[..4].to_vec();
+        for s in &sources {
+            assert_eq!(net64(*s), net64(FLOOD_NET_V6), "{s}");
+        }
+        for other in [CLIENT_V6, LB_V6, FLOOD_V6, backend_v6(1), VIP_V6] {
+            assert_ne!(net64(other), net64(FLOOD_NET_V6), "{other}");
+        }
     }
 }

@@ -10,10 +10,11 @@ use std::{
 };
 
 use super::{
-    BRIDGE_IFNAME, CLIENT_MTU, CLIENT_V4, CLIENT_V6, HOST_IFNAME, LAB_MTU, LB_GW_MAC, LB_GW_V4,
-    LB_GW_V6, LB_V4, LB_V6, LINK_UP_TIMEOUT, Lab, LabError, NET_V4_PREFIX, NET_V6_PREFIX, Result,
-    VIP_NET_V4, VIP_NET_V4_PREFIX, VIP_NET_V6, VIP_NET_V6_PREFIX, VIP_V4, VIP_V6, VIP2_V4,
-    backend_mac, backend_v4, backend_v6, client_mac, format_mac, ip, ip_in, lb_mac, sysctl_in,
+    BRIDGE_IFNAME, CLIENT_MTU, CLIENT_V4, CLIENT_V6, FLOOD_NET_V6, FLOOD_NET_V6_PREFIX, FLOOD_V4,
+    FLOOD_V6, HOST_IFNAME, LAB_MTU, LB_GW_MAC, LB_GW_V4, LB_GW_V6, LB_V4, LB_V6, LINK_UP_TIMEOUT,
+    Lab, LabError, NET_V4_PREFIX, NET_V6_PREFIX, Result, VIP_NET_V4, VIP_NET_V4_PREFIX, VIP_NET_V6,
+    VIP_NET_V6_PREFIX, VIP_V4, VIP_V6, VIP2_V4, backend_mac, backend_v4, backend_v6, client_mac,
+    flood_mac, flood_v6_sources, format_mac, ip, ip_in, lb_mac, sysctl_in,
 };
 
 /// One host namespace's end of the segment.
@@ -28,12 +29,13 @@ struct HostSpec {
 }
 
 /// What [`Lab::build`] creates: the namespaces by role and every host's
-/// end of the segment (client, LB, then backends b1…).
+/// end of the segment (client, LB, backends b1…, then the flooder if any).
 struct Plan {
     bridge: String,
     client: String,
     lb: String,
     backends: Vec<String>,
+    flood: Option<String>,
     hosts: Vec<HostSpec>,
 }
 
@@ -65,11 +67,20 @@ impl Lab {
             mac: backend_mac(i),
             mtu: LAB_MTU,
         }));
+        hosts.extend(self.ns_flood().map(|ns| HostSpec {
+            ns,
+            peer: "v-fl".to_string(),
+            v4: FLOOD_V4,
+            v6: FLOOD_V6,
+            mac: flood_mac(),
+            mtu: CLIENT_MTU,
+        }));
         Plan {
             bridge: self.ns_bridge(),
             client: self.ns_client(),
             lb: self.ns_lb(),
             backends: self.backend_namespaces(),
+            flood: self.ns_flood(),
             hosts,
         }
     }
@@ -88,6 +99,9 @@ impl Lab {
         route_lb_to_vips(&plan.lb)?;
         for ns in &plan.backends {
             hold_vips(ns)?;
+        }
+        if let Some(flood) = &plan.flood {
+            make_flooder(flood, &plan.backends)?;
         }
         self.wait_links_up()
     }
@@ -317,6 +331,34 @@ fn route_lb_to_vips(lb: &str) -> Result<()> {
             lb,
             &[family, "route", "add", &net, "via", &gw, "dev", HOST_IFNAME],
         )?;
+    }
+    Ok(())
+}
+
+/// The flooding client: routes to the VIPs like the client's, its /64's
+/// addresses on eth0, and every local port for its connects (a flood of
+/// real connects ends in TIME_WAIT by the thousand). The backends answer
+/// the /64 on-link: their replies go straight back over the segment (DSR),
+/// and neighbour discovery finds the flooder's addresses there.
+fn make_flooder(flood: &str, backends: &[String]) -> Result<()> {
+    route_vips_via_lb(flood)?;
+    for addr in flood_v6_sources() {
+        ip_in(
+            flood,
+            &[
+                "addr",
+                "add",
+                &format!("{addr}/{FLOOD_NET_V6_PREFIX}"),
+                "dev",
+                HOST_IFNAME,
+                "nodad",
+            ],
+        )?;
+    }
+    sysctl_in(flood, &[("net.ipv4.ip_local_port_range", "1024 65535")])?;
+    let net = format!("{FLOOD_NET_V6}/{FLOOD_NET_V6_PREFIX}");
+    for ns in backends {
+        ip_in(ns, &["-6", "route", "add", &net, "dev", HOST_IFNAME])?;
     }
     Ok(())
 }
