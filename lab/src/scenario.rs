@@ -2,7 +2,8 @@
 //! and `cargo xtask demo` share.
 //!
 //! [`LabRun::up`] builds the namespaces ([`Lab::up`]), starts `xlb-backend`
-//! and `xlb decap --interface eth0` in every backend namespace,
+//! and `xlb decap --interface eth0` (allowing the LB's addresses as outer
+//! sources and the lab's VIPs as inner destinations) in every backend namespace,
 //! `xlb xdp-pass --interface v-lb` in the bridge namespace and `xlb run` in
 //! the LB namespace, and waits until every backend is `up`. Dropping it stops
 //! everything, runs `xlb detach --instance` and removes the namespaces.

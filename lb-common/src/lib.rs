@@ -8,9 +8,14 @@
 //! adopt pinned maps written by another layout.
 #![no_std]
 
+mod decap;
 pub mod guard;
 pub mod hash;
 
+pub use decap::{
+    DECAP_STATS_LEN, DecapAddrKey, DecapSrcV4, DecapSrcV6, DecapStat, MAX_DECAP_ADDRS,
+    MAX_DECAP_SOURCES,
+};
 pub use guard::*;
 pub use hash::{flow_hash, siphash13};
 
@@ -100,6 +105,9 @@ pub const MAP_BE_STATS: &str = "XLB_BE_STATS";
 pub const MAP_NEXTHOP: &str = "XLB_NEXTHOP";
 pub const MAP_DECAP_ADDRS: &str = "XLB_DECAP_ADDR";
 pub const MAP_DECAP_STATS: &str = "XLB_DECAP_STAT";
+pub const MAP_DECAP_SRC_V4: &str = "XLB_DECAP_SRC4";
+pub const MAP_DECAP_SRC_V6: &str = "XLB_DECAP_SRC6";
+pub const MAP_DECAP_VIPS: &str = "XLB_DECAP_VIP";
 pub const MAP_HC_REALS: &str = "XLB_HC_REALS";
 pub const MAP_HC_STATS: &str = "XLB_HC_STATS";
 pub const MAP_GUARD: &str = "XLB_GUARD";
@@ -127,6 +135,9 @@ const _: () = {
         MAP_NEXTHOP,
         MAP_DECAP_ADDRS,
         MAP_DECAP_STATS,
+        MAP_DECAP_SRC_V4,
+        MAP_DECAP_SRC_V6,
+        MAP_DECAP_VIPS,
         MAP_HC_REALS,
         MAP_HC_STATS,
         MAP_GUARD,
@@ -494,22 +505,6 @@ stats! {
 
 /// Number of entries in `XLB_STATS`.
 pub const STATS_LEN: u32 = Stat::ALL.len() as u32;
-
-/// Decapsulator counters (`XLB_DECAP_STAT`, per-CPU array).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DecapStat {
-    /// IPIP / IP6IP6 to one of our addresses: outer header stripped.
-    Decap = 0,
-    /// Anything else: passed untouched.
-    Pass = 1,
-    /// Tunnel packet to us whose inner header is truncated: dropped.
-    DropMalformed = 2,
-}
-pub const DECAP_STATS_LEN: u32 = 3;
-
-/// Key of `XLB_DECAP_ADDR`: an outer destination the decapsulator accepts.
-pub type DecapAddrKey = VipAddrKey;
 
 /// `addr` as the maps store it (see [`Addr`]).
 pub fn addr16(addr: core::net::IpAddr) -> Addr {

@@ -1,13 +1,22 @@
 //! `xlb_decap`: strips the outer header of IPv4-in-IPv4 and IPv6-in-IPv6
 //! packets addressed to this backend, so the inner packet (client → VIP)
-//! reaches the stack as if it had arrived directly. Everything else passes
-//! untouched.
+//! reaches the stack as if it had arrived directly.
+//!
+//! Only tunnels that a load balancer of ours could have sent are stripped:
+//! the outer source must be in an allowed prefix (`XLB_DECAP_SRC4/6`,
+//! `xlb decap --allow-source`) and the inner destination a VIP address this
+//! backend serves (`XLB_DECAP_VIP`, `--vip`). Anything else to our
+//! addresses is dropped and counted, never passed up: a forged inner
+//! source must not reach the stack. Traffic that is not a tunnel to us
+//! passes untouched.
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::XdpContext};
+use aya_ebpf::{
+    bindings::xdp_action, helpers::bpf_xdp_adjust_head, maps::lpm_trie::Key, programs::XdpContext,
+};
 use lb_common::{DecapAddrKey, DecapStat, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6};
 
 use crate::{
-    XLB_DECAP_ADDR, XLB_DECAP_STAT,
+    XLB_DECAP_ADDR, XLB_DECAP_SRC4, XLB_DECAP_SRC6, XLB_DECAP_STAT, XLB_DECAP_VIP,
     packet::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, Ipv4Hdr, Ipv6Hdr,
         VLAN_LEN, ptr_at,
@@ -28,14 +37,26 @@ fn pass() -> u32 {
 }
 
 #[inline(always)]
-fn is_ours(addr: [u8; 16], family: u8) -> bool {
-    XLB_DECAP_ADDR
-        .get_ptr(&DecapAddrKey {
-            addr,
-            family,
-            _pad: [0; 3],
-        })
-        .is_some()
+fn drop(stat: DecapStat) -> u32 {
+    count(stat);
+    xdp_action::XDP_DROP
+}
+
+#[inline(always)]
+fn key(addr: [u8; 16], family: u8) -> DecapAddrKey {
+    DecapAddrKey {
+        addr,
+        family,
+        _pad: [0; 3],
+    }
+}
+
+/// A tunnel packet to one of our addresses, as its outer header says.
+struct Tunnel {
+    /// Length of the outer header (that of the inner one too: same family).
+    outer: usize,
+    /// The outer source is an allowed load balancer.
+    allowed: bool,
 }
 
 pub(crate) fn run(ctx: &XdpContext) -> u32 {
@@ -44,17 +65,30 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
         return pass();
     };
     let l3off = l2.l3off;
-    let outer = match l2.ethertype {
-        ETH_P_IP if ipip4_to_us(ctx, l3off) => IPV4_LEN,
-        ETH_P_IPV6 if ip6ip6_to_us(ctx, l3off) => IPV6_LEN,
-        _ => return pass(),
+    let tunnel = match l2.ethertype {
+        ETH_P_IP => ipip4_to_us(ctx, l3off),
+        ETH_P_IPV6 => ip6ip6_to_us(ctx, l3off),
+        _ => None,
     };
-    // The inner header (of the outer one's family, so as long) must be
-    // there: a tunnel packet to us with nothing inside is dropped, never
-    // passed up half-stripped.
-    if ptr_at::<[u8; 1]>(ctx, l3off + 2 * outer - 1).is_none() {
-        count(DecapStat::DropMalformed);
-        return xdp_action::XDP_DROP;
+    let Some(Tunnel { outer, allowed }) = tunnel else {
+        return pass();
+    };
+    if !allowed {
+        return drop(DecapStat::DropSource);
+    }
+    // The inner header must be there, of the outer one's family: a tunnel
+    // packet to us with nothing inside is dropped, never passed up
+    // half-stripped.
+    let inner = if outer == IPV4_LEN {
+        inner_dst4(ctx, l3off + IPV4_LEN)
+    } else {
+        inner_dst6(ctx, l3off + IPV6_LEN)
+    };
+    let Some(inner) = inner else {
+        return drop(DecapStat::DropMalformed);
+    };
+    if XLB_DECAP_VIP.get_ptr(&inner).is_none() {
+        return drop(DecapStat::DropInnerDst);
     }
     let moved = if l3off == ETH_LEN {
         move_l2::<ETH_LEN>(ctx, outer)
@@ -62,8 +96,7 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
         move_l2::<{ ETH_LEN + VLAN_LEN }>(ctx, outer)
     };
     if moved.is_none() || unsafe { bpf_xdp_adjust_head(ctx.ctx, outer as i32) } != 0 {
-        count(DecapStat::DropMalformed);
-        return xdp_action::XDP_DROP;
+        return drop(DecapStat::DropMalformed);
     }
     count(DecapStat::Decap);
     xdp_action::XDP_PASS
@@ -72,29 +105,62 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
 /// IPv4-in-IPv4 to one of our addresses. Only a plain 20-byte, unfragmented
 /// outer header is ours to strip.
 #[inline(always)]
-fn ipip4_to_us(ctx: &XdpContext, l3off: usize) -> bool {
-    let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, l3off) else {
-        return false;
-    };
+fn ipip4_to_us(ctx: &XdpContext, l3off: usize) -> Option<Tunnel> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, l3off)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
     let mut dst = [0u8; 16];
     dst[..4].copy_from_slice(&ip.daddr);
-    ip.protocol == PROTO_IPIP
+    let ours = ip.protocol == PROTO_IPIP
         && ip.version_ihl == IPV4_VERSION_IHL
-        && is_ours(dst, FAMILY_V4)
-        && !ip.is_fragment()
+        && XLB_DECAP_ADDR.get_ptr(&key(dst, FAMILY_V4)).is_some()
+        && !ip.is_fragment();
+    ours.then(|| Tunnel {
+        outer: IPV4_LEN,
+        allowed: XLB_DECAP_SRC4.get(&Key::new(32, ip.saddr)).is_some(),
+    })
 }
 
 /// IPv6-in-IPv6 to one of our addresses.
 #[inline(always)]
-fn ip6ip6_to_us(ctx: &XdpContext, l3off: usize) -> bool {
-    let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, l3off) else {
-        return false;
-    };
+fn ip6ip6_to_us(ctx: &XdpContext, l3off: usize) -> Option<Tunnel> {
+    let ip = ptr_at::<Ipv6Hdr>(ctx, l3off)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
-    ip.nexthdr == PROTO_IPV6 && is_ours(ip.daddr, FAMILY_V6)
+    let ours =
+        ip.nexthdr == PROTO_IPV6 && XLB_DECAP_ADDR.get_ptr(&key(ip.daddr, FAMILY_V6)).is_some();
+    ours.then(|| Tunnel {
+        outer: IPV6_LEN,
+        allowed: XLB_DECAP_SRC6.get(&Key::new(128, ip.saddr)).is_some(),
+    })
+}
+
+/// The destination of the IPv4 header at `off`; `None` if it is truncated
+/// or not IPv4.
+#[inline(always)]
+fn inner_dst4(ctx: &XdpContext, off: usize) -> Option<DecapAddrKey> {
+    let ip = ptr_at::<Ipv4Hdr>(ctx, off)?;
+    // SAFETY: bounds checked by ptr_at.
+    let ip = unsafe { &*ip };
+    if ip.version_ihl >> 4 != 4 {
+        return None;
+    }
+    let mut dst = [0u8; 16];
+    dst[..4].copy_from_slice(&ip.daddr);
+    Some(key(dst, FAMILY_V4))
+}
+
+/// The destination of the IPv6 header at `off`; `None` if it is truncated
+/// or not IPv6.
+#[inline(always)]
+fn inner_dst6(ctx: &XdpContext, off: usize) -> Option<DecapAddrKey> {
+    let ip = ptr_at::<Ipv6Hdr>(ctx, off)?;
+    // SAFETY: bounds checked by ptr_at.
+    let ip = unsafe { &*ip };
+    if ip.version_tc_flow[0] >> 4 != 6 {
+        return None;
+    }
+    Some(key(ip.daddr, FAMILY_V6))
 }
 
 /// Copies the `L`-byte L2 header `shift` bytes forward, over the end of the

@@ -51,9 +51,10 @@ use aya_ebpf::{
 };
 use lb_common::{
     BackendInfo, CtEntry, CtRate, DECAP_STATS_LEN, DEFAULT_CT_SIZE, DEFAULT_TABLE_SIZE,
-    DecapAddrKey, FlowKey, Globals, HC_STATS_LEN, HcReal, ListEntry, ListV4, ListV6, MAX_BACKENDS,
-    MAX_LIST_RULES, MAX_SOURCES, MAX_VIPS, NextHop, STATS_LEN, SourceKey, SourceState,
-    TrafficStats, VipAddrKey, VipGuard, VipInfo, VipKey,
+    DecapAddrKey, DecapSrcV4, DecapSrcV6, FlowKey, Globals, HC_STATS_LEN, HcReal, ListEntry,
+    ListV4, ListV6, MAX_BACKENDS, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES, MAX_LIST_RULES, MAX_SOURCES,
+    MAX_VIPS, NextHop, STATS_LEN, SourceKey, SourceState, TrafficStats, VipAddrKey, VipGuard,
+    VipInfo, VipKey,
 };
 
 /// VIP services: (address, port, protocol) → VIP id.
@@ -107,7 +108,18 @@ static XLB_NEXTHOP: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(MAX_BAC
 
 /// Outer destinations the decapsulator accepts.
 #[map(name = "XLB_DECAP_ADDR")]
-static XLB_DECAP_ADDR: HashMap<DecapAddrKey, u32> = HashMap::with_max_entries(64, 0);
+static XLB_DECAP_ADDR: HashMap<DecapAddrKey, u32> = HashMap::with_max_entries(MAX_DECAP_ADDRS, 0);
+
+/// Outer sources the decapsulator accepts: the load balancers' prefixes.
+#[map(name = "XLB_DECAP_SRC4")]
+static XLB_DECAP_SRC4: LpmTrie<DecapSrcV4, u32> = LpmTrie::with_max_entries(MAX_DECAP_SOURCES, 0);
+#[map(name = "XLB_DECAP_SRC6")]
+static XLB_DECAP_SRC6: LpmTrie<DecapSrcV6, u32> = LpmTrie::with_max_entries(MAX_DECAP_SOURCES, 0);
+
+/// Inner destinations the decapsulator accepts: the VIP addresses this
+/// backend serves.
+#[map(name = "XLB_DECAP_VIP")]
+static XLB_DECAP_VIP: HashMap<DecapAddrKey, u32> = HashMap::with_max_entries(MAX_DECAP_ADDRS, 0);
 
 /// Decapsulator counters, indexed by `lb_common::DecapStat`.
 #[map(name = "XLB_DECAP_STAT")]

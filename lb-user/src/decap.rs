@@ -1,14 +1,13 @@
 //! `xlb decap`: attaches the decapsulator to a backend's interface, so the
 //! backend receives `dsr-ipip` traffic without a tunnel module.
 
-use std::net::IpAddr;
-
 use anyhow::Context as _;
 use aya::programs::XdpMode;
-use lb_common::{DecapAddrKey, addr16, family_of};
-use tracing::info;
+use lb_common::{DECAP_STATS_LEN, DecapStat};
+use tracing::{info, warn};
 
 use crate::{
+    cli::decap::DecapSettings,
     dataplane::{Dataplane, LoadOptions},
     host,
 };
@@ -39,40 +38,61 @@ async fn attach_until_stopped(
     Ok(dp)
 }
 
-/// `xlb decap --interface IF [--address A ...]`: strips IPIP/IP6IP6 addressed
-/// to `addresses` (default: every address of the interface).
-pub async fn run(interface: String, addresses: Vec<IpAddr>) -> anyhow::Result<()> {
-    let addrs = if addresses.is_empty() {
+/// `xlb decap`: strips IPIP/IP6IP6 addressed to `s.addresses` (default:
+/// every address of the interface) from `s.allow_sources` to `s.vips`.
+pub async fn run(s: DecapSettings) -> anyhow::Result<()> {
+    let interface = s.interface.as_str();
+    let addrs = if s.addresses.is_empty() {
         // The addresses IPIP packets to this backend are sent to.
-        host::interface_addresses(&interface)?
+        host::interface_addresses(interface)?
     } else {
-        addresses
+        s.addresses.clone()
     };
     anyhow::ensure!(
         !addrs.is_empty(),
         "{interface} has no address: give the tunnel endpoint with --address"
     );
-    let list: Vec<String> = addrs.iter().map(std::string::ToString::to_string).collect();
-    info!("decapsulating IPIP/IP6IP6 to {}", list.join(", "));
-    let dp = attach_until_stopped(&interface, lb_common::PROG_DECAP, |dp| {
+    info!(
+        "decapsulating IPIP/IP6IP6 to {} from {} to VIPs {}",
+        list(&addrs),
+        list(&s.allow_sources),
+        list(&s.vips)
+    );
+    for w in s.warnings() {
+        warn!("{w}");
+    }
+    let dp = attach_until_stopped(interface, lb_common::PROG_DECAP, |dp| {
         for a in &addrs {
-            dp.add_decap_addr(&DecapAddrKey {
-                addr: addr16(*a),
-                family: family_of(*a),
-                _pad: [0; 3],
-            })?;
+            dp.add_decap_addr(*a)?;
+        }
+        for p in &s.allow_sources {
+            dp.add_decap_source(p.addr, p.len)?;
+        }
+        for v in &s.vips {
+            dp.add_decap_vip(*v)?;
         }
         Ok(())
     })
     .await?;
-    let s = dp.decap_stats()?;
     info!(
-        decapsulated = s[0],
-        passed = s[1],
-        dropped = s[2],
-        "decapsulator stopping"
+        "decapsulator stopping: {}",
+        render_stats(&dp.decap_stats()?)
     );
     Ok(())
+}
+
+fn list<T: std::fmt::Display>(items: &[T]) -> String {
+    let v: Vec<String> = items.iter().map(ToString::to_string).collect();
+    v.join(", ")
+}
+
+/// The counters as `name=value` pairs, in index order.
+pub fn render_stats(stats: &[u64; DECAP_STATS_LEN as usize]) -> String {
+    let v: Vec<String> = DecapStat::ALL
+        .iter()
+        .map(|s| format!("{}={}", s.name(), stats[*s as usize]))
+        .collect();
+    v.join(" ")
 }
 
 /// `xlb xdp-pass --interface IF`: attaches an `XDP_PASS` program. veth
@@ -81,4 +101,15 @@ pub async fn run(interface: String, addresses: Vec<IpAddr>) -> anyhow::Result<()
 pub async fn run_pass(interface: String) -> anyhow::Result<()> {
     attach_until_stopped(&interface, lb_common::PROG_PASS, |_| Ok(())).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stats_name_every_counter() {
+        assert_eq!(
+            super::render_stats(&[1, 2, 3, 4, 5]),
+            "decap=1 pass=2 drop_malformed=3 drop_source=4 drop_inner_dst=5"
+        );
+    }
 }

@@ -63,10 +63,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", lb_user::daemon::detach(&instance)?);
             Ok(())
         }
-        Command::Decap {
-            interface,
-            addresses,
-        } => lb_user::decap::run(interface.clone(), addresses.clone()).await,
+        Command::Decap(args) => {
+            let settings = args.settings().map_err(anyhow::Error::msg)?;
+            lb_user::decap::run(settings).await
+        }
         Command::XdpPass { interface } => lb_user::decap::run_pass(interface.clone()).await,
         Command::Events {
             follow: true, json, ..

@@ -280,6 +280,7 @@ impl LabRun {
         let backend_ns: Vec<String> = lab.backend_namespaces();
         let xlb = self.bins.xlb.clone();
         let backend_bin = self.bins.backend.clone();
+        let decap_args = decap_args(lab);
         let mut started = Vec::new();
         for (idx, ns) in backend_ns.iter().enumerate() {
             let i = idx + 1;
@@ -295,8 +296,7 @@ impl LabRun {
             started.push((format!("backend b{i}"), pid, log));
 
             let log = self.work_dir.join(format!("decap-b{i}.log"));
-            let args = ["decap", "--interface", HOST_IFNAME].map(String::from);
-            let pid = self.spawn(&format!("decap-b{i}"), ns, &xlb, &args, &log)?;
+            let pid = self.spawn(&format!("decap-b{i}"), ns, &xlb, &decap_args, &log)?;
             started.push((format!("xlb decap in {ns}"), pid, log));
         }
         let log = self.work_dir.join("xdp-pass.log");
@@ -524,4 +524,28 @@ impl Drop for LabRun {
             eprintln!("xlb-lab: tearing down lab {:?}: {e}", self.prefix);
         }
     }
+}
+
+/// `xlb decap`'s arguments on every backend: strip only tunnels from the
+/// LB's addresses (its encapsulation sources: the lab sets no
+/// `encap_source_*`, so they are its `eth0` addresses) to the VIPs the
+/// backends hold on `lo`.
+fn decap_args(lab: &Lab) -> Vec<String> {
+    let mut args = vec![
+        "decap".to_string(),
+        "--interface".to_string(),
+        HOST_IFNAME.to_string(),
+    ];
+    for src in [lab.lb_v4().to_string(), lab.lb_v6().to_string()] {
+        args.extend(["--allow-source".to_string(), src]);
+    }
+    let vips = [
+        lab.vip_v4().into(),
+        lab.vip2_v4().into(),
+        lab.vip_v6().into(),
+    ];
+    for vip in vips.map(|v: std::net::IpAddr| v.to_string()) {
+        args.extend(["--vip".to_string(), vip]);
+    }
+    args
 }

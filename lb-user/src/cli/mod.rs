@@ -3,6 +3,7 @@
 //! an operator reads. `main.rs` does the I/O.
 
 pub mod blocks;
+pub mod decap;
 mod explain;
 pub mod sources;
 
@@ -135,16 +136,10 @@ pub enum Command {
     /// On a backend: decapsulate dsr-ipip traffic in XDP.
     ///
     /// Strips the IPIP / IPv6-in-IPv6 header of packets to this host, so no
-    /// tunnel interface is needed. Runs until stopped.
-    Decap {
-        /// Interface that receives the encapsulated traffic.
-        #[arg(long, short, value_name = "IF")]
-        interface: String,
-        /// Outer destination to accept (repeatable); default: every address
-        /// of the interface.
-        #[arg(long = "address", value_name = "ADDR")]
-        addresses: Vec<IpAddr>,
-    },
+    /// tunnel interface is needed, if they come from an allowed load
+    /// balancer (--allow-source) and carry a packet to a VIP this backend
+    /// serves (--vip); drops other tunnels to this host. Runs until stopped.
+    Decap(decap::DecapArgs),
     /// Attach an XDP program that passes every packet (for test labs).
     ///
     /// veth delivers frames that the other end sent with XDP_TX or a
@@ -202,7 +197,7 @@ impl Command {
             Command::Run { .. }
             | Command::CheckConfig { .. }
             | Command::Detach { .. }
-            | Command::Decap { .. }
+            | Command::Decap(_)
             | Command::XdpPass { .. } => return None,
         })
     }
@@ -934,30 +929,6 @@ mod tests {
                     config: Some("x.toml".into()),
                 },
             ),
-            (
-                "decap",
-                vec![
-                    "decap",
-                    "--interface",
-                    "eth0",
-                    "--address",
-                    "10.0.0.5",
-                    "--address",
-                    "fd00::5",
-                ],
-                Command::Decap {
-                    interface: "eth0".into(),
-                    addresses: vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()],
-                },
-            ),
-            (
-                "decap no address",
-                vec!["decap", "-i", "eth1"],
-                Command::Decap {
-                    interface: "eth1".into(),
-                    addresses: vec![],
-                },
-            ),
         ];
         for (name, args, want) in cases {
             let cli = parse(&args).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -1053,11 +1024,6 @@ mod tests {
                 "detach both",
                 &["detach", "--instance", "a", "--config", "b"],
                 "cannot be used with",
-            ),
-            (
-                "bad decap address",
-                &["decap", "-i", "eth0", "--address", "10.0.0.300"],
-                "invalid IP address syntax",
             ),
             (
                 "since not a number",

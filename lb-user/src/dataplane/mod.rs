@@ -3,6 +3,7 @@
 //! `lb-common`).
 
 pub mod batch;
+mod decap;
 mod guard;
 
 pub use guard::{ListKey, source_key};
@@ -18,9 +19,9 @@ use aya::{
     programs::{Program, ProgramError},
 };
 use lb_common::{
-    BackendInfo, CtEntry, CtRate, DECAP_STATS_LEN, DecapAddrKey, DecapStat, FlowKey, Globals,
-    HcReal, HcStat, LAYOUT_VERSION, ListEntry, ListV4, ListV6, MAX_VIPS, SourceKey, SourceState,
-    Stat, TrafficStats, VipAddrKey, VipGuard, VipInfo, VipKey,
+    BackendInfo, CtEntry, CtRate, DecapAddrKey, DecapSrcV4, DecapSrcV6, FlowKey, Globals, HcReal,
+    HcStat, LAYOUT_VERSION, ListEntry, ListV4, ListV6, MAX_VIPS, SourceKey, SourceState, Stat,
+    TrafficStats, VipAddrKey, VipGuard, VipInfo, VipKey,
 };
 
 /// The compiled XDP object (all programs), embedded at build time.
@@ -108,6 +109,9 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_NEXTHOP,
     lb_common::MAP_DECAP_ADDRS,
     lb_common::MAP_DECAP_STATS,
+    lb_common::MAP_DECAP_SRC_V4,
+    lb_common::MAP_DECAP_SRC_V6,
+    lb_common::MAP_DECAP_VIPS,
     lb_common::MAP_HC_REALS,
     lb_common::MAP_HC_STATS,
     lb_common::MAP_GUARD,
@@ -136,6 +140,9 @@ pub struct Dataplane {
     be_stats: PerCpuArray<MapData, TrafficStats>,
     decap_addrs: HashMap<MapData, DecapAddrKey, u32>,
     decap_stats: PerCpuArray<MapData, u64>,
+    decap_src_v4: LpmTrie<MapData, DecapSrcV4, u32>,
+    decap_src_v6: LpmTrie<MapData, DecapSrcV6, u32>,
+    decap_vips: HashMap<MapData, DecapAddrKey, u32>,
     hc_reals: HashMap<MapData, u32, HcReal>,
     hc_stats: PerCpuArray<MapData, u64>,
     guard: Array<MapData, VipGuard>,
@@ -258,6 +265,9 @@ impl Dataplane {
             be_stats: typed!(lb_common::MAP_BE_STATS),
             decap_addrs: typed!(lb_common::MAP_DECAP_ADDRS),
             decap_stats: typed!(lb_common::MAP_DECAP_STATS),
+            decap_src_v4: typed!(lb_common::MAP_DECAP_SRC_V4),
+            decap_src_v6: typed!(lb_common::MAP_DECAP_SRC_V6),
+            decap_vips: typed!(lb_common::MAP_DECAP_VIPS),
             hc_reals: typed!(lb_common::MAP_HC_REALS),
             hc_stats: typed!(lb_common::MAP_HC_STATS),
             guard: typed!(lb_common::MAP_GUARD),
@@ -503,12 +513,6 @@ impl Dataplane {
             .map_err(map_err(lb_common::MAP_VIP_STATS))
     }
 
-    pub fn add_decap_addr(&mut self, key: &DecapAddrKey) -> Result<()> {
-        self.decap_addrs
-            .insert(key, 1, 0)
-            .map_err(map_err(lb_common::MAP_DECAP_ADDRS))
-    }
-
     /// Makes `XLB_HC_REALS` hold exactly `want` (mark → where probes with
     /// that mark go): writes what differs, removes what is no longer wanted.
     pub fn sync_hc_reals(&mut self, want: &StdHashMap<u32, HcReal>) -> Result<()> {
@@ -543,14 +547,6 @@ impl Dataplane {
                 Ok((s, n))
             })
             .collect()
-    }
-
-    pub fn decap_stats(&self) -> Result<[u64; DECAP_STATS_LEN as usize]> {
-        let mut out = [0u64; DECAP_STATS_LEN as usize];
-        for s in [DecapStat::Decap, DecapStat::Pass, DecapStat::DropMalformed] {
-            out[s as usize] = sum_counter(&self.decap_stats, s as u32, lb_common::MAP_DECAP_STATS)?;
-        }
-        Ok(out)
     }
 }
 

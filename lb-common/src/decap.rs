@@ -1,0 +1,61 @@
+//! The decapsulator's (`xlb_decap`) map types and counters.
+
+use crate::VipAddrKey;
+
+/// Decapsulator counters (`XLB_DECAP_STAT`, per-CPU array).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecapStat {
+    /// IPIP / IP6IP6 to one of our addresses, from an allowed load balancer,
+    /// to a VIP we serve: outer header stripped.
+    Decap = 0,
+    /// Anything else (not a tunnel packet, or one to another address):
+    /// passed untouched.
+    Pass = 1,
+    /// Tunnel packet to us whose inner header is truncated: dropped.
+    DropMalformed = 2,
+    /// Tunnel packet to us from an outer source that is not an allowed load
+    /// balancer (`--allow-source`): dropped.
+    DropSource = 3,
+    /// Tunnel packet to us from an allowed source whose inner destination is
+    /// not a VIP this backend serves (`--vip`): dropped.
+    DropInnerDst = 4,
+}
+pub const DECAP_STATS_LEN: u32 = DecapStat::ALL.len() as u32;
+
+impl DecapStat {
+    /// Every counter, in index order.
+    pub const ALL: [DecapStat; 5] = [
+        DecapStat::Decap,
+        DecapStat::Pass,
+        DecapStat::DropMalformed,
+        DecapStat::DropSource,
+        DecapStat::DropInnerDst,
+    ];
+
+    /// The counter's name in logs and the README.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DecapStat::Decap => "decap",
+            DecapStat::Pass => "pass",
+            DecapStat::DropMalformed => "drop_malformed",
+            DecapStat::DropSource => "drop_source",
+            DecapStat::DropInnerDst => "drop_inner_dst",
+        }
+    }
+}
+
+/// Key of `XLB_DECAP_ADDR`: an outer destination the decapsulator accepts.
+/// Also the key of `XLB_DECAP_VIP`: an inner destination (a VIP address this
+/// backend serves) it accepts.
+pub type DecapAddrKey = VipAddrKey;
+
+/// Data of an `XLB_DECAP_SRC4` trie key: an allowed outer IPv4 source
+/// prefix, network order (the trie key's `prefix_len` gives its length).
+pub type DecapSrcV4 = [u8; 4];
+/// Data of an `XLB_DECAP_SRC6` trie key; see [`DecapSrcV4`].
+pub type DecapSrcV6 = [u8; 16];
+/// Most allowed outer source prefixes per family.
+pub const MAX_DECAP_SOURCES: u32 = 256;
+/// Most outer destinations, and most inner destinations (VIP addresses).
+pub const MAX_DECAP_ADDRS: u32 = 1024;
