@@ -60,17 +60,10 @@ pub(crate) const QUOTED: u32 = u32::MAX;
 #[inline(never)]
 pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     let l4off = pkt.l3off + IPV4_LEN;
-    // The IP packet's end: bytes behind it (padding, junk) are no part of
-    // the message, even where the frame has them.
     let end = pkt.l3off + pkt.ip_len;
-    if l4off + ICMP_LEN > end {
-        return pass(Stat::PassNotVip);
-    }
-    let Some(h) = ptr_at::<IcmpHdr>(ctx, l4off) else {
+    let Some(kind) = kind_at(ctx, l4off, end) else {
         return pass(Stat::PassNotVip);
     };
-    // SAFETY: bounds checked by ptr_at.
-    let kind = unsafe { (*h).kind };
     if kind != ICMP_ECHO && kind != ICMP_DEST_UNREACH && kind != ICMP_TIME_EXCEEDED {
         return pass(Stat::PassNotVip);
     }
@@ -98,29 +91,18 @@ pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     {
         return pass(Stat::PassIcmp);
     }
-    let f = &mut pkt.flow;
-    f.proto = proto;
-    f.src[..4].copy_from_slice(&q.daddr);
-    f.sport = u16::from_ne_bytes(ports[1]);
-    f.dport = u16::from_ne_bytes(ports[0]);
-    quoted(pkt)
+    pkt.flow.src[..4].copy_from_slice(&q.daddr);
+    quoted(pkt, proto, ports)
 }
 
 /// The ICMPv6 message of the IPv6 packet `pkt`, as [`v4`].
 #[inline(never)]
 pub(crate) fn v6(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     let l4off = pkt.l3off + IPV6_LEN;
-    // The IP packet's end: bytes behind it (padding, junk) are no part of
-    // the message, even where the frame has them.
     let end = pkt.l3off + pkt.ip_len;
-    if l4off + ICMP_LEN > end {
-        return pass(Stat::PassNotVip);
-    }
-    let Some(h) = ptr_at::<IcmpHdr>(ctx, l4off) else {
+    let Some(kind) = kind_at(ctx, l4off, end) else {
         return pass(Stat::PassNotVip);
     };
-    // SAFETY: bounds checked by ptr_at.
-    let kind = unsafe { (*h).kind };
     let error =
         kind == ICMP6_DEST_UNREACH || kind == ICMP6_PACKET_TOO_BIG || kind == ICMP6_TIME_EXCEEDED;
     if !error && kind != ICMP6_ECHO_REQUEST {
@@ -147,17 +129,31 @@ pub(crate) fn v6(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     if (proto != PROTO_TCP && proto != PROTO_UDP) || q.saddr != pkt.flow.dst {
         return pass(Stat::PassIcmp);
     }
-    let f = &mut pkt.flow;
-    f.proto = proto;
-    f.src = q.daddr;
-    f.sport = u16::from_ne_bytes(ports[1]);
-    f.dport = u16::from_ne_bytes(ports[0]);
-    quoted(pkt)
+    pkt.flow.src = q.daddr;
+    quoted(pkt, proto, ports)
 }
 
-/// Marks `pkt` an error about the flow it now holds, counted.
+/// The type of the ICMP message at `l4off`, if its header lies inside the
+/// IP packet (which ends at `end`: bytes behind it, padding or junk, are no
+/// part of the message even where the frame has them).
 #[inline(always)]
-fn quoted(pkt: &mut Packet) -> u32 {
+fn kind_at(ctx: &XdpContext, l4off: usize, end: usize) -> Option<u8> {
+    if l4off + ICMP_LEN > end {
+        return None;
+    }
+    let h = ptr_at::<IcmpHdr>(ctx, l4off)?;
+    // SAFETY: bounds checked by ptr_at.
+    Some(unsafe { (*h).kind })
+}
+
+/// Completes `pkt.flow` (its client address already set) as the quoted
+/// packet's reverse, and marks `pkt` an error about that flow, counted.
+#[inline(always)]
+fn quoted(pkt: &mut Packet, proto: u8, ports: &[[u8; 2]; 2]) -> u32 {
+    let f = &mut pkt.flow;
+    f.proto = proto;
+    f.sport = u16::from_ne_bytes(ports[1]);
+    f.dport = u16::from_ne_bytes(ports[0]);
     pkt.icmp = true;
     count(Stat::IcmpQuoted);
     QUOTED

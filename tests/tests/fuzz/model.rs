@@ -15,6 +15,10 @@ pub(crate) const VIP4_L2: &[u8] = &[10, 100, 0, 2];
 pub(crate) const VIP4_EMPTY: &[u8] = &[10, 100, 0, 3];
 pub(crate) const VIP4_NONEIGH: &[u8] = &[10, 100, 0, 4];
 pub(crate) const VIP4_OTHER_IF: &[u8] = &[10, 100, 0, 5];
+/// VIPs whose one backend (7) is behind a router: `dsr-l2` (dropped, not
+/// on-link) and `dsr-ipip` (sent to the router).
+pub(crate) const VIP4_ROUTED_L2: &[u8] = &[10, 100, 0, 6];
+pub(crate) const VIP4_ROUTED: &[u8] = &[10, 100, 0, 7];
 pub(crate) const VIP6: &[u8] = &[0xfd, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 pub(crate) const VIP6_L2: &[u8] = &[0xfd, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
 
@@ -33,7 +37,7 @@ pub(crate) struct Vip {
 }
 
 #[rustfmt::skip]
-const VIPS: [Vip; 8] = [
+const VIPS: [Vip; 10] = [
     Vip { addr: VIP4, port: 80, proto: 6, l2: false, backends: &[1, 2] },
     Vip { addr: VIP4, port: 53, proto: 17, l2: false, backends: &[1, 2] },
     Vip { addr: VIP6, port: 80, proto: 6, l2: false, backends: &[4, 5] },
@@ -42,6 +46,8 @@ const VIPS: [Vip; 8] = [
     Vip { addr: VIP4_EMPTY, port: 80, proto: 6, l2: false, backends: &[] },
     Vip { addr: VIP4_OTHER_IF, port: 80, proto: 6, l2: false, backends: &[6] },
     Vip { addr: VIP4_NONEIGH, port: 80, proto: 6, l2: false, backends: &[3] },
+    Vip { addr: VIP4_ROUTED_L2, port: 80, proto: 6, l2: true, backends: &[7] },
+    Vip { addr: VIP4_ROUTED, port: 80, proto: 6, l2: false, backends: &[7] },
 ];
 
 /// What the policy says about a frame.
@@ -299,6 +305,7 @@ fn check_balanced(
     match verdict {
         XDP_DROP if vip.backends.is_empty() => Ok(Stat::DropNoBackend),
         XDP_DROP if vip.addr == VIP4_NONEIGH => Ok(Stat::DropNoRoute),
+        XDP_DROP if vip.addr == VIP4_ROUTED_L2 => Ok(Stat::DropNotOnLink),
         XDP_DROP if too_big && !flow.v6 && !flow.df => Ok(Stat::DropTooBig),
         XDP_TX if too_big && (flow.v6 || flow.df) => {
             check_too_big(flow, input, out)?;
