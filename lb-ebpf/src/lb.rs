@@ -33,6 +33,8 @@
 //!   (`guard.rs`): refused packets are dropped, or a SYN is answered with a
 //!   RST. Conntrack hits are never judged.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
 use lb_common::{PROTO_UDP, Stat};
 
@@ -54,10 +56,11 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
         Err(L2Error::QinQ) => return pass(Stat::PassQinQ),
     };
     // One Packet, filled in place by either parser.
-    let mut pkt = Packet::at(l2.l3off);
+    let mut slot = MaybeUninit::uninit();
+    let pkt = Packet::init(&mut slot, l2.l3off);
     let parsed = match l2.ethertype {
-        ETH_P_IP => parse::ipv4(ctx, &mut pkt),
-        ETH_P_IPV6 => parse::ipv6(ctx, &mut pkt),
+        ETH_P_IP => parse::ipv4(ctx, pkt),
+        ETH_P_IPV6 => parse::ipv6(ctx, pkt),
         _ => return pass(Stat::PassNotIp),
     };
     if let Err(verdict) = parsed {
@@ -76,8 +79,8 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     // A SYN always picks from the current table.
     let mut missed = false;
     if !pkt.syn() {
-        match conntrack::lookup(&pkt, g, now) {
-            Lookup::Hit(t) => return forward(ctx, &pkt, &t, g, now, false),
+        match conntrack::lookup(pkt, g, now) {
+            Lookup::Hit(t) => return forward(ctx, pkt, &t, g, now, false),
             Lookup::Miss => missed = true,
             Lookup::Stale => {}
         }
@@ -93,7 +96,7 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     };
     // An ICMP error about a flow is no new flow: not judged.
     if !pkt.icmp {
-        let judged = guard::judge(ctx, &pkt, vip_id, guard, now);
+        let judged = guard::judge(ctx, pkt, vip_id, guard, now);
         if judged != guard::ADMITTED {
             return judged;
         }
@@ -109,7 +112,7 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     // wash real flows out of the LRU.
     // ... and records nothing: it goes to the table's backend.
     if !pkt.icmp && (!missed || pkt.flow.proto == PROTO_UDP) {
-        conntrack::record(&pkt, vip_id, &t, now, guard.ct_insert_cap);
+        conntrack::record(pkt, vip_id, &t, now, guard.ct_insert_cap);
     }
-    forward(ctx, &pkt, &t, g, now, !pkt.icmp)
+    forward(ctx, pkt, &t, g, now, !pkt.icmp)
 }
