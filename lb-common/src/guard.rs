@@ -83,6 +83,49 @@ pub struct ListV6 {
 }
 const _: () = assert!(core::mem::size_of::<ListV6>() == 20);
 
+/// Bits of a deny/allow trie key before the address: the scope. A key's
+/// LPM prefix length is this plus the address prefix's.
+pub const LIST_SCOPE_BITS: u32 = 32;
+
+/// The data of a deny/allow trie key, either family: the scope (VIP id or
+/// [`SCOPE_GLOBAL`]) comes first, then the address.
+pub trait ListData: Copy {
+    /// The key of `addr` in `scope`.
+    fn new(scope: u32, addr: &Addr) -> Self;
+    /// The same address in another scope.
+    fn set_scope(&mut self, scope: u32);
+}
+
+impl ListData for ListV4 {
+    #[inline(always)]
+    fn new(scope: u32, addr: &Addr) -> Self {
+        ListV4 {
+            scope: scope.to_be_bytes(),
+            addr: [addr[0], addr[1], addr[2], addr[3]],
+        }
+    }
+
+    #[inline(always)]
+    fn set_scope(&mut self, scope: u32) {
+        self.scope = scope.to_be_bytes();
+    }
+}
+
+impl ListData for ListV6 {
+    #[inline(always)]
+    fn new(scope: u32, addr: &Addr) -> Self {
+        ListV6 {
+            scope: scope.to_be_bytes(),
+            addr: *addr,
+        }
+    }
+
+    #[inline(always)]
+    fn set_scope(&mut self, scope: u32) {
+        self.scope = scope.to_be_bytes();
+    }
+}
+
 /// Value of the deny/allow tries.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -108,6 +151,26 @@ pub struct SourceKey {
     pub _pad: [u8; 2],
 }
 const _: () = assert!(core::mem::size_of::<SourceKey>() == 24);
+
+impl SourceKey {
+    /// The key of source `src` (see [`Addr`]) of `family` as VIP `vip_id`
+    /// keys it: the address masked to `v4_prefix` or `v6_prefix` bits.
+    #[inline(always)]
+    pub fn new(vip_id: u32, src: &Addr, family: u8, v4_prefix: u8, v6_prefix: u8) -> Self {
+        let prefix_len = if family == crate::FAMILY_V4 {
+            v4_prefix
+        } else {
+            v6_prefix
+        };
+        SourceKey {
+            addr: mask_addr(src, prefix_len),
+            vip_id,
+            prefix_len,
+            family,
+            _pad: [0; 2],
+        }
+    }
+}
 
 /// Value of `XLB_SOURCES`. Shared by all CPUs: the counters are added to
 /// with atomic adds, and the bucket is a single theoretical arrival time

@@ -19,7 +19,7 @@ use crate::{
     XLB_DECAP_ADDR, XLB_DECAP_SRC4, XLB_DECAP_SRC6, XLB_DECAP_STAT, XLB_DECAP_VIP,
     packet::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, Ipv4Hdr, Ipv6Hdr,
-        VLAN_LEN, ptr_at,
+        VLAN_LEN, copy_l2, ptr_at,
     },
     parse,
     stats::bump,
@@ -91,9 +91,9 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
         return drop(DecapStat::DropInnerDst);
     }
     let moved = if l3off == ETH_LEN {
-        move_l2::<ETH_LEN>(ctx, outer)
+        copy_l2::<ETH_LEN>(ctx, 0, outer)
     } else {
-        move_l2::<{ ETH_LEN + VLAN_LEN }>(ctx, outer)
+        copy_l2::<{ ETH_LEN + VLAN_LEN }>(ctx, 0, outer)
     };
     if moved.is_none() || unsafe { bpf_xdp_adjust_head(ctx.ctx, outer as i32) } != 0 {
         return drop(DecapStat::DropMalformed);
@@ -161,18 +161,4 @@ fn inner_dst6(ctx: &XdpContext, off: usize) -> Option<DecapAddrKey> {
         return None;
     }
     Some(key(ip.daddr, FAMILY_V6))
-}
-
-/// Copies the `L`-byte L2 header `shift` bytes forward, over the end of the
-/// outer IP header, so that after `adjust_head(shift)` it precedes the inner one.
-#[inline(always)]
-fn move_l2<const L: usize>(ctx: &XdpContext, shift: usize) -> Option<()> {
-    let old = ptr_at::<[u8; L]>(ctx, 0)?;
-    let new = ptr_at::<[u8; L]>(ctx, shift)?;
-    // SAFETY: both ranges checked by ptr_at; copied via the stack (overlap).
-    unsafe {
-        let hdr = *old;
-        *new = hdr;
-    }
-    Some(())
 }

@@ -18,10 +18,14 @@
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
-use aya_ebpf::{maps::lpm_trie::Key, programs::XdpContext};
+use aya_ebpf::{
+    maps::{LpmTrie, lpm_trie::Key},
+    programs::XdpContext,
+};
 use lb_common::{
-    ACTION_RESET, FAMILY_V4, GUARD_LIMIT, GUARD_LISTS, GUARD_TRACK, ListEntry, ListV4, ListV6,
-    PROTO_TCP, SCOPE_GLOBAL, SOURCE_SAMPLE, SourceKey, SourceState, Stat, VipGuard, mask_addr,
+    ACTION_RESET, FAMILY_V4, GUARD_LIMIT, GUARD_LISTS, GUARD_TRACK, LIST_SCOPE_BITS, ListData,
+    ListEntry, ListV4, ListV6, PROTO_TCP, SCOPE_GLOBAL, SOURCE_SAMPLE, SourceKey, SourceState,
+    Stat, VipGuard,
 };
 
 use crate::{
@@ -142,18 +146,8 @@ fn add(p: *mut u64, n: u64) {
 /// The `XLB_SOURCES` key of the packet's source for VIP `vip_id`.
 #[inline(always)]
 fn source_key(pkt: &Packet, vip_id: u32, g: &VipGuard) -> SourceKey {
-    let len = if pkt.flow.family == FAMILY_V4 {
-        g.v4_prefix
-    } else {
-        g.v6_prefix
-    };
-    SourceKey {
-        addr: mask_addr(&pkt.flow.src, len),
-        vip_id,
-        prefix_len: len,
-        family: pkt.flow.family,
-        _pad: [0; 2],
-    }
+    let f = &pkt.flow;
+    SourceKey::new(vip_id, &f.src, f.family, g.v4_prefix, g.v6_prefix)
 }
 
 /// The action of the deny entry covering the source, unless an allow entry
@@ -194,23 +188,7 @@ fn lookup_v4(trie: Trie, pkt: &Packet, vip_id: u32) -> Option<ListEntry> {
         Trie::Deny => &XLB_DENY_V4,
         Trie::Allow => &XLB_ALLOW_V4,
     };
-    let mut key = Key::new(
-        64,
-        ListV4 {
-            scope: vip_id.to_be_bytes(),
-            addr: [
-                pkt.flow.src[0],
-                pkt.flow.src[1],
-                pkt.flow.src[2],
-                pkt.flow.src[3],
-            ],
-        },
-    );
-    if let Some(e) = map.get(&key) {
-        return Some(*e);
-    }
-    key.data.scope = SCOPE_GLOBAL.to_be_bytes();
-    map.get(&key).copied()
+    longest(map, ListV4::new(vip_id, &pkt.flow.src), 32)
 }
 
 /// Longest match of the IPv6 source, as [`lookup_v4`].
@@ -220,18 +198,23 @@ fn lookup_v6(trie: Trie, pkt: &Packet, vip_id: u32) -> Option<ListEntry> {
         Trie::Deny => &XLB_DENY_V6,
         Trie::Allow => &XLB_ALLOW_V6,
     };
-    let mut key = Key::new(
-        160,
-        ListV6 {
-            scope: vip_id.to_be_bytes(),
-            addr: pkt.flow.src,
-        },
-    );
-    if let Some(e) = map.get(&key) {
+    longest(map, ListV6::new(vip_id, &pkt.flow.src), 128)
+}
+
+/// Longest match of `data`'s whole address (`addr_bits` long) in its
+/// scope, else in the global one.
+#[inline(always)]
+fn longest<K: ListData>(
+    map: &LpmTrie<K, ListEntry>,
+    mut data: K,
+    addr_bits: u32,
+) -> Option<ListEntry> {
+    let bits = LIST_SCOPE_BITS + addr_bits;
+    if let Some(e) = map.get(Key::new(bits, data)) {
         return Some(*e);
     }
-    key.data.scope = SCOPE_GLOBAL.to_be_bytes();
-    map.get(&key).copied()
+    data.set_scope(SCOPE_GLOBAL);
+    map.get(Key::new(bits, data)).copied()
 }
 
 /// A refused packet: a TCP SYN under action `reset` is answered with a RST

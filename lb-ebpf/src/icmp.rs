@@ -27,10 +27,10 @@ use lb_common::{ENCAP_TTL, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, Stat};
 use crate::{
     checksum,
     packet::{
-        ETH_LEN, EthHdr, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_REPLY, ICMP_FRAG_NEEDED, ICMP_LEN,
+        ETH_LEN, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_REPLY, ICMP_FRAG_NEEDED, ICMP_LEN,
         ICMP_TIME_EXCEEDED, ICMP6_DEST_UNREACH, ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST,
         ICMP6_PACKET_TOO_BIG, ICMP6_TIME_EXCEEDED, IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, IcmpHdr,
-        Ipv4Hdr, Ipv6Hdr, VLAN_LEN, len, ptr_at,
+        Ipv4Hdr, Ipv6Hdr, VLAN_LEN, copy_l2, len, ptr_at, swap_macs,
     },
     parse::Packet,
     select::is_vip_addr,
@@ -159,16 +159,6 @@ fn quoted(pkt: &mut Packet, proto: u8, ports: &[[u8; 2]; 2]) -> u32 {
     QUOTED
 }
 
-/// Swaps the Ethernet addresses: the reply goes back to the sender's MAC.
-#[inline(always)]
-fn swap_macs(ctx: &XdpContext) -> Option<()> {
-    let eth = ptr_at::<EthHdr>(ctx, 0)?;
-    // SAFETY: bounds checked by ptr_at.
-    let eth = unsafe { &mut *eth };
-    core::mem::swap(&mut eth.dst, &mut eth.src);
-    Some(())
-}
-
 /// Answers the IPv4 echo request at `l4off` in place.
 #[inline(always)]
 fn echo4(ctx: &XdpContext, l3off: usize, l4off: usize) -> u32 {
@@ -241,9 +231,9 @@ pub(crate) fn too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> u32 {
         return drop_with(Stat::DropNoHeadroom);
     }
     let moved = if pkt.l3off == ETH_LEN {
-        move_l2::<ETH_LEN>(ctx, room)
+        copy_l2::<ETH_LEN>(ctx, room, 0)
     } else {
-        move_l2::<{ ETH_LEN + VLAN_LEN }>(ctx, room)
+        copy_l2::<{ ETH_LEN + VLAN_LEN }>(ctx, room, 0)
     };
     let quote = if v4 { QUOTE4 } else { QUOTE6 };
     let want = pkt.l3off + room + quote;
@@ -263,19 +253,6 @@ pub(crate) fn too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> u32 {
         return drop_with(Stat::DropTooBig);
     }
     reply(ctx, Stat::IcmpTooBig)
-}
-
-/// Copies the `L`-byte L2 header from `shift` bytes in to the front.
-#[inline(always)]
-fn move_l2<const L: usize>(ctx: &XdpContext, shift: usize) -> Option<()> {
-    let old = ptr_at::<[u8; L]>(ctx, shift)?;
-    let new = ptr_at::<[u8; L]>(ctx, 0)?;
-    // SAFETY: both ranges checked by ptr_at; copied via the stack.
-    unsafe {
-        let hdr = *old;
-        *new = hdr;
-    }
-    Some(())
 }
 
 /// The IPv4 header, ICMP header and quote of "fragmentation needed".

@@ -23,6 +23,34 @@ pub(crate) fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Option<*mut T> {
     Some((start + offset) as *mut T)
 }
 
+/// Swaps the Ethernet destination and source: a reply (`XDP_TX`) goes back
+/// to the sender's MAC.
+#[inline(always)]
+pub(crate) fn swap_macs(ctx: &XdpContext) -> Option<()> {
+    let eth = ptr_at::<EthHdr>(ctx, 0)?;
+    // SAFETY: bounds checked by ptr_at.
+    let eth = unsafe { &mut *eth };
+    core::mem::swap(&mut eth.dst, &mut eth.src);
+    Some(())
+}
+
+/// Copies the `L`-byte L2 header (Ethernet, and a VLAN tag if `L` has
+/// room for one) from byte `from` of the frame to byte `to`: the move
+/// around `bpf_xdp_adjust_head` when an outer header is stripped or one is
+/// made room for.
+#[inline(always)]
+pub(crate) fn copy_l2<const L: usize>(ctx: &XdpContext, from: usize, to: usize) -> Option<()> {
+    let old = ptr_at::<[u8; L]>(ctx, from)?;
+    let new = ptr_at::<[u8; L]>(ctx, to)?;
+    // SAFETY: both ranges checked by ptr_at; copied via the stack (they
+    // may overlap).
+    unsafe {
+        let hdr = *old;
+        *new = hdr;
+    }
+    Some(())
+}
+
 /// Length of the packet in bytes.
 #[inline(always)]
 pub(crate) fn len(ctx: &XdpContext) -> usize {

@@ -14,8 +14,8 @@ use lb_common::{ENCAP_TTL, FAMILY_V4, PROTO_TCP, Stat};
 use crate::{
     checksum,
     packet::{
-        EthHdr, IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, Ipv4Hdr, Ipv6Hdr, TCP_ACK, TCP_RST, TcpHdr,
-        len, ptr_at,
+        IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, Ipv4Hdr, Ipv6Hdr, TCP_ACK, TCP_RST, TcpHdr, len,
+        ptr_at, swap_macs,
     },
     parse::Packet,
     stats::{count, drop_with},
@@ -59,15 +59,6 @@ pub(crate) fn reply(ctx: &XdpContext, pkt: &Packet, sent: Stat, dropped: Stat) -
     }
     count(sent);
     xdp_action::XDP_TX
-}
-
-#[inline(always)]
-fn swap_macs(ctx: &XdpContext) -> Option<()> {
-    let eth = ptr_at::<EthHdr>(ctx, 0)?;
-    // SAFETY: bounds checked by ptr_at.
-    let eth = unsafe { &mut *eth };
-    core::mem::swap(&mut eth.dst, &mut eth.src);
-    Some(())
 }
 
 /// The IPv4 header and TCP RST of the reply.

@@ -4,9 +4,10 @@
 
 use std::net::IpAddr;
 
-use aya::maps::{MapError, PerCpuValues, lpm_trie::Key};
+use aya::maps::{LpmTrie, MapData, MapError, PerCpuValues, lpm_trie::Key};
 use lb_common::{
-    CtRate, FAMILY_V4, ListEntry, ListV4, ListV6, SourceKey, SourceState, VipGuard, addr16,
+    CtRate, LIST_SCOPE_BITS, ListData, ListEntry, ListV4, ListV6, SourceKey, SourceState, VipGuard,
+    addr16, family_of,
 };
 use lb_ctl::ListKind;
 
@@ -22,28 +23,55 @@ pub struct ListKey {
     pub len: u8,
 }
 
-impl ListKey {
-    fn v4(&self) -> Option<Key<ListV4>> {
-        let IpAddr::V4(a) = self.addr else {
-            return None;
-        };
-        let data = ListV4 {
-            scope: self.scope.to_be_bytes(),
-            addr: a.octets(),
-        };
-        Some(Key::new(32 + u32::from(self.len), data))
-    }
+/// The deny/allow trie data types as userspace reads them back.
+trait TrieData: ListData + aya::Pod {
+    fn scope(&self) -> u32;
+    fn ip(&self) -> IpAddr;
+}
 
-    fn v6(&self) -> Option<Key<ListV6>> {
-        let IpAddr::V6(a) = self.addr else {
-            return None;
-        };
-        let data = ListV6 {
-            scope: self.scope.to_be_bytes(),
-            addr: a.octets(),
-        };
-        Some(Key::new(32 + u32::from(self.len), data))
+impl TrieData for ListV4 {
+    fn scope(&self) -> u32 {
+        u32::from_be_bytes(self.scope)
     }
+    fn ip(&self) -> IpAddr {
+        IpAddr::from(self.addr)
+    }
+}
+
+impl TrieData for ListV6 {
+    fn scope(&self) -> u32 {
+        u32::from_be_bytes(self.scope)
+    }
+    fn ip(&self) -> IpAddr {
+        IpAddr::from(self.addr)
+    }
+}
+
+/// The trie key of `key` (of `K`'s family).
+fn trie_key<K: ListData + aya::Pod>(key: &ListKey) -> Key<K> {
+    Key::new(
+        LIST_SCOPE_BITS + u32::from(key.len),
+        K::new(key.scope, &addr16(key.addr)),
+    )
+}
+
+/// Every entry of trie `t` (named `name`), appended to `out`.
+fn read_trie<K: TrieData>(
+    t: &LpmTrie<MapData, K, ListEntry>,
+    name: &'static str,
+    out: &mut Vec<(ListKey, ListEntry)>,
+) -> Result<()> {
+    for r in t.iter() {
+        let (k, v) = r.map_err(map_err(name))?;
+        let d = k.data();
+        let key = ListKey {
+            scope: d.scope(),
+            addr: d.ip(),
+            len: (k.prefix_len() - LIST_SCOPE_BITS) as u8,
+        };
+        out.push((key, v));
+    }
+    Ok(())
 }
 
 fn trie_names(kind: ListKind) -> (&'static str, &'static str) {
@@ -81,10 +109,10 @@ impl Dataplane {
             ListKind::Deny => (&mut self.deny_v4, &mut self.deny_v6),
             ListKind::Allow => (&mut self.allow_v4, &mut self.allow_v6),
         };
-        match (key.v4(), key.v6()) {
-            (Some(k), _) => t4.insert(&k, entry, 0).map_err(map_err(n4)),
-            (_, Some(k)) => t6.insert(&k, entry, 0).map_err(map_err(n6)),
-            _ => unreachable!("an address is IPv4 or IPv6"),
+        if key.addr.is_ipv4() {
+            t4.insert(&trie_key(key), entry, 0).map_err(map_err(n4))
+        } else {
+            t6.insert(&trie_key(key), entry, 0).map_err(map_err(n6))
         }
     }
 
@@ -95,10 +123,10 @@ impl Dataplane {
             ListKind::Deny => (&mut self.deny_v4, &mut self.deny_v6),
             ListKind::Allow => (&mut self.allow_v4, &mut self.allow_v6),
         };
-        match (key.v4(), key.v6()) {
-            (Some(k), _) => absent_ok(t4.remove(&k), n4),
-            (_, Some(k)) => absent_ok(t6.remove(&k), n6),
-            _ => unreachable!("an address is IPv4 or IPv6"),
+        if key.addr.is_ipv4() {
+            absent_ok(t4.remove(&trie_key(key)), n4)
+        } else {
+            absent_ok(t6.remove(&trie_key(key)), n6)
         }
     }
 
@@ -110,30 +138,8 @@ impl Dataplane {
             ListKind::Allow => (&self.allow_v4, &self.allow_v6),
         };
         let mut out = Vec::new();
-        for r in t4.iter() {
-            let (k, v) = r.map_err(map_err(n4))?;
-            let d = k.data();
-            out.push((
-                ListKey {
-                    scope: u32::from_be_bytes(d.scope),
-                    addr: IpAddr::from(d.addr),
-                    len: (k.prefix_len() - 32) as u8,
-                },
-                v,
-            ));
-        }
-        for r in t6.iter() {
-            let (k, v) = r.map_err(map_err(n6))?;
-            let d = k.data();
-            out.push((
-                ListKey {
-                    scope: u32::from_be_bytes(d.scope),
-                    addr: IpAddr::from(d.addr),
-                    len: (k.prefix_len() - 32) as u8,
-                },
-                v,
-            ));
-        }
+        read_trie(t4, n4, &mut out)?;
+        read_trie(t6, n6, &mut out)?;
         Ok(out)
     }
 
@@ -197,17 +203,5 @@ impl Dataplane {
 /// The `XLB_SOURCES` key of `src` as VIP `vip_id` keys it: the address
 /// masked to `v4_prefix` or `v6_prefix` bits.
 pub fn source_key(vip_id: u32, src: IpAddr, v4_prefix: u8, v6_prefix: u8) -> SourceKey {
-    let family = lb_common::family_of(src);
-    let prefix_len = if family == FAMILY_V4 {
-        v4_prefix
-    } else {
-        v6_prefix
-    };
-    SourceKey {
-        addr: lb_common::mask_addr(&addr16(src), prefix_len),
-        vip_id,
-        prefix_len,
-        family,
-        _pad: [0; 2],
-    }
+    SourceKey::new(vip_id, &addr16(src), family_of(src), v4_prefix, v6_prefix)
 }
