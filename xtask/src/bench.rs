@@ -1,12 +1,17 @@
 //! `cargo xtask bench`: build in release and run each benchmark binary, as
-//! root; each prints its own results.
+//! root; each prints its own results and records its headline figures, which
+//! end in one summary table and chart (`bench_summary`).
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    setup,
+    bench_summary, setup,
     util::{self, Root},
 };
+
+/// Where the benchmark binaries append their figures
+/// (`xlb_tests::bench::figures::OUT_ENV`).
+const FIGURES_ENV: &str = "XLB_BENCH_OUT";
 
 /// A benchmark: a binary target of a workspace package.
 struct Bench {
@@ -94,6 +99,16 @@ pub(crate) fn run(only: Option<&str>, args: &[String]) -> Result<()> {
         .exec()
         .context("reading the workspace's packages with `cargo metadata`")?;
     build_runs(&selected)?;
+    // Every binary appends its headline figures here; the summary reads them.
+    let out_dir = std::path::Path::new(&metadata.target_directory).join("bench");
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let figures = out_dir.join("figures.tsv");
+    match std::fs::remove_file(&figures) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing the old {}", figures.display()));
+        }
+        _ => {}
+    }
     let mut ran = 0;
     for bench in &selected {
         if !bin_exists(&metadata, bench) {
@@ -115,12 +130,13 @@ pub(crate) fn run(only: Option<&str>, args: &[String]) -> Result<()> {
                 bench.bin,
                 "--",
             ])
-            .args(args);
+            .args(args)
+            .env(FIGURES_ENV, &figures);
         util::run(&mut cmd).with_context(|| format!("benchmark {} failed", bench.bin))?;
         ran += 1;
     }
     println!("bench: ran {ran} of {} benchmarks", selected.len());
-    Ok(())
+    bench_summary::report(&figures)
 }
 
 /// Builds in release, in one cargo invocation, the packages whose binaries
