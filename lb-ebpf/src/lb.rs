@@ -35,11 +35,11 @@
 
 use core::mem::MaybeUninit;
 
-use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
+use aya_ebpf::programs::XdpContext;
 use lb_common::{PROTO_UDP, Stat};
 
 use crate::{
-    XLB_GLOBALS, XLB_GUARD,
+    XLB_GLOBALS, XLB_GUARD, clock,
     conntrack::{self, Lookup, Target},
     forward::forward,
     guard,
@@ -72,9 +72,10 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     let Some(g) = XLB_GLOBALS.get(0) else {
         return aborted();
     };
-    // The coarse clock (CLOCK_MONOTONIC_COARSE, tick resolution) is a plain
-    // read; idle timeouts and cache expiry need no better.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // The coarse clock (CLOCK_MONOTONIC_COARSE, tick resolution), cached
+    // per CPU until the next tick; idle timeouts and cache expiry need no
+    // better.
+    let now = clock::now();
     // Established flows: conntrack first, and a hit needs no VIP lookup.
     // A SYN always picks from the current table.
     let mut missed = false;

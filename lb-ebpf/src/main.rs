@@ -29,6 +29,7 @@
 )]
 
 mod checksum;
+mod clock;
 mod conntrack;
 mod decap;
 mod encap;
@@ -157,6 +158,11 @@ static XLB_LIST_HITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_LIST_
 #[map(name = "XLB_SOURCES")]
 static XLB_SOURCES: LruHashMap<SourceKey, SourceState> =
     LruHashMap::with_max_entries(MAX_SOURCES, 0);
+
+/// This CPU's last (jiffies, coarse ns) pair: `clock::now` without a
+/// helper call until the next tick. Not pinned, not read by userspace.
+#[map(name = "XLB_CLOCK")]
+static XLB_CLOCK: PerCpuArray<clock::ClockCache> = PerCpuArray::with_max_entries(1, 0);
 
 /// This CPU's conntrack inserts in the current second (the insert cap).
 #[map(name = "XLB_CT_RATE")]

@@ -30,145 +30,194 @@ use lb_user::{
     },
 };
 use xlb_tests::{
-    bench::dataplane::{
-        Flows, REPEAT, SINGLES, XDP_PASS, XDP_TX, frame, in_world_with_ct, repeat_once, single_once,
+    bench::{
+        dataplane::{
+            Flows, REPEAT, SINGLES, XDP_PASS, XDP_TX, frame, in_world_with_ct, repeat_once,
+            single_once,
+        },
+        figures::{Figure, Target},
+        print_command,
     },
     harness::World,
     packet::{ACK, SYN},
 };
 
-const ROUNDS: usize = 5;
+/// Rounds by default; `--rounds N` changes it. Every round measures every
+/// case once, in the same order, so slow drift of this VM's speed hits each
+/// case alike; the figures are medians over the rounds.
+const ROUNDS: usize = 12;
+const BENCH: &str = "xlb-bench";
+const GROUP_REPEAT: &str = "per packet, repeat mode (ns)";
+const GROUP_SINGLE: &str = "per packet, one packet per run (ns)";
 
-struct Row {
+/// A case: what it runs, and the target of its ratio to the minimal
+/// program of its mode (issue 11's targets).
+struct Case {
     name: &'static str,
-    ns: f64,
-    base: f64,
-    target_ns: Option<f64>,
-    target_ratio: Option<f64>,
-}
-
-fn best_of(mut f: impl FnMut() -> anyhow::Result<f64>) -> anyhow::Result<f64> {
-    let mut best = f64::MAX;
-    for _ in 0..ROUNDS {
-        best = best.min(f()?);
-    }
-    Ok(best)
-}
-
-fn repeat_ns(w: &mut World, prog: &'static str, frame: &[u8], want: u32) -> anyhow::Result<f64> {
-    best_of(|| repeat_once(w, prog, frame, want))
-}
-
-fn single_ns(
-    w: &mut World,
     prog: &'static str,
-    frame: &[u8],
+    frame: Vec<u8>,
     want: u32,
-    before: &mut dyn FnMut(&mut World) -> anyhow::Result<()>,
-) -> anyhow::Result<f64> {
-    best_of(|| single_once(w, prog, frame, want, before))
+    target: Option<f64>,
 }
 
-impl Row {
-    /// A row reported without a target.
-    fn info(name: &'static str, ns: f64, base: f64) -> Self {
+impl Case {
+    fn new(name: &'static str, prog: &'static str, frame: Vec<u8>, want: u32) -> Self {
         Self {
             name,
-            ns,
-            base,
-            target_ns: None,
-            target_ratio: None,
+            prog,
+            frame,
+            want,
+            target: None,
+        }
+    }
+
+    fn at_most(self, ratio: f64) -> Self {
+        Self {
+            target: Some(ratio),
+            ..self
         }
     }
 }
 
-/// `"<= 60 ns, <= 1.5x met"`, `"… MISSED"` if any target was missed, or
-/// nothing when there are no targets.
-fn judged(targets: &[(String, bool)]) -> String {
-    if targets.is_empty() {
-        return String::new();
+/// The value after `--name` on the command line.
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let i = args.iter().position(|a| a == name)?;
+    Some(args.get(i + 1).cloned().unwrap_or_default())
+}
+
+fn rounds_arg() -> anyhow::Result<usize> {
+    match arg("--rounds").as_deref() {
+        None => Ok(ROUNDS),
+        Some(v) => {
+            let n: usize = v.parse().map_err(|_| {
+                anyhow::anyhow!("--rounds {v:?}: a number of rounds (>= 1) expected")
+            })?;
+            anyhow::ensure!(n >= 1, "--rounds 0: at least one round is needed");
+            Ok(n)
+        }
     }
-    let names: Vec<&str> = targets.iter().map(|(t, _)| t.as_str()).collect();
-    let met = targets.iter().all(|(_, met)| *met);
-    format!(
-        "{} {}",
-        names.join(", "),
-        if met { "met" } else { "MISSED" }
-    )
 }
 
 fn main() -> anyhow::Result<()> {
-    let rows = in_world_with_ct(65_536, "bench", |w| {
+    print_command(BENCH);
+    let rounds = rounds_arg()?;
+    let figures = in_world_with_ct(65_536, "bench", |w| {
         let flows = Flows::install(w)?;
-        let mut rows = repeat_rows(w, &flows)?;
-        rows.extend(single_rows(w, &flows)?);
-        Ok(rows)
+        let (mut repeat, mut single) = cases(&flows);
+        // `--only TEXT`: the baselines and the cases whose name contains
+        // TEXT (to profile one path with `perf`).
+        if let Some(only) = arg("--only") {
+            let keep = |v: &mut Vec<Case>| {
+                let mut i = 0;
+                v.retain(|c| {
+                    i += 1;
+                    i == 1 || c.name.contains(only.as_str())
+                });
+            };
+            keep(&mut repeat);
+            keep(&mut single);
+        }
+        let mut figures = measure(w, GROUP_REPEAT, &repeat, rounds, |w, c| {
+            repeat_once(w, c.prog, &c.frame, c.want)
+        })?;
+        let mut nothing = |_: &mut World| Ok(());
+        figures.extend(measure(w, GROUP_SINGLE, &single, rounds, |w, c| {
+            single_once(w, c.prog, &c.frame, c.want, &mut nothing)
+        })?);
+        Ok(figures)
     })?;
-    print_rows(&rows);
+    println!(
+        "xlb data-plane benchmark (BPF_PROG_TEST_RUN; {rounds} rounds, every case once per round, \
+         medians [min..max]; repeat mode: {REPEAT} packets per run, dsr-l2 whose output takes \
+         the same path again; one per run: {SINGLES} runs of one fresh dsr-ipip packet, the \
+         kernel's own timing)"
+    );
+    print_figures(&figures);
+    for f in &figures {
+        f.record();
+    }
     println!();
     table_swap()
 }
 
-/// Repeat mode: dsr-l2, whose output takes the same path again.
-fn repeat_rows(w: &mut World, f: &Flows) -> anyhow::Result<Vec<Row>> {
-    let minimal = repeat_ns(w, lb_common::PROG_MINIMAL, &frame(&f.l2, ACK), XDP_TX)?;
-    let est = repeat_ns(w, lb_common::PROG_LB, &frame(&f.l2, ACK), XDP_TX)?;
-    let syn = repeat_ns(w, lb_common::PROG_LB, &frame(&f.l2, SYN), XDP_TX)?;
-    let pass = repeat_ns(w, lb_common::PROG_LB, &frame(&f.other, SYN), XDP_PASS)?;
-    Ok(vec![
-        Row::info("minimal (parse, swap MACs, XDP_TX)", minimal, minimal),
-        Row {
-            target_ns: Some(60.0),
-            target_ratio: Some(1.5),
-            ..Row::info("established hit, dsr-l2", est, minimal)
-        },
-        Row {
-            target_ns: Some(300.0),
-            ..Row::info("new flow (SYN), dsr-l2", syn, minimal)
-        },
-        Row::info("non-VIP pass", pass, minimal),
-    ])
+/// The cases of each mode; the first of each is its baseline.
+fn cases(f: &Flows) -> (Vec<Case>, Vec<Case>) {
+    let minimal = lb_common::PROG_MINIMAL;
+    let lb = lb_common::PROG_LB;
+    let repeat = vec![
+        Case::new(
+            "minimal (parse, swap MACs, XDP_TX)",
+            minimal,
+            frame(&f.l2, ACK),
+            XDP_TX,
+        ),
+        Case::new("established hit, dsr-l2", lb, frame(&f.l2, ACK), XDP_TX).at_most(3.5),
+        Case::new("new flow (SYN), dsr-l2", lb, frame(&f.l2, SYN), XDP_TX),
+        Case::new("non-VIP pass", lb, frame(&f.other, SYN), XDP_PASS).at_most(2.0),
+    ];
+    let single = vec![
+        Case::new("minimal, one per run", minimal, frame(&f.ipip, ACK), XDP_TX),
+        Case::new("established hit, dsr-ipip", lb, frame(&f.ipip, ACK), XDP_TX).at_most(2.5),
+        Case::new("new flow (SYN), dsr-ipip", lb, frame(&f.ipip, SYN), XDP_TX).at_most(4.7),
+    ];
+    (repeat, single)
 }
 
-/// Single mode: dsr-ipip, one packet per run, each on a fresh copy.
-fn single_rows(w: &mut World, f: &Flows) -> anyhow::Result<Vec<Row>> {
-    let mut nothing = |_: &mut World| Ok(());
-    let ack = frame(&f.ipip, ACK);
-    let syn = frame(&f.ipip, SYN);
-    let minimal = single_ns(w, lb_common::PROG_MINIMAL, &ack, XDP_TX, &mut nothing)?;
-    let est = single_ns(w, lb_common::PROG_LB, &ack, XDP_TX, &mut nothing)?;
-    let new = single_ns(w, lb_common::PROG_LB, &syn, XDP_TX, &mut nothing)?;
-    Ok(vec![
-        Row::info("minimal, one packet per run", minimal, minimal),
-        Row::info("established hit, dsr-ipip, one per run", est, minimal),
-        Row::info("new flow (SYN), dsr-ipip, one per run", new, minimal),
-    ])
+/// `rounds` rounds of every case in turn; one figure per case, each
+/// against the first case (the minimal program).
+fn measure(
+    w: &mut World,
+    group: &str,
+    cases: &[Case],
+    rounds: usize,
+    mut once: impl FnMut(&mut World, &Case) -> anyhow::Result<f64>,
+) -> anyhow::Result<Vec<Figure>> {
+    let mut ns = vec![Vec::with_capacity(rounds); cases.len()];
+    for _ in 0..rounds {
+        for (c, v) in cases.iter().zip(&mut ns) {
+            v.push(once(w, c)?);
+        }
+    }
+    let base = Figure::median_of(BENCH, group, cases[0].name, &ns[0], "ns");
+    Ok(cases
+        .iter()
+        .zip(&ns)
+        .map(|(c, v)| {
+            let f =
+                Figure::median_of(BENCH, group, c.name, v, "ns").against(cases[0].name, base.value);
+            match c.target {
+                Some(t) => f.target(Target::RatioAtMost(t)),
+                None => f,
+            }
+        })
+        .collect())
 }
 
-fn print_rows(rows: &[Row]) {
-    println!(
-        "xlb data-plane benchmark (BPF_PROG_TEST_RUN, best of {ROUNDS}; repeat mode: {REPEAT} packets per run; single mode: {SINGLES} runs)"
-    );
-    println!(
-        "{:<42} {:>9} {:>9} {:>7}  target",
-        "case", "ns/pkt", "baseline", "ratio"
-    );
-    for r in rows {
-        let ratio = r.ns / r.base;
-        let mut targets = Vec::new();
-        if let Some(t) = r.target_ns {
-            targets.push((format!("<= {t} ns"), r.ns <= t));
+fn print_figures(figures: &[Figure]) {
+    let mut group = "";
+    for f in figures {
+        if f.group != group {
+            group = &f.group;
+            println!("{group}");
+            println!(
+                "  {:<38} {:>8} {:>15} {:>7}  target",
+                "case", "median", "[min..max]", "ratio"
+            );
         }
-        if let Some(t) = r.target_ratio {
-            targets.push((format!("<= {t}x"), ratio <= t));
-        }
+        let (lo, hi) = f.spread.unwrap_or((f.value, f.value));
+        let target = match (f.target, f.met()) {
+            (Some(Target::RatioAtMost(t)), Some(met)) => {
+                format!("<= {t}x {}", if met { "met" } else { "MISSED" })
+            }
+            _ => String::new(),
+        };
         println!(
-            "{:<42} {:>9.1} {:>9.1} {:>6.2}x  {}",
-            r.name,
-            r.ns,
-            r.base,
-            ratio,
-            judged(&targets)
+            "  {:<38} {:>8.1} {:>15} {:>6.2}x  {target}",
+            f.case,
+            f.value,
+            format!("[{lo:.0}..{hi:.0}]"),
+            f.ratio().unwrap_or(1.0)
         );
     }
 }
@@ -194,11 +243,21 @@ fn table_swap() -> anyhow::Result<()> {
     );
     for (n, best, median, changed) in rows {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let target = if n == 1000 {
-            judged(&[("<= 10 ms".to_string(), ms(median) <= 10.0)])
-        } else {
-            String::new()
+        let mut fig = Figure::new(
+            BENCH,
+            "fall -> new table live, median of 9 (ms)",
+            &format!("{n} backends"),
+            ms(median),
+            "ms",
+        );
+        if n == 1000 {
+            fig = fig.target(Target::AtMost(10.0));
+        }
+        let target = match fig.met() {
+            Some(met) => format!("<= 10 ms {}", if met { "met" } else { "MISSED" }),
+            None => String::new(),
         };
+        fig.record();
         println!(
             "{:<10} {:>8.2}ms {:>8.2}ms {:>14}  {target}",
             n,
