@@ -55,7 +55,7 @@ pub(crate) fn sum<const N: usize>(b: &[u8; N]) -> u32 {
 
 /// Folds a 32-bit one's complement sum to 16 bits and complements it.
 #[inline(always)]
-fn fold(mut sum: u32) -> u16 {
+pub(crate) fn fold(mut sum: u32) -> u16 {
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     !(sum as u16)

@@ -186,7 +186,17 @@ pub(crate) fn ipip4_header(h: &mut Ipv4Hdr, tos: u8, total: u16, src: &[u8; 16],
     h.check = [0; 2];
     h.saddr = [src[0], src[1], src[2], src[3]];
     h.daddr = [dst[0], dst[1], dst[2], dst[3]];
-    h.check = checksum::ipv4_header(h).to_be_bytes();
+    // Summed from the values just written, not read back byte by byte
+    // from the packet: id and fragment words are zero.
+    let word = |hi: u8, lo: u8| u32::from(u16::from_be_bytes([hi, lo]));
+    let sum = word(IPV4_VERSION_IHL, tos)
+        + u32::from(total)
+        + word(ENCAP_TTL, PROTO_IPIP)
+        + word(src[0], src[1])
+        + word(src[2], src[3])
+        + word(dst[0], dst[1])
+        + word(dst[2], dst[3]);
+    h.check = checksum::fold(sum).to_be_bytes();
 }
 
 /// Writes the outer IPv6 header of IPv6-in-IPv6 over `h`: version, traffic
