@@ -51,6 +51,8 @@ const TEST_PACKAGES: &[&str] = &[
 const LAB_PACKAGES: &[&str] = &[
     // HTTP load generator that drives traffic through the load balancer.
     "wrk",
+    // nftables DNAT, the throughput benchmark's kernel comparison.
+    "nftables",
 ];
 
 /// The LLVM that [`BUILD_PACKAGES`] installs.
