@@ -96,10 +96,11 @@ impl Generator {
         Ok(())
     }
 
-    /// Restarts every CPU's new-source counter at 0.
-    pub fn reset_sources(&mut self) -> anyhow::Result<()> {
-        let zero = PerCpuValues::try_from(vec![0u64; nr_cpus().map_err(|(_, e)| e)?])?;
-        self.seq.set(0, zero, 0)?;
+    /// Sets every CPU's new-source counter to `n`: the next frame with
+    /// `GEN_MANY_SOURCES` gets `lb_common::bench::gen_source(n)`.
+    pub fn start_sources_at(&mut self, n: u64) -> anyhow::Result<()> {
+        let values = PerCpuValues::try_from(vec![n; nr_cpus().map_err(|(_, e)| e)?])?;
+        self.seq.set(0, values, 0)?;
         Ok(())
     }
 }

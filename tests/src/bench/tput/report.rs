@@ -61,30 +61,45 @@ pub(super) fn print(setup: &str, cases: &[Case], samples: &[Vec<Sample>]) {
     );
     println!(
         "offered = frames / wall time of the call, on CPU {}; ns/pkt = 1e9 / offered rate; \
-         on-CPU = the call's thread CPU time / wall; downstream = the bridge-side NAPI thread \
-         on the other CPU (busy %, frames delivered to the backends)",
+         cpu ns = the calling thread's CPU time per frame; on-CPU = that time / wall (below \
+         ~95 %, other work shared the LB's CPU and the offered rates are low); napi = the \
+         bridge-side NAPI thread on the other CPU, busy %; deliv = frames the bridge sent to \
+         the backends (the floor's go back to the client)",
         super::LB_CPU
     );
     println!(
-        "{:<40} {:>7} {:>15} {:>8} {:>8} {:>8} {:>7} {:>8} {:>10}",
-        "case", "Mpps", "spread", "ns/pkt", "÷floor", "÷nft", "on-CPU", "napi", "deliv kpps"
+        "{:<40} {:>7} {:>13} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5} {:>10}",
+        "case", "Mpps", "spread", "ns/pkt", "cpu ns", "÷floor", "÷nft", "on-CPU", "napi", "deliv kpps"
     );
+    let mut on_cpu_all = Vec::new();
     for (case, s) in cases.iter().zip(samples) {
         let m = mpps(s);
         let med = median(&m);
         let lo = m.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = m.iter().copied().fold(0.0, f64::max);
         let share = |f: fn(&Sample) -> f64| median(&s.iter().map(f).collect::<Vec<_>>());
+        let cpu_ns = share(|x| x.cpu.as_secs_f64() * 1e9 / f64::from(x.frames));
         let on_cpu = share(|x| x.cpu.as_secs_f64() / x.wall.as_secs_f64() * 100.0);
         let napi = share(|x| x.napi.as_secs_f64() / x.wall.as_secs_f64() * 100.0);
         let deliv = share(|x| x.delivered as f64 / x.wall.as_secs_f64() / 1e3);
+        on_cpu_all.push(on_cpu);
         println!(
-            "{:<40} {med:>7.2} {:>15} {:>8.0} {:>7.2}x {:>7.2}x {on_cpu:>6.0}% {napi:>7.0}% {deliv:>10.0}",
+            "{:<40} {med:>7.2} {:>13} {:>7.0} {cpu_ns:>7.0} {:>6.2}x {:>6.2}x {on_cpu:>6.0}% {napi:>4.0}% {deliv:>10.0}",
             case.name,
             format!("{lo:.2}..{hi:.2}"),
             1e3 / med,
             med / floor,
             med / nat,
+        );
+    }
+    if on_cpu_all.iter().any(|&p| p < 95.0) {
+        println!(
+            "warning: the benchmark thread had CPU {} to itself only {:.0}–{:.0} % of the time: \
+             other work ran there, so offered rates are low and noisy; run it on a quiet machine \
+             (the cpu ns column is the less disturbed figure)",
+            super::LB_CPU,
+            on_cpu_all.iter().copied().fold(f64::INFINITY, f64::min),
+            on_cpu_all.iter().copied().fold(0.0, f64::max)
         );
     }
     let ipip = median_mpps(cases, samples, IPIP_EST);
