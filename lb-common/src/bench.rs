@@ -52,9 +52,8 @@ pub const MAP_BENCH_GEN: &str = "XLB_BENCH_GEN";
 pub const MAP_BENCH_PROG: &str = "XLB_BENCH_PROG";
 /// `PerCpuArray<u64>`, one entry: frames given a new source on this CPU.
 pub const MAP_BENCH_SEQ: &str = "XLB_BENCH_SEQ";
-const _: () = assert!(
-    MAP_BENCH_GEN.len() <= 15 && MAP_BENCH_PROG.len() <= 15 && MAP_BENCH_SEQ.len() <= 15
-);
+const _: () =
+    assert!(MAP_BENCH_GEN.len() <= 15 && MAP_BENCH_PROG.len() <= 15 && MAP_BENCH_SEQ.len() <= 15);
 
 /// The generator (restore, new source, tail call into slot 0 of
 /// [`MAP_BENCH_PROG`]).

@@ -18,8 +18,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::bench::{
-    BENCH_FRAME_LEN, BenchGen, GEN_MANY_SOURCES, GEN_OFF_IP_CHECK, GEN_OFF_SPORT,
-    GEN_OFF_SRC_LOW, GEN_OFF_TCP_CHECK, gen_source,
+    BENCH_FRAME_LEN, BenchGen, GEN_MANY_SOURCES, GEN_OFF_IP_CHECK, GEN_OFF_SPORT, GEN_OFF_SRC_LOW,
+    GEN_OFF_TCP_CHECK, gen_source,
 };
 
 use crate::{checksum, packet};

@@ -51,7 +51,8 @@ const TEST_PACKAGES: &[&str] = &[
 const LAB_PACKAGES: &[&str] = &[
     // HTTP load generator that drives traffic through the load balancer.
     "wrk",
-    // nftables DNAT, the throughput benchmark's kernel comparison.
+    // `nft`: `xlb-tput-bench` compares xlb with nftables DNAT in the LB
+    // namespace.
     "nftables",
 ];
 

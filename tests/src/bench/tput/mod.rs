@@ -11,7 +11,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use aya::programs::{Xdp, XdpMode};
 use lb_common::{
-    DOWN_POLICY_REHASH, MODE_DSR_IPIP, MODE_DSR_L2, PROTO_TCP, Stat,
+    DOWN_POLICY_REHASH, MODE_DSR_IPIP, MODE_DSR_L2, PROG_LB, PROG_MINIMAL, PROG_PASS, PROTO_TCP,
+    Stat,
     bench::{GEN_MANY_SOURCES, PROG_BENCH_DROP, PROG_BENCH_GEN},
 };
 use lb_user::dataplane::{Dataplane, LoadOptions};
@@ -23,6 +24,7 @@ use xlb_lab::{
 };
 
 pub use generator::{Generator, live_run};
+use report::{FLOOR, FORWARD, GEN_ONLY, IPIP_EST, IPIP_NEW, L2_EST, L2_NEW, NAT};
 
 use crate::{
     bench::{
@@ -154,6 +156,40 @@ pub fn fix_tcp_checksum(f: &mut [u8]) {
     f[50..52].copy_from_slice(&c.to_be_bytes());
 }
 
+impl Case {
+    fn new(name: &'static str, prog: &'static str, frame: Vec<u8>, verdict: u32) -> Self {
+        Self {
+            name,
+            prog,
+            frame,
+            flags: 0,
+            verdict,
+            establish: None,
+            xlb: prog == PROG_LB,
+            nat: false,
+        }
+    }
+
+    /// `syn` runs once before the measurement.
+    fn established(self, syn: Vec<u8>) -> Self {
+        Self {
+            establish: Some(syn),
+            ..self
+        }
+    }
+
+    fn many_sources(self) -> Self {
+        Self {
+            flags: GEN_MANY_SOURCES,
+            ..self
+        }
+    }
+
+    fn with_nat(self) -> Self {
+        Self { nat: true, ..self }
+    }
+}
+
 /// The eight cases, in the order.
 fn cases() -> Vec<Case> {
     let (vip, vip_l2, be1) = (VIP_V4.to_string(), VIP2_V4.to_string(), backend_v4(1));
@@ -163,40 +199,17 @@ fn cases() -> Vec<Case> {
     let new = Flow::tcp("198.18.0.0", 32768, &vip, 80);
     let new_l2 = Flow::tcp("198.18.0.0", 32768, &vip_l2, 80);
     let routed = Flow::tcp("192.0.2.1", 40001, &be1.to_string(), 80);
-    let case = |name, prog, frame, verdict| Case {
-        name,
-        prog,
-        frame,
-        flags: 0,
-        verdict,
-        establish: None,
-        xlb: prog == lb_common::PROG_LB,
-        nat: false,
-    };
+    let ack = |f: &Flow| template(f, ACK);
+    let syn = |f: &Flow| template(f, SYN);
     vec![
-        case(report::GEN_ONLY, PROG_BENCH_DROP, template(&est, ACK), XDP_DROP),
-        case(report::FLOOR, lb_common::PROG_MINIMAL, template(&est, ACK), XDP_TX),
-        Case {
-            establish: Some(template(&est, SYN)),
-            ..case(report::IPIP_EST, lb_common::PROG_LB, template(&est, ACK), XDP_TX)
-        },
-        Case {
-            flags: GEN_MANY_SOURCES,
-            ..case(report::IPIP_NEW, lb_common::PROG_LB, template(&new, SYN), XDP_TX)
-        },
-        Case {
-            establish: Some(template(&est_l2, SYN)),
-            ..case(report::L2_EST, lb_common::PROG_LB, template(&est_l2, ACK), XDP_TX)
-        },
-        Case {
-            flags: GEN_MANY_SOURCES,
-            ..case(report::L2_NEW, lb_common::PROG_LB, template(&new_l2, SYN), XDP_TX)
-        },
-        case(report::FORWARD, lb_common::PROG_PASS, template(&routed, ACK), XDP_PASS),
-        Case {
-            nat: true,
-            ..case(report::NAT, lb_common::PROG_PASS, template(&est, ACK), XDP_PASS)
-        },
+        Case::new(GEN_ONLY, PROG_BENCH_DROP, ack(&est), XDP_DROP),
+        Case::new(FLOOR, PROG_MINIMAL, ack(&est), XDP_TX),
+        Case::new(IPIP_EST, PROG_LB, ack(&est), XDP_TX).established(syn(&est)),
+        Case::new(IPIP_NEW, PROG_LB, syn(&new), XDP_TX).many_sources(),
+        Case::new(L2_EST, PROG_LB, ack(&est_l2), XDP_TX).established(syn(&est_l2)),
+        Case::new(L2_NEW, PROG_LB, syn(&new_l2), XDP_TX).many_sources(),
+        Case::new(FORWARD, PROG_PASS, ack(&routed), XDP_PASS),
+        Case::new(NAT, PROG_PASS, ack(&est), XDP_PASS).with_nat(),
     ]
 }
 
@@ -248,19 +261,13 @@ fn measure(lab: &Lab, args: &Args, cases: &[Case]) -> anyhow::Result<Vec<Vec<Sam
     let mut b = Bench::new(lab, args)?;
     let warm = (args.frames / 10).max(10_000);
     for case in cases {
-        let s = b.run(case, warm)?;
-        println!(
-            "warm-up: {:<40} {:>6.2} Mpps, {} delivered",
-            case.name,
-            s.pps() / 1e6,
-            s.delivered
-        );
+        b.run(case, warm, true)?;
     }
     let mut samples = vec![Vec::new(); cases.len()];
     for round in 0..args.rounds {
         for k in 0..cases.len() {
             let i = (round + k) % cases.len();
-            samples[i].push(b.run(&cases[i], args.frames)?);
+            samples[i].push(b.run(&cases[i], args.frames, false)?);
         }
         println!("round {}/{} done", round + 1, args.rounds);
     }
@@ -291,7 +298,7 @@ impl<'a> Bench<'a> {
         let generator = Generator::new(&mut w.dp)?;
         // veth delivers XDP_TX frames only to a peer with an XDP program.
         let peer = lab.lb_peer_ifname();
-        let pass = w.dp.program::<Xdp>(lb_common::PROG_PASS)?;
+        let pass = w.dp.program::<Xdp>(PROG_PASS)?;
         in_netns(&lab.ns_bridge(), || pass.attach(peer, XdpMode::Driver))?
             .with_context(|| format!("attaching xlb_pass to {peer}"))?;
         let napi_pid = topo::threaded_napi(&lab.ns_bridge(), peer, DOWNSTREAM_CPU)?;
@@ -304,12 +311,15 @@ impl<'a> Bench<'a> {
         })
     }
 
-    /// One live run of `case` over `frames` frames, checked.
-    fn run(&mut self, case: &Case, frames: u32) -> anyhow::Result<Sample> {
-        let Self { lab, w, generator, .. } = self;
+    /// One live run of `case` over `frames` frames, checked; `show` prints
+    /// it as a warm-up, with xlb's counters.
+    fn run(&mut self, case: &Case, frames: u32, show: bool) -> anyhow::Result<Sample> {
+        let Self {
+            lab, w, generator, ..
+        } = self;
         generator.set(&mut w.dp, case.prog, &case.frame, case.flags)?;
         if let Some(syn) = &case.establish {
-            let (v, _) = w.run(lb_common::PROG_LB, syn)?;
+            let (v, _) = w.run(PROG_LB, syn)?;
             anyhow::ensure!(v == XDP_TX, "{}: SYN verdict {v}", case.name);
         }
         let _nat = case
@@ -321,7 +331,12 @@ impl<'a> Bench<'a> {
             .transpose()?;
         // Live mode reports no verdict: one plain run through the same chain.
         let (v, _) = w.run(PROG_BENCH_GEN, &case.frame)?;
-        anyhow::ensure!(v == case.verdict, "{}: verdict {v}, want {}", case.name, case.verdict);
+        anyhow::ensure!(
+            v == case.verdict,
+            "{}: verdict {v}, want {}",
+            case.name,
+            case.verdict
+        );
         let stats = w.stats()?;
         let (napi, delivered) = (topo::task_cpu(self.napi_pid)?, topo::delivered(lab)?);
         let cpu = topo::thread_cpu();
@@ -333,15 +348,30 @@ impl<'a> Bench<'a> {
             napi: topo::task_cpu(self.napi_pid)?.saturating_sub(napi),
             delivered: topo::delivered(lab)? - delivered,
         };
+        if show {
+            println!(
+                "warm-up: {:<40} {:>6.2} Mpps, {} delivered",
+                case.name,
+                sample.pps() / 1e6,
+                sample.delivered
+            );
+        }
         if case.xlb {
             let after = w.stats()?;
+            let delta = crate::harness::stat_delta(&stats, &after);
             let tx = after[&Stat::FwdTx] - stats[&Stat::FwdTx];
             anyhow::ensure!(
                 tx == u64::from(frames),
-                "{}: xlb forwarded {tx} of {frames} frames (counters: {:?})",
+                "{}: xlb forwarded {tx} of {frames} frames (counters: {delta:?})",
                 case.name,
-                crate::harness::stat_delta(&stats, &after)
             );
+            if show {
+                let shown: Vec<String> = delta
+                    .iter()
+                    .map(|(s, n)| format!("{} {n}", s.label()))
+                    .collect();
+                println!("         xlb counters: {}", shown.join(", "));
+            }
         }
         Ok(sample)
     }
@@ -361,7 +391,15 @@ fn configure_xlb(w: &mut World) -> anyhow::Result<()> {
         .collect();
     for (vip_id, vip, mode) in [(0, VIP_V4, MODE_DSR_IPIP), (1, VIP2_V4, MODE_DSR_L2)] {
         let addr = vip.to_string();
-        w.add_vip(vip_id, &addr, 80, PROTO_TCP, mode, DOWN_POLICY_REHASH, &table)?;
+        w.add_vip(
+            vip_id,
+            &addr,
+            80,
+            PROTO_TCP,
+            mode,
+            DOWN_POLICY_REHASH,
+            &table,
+        )?;
     }
     Ok(())
 }
@@ -414,7 +452,12 @@ mod tests {
     #[test]
     fn templates_are_generator_sized_with_valid_checksums() {
         for c in cases() {
-            assert_eq!(c.frame.len(), lb_common::bench::BENCH_FRAME_LEN, "{}", c.name);
+            assert_eq!(
+                c.frame.len(),
+                lb_common::bench::BENCH_FRAME_LEN,
+                "{}",
+                c.name
+            );
             assert_eq!(csum(&c.frame[14..34]), 0, "{}: IPv4 checksum", c.name);
             let mut f = c.frame.clone();
             fix_tcp_checksum(&mut f);

@@ -69,7 +69,16 @@ pub(super) fn print(setup: &str, cases: &[Case], samples: &[Vec<Sample>]) {
     );
     println!(
         "{:<40} {:>7} {:>13} {:>7} {:>7} {:>7} {:>7} {:>6} {:>5} {:>10}",
-        "case", "Mpps", "spread", "ns/pkt", "cpu ns", "÷floor", "÷nft", "on-CPU", "napi", "deliv kpps"
+        "case",
+        "Mpps",
+        "spread",
+        "ns/pkt",
+        "cpu ns",
+        "÷floor",
+        "÷nft",
+        "on-CPU",
+        "napi",
+        "deliv kpps"
     );
     let mut on_cpu_all = Vec::new();
     for (case, s) in cases.iter().zip(samples) {

@@ -58,7 +58,17 @@ pub(crate) fn prepare(lab: &Lab) -> anyhow::Result<()> {
         let mac = format_mac(backend_mac(i));
         let addr = backend_v4(i).to_string();
         run(&[
-            "ip", "-n", &lb, "neigh", "replace", &addr, "lladdr", &mac, "dev", LB_IF, "nud",
+            "ip",
+            "-n",
+            &lb,
+            "neigh",
+            "replace",
+            &addr,
+            "lladdr",
+            &mac,
+            "dev",
+            LB_IF,
+            "nud",
             "permanent",
         ])?;
         let port = lab.backend_peer_ifname(i);
@@ -95,7 +105,10 @@ pub(crate) fn tso_off(dev: &str) -> anyhow::Result<()> {
     };
     // SAFETY: a zeroed ifreq is valid; the name fits (checked) with its NUL.
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    anyhow::ensure!(dev.len() < ifr.ifr_name.len(), "interface name {dev} too long");
+    anyhow::ensure!(
+        dev.len() < ifr.ifr_name.len(),
+        "interface name {dev} too long"
+    );
     for (d, s) in ifr.ifr_name.iter_mut().zip(dev.bytes()) {
         *d = s as libc::c_char;
     }
@@ -196,7 +209,13 @@ pub(crate) fn task_cpu(pid: u32) -> anyhow::Result<Duration> {
 /// Frames the bridge has sent to the backends so far (tx of their ports).
 pub(crate) fn delivered(lab: &Lab) -> anyhow::Result<u64> {
     let br = lab.ns_bridge();
-    let mut args = vec!["ip".to_string(), "netns".into(), "exec".into(), br, "cat".into()];
+    let mut args = vec![
+        "ip".to_string(),
+        "netns".into(),
+        "exec".into(),
+        br,
+        "cat".into(),
+    ];
     for i in 1..=lab.backend_count() {
         args.push(format!(
             "/sys/class/net/{}/statistics/tx_packets",
