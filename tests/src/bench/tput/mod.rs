@@ -257,7 +257,6 @@ struct Bench<'a> {
 /// the samples per case.
 fn measure(lab: &Lab, args: &Args, cases: &[Case]) -> anyhow::Result<Vec<Vec<Sample>>> {
     topo::set_affinity(0, LB_CPU)?;
-    topo::tso_off(topo::LB_IF)?;
     let mut b = Bench::new(lab, args)?;
     let warm = (args.frames / 10).max(10_000);
     for case in cases {
@@ -291,12 +290,15 @@ impl<'a> Bench<'a> {
             .collect();
         let mut w = World {
             dp,
-            ifindex: ifindex(&lab.ns_lb(), topo::LB_IF)?,
+            ifindex: ifindex(&lab.ns_lb(), lab.lb_ifname())?,
             backends,
         };
         configure_xlb(&mut w)?;
         let generator = Generator::new(&mut w.dp)?;
-        // veth delivers XDP_TX frames only to a peer with an XDP program.
+        // veth delivers XDP_TX frames only to a peer with an XDP program;
+        // with one, it also queues every skb sent to the peer (the kernel-
+        // forwarding cases) to the peer's NAPI rather than to the sending
+        // CPU's backlog (veth_skb_is_eligible_for_gro, drivers/net/veth.c).
         let peer = lab.lb_peer_ifname();
         let pass = w.dp.program::<Xdp>(PROG_PASS)?;
         in_netns(&lab.ns_bridge(), || pass.attach(peer, XdpMode::Driver))?

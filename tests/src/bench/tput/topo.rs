@@ -22,14 +22,10 @@ use xlb_lab::{
 
 use crate::netns::run;
 
-/// The LB's interface inside `{p}-lb` and its bridge-side peer.
-pub(crate) const LB_IF: &str = "eth0";
-
 /// Makes the LB namespace a router towards the backends, with every
 /// neighbour and bridge port fixed so no frame waits for ARP or floods.
 pub(crate) fn prepare(lab: &Lab) -> anyhow::Result<()> {
-    let lb = lab.ns_lb();
-    let br = lab.ns_bridge();
+    let (lb, br, lb_if) = (lab.ns_lb(), lab.ns_bridge(), lab.lb_ifname());
     run(&[
         "ip",
         "netns",
@@ -43,10 +39,10 @@ pub(crate) fn prepare(lab: &Lab) -> anyhow::Result<()> {
         "net.ipv4.ip_forward=1",
         // Out the interface it came in on: no redirects to the sender.
         "net.ipv4.conf.all.send_redirects=0",
-        &format!("net.ipv4.conf.{LB_IF}.send_redirects=0"),
+        &format!("net.ipv4.conf.{lb_if}.send_redirects=0"),
         // The generated sources are not routed back via eth0.
         "net.ipv4.conf.all.rp_filter=0",
-        &format!("net.ipv4.conf.{LB_IF}.rp_filter=0"),
+        &format!("net.ipv4.conf.{lb_if}.rp_filter=0"),
     ])?;
     // The lab routes the VIPs to a gateway nobody owns (for health probes);
     // without that route, a frame to a VIP that nftables did not translate
@@ -67,7 +63,7 @@ pub(crate) fn prepare(lab: &Lab) -> anyhow::Result<()> {
             "lladdr",
             &mac,
             "dev",
-            LB_IF,
+            lb_if,
             "nud",
             "permanent",
         ])?;
@@ -82,46 +78,6 @@ pub(crate) fn prepare(lab: &Lab) -> anyhow::Result<()> {
         "ip", "netns", "exec", &br, "bridge", "fdb", "replace", &client, "dev", "v-cl", "master",
         "static",
     ])?;
-    Ok(())
-}
-
-/// Turns TCP segmentation offload off on `dev` (of the calling thread's
-/// namespace), as `ethtool -K dev tso off` does. With TSO on, veth hands a
-/// forwarded skb to its peer's backlog on the *sending* CPU instead of the
-/// peer's NAPI (`veth_skb_is_eligible_for_gro`, drivers/net/veth.c), so the
-/// kernel-forwarding cases would do the downstream's work on the LB's CPU.
-pub(crate) fn tso_off(dev: &str) -> anyhow::Result<()> {
-    /// `struct ethtool_value`; `ETHTOOL_STSO` (include/uapi/linux/ethtool.h).
-    #[repr(C)]
-    struct EthtoolValue {
-        cmd: u32,
-        data: u32,
-    }
-    const ETHTOOL_STSO: u32 = 0x1f;
-    const SIOCETHTOOL: libc::c_ulong = 0x8946;
-    let mut value = EthtoolValue {
-        cmd: ETHTOOL_STSO,
-        data: 0,
-    };
-    // SAFETY: a zeroed ifreq is valid; the name fits (checked) with its NUL.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    anyhow::ensure!(
-        dev.len() < ifr.ifr_name.len(),
-        "interface name {dev} too long"
-    );
-    for (d, s) in ifr.ifr_name.iter_mut().zip(dev.bytes()) {
-        *d = s as libc::c_char;
-    }
-    ifr.ifr_ifru.ifru_data = (&raw mut value).cast();
-    // SAFETY: plain socket(2); closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
-    anyhow::ensure!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-    // SAFETY: `ifr` and `value` outlive the call.
-    let r = unsafe { libc::ioctl(fd, SIOCETHTOOL as _, &mut ifr) };
-    let err = std::io::Error::last_os_error();
-    // SAFETY: our own descriptor.
-    unsafe { libc::close(fd) };
-    anyhow::ensure!(r == 0, "SIOCETHTOOL ETHTOOL_STSO off on {dev}: {err}");
     Ok(())
 }
 
