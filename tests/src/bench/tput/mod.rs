@@ -6,7 +6,7 @@ mod generator;
 mod report;
 mod topo;
 
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 
 use anyhow::{Context as _, bail};
 use aya::programs::{Xdp, XdpMode};
@@ -359,24 +359,36 @@ impl<'a> Bench<'a> {
             );
         }
         if case.xlb {
-            let after = w.stats()?;
-            let delta = crate::harness::stat_delta(&stats, &after);
-            let tx = after[&Stat::FwdTx] - stats[&Stat::FwdTx];
-            anyhow::ensure!(
-                tx == u64::from(frames),
-                "{}: xlb forwarded {tx} of {frames} frames (counters: {delta:?})",
-                case.name,
-            );
-            if show {
-                let shown: Vec<String> = delta
-                    .iter()
-                    .map(|(s, n)| format!("{} {n}", s.label()))
-                    .collect();
-                println!("         xlb counters: {}", shown.join(", "));
-            }
+            check_forwarded(case, frames, &stats, &w.stats()?, show)?;
         }
         Ok(sample)
     }
+}
+
+/// Fails unless xlb's counters show every frame of the run forwarded (so
+/// the generator restored each one); `show` prints what they counted.
+fn check_forwarded(
+    case: &Case,
+    frames: u32,
+    before: &HashMap<Stat, u64>,
+    after: &HashMap<Stat, u64>,
+    show: bool,
+) -> anyhow::Result<()> {
+    let delta = crate::harness::stat_delta(before, after);
+    let tx = after[&Stat::FwdTx] - before[&Stat::FwdTx];
+    anyhow::ensure!(
+        tx == u64::from(frames),
+        "{}: xlb forwarded {tx} of {frames} frames (counters: {delta:?})",
+        case.name,
+    );
+    if show {
+        let shown: Vec<String> = delta
+            .iter()
+            .map(|(s, n)| format!("{} {n}", s.label()))
+            .collect();
+        println!("         xlb counters: {}", shown.join(", "));
+    }
+    Ok(())
 }
 
 /// Two VIPs over the lab's three backends: `dsr-ipip` on the lab's VIP,
