@@ -8,6 +8,7 @@
 //! adopt pinned maps written by another layout.
 #![no_std]
 
+pub mod bench;
 mod decap;
 pub mod guard;
 pub mod hash;

@@ -212,3 +212,17 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
+// `xlb-tput-bench`'s frame generator and its `XDP_DROP` target: bench-only,
+// loaded by the benchmark, never by the daemon (see bench_gen.rs).
+mod bench_gen;
+
+#[xdp]
+pub(crate) fn xlb_bench_gen(ctx: XdpContext) -> u32 {
+    bench_gen::run(&ctx)
+}
+
+#[xdp]
+pub(crate) fn xlb_bench_drop(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_DROP
+}

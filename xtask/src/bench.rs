@@ -42,6 +42,13 @@ const BENCHES: &[Bench] = &[
         bin: "xlb-guard-bench",
         runs: &[],
     },
+    // Offered rate one CPU pushes through xlb (live frames), against a bare
+    // XDP floor, kernel forwarding and nftables DNAT, in the lab.
+    Bench {
+        package: "xlb-tests",
+        bin: "xlb-tput-bench",
+        runs: &[],
+    },
     // Health checking: when a hung backend leaves the table (VIP policy)
     // and goes hard down, probe CPU cost.
     Bench {

@@ -51,6 +51,9 @@ const TEST_PACKAGES: &[&str] = &[
 const LAB_PACKAGES: &[&str] = &[
     // HTTP load generator that drives traffic through the load balancer.
     "wrk",
+    // `nft`: `xlb-tput-bench` compares xlb with nftables DNAT in the LB
+    // namespace.
+    "nftables",
 ];
 
 /// The LLVM that [`BUILD_PACKAGES`] installs.
