@@ -1,9 +1,10 @@
-//! The conntrack LRU two ways, for `xlb-guard-bench`: the kernel's common
+//! The conntrack LRU two ways, for `xlb-lru-bench`: the kernel's common
 //! LRU (one LRU list for all CPUs, what xlb ships) and a per-CPU LRU
 //! (`BPF_F_NO_COMMON_LRU`: each CPU evicts only from the entries it
 //! inserted). The object declares the common one; the per-CPU one is created
 //! here with the same key, value and size and pinned where the loader looks,
-//! so the loader adopts it instead.
+//! so the loader adopts it instead (aya adopts a pinned map without
+//! comparing its flags, as the daemon's restart does).
 
 use std::{
     ffi::CString,
@@ -79,4 +80,19 @@ impl Drop for PinnedCt {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Runs the calling thread on `cpu` only.
+pub fn pin_to_cpu(cpu: usize) -> anyhow::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the set outlives the call; 0 = this thread.
+    let r = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    anyhow::ensure!(
+        r == 0,
+        "sched_setaffinity to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
 }

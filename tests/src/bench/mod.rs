@@ -8,6 +8,7 @@ pub mod dataplane;
 pub mod figures;
 pub mod health;
 pub mod lru;
+pub mod twocore;
 
 /// Prints the command line this process was started with and the `cargo
 /// xtask bench` command that runs benchmark `bin` the same way, so that a

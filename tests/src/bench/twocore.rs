@@ -1,0 +1,439 @@
+//! Both cores through `xlb_lb` at once, for `xlb-lru-bench`: one thread per
+//! core, pinned to it (`sched_setaffinity`), each running
+//! `BPF_PROG_TEST_RUN` in a loop for the same window, so the two cores'
+//! conntrack inserts and lookups meet in the kernel as RSS queues' would.
+//! A single-threaded test run cannot see the LRU's locks; this can.
+//!
+//! Three conntrack layouts ([`Kind`]): the common LRU xlb ships, a per-CPU
+//! LRU (`BPF_F_NO_COMMON_LRU`, one map), and Katran's (one ordinary LRU per
+//! CPU, in an array of maps). xlb's program has no array of maps, so the
+//! last is played by two worlds, one per core, each with its own common LRU
+//! of half the size: what each core runs is then exactly Katran's per-CPU
+//! map, less the array-of-maps lookup in front of it (an inlined array
+//! lookup, a few ns).
+//!
+//! Loads ([`Load`]): new flows are SYNs to the `dsr-l2` VIP, one per run,
+//! each from a source no run used before (so each misses and inserts);
+//! established packets are `dsr-l2` ACKs of one flow per core in repeat mode
+//! (the output is the same packet with new MACs, which takes the same path
+//! again), its entry inserted by a SYN on that core first.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    sync::Barrier,
+    time::{Duration, Instant},
+};
+
+use aya::programs::{TestRun as _, TestRunOptions, Xdp};
+use lb_common::Stat;
+use lb_user::dataplane::LoadOptions;
+
+use crate::{
+    bench::{
+        dataplane::{Flows, XDP_TX, frame},
+        lru::{NO_COMMON_LRU, PinnedCt, pin_to_cpu},
+    },
+    harness::{SharedWorld, World},
+    packet::{ACK, Flow, SYN, csum},
+};
+
+/// The `dsr-l2` VIP of [`Flows::install`].
+const VIP_L2: &str = "10.100.0.2";
+/// Packets per run for established flows: about 3 ms a run, so a window
+/// ends within a few ms of its deadline.
+pub const EST_REPEAT: u32 = 50_000;
+/// Source ports per source address of [`NewFlows`].
+const PORTS: u32 = 60_000;
+/// Where the IPv4 header starts in an untagged frame.
+const IP_AT: usize = 14;
+
+/// A conntrack layout under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// One `LRU_HASH` with the kernel's common LRU: what xlb ships.
+    Common,
+    /// One `LRU_HASH` with `BPF_F_NO_COMMON_LRU`: each CPU has its own LRU
+    /// list and evicts only entries it inserted; a CPU's share is
+    /// `max_entries / possible CPUs`.
+    PerCpu,
+    /// Katran's: one ordinary LRU per CPU (each half the size), played by
+    /// one world per core.
+    MapPerCpu,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Common, Kind::PerCpu, Kind::MapPerCpu];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Common => "common LRU (shipped)",
+            Kind::PerCpu => "per-CPU LRU (NO_COMMON_LRU)",
+            Kind::MapPerCpu => "LRU map per CPU (Katran)",
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Kind::Common => "lruc",
+            Kind::PerCpu => "lrup",
+            Kind::MapPerCpu => "lruk",
+        }
+    }
+}
+
+/// What a core sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Load {
+    /// SYNs from fresh sources, one per run: every one inserts.
+    NewFlows,
+    /// ACKs of one established flow, repeat mode: every one hits.
+    Established,
+}
+
+/// When a core's loop stops: at the end of the window or after `packets`,
+/// whichever comes first.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub window: Duration,
+    pub packets: u64,
+}
+
+impl Budget {
+    pub fn window(window: Duration) -> Self {
+        Self {
+            window,
+            packets: u64::MAX,
+        }
+    }
+
+    /// `packets`, however long they take (up to ten minutes).
+    pub fn packets(packets: u64) -> Self {
+        Self {
+            window: Duration::from_secs(600),
+            packets,
+        }
+    }
+}
+
+/// What one core did in one window.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tally {
+    pub packets: u64,
+    /// The kernel's own time of the program over all packets.
+    pub kernel: Duration,
+    /// The loop's wall time, syscalls included.
+    pub wall: Duration,
+}
+
+impl Tally {
+    /// Mean ns per packet by the kernel's clock.
+    pub fn ns(&self) -> f64 {
+        self.kernel.as_nanos() as f64 / self.packets.max(1) as f64
+    }
+
+    /// Packets per second a core running only the program would make
+    /// (1 / [`Self::ns`]): the figure an XDP core would see.
+    pub fn rate(&self) -> f64 {
+        1e9 / self.ns()
+    }
+
+    /// Packets per second the loop made, syscalls included.
+    pub fn wall_rate(&self) -> f64 {
+        self.packets as f64 / self.wall.as_secs_f64()
+    }
+}
+
+/// Frames of new flows to the `dsr-l2` VIP, from sources that never repeat
+/// within a lane: flow `n` of lane `l` comes from 198.18.0.0/15 (RFC 2544's
+/// benchmark range), address `l·65536 + n / 60000`, port `1024 + n % 60000`.
+pub struct NewFlows {
+    lane: u8,
+    next: u32,
+    frame: Vec<u8>,
+}
+
+impl NewFlows {
+    /// Lane 0 or 1.
+    pub fn new(lane: u8) -> Self {
+        assert!(lane < 2, "198.18.0.0/15 holds two lanes");
+        Self {
+            lane,
+            next: 0,
+            frame: frame(&Self::flow(lane, 0), SYN),
+        }
+    }
+
+    /// Flow `n` of `lane`.
+    pub fn flow(lane: u8, n: u32) -> Flow {
+        let addr = 0xc612_0000 | (u32::from(lane) << 16) | (n / PORTS);
+        Flow {
+            src: IpAddr::V4(Ipv4Addr::from(addr)),
+            sport: (1024 + n % PORTS) as u16,
+            ..Flow::tcp("0.0.0.0", 0, VIP_L2, 80)
+        }
+    }
+
+    /// How many flows were handed out: the next one's `n`.
+    pub fn position(&self) -> u32 {
+        self.next
+    }
+
+    /// The SYN frame of the next flow: the template with its source address,
+    /// port and header checksum rewritten.
+    pub fn next_frame(&mut self) -> &[u8] {
+        let n = self.next;
+        assert!(n / PORTS < 1 << 16, "lane {} ran out of sources", self.lane);
+        self.next += 1;
+        let f = Self::flow(self.lane, n);
+        let IpAddr::V4(src) = f.src else {
+            unreachable!("lanes are IPv4")
+        };
+        let ip = &mut self.frame[IP_AT..];
+        ip[12..16].copy_from_slice(&src.octets());
+        ip[10..12].fill(0);
+        let c = csum(&ip[..20]);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        ip[20..22].copy_from_slice(&f.sport.to_be_bytes());
+        &self.frame
+    }
+}
+
+/// One core's part: its CPU, its new flows and its established flow.
+struct Lane {
+    cpu: usize,
+    flows: NewFlows,
+    est: Flow,
+}
+
+/// One `BPF_PROG_TEST_RUN` of `prog` on `frame` arriving on `ifindex`:
+/// the verdict and the kernel's mean time per repeat.
+fn run_xdp(prog: &Xdp, ifindex: u32, frame: &[u8], repeat: u32) -> anyhow::Result<(u32, Duration)> {
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex, ... (as
+    // `World::run_repeat`).
+    let md: [u32; 6] = [0, frame.len() as u32, 0, ifindex, 0, 0];
+    let ctx: Vec<u8> = md.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let res = prog.test_run(TestRunOptions {
+        data_in: Some(frame),
+        ctx_in: Some(&ctx),
+        repeat,
+        ..Default::default()
+    })?;
+    Ok((res.return_value, res.duration))
+}
+
+/// Pins the thread to the lane's CPU, readies `load` (an established flow's
+/// SYN on this CPU), waits for every core at `start`, then runs `load`
+/// until the budget is spent.
+fn drive(
+    prog: &Xdp,
+    ifindex: u32,
+    lane: &mut Lane,
+    load: Load,
+    budget: Budget,
+    start: &Barrier,
+) -> anyhow::Result<Tally> {
+    let ready = pin_to_cpu(lane.cpu).and_then(|()| {
+        if load == Load::Established {
+            let (v, _) = run_xdp(prog, ifindex, &frame(&lane.est, SYN), 1)?;
+            anyhow::ensure!(v == XDP_TX, "established flow's SYN: verdict {v}");
+        }
+        Ok(())
+    });
+    // Every core reaches the barrier, failed or not, or the others wait
+    // forever.
+    start.wait();
+    ready?;
+    let ack = frame(&lane.est, ACK);
+    let t0 = Instant::now();
+    let deadline = t0 + budget.window;
+    let mut tally = Tally::default();
+    while tally.packets < budget.packets && Instant::now() < deadline {
+        let (frame, repeat) = match load {
+            Load::NewFlows => (lane.flows.next_frame(), 1),
+            Load::Established => (&ack[..], EST_REPEAT),
+        };
+        let (v, d) = run_xdp(prog, ifindex, frame, repeat)?;
+        anyhow::ensure!(v == XDP_TX, "CPU {}: {load:?}: verdict {v}", lane.cpu);
+        tally.packets += u64::from(repeat);
+        tally.kernel += d * repeat;
+    }
+    tally.wall = t0.elapsed();
+    Ok(tally)
+}
+
+/// A conntrack layout, loaded: its world(s) and the two cores' lanes.
+pub struct Layout {
+    pub kind: Kind,
+    /// One world both cores share, or one per core ([`Kind::MapPerCpu`]).
+    worlds: Vec<SharedWorld>,
+    lanes: Vec<Lane>,
+    /// The per-CPU map's pin directory, removed after the worlds.
+    _pin: Option<PinnedCt>,
+}
+
+impl Layout {
+    /// Loads `kind` with `ct_size` conntrack entries in all, the benchmark's
+    /// VIPs and backends in every world.
+    pub fn new(kind: Kind, ct_size: u32) -> anyhow::Result<Self> {
+        let pin = match kind {
+            Kind::PerCpu => Some(PinnedCt::new(kind.tag(), ct_size, NO_COMMON_LRU)?),
+            Kind::Common | Kind::MapPerCpu => None,
+        };
+        let opts = LoadOptions {
+            ct_size: if kind == Kind::MapPerCpu {
+                ct_size / 2
+            } else {
+                ct_size
+            },
+            ring_stride: lb_common::DEFAULT_TABLE_SIZE,
+            pin_dir: pin.as_ref().map(|p| p.dir.clone()),
+        };
+        let count = if kind == Kind::MapPerCpu { 2 } else { 1 };
+        let mut worlds = Vec::new();
+        for _ in 0..count {
+            let world = SharedWorld::new(kind.tag(), &opts)?;
+            world.run(|w| Flows::install(w).map(drop))?;
+            worlds.push(world);
+        }
+        let lanes = (0..2u8)
+            .map(|l| Lane {
+                cpu: usize::from(l),
+                flows: NewFlows::new(l),
+                est: Flow::tcp(&format!("192.0.2.{}", 10 + l), 40001, VIP_L2, 80),
+            })
+            .collect();
+        Ok(Self {
+            kind,
+            worlds,
+            lanes,
+            _pin: pin,
+        })
+    }
+
+    /// The world core `cpu` runs in.
+    fn world(&self, cpu: usize) -> &SharedWorld {
+        &self.worlds[cpu.min(self.worlds.len() - 1)]
+    }
+
+    /// Runs `load` on the cores `cpus` (each at most once) at once, each
+    /// for `budget`; one tally per core, in the order of `cpus`.
+    pub fn run(
+        &mut self,
+        cpus: &[usize],
+        load: Load,
+        budget: Budget,
+    ) -> anyhow::Result<Vec<Tally>> {
+        let start = Barrier::new(cpus.len());
+        let worlds = &self.worlds;
+        let mut lanes: Vec<&mut Lane> = self
+            .lanes
+            .iter_mut()
+            .filter(|l| cpus.contains(&l.cpu))
+            .collect();
+        lanes.sort_by_key(|l| cpus.iter().position(|&c| c == l.cpu));
+        anyhow::ensure!(lanes.len() == cpus.len(), "cores {cpus:?}: 0 and 1 only");
+        let start = &start;
+        if worlds.len() == 1 {
+            // Both cores through one program and one set of maps; threads
+            // spawned here inherit the world's namespace.
+            return worlds[0].run(|w| {
+                let ifindex = w.ifindex;
+                let prog: &Xdp = w.dp.program::<Xdp>(lb_common::PROG_LB)?;
+                std::thread::scope(|s| {
+                    let cores: Vec<_> = lanes
+                        .into_iter()
+                        .map(|lane| {
+                            s.spawn(move || drive(prog, ifindex, lane, load, budget, start))
+                        })
+                        .collect();
+                    cores.into_iter().map(join).collect()
+                })
+            });
+        }
+        std::thread::scope(|s| {
+            let cores: Vec<_> = lanes
+                .into_iter()
+                .map(|lane| {
+                    let world = &worlds[lane.cpu];
+                    s.spawn(move || {
+                        world.run(|w| {
+                            let ifindex = w.ifindex;
+                            let prog: &Xdp = w.dp.program::<Xdp>(lb_common::PROG_LB)?;
+                            drive(prog, ifindex, lane, load, budget, start)
+                        })
+                    })
+                })
+                .collect();
+            cores.into_iter().map(join).collect()
+        })
+    }
+
+    /// Where core `cpu`'s new flows are: flows handed out so far.
+    pub fn position(&self, cpu: usize) -> u32 {
+        self.lanes[cpu].flows.position()
+    }
+
+    /// How many of core `cpu`'s new flows `from..to` still have their
+    /// conntrack entry (in the map core `cpu` writes).
+    pub fn kept(&self, cpu: usize, from: u32, to: u32) -> anyhow::Result<u32> {
+        self.world(cpu).run(|w| {
+            let mut kept = 0;
+            for n in from..to {
+                let key = NewFlows::flow(cpu as u8, n).key();
+                if w.dp.ct_get(&key)?.is_some() {
+                    kept += 1;
+                }
+            }
+            Ok(kept)
+        })
+    }
+
+    /// Empties every conntrack map.
+    pub fn clear(&self) -> anyhow::Result<()> {
+        for world in &self.worlds {
+            world.run(|w| Ok(w.dp.ct_clear()?))?;
+        }
+        Ok(())
+    }
+
+    /// A counter summed over every world.
+    pub fn stat(&self, stat: Stat) -> anyhow::Result<u64> {
+        let mut sum = 0;
+        for world in &self.worlds {
+            sum += world.run(|w: &mut World| Ok(w.stats()?.get(&stat).copied().unwrap_or(0)))?;
+        }
+        Ok(sum)
+    }
+}
+
+fn join(h: std::thread::ScopedJoinHandle<'_, anyhow::Result<Tally>>) -> anyhow::Result<Tally> {
+    h.join()
+        .map_err(|_| anyhow::anyhow!("a benchmark core's thread panicked"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_flow_frames_are_the_builders_frames() {
+        let mut flows = NewFlows::new(1);
+        for n in 0..=PORTS + 1 {
+            let got = flows.next_frame().to_vec();
+            if n == 0 || n == PORTS - 1 || n == PORTS + 1 {
+                assert_eq!(got, frame(&NewFlows::flow(1, n), SYN), "flow {n}");
+            }
+        }
+        assert_eq!(flows.position(), PORTS + 2);
+    }
+
+    #[test]
+    fn lanes_never_share_a_source() {
+        let a = NewFlows::flow(0, 3 * PORTS + 7);
+        let b = NewFlows::flow(1, 3 * PORTS + 7);
+        assert_ne!(a.src, b.src);
+        assert_eq!(a.src, "198.18.0.3".parse::<IpAddr>().unwrap());
+        assert_eq!(b.src, "198.19.0.3".parse::<IpAddr>().unwrap());
+        assert_eq!(a.sport, 1031);
+    }
+}
