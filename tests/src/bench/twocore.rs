@@ -20,18 +20,23 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr},
+    os::fd::{AsFd as _, BorrowedFd},
     sync::Barrier,
     time::{Duration, Instant},
 };
 
-use aya::programs::{TestRun as _, TestRunOptions, Xdp};
-use lb_common::Stat;
+use anyhow::Context as _;
+use aya::{
+    maps::{MapFd, MapInfo},
+    programs::{TestRun as _, TestRunOptions, Xdp},
+};
+use lb_common::{CtEntry, FlowKey, Stat};
 use lb_user::dataplane::LoadOptions;
 
 use crate::{
     bench::{
         dataplane::{Flows, XDP_TX, frame},
-        lru::{NO_COMMON_LRU, PinnedCt, pin_to_cpu},
+        lru::{NO_COMMON_LRU, PinnedCt, pin_to_cpu, update_batch},
     },
     harness::{SharedWorld, World},
     packet::{ACK, Flow, SYN, csum},
@@ -44,6 +49,8 @@ const VIP_L2: &str = "10.100.0.2";
 pub const EST_REPEAT: u32 = 50_000;
 /// Source ports per source address of [`NewFlows`].
 const PORTS: u32 = 60_000;
+/// Entries per `BPF_MAP_UPDATE_BATCH` of a flood (about half a ms).
+const FLOOD_BATCH: usize = 1024;
 /// Where the IPv4 header starts in an untagged frame.
 const IP_AT: usize = 14;
 
@@ -88,6 +95,11 @@ pub enum Load {
     NewFlows,
     /// ACKs of one established flow, repeat mode: every one hits.
     Established,
+    /// Conntrack inserts of fresh flows from userspace on this core, in
+    /// batches (`BPF_MAP_UPDATE_BATCH`): the LRU's insert path at full
+    /// speed, none of the program's other work and no syscall per entry.
+    /// The most a neighbouring core can press on the LRU.
+    Flood,
 }
 
 /// When a core's loop stops: at the end of the window or after `packets`,
@@ -198,21 +210,73 @@ impl NewFlows {
     }
 }
 
-/// One core's part: its CPU, its new flows and its established flow.
+/// Conntrack entries of fresh flows for [`Load::Flood`], a batch at a time:
+/// flow `n` of lane `l` comes from 100.64.0.0/10 (RFC 6598), address
+/// `l·2²¹ + n / 60000`, port `1024 + n % 60000`, to the `dsr-l2` VIP.
+struct FloodKeys {
+    lane: u8,
+    next: u32,
+    batch: Vec<(FlowKey, CtEntry)>,
+}
+
+impl FloodKeys {
+    fn new(lane: u8) -> Self {
+        Self {
+            lane,
+            next: 0,
+            batch: Vec::with_capacity(FLOOD_BATCH),
+        }
+    }
+
+    fn next_batch(&mut self) -> &[(FlowKey, CtEntry)] {
+        let entry = CtEntry {
+            backend_id: 1,
+            vip_id: 1,
+            ..CtEntry::default()
+        };
+        self.batch.clear();
+        for _ in 0..FLOOD_BATCH {
+            let n = self.next;
+            assert!(n / PORTS < 1 << 21, "lane {} ran out of sources", self.lane);
+            self.next += 1;
+            let addr = 0x6440_0000 | (u32::from(self.lane) << 21) | (n / PORTS);
+            let f = Flow {
+                src: IpAddr::V4(Ipv4Addr::from(addr)),
+                sport: (1024 + n % PORTS) as u16,
+                ..Flow::tcp("0.0.0.0", 0, VIP_L2, 80)
+            };
+            self.batch.push((f.key(), entry));
+        }
+        &self.batch
+    }
+}
+
+/// One core's part: its CPU, its new flows, its flood and its established
+/// flow.
 struct Lane {
     cpu: usize,
     flows: NewFlows,
+    flood: FloodKeys,
     est: Flow,
+}
+
+/// What a core's thread runs against: the program, its ingress interface
+/// and its conntrack map.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    prog: &'a Xdp,
+    ifindex: u32,
+    ct: BorrowedFd<'a>,
 }
 
 /// One `BPF_PROG_TEST_RUN` of `prog` on `frame` arriving on `ifindex`:
 /// the verdict and the kernel's mean time per repeat.
-fn run_xdp(prog: &Xdp, ifindex: u32, frame: &[u8], repeat: u32) -> anyhow::Result<(u32, Duration)> {
+fn run_xdp(t: Target<'_>, frame: &[u8], repeat: u32) -> anyhow::Result<(u32, Duration)> {
     // struct xdp_md: data, data_end, data_meta, ingress_ifindex, ... (as
     // `World::run_repeat`).
-    let md: [u32; 6] = [0, frame.len() as u32, 0, ifindex, 0, 0];
+    let md: [u32; 6] = [0, frame.len() as u32, 0, t.ifindex, 0, 0];
     let ctx: Vec<u8> = md.iter().flat_map(|w| w.to_ne_bytes()).collect();
-    let res = prog.test_run(TestRunOptions {
+    let res = t.prog.test_run(TestRunOptions {
         data_in: Some(frame),
         ctx_in: Some(&ctx),
         repeat,
@@ -221,12 +285,29 @@ fn run_xdp(prog: &Xdp, ifindex: u32, frame: &[u8], repeat: u32) -> anyhow::Resul
     Ok((res.return_value, res.duration))
 }
 
+/// One step of `load`: packets (or entries) and the time they took, by
+/// the kernel's clock (a flood's by the syscall's).
+fn step(t: Target<'_>, lane: &mut Lane, load: Load, ack: &[u8]) -> anyhow::Result<(u64, Duration)> {
+    let (frame, repeat) = match load {
+        Load::NewFlows => (lane.flows.next_frame(), 1),
+        Load::Established => (ack, EST_REPEAT),
+        Load::Flood => {
+            let batch = lane.flood.next_batch();
+            let t0 = Instant::now();
+            let n = update_batch(t.ct, batch).context("BPF_MAP_UPDATE_BATCH of XLB_CT")?;
+            return Ok((u64::from(n), t0.elapsed()));
+        }
+    };
+    let (v, d) = run_xdp(t, frame, repeat)?;
+    anyhow::ensure!(v == XDP_TX, "CPU {}: {load:?}: verdict {v}", lane.cpu);
+    Ok((u64::from(repeat), d * repeat))
+}
+
 /// Pins the thread to the lane's CPU, readies `load` (an established flow's
 /// SYN on this CPU), waits for every core at `start`, then runs `load`
 /// until the budget is spent.
 fn drive(
-    prog: &Xdp,
-    ifindex: u32,
+    t: Target<'_>,
     lane: &mut Lane,
     load: Load,
     budget: Budget,
@@ -234,7 +315,7 @@ fn drive(
 ) -> anyhow::Result<Tally> {
     let ready = pin_to_cpu(lane.cpu).and_then(|()| {
         if load == Load::Established {
-            let (v, _) = run_xdp(prog, ifindex, &frame(&lane.est, SYN), 1)?;
+            let (v, _) = run_xdp(t, &frame(&lane.est, SYN), 1)?;
             anyhow::ensure!(v == XDP_TX, "established flow's SYN: verdict {v}");
         }
         Ok(())
@@ -248,14 +329,9 @@ fn drive(
     let deadline = t0 + budget.window;
     let mut tally = Tally::default();
     while tally.packets < budget.packets && Instant::now() < deadline {
-        let (frame, repeat) = match load {
-            Load::NewFlows => (lane.flows.next_frame(), 1),
-            Load::Established => (&ack[..], EST_REPEAT),
-        };
-        let (v, d) = run_xdp(prog, ifindex, frame, repeat)?;
-        anyhow::ensure!(v == XDP_TX, "CPU {}: {load:?}: verdict {v}", lane.cpu);
-        tally.packets += u64::from(repeat);
-        tally.kernel += d * repeat;
+        let (packets, took) = step(t, lane, load, &ack)?;
+        tally.packets += packets;
+        tally.kernel += took;
     }
     tally.wall = t0.elapsed();
     Ok(tally)
@@ -266,6 +342,8 @@ pub struct Layout {
     pub kind: Kind,
     /// One world both cores share, or one per core ([`Kind::MapPerCpu`]).
     worlds: Vec<SharedWorld>,
+    /// Each world's conntrack map, for floods.
+    cts: Vec<MapFd>,
     lanes: Vec<Lane>,
     /// The per-CPU map's pin directory, removed after the worlds.
     _pin: Option<PinnedCt>,
@@ -289,77 +367,83 @@ impl Layout {
             pin_dir: pin.as_ref().map(|p| p.dir.clone()),
         };
         let count = if kind == Kind::MapPerCpu { 2 } else { 1 };
-        let mut worlds = Vec::new();
+        let (mut worlds, mut cts) = (Vec::new(), Vec::new());
         for _ in 0..count {
             let world = SharedWorld::new(kind.tag(), &opts)?;
-            world.run(|w| Flows::install(w).map(drop))?;
+            cts.push(world.run(|w| {
+                Flows::install(w)?;
+                check_ct(w, kind, opts.ct_size)
+            })?);
             worlds.push(world);
         }
         let lanes = (0..2u8)
             .map(|l| Lane {
                 cpu: usize::from(l),
                 flows: NewFlows::new(l),
+                flood: FloodKeys::new(l),
                 est: Flow::tcp(&format!("192.0.2.{}", 10 + l), 40001, VIP_L2, 80),
             })
             .collect();
         Ok(Self {
             kind,
             worlds,
+            cts,
             lanes,
             _pin: pin,
         })
     }
 
-    /// The world core `cpu` runs in.
-    fn world(&self, cpu: usize) -> &SharedWorld {
-        &self.worlds[cpu.min(self.worlds.len() - 1)]
+    /// The index of the world core `cpu` runs in.
+    fn world_of(&self, cpu: usize) -> usize {
+        cpu.min(self.worlds.len() - 1)
     }
 
-    /// Runs `load` on the cores `cpus` (each at most once) at once, each
-    /// for `budget`; one tally per core, in the order of `cpus`.
-    pub fn run(
-        &mut self,
-        cpus: &[usize],
-        load: Load,
-        budget: Budget,
-    ) -> anyhow::Result<Vec<Tally>> {
-        let start = Barrier::new(cpus.len());
-        let worlds = &self.worlds;
-        let mut lanes: Vec<&mut Lane> = self
-            .lanes
+    /// Runs every `(core, load)` of `jobs` at once (cores 0 and 1, each at
+    /// most once), each for `budget`; one tally per job, in order.
+    pub fn run(&mut self, jobs: &[(usize, Load)], budget: Budget) -> anyhow::Result<Vec<Tally>> {
+        let mut order: Vec<usize> = jobs.iter().map(|j| j.0).collect();
+        order.dedup();
+        anyhow::ensure!(
+            order.len() == jobs.len() && order.iter().all(|&c| c < self.lanes.len()),
+            "cores {order:?}: 0 and 1, each once"
+        );
+        let shared = self.worlds.len() == 1;
+        let Self {
+            worlds, cts, lanes, ..
+        } = self;
+        let start = &Barrier::new(jobs.len());
+        let mut picked: Vec<(&mut Lane, Load)> = lanes
             .iter_mut()
-            .filter(|l| cpus.contains(&l.cpu))
+            .filter_map(|l| jobs.iter().find(|j| j.0 == l.cpu).map(|j| (l, j.1)))
             .collect();
-        lanes.sort_by_key(|l| cpus.iter().position(|&c| c == l.cpu));
-        anyhow::ensure!(lanes.len() == cpus.len(), "cores {cpus:?}: 0 and 1 only");
-        let start = &start;
-        if worlds.len() == 1 {
+        picked.sort_by_key(|(l, _)| order.iter().position(|&c| c == l.cpu));
+        if shared {
             // Both cores through one program and one set of maps; threads
             // spawned here inherit the world's namespace.
+            let ct = cts[0].as_fd();
             return worlds[0].run(|w| {
                 let ifindex = w.ifindex;
                 let prog: &Xdp = w.dp.program::<Xdp>(lb_common::PROG_LB)?;
+                let t = Target { prog, ifindex, ct };
                 std::thread::scope(|s| {
-                    let cores: Vec<_> = lanes
+                    let cores: Vec<_> = picked
                         .into_iter()
-                        .map(|lane| {
-                            s.spawn(move || drive(prog, ifindex, lane, load, budget, start))
-                        })
+                        .map(|(lane, load)| s.spawn(move || drive(t, lane, load, budget, start)))
                         .collect();
                     cores.into_iter().map(join).collect()
                 })
             });
         }
         std::thread::scope(|s| {
-            let cores: Vec<_> = lanes
+            let cores: Vec<_> = picked
                 .into_iter()
-                .map(|lane| {
-                    let world = &worlds[lane.cpu];
+                .map(|(lane, load)| {
+                    let (world, ct) = (&worlds[lane.cpu], cts[lane.cpu].as_fd());
                     s.spawn(move || {
                         world.run(|w| {
                             let ifindex = w.ifindex;
                             let prog: &Xdp = w.dp.program::<Xdp>(lb_common::PROG_LB)?;
-                            drive(prog, ifindex, lane, load, budget, start)
+                            drive(Target { prog, ifindex, ct }, lane, load, budget, start)
                         })
                     })
                 })
@@ -376,7 +460,7 @@ impl Layout {
     /// How many of core `cpu`'s new flows `from..to` still have their
     /// conntrack entry (in the map core `cpu` writes).
     pub fn kept(&self, cpu: usize, from: u32, to: u32) -> anyhow::Result<u32> {
-        self.world(cpu).run(|w| {
+        self.worlds[self.world_of(cpu)].run(|w| {
             let mut kept = 0;
             for n in from..to {
                 let key = NewFlows::flow(cpu as u8, n).key();
@@ -404,6 +488,38 @@ impl Layout {
         }
         Ok(sum)
     }
+}
+
+/// Checks that `xlb_lb` in `w` uses a conntrack map of `kind`'s flags and
+/// `entries` (proof that a pinned per-CPU map was adopted), and returns it.
+fn check_ct(w: &mut World, kind: Kind, entries: u32) -> anyhow::Result<MapFd> {
+    let prog: &mut Xdp = w.dp.program(lb_common::PROG_LB)?;
+    let ids = prog.info()?.map_ids()?.unwrap_or_default();
+    let ct = ids
+        .into_iter()
+        .map(MapInfo::from_id)
+        .find(|m| {
+            m.as_ref()
+                .is_ok_and(|m| m.name() == lb_common::MAP_CT.as_bytes())
+        })
+        .context("xlb_lb uses no XLB_CT map")??;
+    let want = if kind == Kind::PerCpu {
+        NO_COMMON_LRU
+    } else {
+        0
+    };
+    // A per-CPU LRU's size is rounded up to a multiple of the possible
+    // CPUs (kernel/bpf/hashtab.c, htab_map_alloc).
+    let sized =
+        ct.max_entries() == entries || (kind == Kind::PerCpu && ct.max_entries() >= entries);
+    anyhow::ensure!(
+        ct.map_flags() == want && sized,
+        "{}: xlb_lb's XLB_CT has flags {:#x} and {} entries, want {want:#x} and {entries}",
+        kind.name(),
+        ct.map_flags(),
+        ct.max_entries()
+    );
+    Ok(ct.fd()?)
 }
 
 fn join(h: std::thread::ScopedJoinHandle<'_, anyhow::Result<Tally>>) -> anyhow::Result<Tally> {

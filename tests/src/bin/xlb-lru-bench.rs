@@ -12,10 +12,15 @@
 //! 1. Rates per core: new flows (a SYN from a fresh source, one per run,
 //!    so every one misses and inserts) and established packets (repeat
 //!    mode), on a table kept full (a running LB's state: every insert
-//!    evicts). Rounds alternate the layouts and which of one core / two
-//!    cores goes first; medians with their spread. The rate is 1 / the
-//!    kernel's time of the program per packet (what an XDP core doing only
-//!    this would reach); the loop rate with syscalls is printed beside it.
+//!    evicts); each with one core alone and both at once, and new flows
+//!    also on one core while the other floods the map with batched inserts
+//!    (`BPF_MAP_UPDATE_BATCH`, the LRU's insert path with no syscall per
+//!    entry: the most a neighbour can press, where one SYN per syscall
+//!    keeps the two cores' inserts apart most of the time). Rounds rotate
+//!    the layouts, flip the cases' order and alternate the core measured
+//!    alone; medians with their spread. The rate is 1 / the kernel's time
+//!    of the program per packet (what an XDP core doing only this would
+//!    reach), so a core waiting on the other's lock shows in it.
 //! 2. What each layout does to a full table, in small fresh worlds (moved
 //!    here from `xlb-guard-bench`): how many of ¾ × the table's entries,
 //!    inserted on one core, stay; how many of 200 flows inserted on core 0
@@ -106,30 +111,61 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One case's rounds: per-core rates (mean of the cores that ran), ns,
-/// loop rates.
+/// How the cores are used in a case.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cores {
+    /// One core alone (core 0 and core 1 in turn, by round).
+    One,
+    /// Both cores, the same load.
+    Two,
+    /// One core measured while the other floods the conntrack map.
+    Pressed,
+}
+
+impl Cores {
+    fn label(self) -> &'static str {
+        match self {
+            Cores::One => "one core",
+            Cores::Two => "two cores",
+            Cores::Pressed => "one, other core flooding",
+        }
+    }
+}
+
+/// The cases of every layout, in the order of even rounds (odd rounds run
+/// them backwards).
+const CASES: [(Load, Cores); 5] = [
+    (Load::NewFlows, Cores::One),
+    (Load::NewFlows, Cores::Two),
+    (Load::NewFlows, Cores::Pressed),
+    (Load::Established, Cores::One),
+    (Load::Established, Cores::Two),
+];
+
+/// One case's rounds: per-core figures (the mean of the measured cores),
+/// the share of the loop's time in the program, and a flooding core's
+/// inserts per second.
 #[derive(Default)]
 struct Samples {
     rate: Vec<f64>,
     ns: Vec<f64>,
-    wall: Vec<f64>,
+    busy: Vec<f64>,
+    flood: Vec<f64>,
 }
 
 impl Samples {
-    fn push(&mut self, cores: &[Tally]) {
-        let n = cores.len() as f64;
-        self.rate
-            .push(cores.iter().map(Tally::rate).sum::<f64>() / n);
-        self.ns.push(cores.iter().map(Tally::ns).sum::<f64>() / n);
-        self.wall
-            .push(cores.iter().map(Tally::wall_rate).sum::<f64>() / n);
+    fn push(&mut self, measured: &[Tally], flood: Option<&Tally>) {
+        let n = measured.len() as f64;
+        let mean = |f: &dyn Fn(&Tally) -> f64| measured.iter().map(f).sum::<f64>() / n;
+        self.rate.push(mean(&Tally::rate));
+        self.ns.push(mean(&Tally::ns));
+        self.busy
+            .push(mean(&|t| t.kernel.as_secs_f64() / t.wall.as_secs_f64()));
+        if let Some(f) = flood {
+            self.flood.push(f.wall_rate());
+        }
     }
 }
-
-/// Samples by layout, load (new, established), one core / two cores.
-type Results = Vec<[[Samples; 2]; 2]>;
-
-const LOADS: [Load; 2] = [Load::NewFlows, Load::Established];
 
 /// Part 1.
 fn rates(args: &Args) -> anyhow::Result<()> {
@@ -138,41 +174,58 @@ fn rates(args: &Args) -> anyhow::Result<()> {
         let mut l = Layout::new(kind, args.ct_size)?;
         // Fill: each core inserts more than half the table, so every layout
         // is full (a per-CPU share or a per-CPU map is half of it).
-        let fill = u64::from(args.ct_size) * 6 / 10;
-        l.run(&[0, 1], Load::NewFlows, Budget::packets(fill))?;
+        let fill = Budget::packets(u64::from(args.ct_size) * 6 / 10);
+        l.run(&[(0, Load::NewFlows), (1, Load::NewFlows)], fill)?;
         layouts.push(l);
     }
     let fails_before: Vec<u64> = layouts
         .iter()
         .map(|l| l.stat(Stat::CtInsertFail))
         .collect::<anyhow::Result<_>>()?;
-    let mut results: Results = Kind::ALL.iter().map(|_| Default::default()).collect();
+    let mut results: Vec<Vec<Samples>> = Kind::ALL
+        .iter()
+        .map(|_| CASES.iter().map(|_| Samples::default()).collect())
+        .collect();
     let budget = Budget::window(args.window);
     for round in 0..args.rounds {
         for i in 0..layouts.len() {
-            // The layouts' order rotates, and one core / two cores swap.
+            // The layouts' order rotates, the cases' order flips, and the
+            // core measured alone alternates.
             let li = (i + round) % layouts.len();
-            for (ld, load) in LOADS.into_iter().enumerate() {
-                for both in [round % 2 == 1, round % 2 == 0] {
-                    let cpus: &[usize] = if both { &[0, 1] } else { &[0] };
-                    let cores = layouts[li].run(cpus, load, budget)?;
-                    results[li][ld][usize::from(both)].push(&cores);
+            for ci in 0..CASES.len() {
+                let ci = if round % 2 == 0 {
+                    ci
+                } else {
+                    CASES.len() - 1 - ci
+                };
+                let (load, cores) = CASES[ci];
+                let (a, b) = (round % 2, 1 - round % 2);
+                let jobs = match cores {
+                    Cores::One => vec![(a, load)],
+                    Cores::Two => vec![(a, load), (b, load)],
+                    Cores::Pressed => vec![(a, load), (b, Load::Flood)],
+                };
+                let t = layouts[li].run(&jobs, budget)?;
+                match cores {
+                    Cores::Pressed => results[li][ci].push(&t[..1], Some(&t[1])),
+                    Cores::One | Cores::Two => results[li][ci].push(&t, None),
                 }
             }
         }
     }
     println!(
         "conntrack on two cores (BPF_PROG_TEST_RUN, one pinned thread per core; table of {} \
-         entries, kept full; {} ms per case; median [min–max] of {} rounds alternating layouts \
-         and one/two cores; rate = 1 / the kernel's time per packet; loop = the test loop's \
-         own rate, syscalls included)",
+         entries, kept full; {} ms per case; median [min–max] of {} rounds alternating layouts, \
+         cases, and the core measured alone; rate = 1 / the kernel's time per packet; busy = \
+         share of the test loop's time in the program; flooding = the other core writes fresh \
+         entries with BPF_MAP_UPDATE_BATCH, at the M/s of the last column)",
         args.ct_size,
         args.window.as_millis(),
-        args.rounds
+        args.rounds,
     );
-    for (ld, load) in LOADS.into_iter().enumerate() {
+    for load in [Load::NewFlows, Load::Established] {
         println!();
-        report(load, &mut results, ld);
+        report(load, &results);
     }
     println!();
     for (l, before) in layouts.iter().zip(fails_before) {
@@ -196,49 +249,58 @@ fn spread(v: &[f64]) -> String {
 }
 
 /// One load's table and figures.
-fn report(load: Load, results: &mut Results, ld: usize) {
+fn report(load: Load, results: &[Vec<Samples>]) {
     let (what, group, unit) = match load {
-        Load::NewFlows => (
-            "new flows (SYN from a fresh source, dsr-l2, one per run), per core, M/s".to_string(),
-            "conntrack, two cores (new flows/s per core)",
-            "M/s",
-        ),
         Load::Established => (
-            format!("established (dsr-l2 ACK, repeat {EST_REPEAT}), per core, Mpps"),
+            format!("established (dsr-l2 ACK, repeat {EST_REPEAT}), per core"),
             "conntrack, two cores (established packets/s per core)",
             "Mpps",
+        ),
+        _ => (
+            "new flows (SYN from a fresh source, dsr-l2, one per run), per core".to_string(),
+            "conntrack, two cores (new flows/s per core)",
+            "M/s",
         ),
     };
     println!("{what}");
     println!(
-        "{:<30} {:>22} {:>7} {:>22} {:>7} {:>7} {:>8} {:>10}",
-        "layout", "one core", "ns", "two cores", "ns", "2÷1", "÷common", "loop k/s"
+        "{:<28} {:<25} {:>20} {:>6} {:>8} {:>8} {:>5} {:>9}",
+        "layout", "cores", unit, "ns", "÷1 core", "÷common", "busy", "flooding"
     );
     let mega = |v: &[f64]| v.iter().map(|r| r / 1e6).collect::<Vec<f64>>();
-    let common = [0, 1].map(|b| median(&mega(&results[0][ld][b].rate)));
+    let cases: Vec<usize> = (0..CASES.len()).filter(|&c| CASES[c].0 == load).collect();
+    let one = cases[0];
     for (li, kind) in Kind::ALL.into_iter().enumerate() {
-        let [one, two] = &results[li][ld];
-        let (r1, r2) = (mega(&one.rate), mega(&two.rate));
-        println!(
-            "{:<30} {:>22} {:>7.0} {:>22} {:>7.0} {:>7.2} {:>8.2} {:>10.0}",
-            kind.name(),
-            spread(&r1),
-            median(&one.ns),
-            spread(&r2),
-            median(&two.ns),
-            median(&r2) / median(&r1),
-            median(&r2) / common[1],
-            median(&two.wall) / 1e3
-        );
-        let case = |n: &str| format!("{}, {n}", kind.name());
-        let f1 = Figure::median_of(BENCH, group, &case("one core"), &r1, unit);
-        let f2 = Figure::median_of(BENCH, group, &case("two cores"), &r2, unit);
-        if kind == Kind::Common {
-            f1.record();
-            f2.against("common LRU, one core", common[0]).record();
-        } else {
-            f1.against("common LRU, one core", common[0]).record();
-            f2.against("common LRU, two cores", common[1]).record();
+        for (k, &ci) in cases.iter().enumerate() {
+            let cores = CASES[ci].1;
+            let s = &results[li][ci];
+            let r = mega(&s.rate);
+            let vs_one = median(&r) / median(&mega(&results[li][one].rate));
+            let common = median(&mega(&results[0][ci].rate));
+            let flood = if s.flood.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{:.2}", median(&mega(&s.flood)))
+            };
+            println!(
+                "{:<28} {:<25} {:>20} {:>6.0} {vs_one:>8.2} {:>8.2} {:>4.0}% {flood:>9}",
+                if k == 0 { kind.name() } else { "" },
+                cores.label(),
+                spread(&r),
+                median(&s.ns),
+                median(&r) / common,
+                median(&s.busy) * 100.0,
+            );
+            let case = format!("{}, {}", kind.name(), cores.label());
+            let f = Figure::median_of(BENCH, group, &case, &r, unit);
+            let f = match (kind, cores) {
+                (Kind::Common, Cores::One) => f,
+                (Kind::Common, _) => {
+                    f.against("common LRU, one core", median(&mega(&results[0][one].rate)))
+                }
+                (_, c) => f.against(&format!("common LRU, {}", c.label()), common),
+            };
+            f.record();
         }
     }
 }
@@ -272,7 +334,7 @@ fn table_effects() -> anyhow::Result<()> {
 fn inserted_kept(l: &mut Layout, cpu: usize, count: u32) -> anyhow::Result<u32> {
     l.clear()?;
     let from = l.position(cpu);
-    l.run(&[cpu], Load::NewFlows, Budget::packets(u64::from(count)))?;
+    l.run(&[(cpu, Load::NewFlows)], Budget::packets(u64::from(count)))?;
     l.kept(cpu, from, l.position(cpu))
 }
 
@@ -281,12 +343,12 @@ fn inserted_kept(l: &mut Layout, cpu: usize, count: u32) -> anyhow::Result<u32> 
 fn survivors(l: &mut Layout, flood_cpu: usize) -> anyhow::Result<u32> {
     l.clear()?;
     let from = l.position(0);
-    l.run(&[0], Load::NewFlows, Budget::packets(u64::from(LONG_FLOWS)))?;
-    let to = l.position(0);
     l.run(
-        &[flood_cpu],
-        Load::NewFlows,
-        Budget::packets(4 * u64::from(EFFECTS_CT)),
+        &[(0, Load::NewFlows)],
+        Budget::packets(u64::from(LONG_FLOWS)),
     )?;
+    let to = l.position(0);
+    let flood = Budget::packets(4 * u64::from(EFFECTS_CT));
+    l.run(&[(flood_cpu, Load::NewFlows)], flood)?;
     l.kept(0, from, to)
 }
