@@ -14,9 +14,10 @@
 //!
 //! Loads ([`Load`]): new flows are SYNs to the `dsr-l2` VIP, one per run,
 //! each from a source no run used before (so each misses and inserts);
-//! established packets are `dsr-l2` ACKs of one flow per core in repeat mode
-//! (the output is the same packet with new MACs, which takes the same path
-//! again), its entry inserted by a SYN on that core first.
+//! established packets are `dsr-l2` ACKs in repeat mode (the output is the
+//! same packet with new MACs, which takes the same path again), 16 flows
+//! per core taken in turn, their entries inserted by SYNs on that core
+//! first; a flood is batched map updates from userspace ([`Load::Flood`]).
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -49,6 +50,10 @@ const VIP_L2: &str = "10.100.0.2";
 pub const EST_REPEAT: u32 = 50_000;
 /// Source ports per source address of [`NewFlows`].
 const PORTS: u32 = 60_000;
+/// Established flows per core, taken in turn one run each: a lookup's cost
+/// depends on its hash bucket's chain, so one flow alone would carry its
+/// bucket's luck into the figure.
+const EST_FLOWS: u16 = 16;
 /// Entries per `BPF_MAP_UPDATE_BATCH` of a flood (about half a ms).
 const FLOOD_BATCH: usize = 1024;
 /// Where the IPv4 header starts in an untagged frame.
@@ -252,12 +257,12 @@ impl FloodKeys {
 }
 
 /// One core's part: its CPU, its new flows, its flood and its established
-/// flow.
+/// flows.
 struct Lane {
     cpu: usize,
     flows: NewFlows,
     flood: FloodKeys,
-    est: Flow,
+    est: Vec<Flow>,
 }
 
 /// What a core's thread runs against: the program, its ingress interface
@@ -286,11 +291,18 @@ fn run_xdp(t: Target<'_>, frame: &[u8], repeat: u32) -> anyhow::Result<(u32, Dur
 }
 
 /// One step of `load`: packets (or entries) and the time they took, by
-/// the kernel's clock (a flood's by the syscall's).
-fn step(t: Target<'_>, lane: &mut Lane, load: Load, ack: &[u8]) -> anyhow::Result<(u64, Duration)> {
+/// the kernel's clock (a flood's by the syscall's). Established steps take
+/// the lane's flows in turn, `acks[i % EST_FLOWS]`.
+fn step(
+    t: Target<'_>,
+    lane: &mut Lane,
+    load: Load,
+    acks: &[Vec<u8>],
+    i: usize,
+) -> anyhow::Result<(u64, Duration)> {
     let (frame, repeat) = match load {
         Load::NewFlows => (lane.flows.next_frame(), 1),
-        Load::Established => (ack, EST_REPEAT),
+        Load::Established => (&acks[i % acks.len()][..], EST_REPEAT),
         Load::Flood => {
             let batch = lane.flood.next_batch();
             let t0 = Instant::now();
@@ -303,9 +315,9 @@ fn step(t: Target<'_>, lane: &mut Lane, load: Load, ack: &[u8]) -> anyhow::Resul
     Ok((u64::from(repeat), d * repeat))
 }
 
-/// Pins the thread to the lane's CPU, readies `load` (an established flow's
-/// SYN on this CPU), waits for every core at `start`, then runs `load`
-/// until the budget is spent.
+/// Pins the thread to the lane's CPU, readies `load` (the established
+/// flows' SYNs on this CPU), waits for every core at `start`, then runs
+/// `load` until the budget is spent.
 fn drive(
     t: Target<'_>,
     lane: &mut Lane,
@@ -315,8 +327,10 @@ fn drive(
 ) -> anyhow::Result<Tally> {
     let ready = pin_to_cpu(lane.cpu).and_then(|()| {
         if load == Load::Established {
-            let (v, _) = run_xdp(t, &frame(&lane.est, SYN), 1)?;
-            anyhow::ensure!(v == XDP_TX, "established flow's SYN: verdict {v}");
+            for f in &lane.est {
+                let (v, _) = run_xdp(t, &frame(f, SYN), 1)?;
+                anyhow::ensure!(v == XDP_TX, "established flow's SYN: verdict {v}");
+            }
         }
         Ok(())
     });
@@ -324,12 +338,14 @@ fn drive(
     // forever.
     start.wait();
     ready?;
-    let ack = frame(&lane.est, ACK);
+    let acks: Vec<Vec<u8>> = lane.est.iter().map(|f| frame(f, ACK)).collect();
     let t0 = Instant::now();
     let deadline = t0 + budget.window;
     let mut tally = Tally::default();
+    let mut i = 0;
     while tally.packets < budget.packets && Instant::now() < deadline {
-        let (packets, took) = step(t, lane, load, &ack)?;
+        let (packets, took) = step(t, lane, load, &acks, i)?;
+        i += 1;
         tally.packets += packets;
         tally.kernel += took;
     }
@@ -381,7 +397,9 @@ impl Layout {
                 cpu: usize::from(l),
                 flows: NewFlows::new(l),
                 flood: FloodKeys::new(l),
-                est: Flow::tcp(&format!("192.0.2.{}", 10 + l), 40001, VIP_L2, 80),
+                est: (0..EST_FLOWS)
+                    .map(|p| Flow::tcp(&format!("192.0.2.{}", 10 + l), 40001 + p, VIP_L2, 80))
+                    .collect(),
             })
             .collect();
         Ok(Self {

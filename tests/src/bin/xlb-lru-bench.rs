@@ -303,6 +303,10 @@ fn report(load: Load, results: &[Vec<Samples>]) {
             f.record();
         }
     }
+    println!(
+        "(Katran's layout on one core is a common LRU of half the entries: its ÷common there is \
+         the table size's effect, not a lock's; under contention compare the ÷1 core columns.)"
+    );
 }
 
 /// Part 2: what each layout keeps of a full table and through floods, in
