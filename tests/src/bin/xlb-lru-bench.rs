@@ -316,19 +316,34 @@ fn table_effects() -> anyhow::Result<()> {
         "what a full table keeps ({EFFECTS_CT} entries; one run each; flows inserted by SYNs \
          on the core named, from fresh sources)"
     );
-    println!(
-        "{:<30} {:>20} {:>22} {:>22}",
-        "layout",
+    let columns = [
         format!("kept of {} on 1 core", EFFECTS_CT / 4 * 3),
         format!("{LONG_FLOWS} kept, flood core 1"),
-        format!("{LONG_FLOWS} kept, flood core 0")
+        format!("{LONG_FLOWS} kept, flood core 0"),
+    ];
+    println!(
+        "{:<30} {:>20} {:>22} {:>22}",
+        "layout", columns[0], columns[1], columns[2]
     );
     for kind in Kind::ALL {
         let mut l = Layout::new(kind, EFFECTS_CT)?;
-        let capacity = inserted_kept(&mut l, 0, EFFECTS_CT / 4 * 3)?;
-        let other = survivors(&mut l, 1)?;
-        let same = survivors(&mut l, 0)?;
-        println!("{:<30} {capacity:>20} {other:>22} {same:>22}", kind.name());
+        let kept = [
+            inserted_kept(&mut l, 0, EFFECTS_CT / 4 * 3)?,
+            survivors(&mut l, 1)?,
+            survivors(&mut l, 0)?,
+        ];
+        println!(
+            "{:<30} {:>20} {:>22} {:>22}",
+            kind.name(),
+            kept[0],
+            kept[1],
+            kept[2]
+        );
+        for (column, kept) in columns.iter().zip(kept) {
+            let case = format!("{}, {column}", kind.name());
+            let group = format!("conntrack, full table of {EFFECTS_CT} (flows kept)");
+            Figure::new(BENCH, &group, &case, f64::from(kept), "flows").record();
+        }
     }
     Ok(())
 }
