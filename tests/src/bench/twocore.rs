@@ -98,7 +98,7 @@ impl Kind {
 pub enum Load {
     /// SYNs from fresh sources, one per run: every one inserts.
     NewFlows,
-    /// ACKs of one established flow, repeat mode: every one hits.
+    /// ACKs of the core's established flows, repeat mode: every one hits.
     Established,
     /// Conntrack inserts of fresh flows from userspace on this core, in
     /// batches (`BPF_MAP_UPDATE_BATCH`): the LRU's insert path at full
