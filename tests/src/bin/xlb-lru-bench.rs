@@ -16,7 +16,9 @@
 //!    also on one core while the other floods the map with batched inserts
 //!    (`BPF_MAP_UPDATE_BATCH`, the LRU's insert path with no syscall per
 //!    entry: the most a neighbour can press, where one SYN per syscall
-//!    keeps the two cores' inserts apart most of the time). Rounds rotate
+//!    keeps the two cores' inserts apart most of the time); and the LRU
+//!    alone, batched inserts on one core and on both at once, where both
+//!    cores spend nearly all their time in the LRU's insert. Rounds rotate
 //!    the layouts, flip the cases' order and alternate the core measured
 //!    alone; medians with their spread. The rate is 1 / the kernel's time
 //!    of the program per packet (what an XDP core doing only this would
@@ -134,12 +136,14 @@ impl Cores {
 
 /// The cases of every layout, in the order of even rounds (odd rounds run
 /// them backwards).
-const CASES: [(Load, Cores); 5] = [
+const CASES: [(Load, Cores); 7] = [
     (Load::NewFlows, Cores::One),
     (Load::NewFlows, Cores::Two),
     (Load::NewFlows, Cores::Pressed),
     (Load::Established, Cores::One),
     (Load::Established, Cores::Two),
+    (Load::Flood, Cores::One),
+    (Load::Flood, Cores::Two),
 ];
 
 /// One case's rounds: per-core figures (the mean of the measured cores),
@@ -223,7 +227,7 @@ fn rates(args: &Args) -> anyhow::Result<()> {
         args.window.as_millis(),
         args.rounds,
     );
-    for load in [Load::NewFlows, Load::Established] {
+    for load in [Load::NewFlows, Load::Established, Load::Flood] {
         println!();
         report(load, &results);
     }
@@ -256,9 +260,16 @@ fn report(load: Load, results: &[Vec<Samples>]) {
             "conntrack, two cores (established packets/s per core)",
             "Mpps",
         ),
-        _ => (
+        Load::NewFlows => (
             "new flows (SYN from a fresh source, dsr-l2, one per run), per core".to_string(),
             "conntrack, two cores (new flows/s per core)",
+            "M/s",
+        ),
+        Load::Flood => (
+            "the LRU alone: fresh entries written from userspace (BPF_MAP_UPDATE_BATCH, 1024 a \
+             call; rate by the thread's CPU time in the calls), per core"
+                .to_string(),
+            "conntrack, two cores (batched inserts/s per core)",
             "M/s",
         ),
     };
