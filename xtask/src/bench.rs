@@ -49,6 +49,14 @@ const BENCHES: &[Bench] = &[
         bin: "xlb-tput-bench",
         runs: &[],
     },
+    // The conntrack LRU on two cores at once: common, per-CPU and one map
+    // per CPU (Katran), new flows and established packets per core, one
+    // core alone and both; what a full table keeps through floods.
+    Bench {
+        package: "xlb-tests",
+        bin: "xlb-lru-bench",
+        runs: &[],
+    },
     // Health checking: when a hung backend leaves the table (VIP policy)
     // and goes hard down, probe CPU cost.
     Bench {

@@ -1,14 +1,15 @@
-//! The conntrack LRU two ways, for `xlb-guard-bench`: the kernel's common
+//! The conntrack LRU two ways, for `xlb-lru-bench`: the kernel's common
 //! LRU (one LRU list for all CPUs, what xlb ships) and a per-CPU LRU
 //! (`BPF_F_NO_COMMON_LRU`: each CPU evicts only from the entries it
 //! inserted). The object declares the common one; the per-CPU one is created
 //! here with the same key, value and size and pinned where the loader looks,
-//! so the loader adopts it instead.
+//! so the loader adopts it instead (aya adopts a pinned map without
+//! comparing its flags, as the daemon's restart does).
 
 use std::{
     ffi::CString,
     fs,
-    os::fd::{FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
     path::{Path, PathBuf},
 };
 
@@ -16,6 +17,7 @@ use lb_common::{CtEntry, FlowKey, MAP_CT};
 
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
 /// `BPF_F_NO_COMMON_LRU`.
 pub const NO_COMMON_LRU: u32 = 1 << 1;
@@ -32,6 +34,29 @@ fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> std::io::Result<i64> {
 
 fn put_u32(attr: &mut [u8; 128], at: usize, v: u32) {
     attr[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+}
+
+fn put_u64(attr: &mut [u8; 128], at: usize, v: u64) {
+    attr[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+}
+
+/// Writes `entries` into the conntrack map `ct` in one
+/// `BPF_MAP_UPDATE_BATCH` (5.6): each goes through the same LRU insert as
+/// the program's (`htab_lru_map_update_elem`), on the calling CPU, with no
+/// syscall per entry. Returns how many were written.
+pub fn update_batch(ct: BorrowedFd<'_>, entries: &[(FlowKey, CtEntry)]) -> std::io::Result<u32> {
+    let keys: Vec<FlowKey> = entries.iter().map(|(k, _)| *k).collect();
+    let values: Vec<CtEntry> = entries.iter().map(|(_, v)| *v).collect();
+    // struct { u64 in_batch, out_batch, keys, values; u32 count, map_fd;
+    //          u64 elem_flags, flags; }
+    let mut attr = [0u8; 128];
+    put_u64(&mut attr, 16, keys.as_ptr() as u64);
+    put_u64(&mut attr, 24, values.as_ptr() as u64);
+    put_u32(&mut attr, 32, entries.len() as u32);
+    put_u32(&mut attr, 36, ct.as_raw_fd() as u32);
+    bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
+    // The kernel writes back how many it processed.
+    Ok(u32::from_ne_bytes(attr[32..36].try_into().unwrap()))
 }
 
 /// A pin directory on bpffs holding an LRU conntrack map of `entries`
@@ -68,7 +93,6 @@ impl PinnedCt {
         // struct { u64 pathname; u32 bpf_fd; u32 file_flags; }
         let mut attr = [0u8; 128];
         attr[..8].copy_from_slice(&(path.as_ptr() as u64).to_ne_bytes());
-        use std::os::fd::AsRawFd as _;
         put_u32(&mut attr, 8, fd.as_raw_fd() as u32);
         bpf(BPF_OBJ_PIN, &mut attr)?;
         Ok(pinned)
@@ -79,4 +103,19 @@ impl Drop for PinnedCt {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Runs the calling thread on `cpu` only.
+pub fn pin_to_cpu(cpu: usize) -> anyhow::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the set outlives the call; 0 = this thread.
+    let r = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    anyhow::ensure!(
+        r == 0,
+        "sched_setaffinity to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
 }

@@ -9,6 +9,7 @@ pub mod figures;
 pub mod health;
 pub mod lru;
 pub mod tput;
+pub mod twocore;
 
 /// Prints the command line this process was started with and the `cargo
 /// xtask bench` command that runs benchmark `bin` the same way, so that a

@@ -15,11 +15,9 @@
 //!    a denied source (dropped), from a source over its rate (dropped), and
 //!    an established flow forwarded (`dsr-l2`, `XDP_TX`), each the packets
 //!    per second one core pushes, median of the rounds.
-//! 3. The conntrack LRU, common (shipped) against per-CPU
-//!    (`BPF_F_NO_COMMON_LRU`), in alternating fresh worlds: the cost of a
-//!    new flow's insert and of an established hit (one packet per run), and
-//!    how many of 200 flows inserted on CPU 0 keep their entries through a
-//!    SYN flood of 4 × the table from random sources on CPU 1.
+//!
+//! The conntrack LRU (common against per-CPU, one core and two) is
+//! `xlb-lru-bench`.
 
 #![allow(
     unused_crate_dependencies,
@@ -27,10 +25,7 @@
 )]
 #![allow(clippy::print_stdout, reason = "a benchmark's report goes to stdout")]
 
-use std::{
-    net::IpAddr,
-    time::{Duration, Instant},
-};
+use std::{net::IpAddr, time::Instant};
 
 use aya::{
     TestRun as _,
@@ -41,18 +36,16 @@ use lb_common::{
     VipGuard,
 };
 use lb_ctl::ListKind;
-use lb_user::dataplane::{ListKey, LoadOptions, source_key};
-use rand::Rng as _;
+use lb_user::dataplane::{ListKey, source_key};
 use xlb_tests::{
     bench::{
         dataplane::{
             Flows, REPEAT, SINGLES, XDP_DROP, XDP_TX, frame, in_world_with_ct, median, repeat_once,
             single_once,
         },
-        lru::{NO_COMMON_LRU, PinnedCt},
         print_command,
     },
-    harness::{World, in_world, ktime_coarse_ns},
+    harness::{World, ktime_coarse_ns},
     packet::{ACK, Flow, SYN},
 };
 
@@ -78,9 +71,7 @@ fn main() -> anyhow::Result<()> {
         cost(w, &flows)?;
         println!();
         floods(w, &flows)
-    })?;
-    println!();
-    lru()
+    })
 }
 
 /// 100,000 deny entries, none covering 192.0.2.0/24 (the flows' source).
@@ -306,108 +297,4 @@ fn floods(w: &mut World, f: &Flows) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// Part 3's conntrack size, inserts timed, flows that should survive.
-const LRU_CT: u32 = 32_768;
-const LRU_INSERTS: u16 = 10_000;
-const LONG_FLOWS: u16 = 200;
-const LRU_ROUNDS: usize = 5;
-
-/// Part 3: the two LRU kinds in alternating fresh worlds.
-fn lru() -> anyhow::Result<()> {
-    let kinds = [
-        ("common LRU (shipped)", 0),
-        ("per-CPU LRU (BPF_F_NO_COMMON_LRU)", NO_COMMON_LRU),
-    ];
-    let mut results: Vec<[Vec<f64>; 3]> = vec![Default::default(), Default::default()];
-    for _ in 0..LRU_ROUNDS {
-        for (k, (_, flags)) in kinds.iter().enumerate() {
-            let pin = PinnedCt::new("lru", LRU_CT, *flags)?;
-            let opts = LoadOptions {
-                ct_size: LRU_CT,
-                ring_stride: lb_common::DEFAULT_TABLE_SIZE,
-                pin_dir: Some(pin.dir.clone()),
-            };
-            let (insert, hit, kept) = in_world("glru", opts, lru_round)?;
-            results[k][0].push(insert);
-            results[k][1].push(hit);
-            results[k][2].push(f64::from(kept));
-        }
-    }
-    println!(
-        "conntrack LRU ({LRU_CT} entries; one packet per run; median of {LRU_ROUNDS} \
-         alternating worlds; flood = {} SYNs from random sources on CPU 1)",
-        4 * LRU_CT
-    );
-    println!(
-        "{:<38} {:>10} {:>10} {:>16}",
-        "kind", "insert ns", "hit ns", "kept of 200"
-    );
-    for (k, (name, _)) in kinds.iter().enumerate() {
-        let [insert, hit, kept] = &mut results[k];
-        println!(
-            "{name:<38} {:>10.1} {:>10.1} {:>16}",
-            median(insert),
-            median(hit),
-            median(kept)
-        );
-    }
-    Ok(())
-}
-
-/// Runs the calling thread on `cpu` only.
-fn pin_to_cpu(cpu: usize) -> anyhow::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: the set outlives the call; 0 = this thread.
-    let r = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
-    anyhow::ensure!(
-        r == 0,
-        "sched_setaffinity: {}",
-        std::io::Error::last_os_error()
-    );
-    Ok(())
-}
-
-/// One world's figures: insert ns, hit ns, long flows kept.
-fn lru_round(w: &mut World) -> anyhow::Result<(f64, f64, u32)> {
-    let f = Flows::install(w)?;
-    pin_to_cpu(0)?;
-    let mut total = Duration::ZERO;
-    for port in 0..LRU_INSERTS {
-        let new = Flow::tcp("192.0.2.1", 1024 + port, "10.100.0.1", 80);
-        let (verdict, _, d) = w.run_repeat(lb_common::PROG_LB, &frame(&new, SYN), 1)?;
-        anyhow::ensure!(verdict == XDP_TX, "insert: verdict {verdict}");
-        total += d;
-    }
-    let insert = total.as_nanos() as f64 / f64::from(LRU_INSERTS);
-    let ack = frame(&f.ipip, ACK);
-    let hit = single_once(w, lb_common::PROG_LB, &ack, XDP_TX, &mut |_| Ok(()))?;
-    w.dp.ct_clear()?;
-    let long: Vec<Flow> = (0..LONG_FLOWS)
-        .map(|p| Flow::tcp("192.0.2.2", 20_000 + p, "10.100.0.1", 80))
-        .collect();
-    for l in &long {
-        w.run(lb_common::PROG_LB, &frame(l, SYN))?;
-    }
-    pin_to_cpu(1)?;
-    let mut rng = rand::thread_rng();
-    for _ in 0..4 * LRU_CT {
-        let src = format!(
-            "198.18.{}.{}",
-            rng.gen_range(0..=255),
-            rng.gen_range(1..=254)
-        );
-        let flood = Flow::tcp(&src, rng.gen_range(1024..=65535), "10.100.0.1", 80);
-        w.run(lb_common::PROG_LB, &frame(&flood, SYN))?;
-    }
-    let mut kept = 0;
-    for l in &long {
-        if w.dp.ct_get(&l.key())?.is_some() {
-            kept += 1;
-        }
-    }
-    Ok((insert, hit, kept))
 }
