@@ -80,6 +80,13 @@ pub struct ConnectFloodOptions {
     pub then: AfterConnect,
     /// Bound on the request and its answer ([`AfterConnect::Request`]).
     pub request_timeout: Duration,
+    /// Run the flooding thread at `SCHED_IDLE` ([`connect_flood_in`]): it
+    /// still opens connections as fast as it can, but only on CPU time no
+    /// other task wants. In a 2-CPU lab the attacker's own syscalls would
+    /// otherwise take CPU from the well-behaved clients, which a real
+    /// attacker, on another machine, cannot; the load balancer's work for
+    /// the flood (the XDP verdicts in softirq) is still done.
+    pub idle_priority: bool,
 }
 
 impl ConnectFloodOptions {
@@ -97,6 +104,7 @@ impl ConnectFloodOptions {
             connect_timeout: Duration::from_millis(500),
             then: AfterConnect::Request,
             request_timeout: Duration::from_secs(1),
+            idle_priority: false,
         }
     }
 
@@ -254,12 +262,25 @@ pub fn connect_flood_in(
 ) -> Result<ConnectFloodReport, LabError> {
     let what = format!("flooding {} with connects from namespace {ns}", opts.target);
     in_netns(ns, || {
+        if opts.idle_priority {
+            set_idle_priority()?;
+        }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         rt.block_on(connect_flood(opts.clone()))
     })?
     .map_err(|source| LabError::Io { what, source })
+}
+
+/// Puts the calling thread (only) under `SCHED_IDLE`.
+fn set_idle_priority() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a valid parameter; pid 0 is the calling thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Floods from this thread's namespace: starts connects until `count` were
@@ -411,6 +432,20 @@ mod tests {
 
     fn opts(target: SocketAddr) -> ConnectFloodOptions {
         ConnectFloodOptions::new(target, Vec::new(), 10, Duration::from_secs(1))
+    }
+
+    #[test]
+    fn idle_priority_applies_to_the_calling_thread_only() {
+        let policy = || unsafe { libc::sched_getscheduler(0) };
+        let before = policy();
+        let inside = std::thread::spawn(move || {
+            set_idle_priority().unwrap();
+            policy()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside, libc::SCHED_IDLE);
+        assert_eq!(policy(), before, "the caller's own thread is unchanged");
     }
 
     #[test]
