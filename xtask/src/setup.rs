@@ -51,6 +51,9 @@ const TEST_PACKAGES: &[&str] = &[
 const LAB_PACKAGES: &[&str] = &[
     // HTTP load generator that drives traffic through the load balancer.
     "wrk",
+    // `xlb-lab-bench`'s full-proxy comparisons in the LB namespace: HAProxy
+    // in `mode tcp`, and nftables DNAT (`nft`).
+    "haproxy", "nftables",
 ];
 
 /// The LLVM that [`BUILD_PACKAGES`] installs.

@@ -7,6 +7,9 @@
 pub mod dataplane;
 pub mod figures;
 pub mod health;
+pub mod lab_cpu;
+pub mod lab_proxies;
+pub mod lab_wrk;
 pub mod lru;
 
 /// Prints the command line this process was started with and the `cargo
