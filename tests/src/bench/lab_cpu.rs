@@ -53,8 +53,7 @@ pub struct Program {
     pub id: u32,
 }
 
-/// The id of the program after `marker` (`prog/xdp id 42` in `ip -d link`,
-/// `… direct-action id 42 name …` in `tc filter show`).
+/// The id of the program after `marker` (`prog/xdp id 42` in `ip -d link`).
 fn prog_id_after(text: &str, marker: &str) -> Option<u32> {
     let rest = &text[text.find(marker)? + marker.len()..];
     let mut words = rest.split_whitespace();
@@ -83,9 +82,12 @@ fn command_output(program: &str, args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// The programs attached in `lab`: XDP on the LB's eth0, on every backend's
-/// eth0 and on the LB's bridge-side peer, and TC on the LB's eth0 egress
-/// (`xlb_hc`, if attached). Found by attachment, not by name: other labs on
-/// the machine may run programs of the same names.
+/// eth0 and on the LB's bridge-side peer, found by attachment (`ip -d
+/// link`), not by name: other labs on the machine may run programs of the
+/// same names. Plus the LB's `xlb_hc` (TC egress, where every packet the
+/// LB host sends passes): attached as a TCX link, which `tc filter show`
+/// does not list, so it is found as the `xlb_hc` that shares maps with this
+/// lab's `xlb_lb` (one object, one set of maps per instance).
 pub fn lab_programs(lab: &Lab) -> anyhow::Result<Vec<Program>> {
     let mut places: Vec<(String, String)> = vec![(lab.ns_lb(), lab.lb_ifname().to_string())];
     places.extend(
@@ -101,26 +103,37 @@ pub fn lab_programs(lab: &Lab) -> anyhow::Result<Vec<Program>> {
             .with_context(|| format!("no XDP program attached to {ifname} in {ns}: {link}"))?;
         ids.push((format!("{ns} {ifname} xdp"), id));
     }
-    let (lb, ifname) = (lab.ns_lb(), lab.lb_ifname());
-    // tc may be missing or print nothing: the TC program is optional.
-    if let Ok(tc) = command_output(
-        "tc",
-        &["-n", &lb, "filter", "show", "dev", ifname, "egress"],
-    ) && let Some(id) = prog_id_after(&tc, "bpf")
-    {
-        ids.push((format!("{lb} {ifname} tc egress"), id));
-    }
-    let names: BTreeMap<u32, String> = aya::programs::loaded_programs()
+    let loaded: Vec<aya::programs::ProgramInfo> = aya::programs::loaded_programs()
         .filter_map(Result::ok)
-        .map(|p| (p.id(), p.name_as_str().unwrap_or("?").to_string()))
         .collect();
+    let maps_of = |id: u32| -> Vec<u32> {
+        loaded
+            .iter()
+            .find(|p| p.id() == id)
+            .and_then(|p| p.map_ids().ok().flatten())
+            .unwrap_or_default()
+    };
+    let lb_maps = maps_of(ids[0].1);
+    for p in &loaded {
+        if p.name_as_str() == Some("xlb_hc") && maps_of(p.id()).iter().any(|m| lb_maps.contains(m))
+        {
+            ids.push((
+                format!("{} {} tc egress", lab.ns_lb(), lab.lb_ifname()),
+                p.id(),
+            ));
+        }
+    }
+    let name_of = |id: u32| {
+        loaded
+            .iter()
+            .find(|p| p.id() == id)
+            .and_then(|p| p.name_as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("prog {id}"))
+    };
     Ok(ids
         .into_iter()
         .map(|(place, id)| Program {
-            name: names
-                .get(&id)
-                .cloned()
-                .unwrap_or_else(|| format!("prog {id}")),
+            name: name_of(id),
             place,
             id,
         })
@@ -361,7 +374,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn program_ids_from_ip_and_tc() {
+    fn program_ids_from_ip_link() {
         let cases = [
             (
                 "ip -d link, xdp",
@@ -371,11 +384,10 @@ mod tests {
                 Some(412),
             ),
             (
-                "tc filter",
-                "filter protocol all pref 49152 bpf chain 0 handle 0x1 xlb_hc direct-action \
-                 not_in_hw id 77 name xlb_hc tag ab jited",
-                "bpf",
-                Some(77),
+                "id of another attachment first",
+                "7: eth0: mtu 1600 xdp link-netns x id 9 prog/xdp id 412 name xlb_lb",
+                "prog/xdp",
+                Some(412),
             ),
             (
                 "nothing attached",

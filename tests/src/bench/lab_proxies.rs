@@ -22,7 +22,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use xlb_lab::{
-    scenario::{LabRun, command_in},
+    scenario::{LabRun, command_in, log_tail},
     topology::in_netns,
 };
 
@@ -40,13 +40,19 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 const GET_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// LB-namespace sysctls the DNAT path needs, with the values it needs:
-/// forwarding (the lab's LB host never routes otherwise, see
-/// `xlb_lab::topology`), and no ICMP redirects (a DNATed packet leaves by
-/// the interface it came in on, which would make the kernel tell the client
-/// to go to the backend directly). Both `all` and `eth0`: a redirect is sent
-/// if either allows it.
+/// forwarding on eth0, the interface DNATed packets come in by (xlb already
+/// turns it on for `bpf_fib_lookup`, so this is normally a no-op), and no
+/// ICMP redirects (a DNATed packet leaves by the interface it came in on,
+/// which would make the kernel tell the client to go to the backend
+/// directly; sent if either `all` or `eth0` allows it).
+///
+/// Not `net.ipv4.ip_forward`: writing it resets every interface's
+/// `forwarding` (inet_forward_change, net/ipv4/devinet.c), so putting it
+/// back to 0 would turn off eth0's, which xlb set, and `bpf_fib_lookup`
+/// would fail from then on (the data-path health probes through `xlb_hc`
+/// time out and every IPv4 backend goes down).
 const DNAT_SYSCTLS: [(&str, &str); 3] = [
-    ("net/ipv4/ip_forward", "1"),
+    ("net/ipv4/conf/eth0/forwarding", "1"),
     ("net/ipv4/conf/all/send_redirects", "0"),
     ("net/ipv4/conf/eth0/send_redirects", "0"),
 ];
@@ -54,11 +60,13 @@ const DNAT_SYSCTLS: [(&str, &str); 3] = [
 /// HAProxy's configuration: `mode tcp`, round robin over `backends`, no
 /// health checks (nftables has none either, and xlb's own are outside the
 /// data path), no logging. Threads are HAProxy's default (one per CPU), as
-/// an operator would start it.
+/// an operator would start it. `maxconn` is far above wrk's connections but
+/// low enough that the two fds per connection HAProxy reserves fit under a
+/// container's hard fd limit (HAProxy refuses to start otherwise).
 pub fn haproxy_config(listen: SocketAddrV4, backends: &[SocketAddrV4]) -> String {
     let mut cfg = format!(
         "# Written by xlb-lab-bench.\n\
-         global\n    maxconn 20000\n\n\
+         global\n    maxconn 4000\n\n\
          defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 30s\n    \
          timeout server 30s\n\n\
          frontend lab\n    bind {listen}\n    default_backend lab_backends\n\n\
@@ -153,18 +161,16 @@ pub fn start_haproxy(
     ];
     let pid = run.spawn_in("haproxy", &ns, &haproxy, &args)?;
     let client = run.lab().ns_client();
-    wait_answering(&client, listen, "HAProxy").with_context(|| {
-        format!(
-            "HAProxy's log: {}",
-            run.work_dir().join("haproxy.log").display()
-        )
-    })?;
+    // The lab removes its work directory on teardown: quote the log here.
+    let log = run.work_dir().join("haproxy.log");
+    wait_answering(&client, listen, "HAProxy")
+        .with_context(|| format!("HAProxy's log {}:\n{}", log.display(), log_tail(&log)))?;
     Ok(pid)
 }
 
 /// An nftables DNAT table in the LB namespace, with the sysctls it needs;
 /// dropping it deletes the table and puts the sysctls back, so that the
-/// other cases run on the lab as built (no conntrack hooks, no forwarding).
+/// other cases run on the lab as built (no conntrack or NAT hooks).
 pub struct NftDnat {
     ns: String,
     table: String,

@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use xlb_lab::{
     Lab,
-    scenario::{LabRun, Mode, XlbConfig, find_xlb},
+    scenario::{LabRun, Mode, XlbConfig, find_xlb, log_tail},
 };
 use xlb_tests::bench::{
     figures::Figure,
@@ -41,6 +41,9 @@ const USAGE: &str = "usage: xlb-lab-bench [--rounds N] [--duration SECS] [--prof
   --duration SECS     length of each wrk run (default 8)
   --profile-rounds N  rounds of the profile pass, BPF statistics on (default 1; 0: none)
   --compare-only      only direct, xlb dsr-ipip, HAProxy and nftables (no dsr-l2, IPv6)";
+
+/// How long a case waits for every backend to be up before it starts.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The backends' service port, where every path ends.
 const BACKEND_PORT: u16 = 80;
@@ -182,6 +185,11 @@ impl Bench {
         mut around: impl FnMut() -> anyhow::Result<()>,
     ) -> anyhow::Result<WrkResult> {
         let lab = self.run.lab();
+        // A case starts on a healthy lab: the previous one may have loaded
+        // the machine enough that probes timed out and backends went down.
+        self.run
+            .wait_all_up(READY_TIMEOUT)
+            .with_context(|| format!("before case {:?}", case.label()))?;
         let _dnat = match case.path {
             Path::Nft => Some(NftDnat::up(
                 &lab.ns_lb(),
@@ -255,7 +263,7 @@ fn main() -> anyhow::Result<()> {
     let xlb = find_xlb()?;
     let cfg = XlbConfig::lab_default(PREFIX, Mode::DsrIpip, 3);
     let mut run = LabRun::up(PREFIX, &xlb, &cfg.render())?;
-    run.wait_all_up(Duration::from_secs(20))?;
+    run.wait_all_up(READY_TIMEOUT)?;
     let (listen, backends) = {
         let lab = run.lab();
         let backends = lab_proxies::backend_addrs(lab, BACKEND_PORT);
@@ -267,14 +275,22 @@ fn main() -> anyhow::Result<()> {
         load: args.load,
     };
     let cases = cases(args.compare_only);
-    let results = rounds(&bench, &cases, args.rounds)?;
-    let profiled = if args.profile_rounds > 0 {
-        Some(profile(&bench, &cases, args.profile_rounds)?)
-    } else {
-        None
-    };
+    let measured = rounds(&bench, &cases, args.rounds).and_then(|results| {
+        let profiled = if args.profile_rounds > 0 {
+            Some(profile(&bench, &cases, args.profile_rounds)?)
+        } else {
+            None
+        };
+        Ok((results, profiled))
+    });
     let status = bench.run.status_text().unwrap_or_default();
+    if measured.is_err() {
+        // The lab's logs go with it: quote what explains a failure.
+        let log = bench.run.daemon_log();
+        eprintln!("xlb status:\n{status}\nxlb daemon log:\n{}", log_tail(&log));
+    }
     bench.run.shutdown()?;
+    let (results, profiled) = measured?;
 
     report::throughput(&args, &cases, &results);
     if let Some((sampler, usage)) = &profiled {
@@ -293,10 +309,11 @@ mod report {
         Figure::median_of("", "", "", v, "").value
     }
 
-    fn spread(v: &[f64]) -> String {
+    /// `min–max` of `v` with `decimals` decimals.
+    fn spread(v: &[f64], decimals: usize) -> String {
         let min = v.iter().copied().fold(f64::INFINITY, f64::min);
         let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        format!("{min:.0}–{max:.0}")
+        format!("{min:.decimals$}–{max:.decimals$}")
     }
 
     /// The median of one field over a case's rounds (`None` values left out).
@@ -312,14 +329,15 @@ mod report {
     /// of the same connection handling, and the figures.
     pub(super) fn throughput(args: &Args, cases: &[Case], results: &[Vec<WrkResult>]) {
         println!(
-            "\nxlb lab HTTP: wrk {} --latency from the client namespace, {} rounds, the cases \
-             alternating; medians (min–max over rounds); every process shares this machine's CPUs",
+            "\nxlb lab HTTP: wrk {} --latency from the client namespace; rounds: {}, the cases \
+             alternating; medians (min–max over rounds); ×direct: against the direct case of the \
+             same connection handling; every process shares this machine's CPUs",
             args.load.describe(),
             args.rounds
         );
         println!(
-            "{:<34} {:>8} {:>15} {:>8} {:>8} {:>13} {:>8}  errors (all rounds)",
-            "case", "req/s", "spread", "×direct", "p50 ms", "p99 ms", "p99 ×dir"
+            "{:<30} {:>7} {:>13} {:>7} {:>7} {:>7} {:>11} {:>7}  errors/requests",
+            "case", "req/s", "min–max", "×direct", "p50 ms", "p99 ms", "min–max", "×direct"
         );
         for (i, case) in cases.iter().enumerate() {
             let rps = values(&results[i], |r| Some(r.rps));
@@ -333,18 +351,14 @@ mod report {
             let errors: u64 = results[i].iter().map(|r| r.errors).sum();
             let requests: u64 = results[i].iter().map(|r| r.requests).sum();
             println!(
-                "{:<34} {:>8.0} {:>15} {:>8} {:>8.2} {:>13} {:>8}  {errors} of {requests}",
+                "{:<30} {:>7.0} {:>13} {:>7} {:>7.2} {:>7.2} {:>11} {:>7}  {errors}/{requests}",
                 case.label(),
                 median(&rps),
-                spread(&rps),
+                spread(&rps, 0),
                 ratio(median(&rps), base_rps),
                 median(&p50),
-                format!(
-                    "{:.2} ({:.2}–{:.2})",
-                    median(&p99),
-                    p99.iter().copied().fold(f64::INFINITY, f64::min),
-                    p99.iter().copied().fold(0.0, f64::max)
-                ),
+                median(&p99),
+                spread(&p99, 2),
                 ratio(median(&p99), base_p99),
             );
             let figure = |group: &str, v: &[f64], unit: &str, b: Option<f64>| {
