@@ -360,6 +360,13 @@ impl Usage {
             100.0 * ns as f64 / self.total_ns().max(1.0),
         ))
     }
+
+    /// Run time of every program per completed request, in µs: xlb's own
+    /// cost of a request, to set against [`Usage::busy_us_per_request`].
+    pub fn programs_us_per_request(&self) -> f64 {
+        let ns: u64 = self.progs.values().map(|(ns, _)| ns).sum();
+        ns as f64 / 1e3 / self.requests.max(1) as f64
+    }
 }
 
 /// `sysconf(_SC_CLK_TCK)`: the unit of `/proc/stat` and `/proc/<pid>/stat`.
@@ -437,5 +444,6 @@ mod tests {
         assert_eq!(u.pct_ticks(u.groups[WRK_GROUP]), 25.0);
         assert_eq!(u.pct_ticks(u.cpu.idle), 50.0);
         assert!(u.program("xlb_decap").is_none());
+        assert_eq!(u.programs_us_per_request(), 0.4);
     }
 }

@@ -380,19 +380,20 @@ mod report {
     pub(super) fn programs(sampler: &Sampler, cases: &[Case], usage: &[Usage]) {
         println!(
             "\nwhere the CPU goes, 1/2: xlb's programs (BPF run-time statistics on; {} profiled \
-             run(s) per case): ns per run, runs per request, % of all CPU time",
+             run(s) per case): ns per run, runs per request, % of all CPU time; then all of \
+             them per request (µs) and as % of the busy CPU time per request",
             usage.first().map_or(0, |u| u.runs)
         );
         for p in sampler.programs() {
             println!("  {:<10} id {:<6} {}", p.name, p.id, p.place);
         }
-        print!("{:<34}", "case");
+        print!("{:<30}", "case");
         for name in PROGRAMS {
             print!(" {:>26}", format!("{name} ns, /req, %"));
         }
-        println!();
+        println!(" {:>8} {:>7}", "µs/req", "% busy");
         for (case, u) in cases.iter().zip(usage) {
-            print!("{:<34}", case.label());
+            print!("{:<30}", case.label());
             for name in PROGRAMS {
                 let cell = u
                     .program(name)
@@ -401,7 +402,11 @@ mod report {
                     });
                 print!(" {cell:>26}");
             }
-            println!();
+            let ours = u.programs_us_per_request();
+            println!(
+                " {ours:>8.2} {:>6.1}%",
+                100.0 * ours / u.busy_us_per_request().max(f64::MIN_POSITIVE)
+            );
             if *case == super::compared_xlb() {
                 for name in PROGRAMS {
                     if let Some((ns, _, _)) = u.program(name) {
@@ -409,6 +414,16 @@ mod report {
                             .record();
                     }
                 }
+                // All programs' run time per request: what xlb adds.
+                let name = "all of them, per request";
+                Figure::new(
+                    BENCH,
+                    "lab xlb programs (ns per run)",
+                    name,
+                    ours * 1e3,
+                    "ns",
+                )
+                .record();
             }
         }
     }
@@ -429,7 +444,7 @@ mod report {
              the lab's processes' own time (user + system)"
         );
         print!(
-            "{:<34} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6}",
+            "{:<30} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6}",
             "case", "µs/req", "user", "sys", "irq", "steal", "idle"
         );
         for g in GROUPS {
@@ -439,7 +454,7 @@ mod report {
         for (case, u) in cases.iter().zip(usage) {
             let c = &u.cpu;
             print!(
-                "{:<34} {:>9.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1}",
+                "{:<30} {:>9.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1} {:>6.1}",
                 case.label(),
                 u.busy_us_per_request(),
                 u.pct_ticks(c.user),
