@@ -3,8 +3,8 @@
 //! (round robin) and nftables DNAT (`numgen random mod 3`, masqueraded so
 //! that answers come back through the LB).
 //!
-//! Both listen on the LB host's own address on ports of their own, never on
-//! a VIP: xlb's XDP program stays attached to the LB's eth0 for the whole
+//! Both listen on the LB host's own addresses (HAProxy on its main one,
+//! nftables on one of its own, see [`NFT_LISTEN`]), never on a VIP: xlb's XDP program stays attached to the LB's eth0 for the whole
 //! run (the cases alternate round by round) and would take VIP traffic
 //! before either saw it. Their packets still cross `xlb_lb` (passed: not a
 //! VIP) and the decapsulators (passed: not a tunnel), as the direct case's
@@ -23,14 +23,25 @@ use std::{
 use anyhow::{Context as _, bail};
 use xlb_lab::{
     scenario::{LabRun, command_in, log_tail},
-    topology::in_netns,
+    topology::{HOST_IFNAME, in_netns},
 };
 
 /// HAProxy's listening port on the LB host's address.
 pub const HAPROXY_PORT: u16 = 8081;
 
-/// The port nftables DNATs on the LB host's address.
-pub const NFT_PORT: u16 = 8082;
+/// Where nftables DNATs, and the source it rewrites to: an address of the
+/// LB host's own, added to its eth0 only while the table exists, a free host
+/// of the lab's segment (.1 gateway, .2 LB, .9 flooder, .10 client, .11 and
+/// up backends).
+///
+/// Not the LB's main address, which HAProxy connects from: a backend keeps
+/// TIME_WAIT for every connection of the `Connection: close` runs, and a
+/// SYN from a port HAProxy used moments ago, with the client's unrelated
+/// sequence and timestamps, fails its TIME_WAIT check (PAWS) and waits for
+/// a retransmission, in whichever of the two cases comes second: measured,
+/// nftables fell from ~8,000 to ~350 req/s. Real deployments do not share
+/// one source address between a proxy and a NAT either.
+pub const NFT_LISTEN: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 99, 0, 3), 8082);
 
 /// How long HAProxy (or a freshly installed DNAT) gets to answer its first
 /// request.
@@ -79,8 +90,8 @@ pub fn haproxy_config(listen: SocketAddrV4, backends: &[SocketAddrV4]) -> String
 }
 
 /// The nftables table: DNAT of `listen` to one of `backends` at random, and
-/// masquerade of what was DNATed, so that backends answer the LB and the LB
-/// answers the client (a full proxy's path, as HAProxy's).
+/// SNAT of what was DNATed to `listen`'s address, so that backends answer
+/// the LB and the LB answers the client (a full proxy's path, as HAProxy's).
 pub fn nft_ruleset(table: &str, listen: SocketAddrV4, backends: &[SocketAddrV4]) -> String {
     let map: Vec<String> = backends
         .iter()
@@ -96,7 +107,7 @@ pub fn nft_ruleset(table: &str, listen: SocketAddrV4, backends: &[SocketAddrV4])
          \x20 }}\n\
          \x20 chain post {{\n\
          \x20   type nat hook postrouting priority srcnat; policy accept;\n\
-         \x20   ct status dnat ip daddr {{ {} }} masquerade\n\
+         \x20   ct status dnat ip daddr {{ {} }} snat ip to {}\n\
          \x20 }}\n\
          }}\n",
         listen.ip(),
@@ -104,6 +115,7 @@ pub fn nft_ruleset(table: &str, listen: SocketAddrV4, backends: &[SocketAddrV4])
         backends.len(),
         map.join(", "),
         daddrs.join(", "),
+        listen.ip(),
     )
 }
 
@@ -177,6 +189,8 @@ pub struct NftDnat {
     nft: PathBuf,
     installed: bool,
     saved: Vec<(&'static str, String)>,
+    /// `10.99.0.3/32`, once added to eth0.
+    address: Option<String>,
 }
 
 impl NftDnat {
@@ -196,7 +210,11 @@ impl NftDnat {
             nft: find_program("nft")?,
             installed: false,
             saved: Vec::new(),
+            address: None,
         };
+        let address = format!("{}/32", listen.ip());
+        ip_addr(ns, "add", &address)?;
+        guard.address = Some(address);
         for (key, value) in DNAT_SYSCTLS {
             let old = sysctl(ns, key, None)?;
             guard.saved.push((key, old));
@@ -230,6 +248,11 @@ impl Drop for NftDnat {
                 );
             }
         }
+        if let Some(address) = self.address.take()
+            && let Err(e) = ip_addr(&self.ns, "del", &address)
+        {
+            eprintln!("xlb-lab-bench: {e:#}");
+        }
         for (key, old) in self.saved.drain(..).rev() {
             if let Err(e) = sysctl(&self.ns, key, Some(&old)) {
                 eprintln!(
@@ -239,6 +262,16 @@ impl Drop for NftDnat {
             }
         }
     }
+}
+
+/// `ip -n NS addr add|del ADDRESS dev eth0`.
+fn ip_addr(ns: &str, verb: &str, address: &str) -> anyhow::Result<()> {
+    let mut cmd = Command::new("ip");
+    cmd.args(["-n", ns, "addr", verb, address, "dev", HOST_IFNAME]);
+    run_checked(
+        cmd,
+        &format!("`ip -n {ns} addr {verb} {address} dev {HOST_IFNAME}`"),
+    )
 }
 
 /// Reads (`value` `None`) or writes a sysctl of namespace `ns` through
@@ -321,13 +354,13 @@ mod tests {
     }
 
     #[test]
-    fn nft_dnat_picks_one_of_three_and_masquerades() {
+    fn nft_dnat_picks_one_of_three_and_snats() {
         let rules = nft_ruleset("t", "10.99.0.2:8082".parse().unwrap(), &backends());
         for want in [
             "table ip t {",
             "ip daddr 10.99.0.2 tcp dport 8082 dnat ip addr . port to numgen random mod 3 map \
              { 0 : 10.99.0.11 . 80, 1 : 10.99.0.12 . 80, 2 : 10.99.0.13 . 80 }",
-            "ct status dnat ip daddr { 10.99.0.11, 10.99.0.12, 10.99.0.13 } masquerade",
+            "ct status dnat ip daddr { 10.99.0.11, 10.99.0.12, 10.99.0.13 } snat ip to 10.99.0.2",
         ] {
             assert!(rules.contains(want), "{want:?} missing from:\n{rules}");
         }
