@@ -379,6 +379,14 @@ mod report {
         figures.iter().flatten().for_each(Figure::record);
     }
 
+    /// A figure of the profile pass: a total over its runs (no spread).
+    fn profiled(u: &Usage, group: &str, case: &str, value: f64, unit: &str) -> Figure {
+        Figure {
+            runs: u.runs,
+            ..Figure::new(BENCH, group, case, value, unit)
+        }
+    }
+
     /// Program names in the order of the data path.
     const PROGRAMS: [&str; 4] = ["xlb_lb", "xlb_hc", "xlb_decap", "xlb_pass"];
 
@@ -419,20 +427,12 @@ mod report {
                     if let Some((ns, per_req, _)) = u.program(name)
                         && per_req >= 0.5
                     {
-                        Figure::new(BENCH, "lab xlb programs (ns per run)", name, ns, "ns")
-                            .record();
+                        profiled(u, "lab xlb programs (ns per run)", name, ns, "ns").record();
                     }
                 }
                 // All programs' run time per request: what xlb adds.
                 let name = "all of them, per request";
-                Figure::new(
-                    BENCH,
-                    "lab xlb programs (ns per run)",
-                    name,
-                    ours * 1e3,
-                    "ns",
-                )
-                .record();
+                profiled(u, "lab xlb programs (ns per run)", name, ours * 1e3, "ns").record();
             }
         }
     }
@@ -480,13 +480,8 @@ mod report {
             }
             println!();
             let base = index_of(cases, case.baseline()).map(|b| usage[b].busy_us_per_request());
-            let f = Figure::new(
-                BENCH,
-                "lab busy CPU per request (µs)",
-                &case.label(),
-                u.busy_us_per_request(),
-                "µs",
-            );
+            let group = "lab busy CPU per request (µs)";
+            let f = profiled(u, group, &case.label(), u.busy_us_per_request(), "µs");
             match base.filter(|_| case.path != super::Path::Direct) {
                 Some(b) => f.against(&case.baseline().label(), b),
                 None => f,
