@@ -225,8 +225,9 @@ impl NftDnat {
             .with_context(|| format!("writing {}", path.display()))?;
         let mut cmd = command_in(ns, &guard.nft)?;
         cmd.arg("-f").arg(&path);
-        guard.installed = true;
+        // `nft -f` applies the file as one transaction: all of it or nothing.
         run_checked(cmd, &format!("`nft -f {}` in {ns}", path.display()))?;
+        guard.installed = true;
         wait_answering(client_ns, listen, "nftables DNAT")?;
         Ok(guard)
     }
