@@ -85,7 +85,8 @@ const BENCHES: &[Bench] = &[
         bin: "xlb-flap-bench",
         runs: LAB_BINARIES,
     },
-    // HTTP throughput through xlb in the lab, with wrk, next to no LB.
+    // HTTP through the lab with wrk: direct to one backend, xlb, HAProxy
+    // (`mode tcp`) and nftables DNAT; where the CPU goes (BPF run-time stats).
     Bench {
         package: "xlb-tests",
         bin: "xlb-lab-bench",

@@ -51,9 +51,10 @@ const TEST_PACKAGES: &[&str] = &[
 const LAB_PACKAGES: &[&str] = &[
     // HTTP load generator that drives traffic through the load balancer.
     "wrk",
-    // `nft`: `xlb-tput-bench` compares xlb with nftables DNAT in the LB
-    // namespace.
-    "nftables",
+    // `xlb-lab-bench`'s full-proxy comparisons in the LB namespace: HAProxy
+    // in `mode tcp`, and nftables DNAT (`nft`), which `xlb-tput-bench`
+    // compares with too.
+    "haproxy", "nftables",
 ];
 
 /// The LLVM that [`BUILD_PACKAGES`] installs.

@@ -7,6 +7,9 @@
 pub mod dataplane;
 pub mod figures;
 pub mod health;
+pub mod lab_cpu;
+pub mod lab_proxies;
+pub mod lab_wrk;
 pub mod lru;
 pub mod tput;
 pub mod twocore;
