@@ -38,6 +38,8 @@ pub(super) struct HealthLayer {
     down_interval: Option<Duration>,
     jitter: Option<f64>,
     via: Option<spec::Via>,
+    reuse_connection: Option<bool>,
+    reopen_every: Option<u32>,
 }
 
 /// A layer and its place in the file (the context of its messages).
@@ -180,8 +182,28 @@ fn http_fields(raw: &RawHealth, ctx: &str, p: &mut Problems<'_>) -> HealthLayer 
         host,
         expect_status: expect_status(raw.expect_status.as_deref(), ctx, p),
         body_contains,
+        reuse_connection: raw.reuse_connection,
+        reopen_every: reopen_every(raw.reopen_every, ctx, p),
         ..HealthLayer::default()
     }
+}
+
+/// Probes per reused connection: at least 2 (1 is no reuse at all).
+fn reopen_every(value: Option<u32>, ctx: &str, p: &mut Problems<'_>) -> Option<u32> {
+    let n = value?;
+    if spec::is_reopen_every(n) {
+        return Some(n);
+    }
+    p.error(
+        ctx,
+        format!(
+            "reopen_every {n} is out of range; use {} to {} probes per connection (for a new \
+             connection every probe, remove reuse_connection)",
+            spec::MIN_REOPEN_EVERY,
+            spec::MAX_REOPEN_EVERY
+        ),
+    );
+    None
 }
 
 /// `value` if `valid`; otherwise the error `message` gives, and `None`.
@@ -384,6 +406,8 @@ fn check_no_http_fields(layers: &[Layer<'_>], p: &mut Problems<'_>) {
             ("host", layer.host.is_some()),
             ("expect_status", layer.expect_status.is_some()),
             ("body_contains", layer.body_contains.is_some()),
+            ("reuse_connection", layer.reuse_connection.is_some()),
+            ("reopen_every", layer.reopen_every.is_some()),
         ];
         for (field, set) in http_fields {
             if set {
@@ -414,6 +438,7 @@ fn http_check(layers: &[Layer<'_>], p: &mut Problems<'_>) -> HttpCheck {
             .0
             .unwrap_or_else(|| vec![spec::defaults::EXPECT_STATUS]),
         body_contains: pick(layers, |l| &l.body_contains).0,
+        reuse_connection: reuse_connection(layers, p),
     };
     // Unreachable while `parse` applies the same rules field by field; kept
     // so that a rule added to `HttpCheck::validate` alone cannot let a config
@@ -425,6 +450,28 @@ fn http_check(layers: &[Layer<'_>], p: &mut Problems<'_>) -> HttpCheck {
         );
     }
     check
+}
+
+/// `reopen_every` (or its default) when the merged `reuse_connection` is
+/// true. `reopen_every` set where it cannot apply (alongside or below the
+/// table that leaves reuse off) is a mistake; inherited from a less
+/// specific table that turned reuse on, it is simply not used.
+fn reuse_connection(layers: &[Layer<'_>], p: &mut Problems<'_>) -> Option<u32> {
+    let (reuse, reuse_src) = pick(layers, |l| &l.reuse_connection);
+    let reopen = pick(layers, |l| &l.reopen_every).0;
+    if reuse == Some(true) {
+        return Some(reopen.unwrap_or(spec::DEFAULT_REOPEN_EVERY));
+    }
+    for (layer, ctx) in &layers[reuse_src.unwrap_or(0)..] {
+        if layer.reopen_every.is_some() {
+            p.error(
+                ctx,
+                "reopen_every applies only with reuse_connection = true; set \
+                 reuse_connection = true or remove reopen_every",
+            );
+        }
+    }
+    None
 }
 
 /// Serializes a [`CheckSpec`] with the file's names and spellings (for
@@ -443,6 +490,10 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         expect_status: Option<Vec<String>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         body_contains: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reuse_connection: Option<bool>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reopen_every: Option<u32>,
         port: u16,
         #[serde(serialize_with = "ser_duration")]
         interval: Duration,
@@ -471,6 +522,8 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         host: http.and_then(|h| h.host.as_deref()),
         expect_status: http.map(|h| h.expect_status.iter().map(|&r| status_text(r)).collect()),
         body_contains: http.and_then(|h| h.body_contains.as_deref()),
+        reuse_connection: http.map(|h| h.reuse_connection.is_some()),
+        reopen_every: http.and_then(|h| h.reuse_connection),
         port: spec.port,
         interval: spec.interval,
         timeout: spec.timeout,
@@ -576,6 +629,7 @@ address = "10.0.0.1"
                 host: host.map(Into::into),
                 expect_status: vec![status],
                 body_contains: None,
+                reuse_connection: None,
             })
         };
         let base = CheckSpec {

@@ -25,7 +25,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::datapath::DatapathTarget;
 use super::machine::{HealthMachine, HealthSnapshot, HealthState, Transition, initial_delay};
-use super::probe::{ProbeClass, ProbeResult, probe_via};
+use super::probe::{ConnSlot, ProbeClass, ProbeResult, probe_reusing};
 use super::spec::CheckSpec;
 
 /// Probes in flight at once unless configured otherwise: enough for 1,000
@@ -159,7 +159,7 @@ impl Scheduler {
     }
 
     /// [`Self::upsert`], probing through the data path when `path` is given
-    /// (see [`probe_via`]), and with the deadline in `auto` when the spec
+    /// (see [`super::probe::probe_via`]), and with the deadline in `auto` when the spec
     /// says `timeout = "auto"`. A changed path or deadline source restarts
     /// the task like a changed spec.
     pub fn upsert_via(
@@ -224,6 +224,7 @@ impl Scheduler {
             shared: Arc::clone(&self.shared),
             semaphore: Arc::clone(&self.semaphore),
             tx: self.tx.clone(),
+            conn: ConnSlot::default(),
         }));
         self.tasks.insert(
             id,
@@ -293,6 +294,8 @@ struct BackendTask {
     shared: Shared,
     semaphore: Arc<Semaphore>,
     tx: mpsc::Sender<Report>,
+    /// The kept connection of `reuse_connection`; closed with the task.
+    conn: ConnSlot,
 }
 
 impl BackendTask {
@@ -404,7 +407,12 @@ async fn probe_once(
 ) {
     let _permit = permit;
     let spec = &task.spec;
-    let mut probing = pin!(probe_via(target, spec, task.path.as_ref()));
+    let mut probing = pin!(probe_reusing(
+        target,
+        spec,
+        task.path.as_ref(),
+        Some(&task.conn)
+    ));
     let mut first_word = Some(first_word);
     let timeout = task.timeout();
     let late_at = tokio::time::Instant::now() + timeout;

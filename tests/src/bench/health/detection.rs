@@ -55,6 +55,7 @@ pub(super) fn http_spec(f: impl FnOnce(&mut CheckSpec)) -> CheckSpec {
             host: None,
             expect_status: vec![defaults::EXPECT_STATUS],
             body_contains: None,
+            reuse_connection: None,
         }),
         port: 0,
         interval: defaults::INTERVAL,
