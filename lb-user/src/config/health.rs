@@ -840,6 +840,48 @@ hang_timeout = "8s"
         }
     }
 
+    /// `reuse_connection` and `reopen_every`, merged like the HTTP fields:
+    /// the most specific table that sets each decides.
+    #[test]
+    fn reuse_connection_resolution() {
+        let every = spec::DEFAULT_REOPEN_EVERY;
+        // (name, [health_check], [vip.health_check], backend's, want)
+        let cases = [
+            ("off by default", "", "", "", None),
+            ("on, default reopen_every", "reuse_connection = true", "", "", Some(every)),
+            (
+                "on with reopen_every",
+                "reuse_connection = true\nreopen_every = 50",
+                "",
+                "",
+                Some(50),
+            ),
+            (
+                "reopen_every below, reuse above",
+                "reuse_connection = true",
+                "",
+                "reopen_every = 2",
+                Some(2),
+            ),
+            (
+                "turned off below: the inherited reopen_every is unused",
+                "reuse_connection = true\nreopen_every = 5",
+                "reuse_connection = false",
+                "",
+                None,
+            ),
+            ("explicitly off", "reuse_connection = false", "", "", None),
+        ];
+        for (name, daemon, vip_layer, backend, want) in cases {
+            let config = ok(name, &layered(daemon, vip_layer, backend));
+            let got = match &config.vips[0].backends[0].health.kind {
+                CheckKind::Http(h) => h.reuse_connection,
+                CheckKind::Tcp => panic!("{name}: not HTTP"),
+            };
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
     #[test]
     fn value_forms() {
         type Check = fn(&CheckSpec) -> bool;
@@ -1020,6 +1062,35 @@ expect_status = ["200"]
 "#) => [
             r#"xlb.toml: vip "api": health_check: path applies only to kind = "http", but this check's kind is "tcp"; remove path or set kind = "http""#,
             r#"xlb.toml: vip "api": backend 10.0.0.11:80: health_check: expect_status applies only to kind = "http", but this check's kind is "tcp"; remove expect_status or set kind = "http""#,
+        ];
+        reopen_every_out_of_range: layered(
+            "reuse_connection = true\nreopen_every = 1",
+            "reopen_every = 1001",
+            "",
+        ) => [
+            r#"xlb.toml: health_check: reopen_every 1 is out of range; use 2 to 1000 probes per connection (for a new connection every probe, remove reuse_connection)"#,
+            r#"xlb.toml: vip "a": health_check: reopen_every 1001 is out of range; use 2 to 1000 probes per connection (for a new connection every probe, remove reuse_connection)"#,
+        ];
+        reopen_every_without_reuse: layered("", "reopen_every = 20", "") => [
+            r#"xlb.toml: vip "a": health_check: reopen_every applies only with reuse_connection = true; set reuse_connection = true or remove reopen_every"#,
+        ];
+        reopen_every_where_reuse_is_turned_off: layered(
+            "reuse_connection = true",
+            "",
+            "reuse_connection = false\nreopen_every = 20",
+        ) => [
+            r#"xlb.toml: vip "a": backend 10.0.0.1:80: health_check: reopen_every applies only with reuse_connection = true; set reuse_connection = true or remove reopen_every"#,
+        ];
+        reuse_connection_with_kind_tcp: layered(
+            "",
+            "kind = \"tcp\"\nreuse_connection = true\nreopen_every = 4",
+            "",
+        ) => [
+            r#"xlb.toml: vip "a": health_check: reuse_connection applies only to kind = "http", but this check's kind is "tcp"; remove reuse_connection or set kind = "http""#,
+            r#"xlb.toml: vip "a": health_check: reopen_every applies only to kind = "http", but this check's kind is "tcp"; remove reopen_every or set kind = "http""#,
+        ];
+        reuse_connection_not_a_boolean: layered("reuse_connection = \"yes\"", "", "") => [
+            "xlb.toml: TOML parse error at line 6, column 20\n  |\n6 | reuse_connection = \"yes\"\n  |                    ^^^^^\ninvalid type: string \"yes\", expected a boolean",
         ];
         port_in_health_check_tables: api_vip(r#"
 [vip.health_check]

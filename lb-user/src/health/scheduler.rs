@@ -14,13 +14,14 @@
 //! (upsert, remove, drop) aborts its lingering probes with it.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::datapath::DatapathTarget;
@@ -359,8 +360,8 @@ async fn run_backend(task: BackendTask) {
     let task = Arc::new(task);
     let target = SocketAddr::new(task.addr.ip(), task.spec.port);
     let max_in_flight = task.spec.max_in_flight();
-    // Dropped with this future when the task is aborted, which aborts every
-    // probe still in it.
+    // Late probes linger here; dropped with this future when the task is
+    // aborted, which aborts every probe still in it.
     let mut in_flight = JoinSet::new();
     let first = initial_delay(&task.spec, &mut rand::thread_rng());
     tokio::time::sleep(first).await;
@@ -376,10 +377,8 @@ async fn run_backend(task: BackendTask) {
         let Ok(permit) = Arc::clone(&task.semaphore).acquire_owned().await else {
             return;
         };
-        let (first_word, first_word_rx) = oneshot::channel();
-        in_flight.spawn(probe_once(Arc::clone(&task), target, permit, first_word));
         // The probe's verdict, or its Late report, gives the next delay.
-        let Ok(delay) = first_word_rx.await else {
+        let Some(delay) = probe_once(&task, target, permit, &mut in_flight).await else {
             // Removed or restarted while this probe ran.
             return;
         };
@@ -396,67 +395,77 @@ async fn run_backend(task: BackendTask) {
     }
 }
 
-/// One probe: holds its permit to the end, sends `Late` (and the next delay
-/// on `first_word`) when `timeout` passes without a verdict, then the final
-/// report (and the delay, if not sent yet).
+/// A probe of `task`'s backend that owns what it needs, so that a late one
+/// can be moved into a task of its own.
+type Probing = Pin<Box<dyn Future<Output = ProbeResult> + Send>>;
+
+/// One probe, run in the backend's own task up to `timeout`: most probes
+/// end by then, and cost no task, channel or wakeup of their own. One that
+/// passes `timeout` without a verdict is reported `Late` and left to
+/// linger (until its answer or `hang_timeout`) in `in_flight`, holding its
+/// permit to the end, while the backend's next probe starts on schedule.
+/// Returns the delay until the next probe, or `None` if the backend was
+/// removed or its task restarted.
 async fn probe_once(
-    task: Arc<BackendTask>,
+    task: &Arc<BackendTask>,
     target: SocketAddr,
     permit: OwnedSemaphorePermit,
-    first_word: oneshot::Sender<Duration>,
-) {
-    let _permit = permit;
-    let spec = &task.spec;
-    let mut probing = pin!(probe_reusing(
-        target,
-        spec,
-        task.path.as_ref(),
-        Some(&task.conn)
-    ));
-    let mut first_word = Some(first_word);
+    in_flight: &mut JoinSet<()>,
+) -> Option<Duration> {
+    let owner = Arc::clone(task);
+    let mut probing: Probing = Box::pin(async move {
+        let BackendTask {
+            spec, path, conn, ..
+        } = &*owner;
+        probe_reusing(target, spec, path.as_ref(), Some(conn)).await
+    });
     let timeout = task.timeout();
-    let late_at = tokio::time::Instant::now() + timeout;
     // With hang_timeout = timeout the verdict comes at timeout: no interim.
-    let early = if spec.hang_timeout > timeout {
-        tokio::time::timeout_at(late_at, probing.as_mut())
-            .await
-            .ok()
-    } else {
-        Some(probing.as_mut().await)
-    };
-    let (result, after_late) = match early {
-        Some(result) => (result, false),
-        None => {
-            let class = ProbeClass::Late { timeout };
-            let Some((transition, snapshot, delay)) = task.update(&class, None, false, timeout)
-            else {
-                return;
-            };
-            if let Some(tx) = first_word.take() {
-                let _ = tx.send(delay);
-            }
-            task.send(class, None, transition, snapshot).await;
-            (probing.await, true)
-        }
-    };
-    let class = match result.class(timeout) {
-        // Done a hair before `timeout` by the probe's clock, after it by
-        // ours: it was reported late, so it is slow.
-        ProbeClass::Ok if after_late => ProbeClass::Slow {
-            latency: result.latency.max(timeout),
-            timeout,
-        },
-        class => class,
-    };
-    let Some((transition, snapshot, delay)) =
-        task.update(&class, Some(&result), after_late, timeout)
-    else {
-        return;
-    };
-    if let Some(tx) = first_word.take() {
-        let _ = tx.send(delay);
+    if task.spec.hang_timeout <= timeout {
+        let result = probing.await;
+        return task.conclude(result, false, timeout, permit).await;
     }
-    task.send(class, Some(result), transition, snapshot).await;
+    let late_at = tokio::time::Instant::now() + timeout;
+    if let Ok(result) = tokio::time::timeout_at(late_at, probing.as_mut()).await {
+        return task.conclude(result, false, timeout, permit).await;
+    }
+    let class = ProbeClass::Late { timeout };
+    let (transition, snapshot, delay) = task.update(&class, None, false, timeout)?;
+    task.send(class, None, transition, snapshot).await;
+    let task = Arc::clone(task);
+    in_flight.spawn(async move {
+        let result = probing.await;
+        task.conclude(result, true, timeout, permit).await;
+    });
+    Some(delay)
+}
+
+impl BackendTask {
+    /// Reports a probe's verdict (`after_late`: it was reported `Late`
+    /// first), then releases its permit. Returns the delay until the next
+    /// probe, or `None` if this task's results are stale.
+    async fn conclude(
+        &self,
+        result: ProbeResult,
+        after_late: bool,
+        timeout: Duration,
+        permit: OwnedSemaphorePermit,
+    ) -> Option<Duration> {
+        let class = match result.class(timeout) {
+            // Done a hair before `timeout` by the probe's clock, after it by
+            // ours: it was reported late, so it is slow.
+            ProbeClass::Ok if after_late => ProbeClass::Slow {
+                latency: result.latency.max(timeout),
+                timeout,
+            },
+            class => class,
+        };
+        let (transition, snapshot, delay) =
+            self.update(&class, Some(&result), after_late, timeout)?;
+        self.send(class, Some(result), transition, snapshot).await;
+        drop(permit);
+        Some(delay)
+    }
 }
 
 #[cfg(test)]
@@ -465,7 +474,10 @@ mod tests {
     use std::time::Duration;
 
     use super::super::probe::FailReason;
-    use super::super::testutil::{Holder, Server, http_spec, http_spec_hang, silent_listener};
+    use super::super::testutil::{
+        Behaviour, Holder, KeepAliveServer, Server, http_check, http_spec, http_spec_hang,
+        silent_listener,
+    };
     use super::*;
 
     /// A spec that probes every ~50 ms in every state.
@@ -520,6 +532,62 @@ mod tests {
                 b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n".to_vec()
             }
         }
+    }
+
+    /// `reuse_connection`: a hung event loop stalls the kept connection as
+    /// it stalls a new one, so a hung backend goes Down after `fall` probes
+    /// (each ending in no_response at hang_timeout), and comes back on a
+    /// fresh connection once it answers again. Healthy probing used one
+    /// connection per `reopen_every` probes.
+    #[tokio::test]
+    async fn hung_backend_on_a_reused_connection_goes_down_after_fall() {
+        let server = KeepAliveServer::start(Behaviour::Answer).await;
+        let (mut scheduler, mut rx) = Scheduler::new(8);
+        let timeout = Duration::from_millis(150);
+        let mut spec = fast_spec(server.addr.port(), timeout);
+        spec.hang_timeout = timeout * 2;
+        http_check(&mut spec).reuse_connection = Some(100);
+        scheduler.upsert(1, server.addr, spec, HealthState::Unknown);
+
+        let mut oks = 0;
+        recv_until(&mut rx, Duration::from_secs(3), |r| {
+            oks += usize::from(r.result.as_ref().is_some_and(|p| p.outcome.is_ok()));
+            oks >= 6
+        })
+        .await;
+        assert!(oks >= 6, "only {oks} passing probes");
+        assert_eq!(server.connections.load(Ordering::SeqCst), 1);
+
+        server.set(Behaviour::Hang);
+        let hung_at = tokio::time::Instant::now();
+        let reports = recv_until(&mut rx, Duration::from_secs(3), |r| {
+            r.snapshot.state == HealthState::Down
+        })
+        .await;
+        let last = reports.last().expect("a report");
+        assert_eq!(last.snapshot.state, HealthState::Down, "{reports:#?}");
+        let failures: Vec<_> = reports
+            .iter()
+            .filter_map(|r| r.result.as_ref()?.outcome.as_ref().err())
+            .map(FailReason::code)
+            .collect();
+        assert_eq!(failures, ["no_response", "no_response"], "fall = 2");
+        // fall probes 50 ms apart, the last one ending at hang_timeout.
+        assert!(
+            hung_at.elapsed() < Duration::from_millis(1000),
+            "down after {:?}",
+            hung_at.elapsed()
+        );
+
+        server.set(Behaviour::Answer);
+        let reports = recv_until(&mut rx, Duration::from_secs(3), |r| {
+            r.snapshot.state == HealthState::Up
+        })
+        .await;
+        assert_eq!(
+            reports.last().map(|r| r.snapshot.state),
+            Some(HealthState::Up)
+        );
     }
 
     #[tokio::test]
