@@ -848,7 +848,13 @@ hang_timeout = "8s"
         // (name, [health_check], [vip.health_check], backend's, want)
         let cases = [
             ("off by default", "", "", "", None),
-            ("on, default reopen_every", "reuse_connection = true", "", "", Some(every)),
+            (
+                "on, default reopen_every",
+                "reuse_connection = true",
+                "",
+                "",
+                Some(every),
+            ),
             (
                 "on with reopen_every",
                 "reuse_connection = true\nreopen_every = 50",

@@ -36,6 +36,27 @@ pub const DEFAULT_MAX_CONCURRENT: usize = 256;
 /// Reports buffered before backend tasks wait for the receiver.
 const REPORT_QUEUE: usize = 1024;
 
+/// Probe starts are rounded up to a grid of this fraction of the period
+/// (at most [`MAX_GRID`]): with 1,000 backends and jittered periods, nearly
+/// every millisecond would otherwise wake the runtime for one probe; on a
+/// 10 ms grid one wakeup starts ten. Delays only, never by more than 1 % of
+/// the period, and the grid is shared by all backends of a scheduler.
+const GRID_FRACTION: u32 = 100;
+/// Coarsest grid: 10 ms, 1 % of a 1 s interval.
+const MAX_GRID: Duration = Duration::from_millis(10);
+
+/// `at` rounded up to the probe grid of a `period` started at `epoch`.
+fn on_grid(
+    at: tokio::time::Instant,
+    epoch: tokio::time::Instant,
+    period: Duration,
+) -> tokio::time::Instant {
+    let grid = (period / GRID_FRACTION).min(MAX_GRID).as_nanos().max(1);
+    let since = at.saturating_duration_since(epoch).as_nanos();
+    let up = since.div_ceil(grid) * grid - since;
+    at + Duration::from_nanos(u64::try_from(up).unwrap_or(0))
+}
+
 /// Sent after every probe's verdict, and once before it when the probe
 /// passes `timeout` without one (`class` = `Late`, `result` = `None`).
 #[derive(Clone, Debug)]
@@ -126,6 +147,8 @@ pub struct Scheduler {
     shared: Shared,
     tasks: HashMap<u64, Task>,
     next_generation: u64,
+    /// Where every backend's probe grid starts (see [`on_grid`]).
+    epoch: tokio::time::Instant,
 }
 
 impl Scheduler {
@@ -140,6 +163,7 @@ impl Scheduler {
             shared: Arc::new(Mutex::new(HashMap::new())),
             tasks: HashMap::new(),
             next_generation: 0,
+            epoch: tokio::time::Instant::now(),
         };
         (scheduler, rx)
     }
@@ -226,6 +250,7 @@ impl Scheduler {
             semaphore: Arc::clone(&self.semaphore),
             tx: self.tx.clone(),
             conn: ConnSlot::default(),
+            epoch: self.epoch,
         }));
         self.tasks.insert(
             id,
@@ -297,6 +322,8 @@ struct BackendTask {
     tx: mpsc::Sender<Report>,
     /// The kept connection of `reuse_connection`; closed with the task.
     conn: ConnSlot,
+    /// The start of the probe grid.
+    epoch: tokio::time::Instant,
 }
 
 impl BackendTask {
@@ -391,7 +418,7 @@ async fn run_backend(task: BackendTask) {
         // by at least a tenth of the period of rest, so a hung backend is
         // never probed back to back.
         let next = (started + delay).max(tokio::time::Instant::now() + delay / 10);
-        tokio::time::sleep_until(next).await;
+        tokio::time::sleep_until(on_grid(next, task.epoch, delay)).await;
     }
 }
 
@@ -531,6 +558,27 @@ mod tests {
             } else {
                 b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n".to_vec()
             }
+        }
+    }
+
+    /// Probe starts land on the grid, late by less than one step, and the
+    /// step is 1 % of the period, at most 10 ms.
+    #[test]
+    fn probe_starts_are_rounded_up_to_the_grid() {
+        let epoch = tokio::time::Instant::now();
+        let ms = Duration::from_millis;
+        let us = Duration::from_micros;
+        // (name, offset from the epoch, period, want offset)
+        let cases = [
+            ("on the grid already", ms(20), ms(1000), ms(20)),
+            ("just past a step", ms(20) + us(1), ms(1000), ms(30)),
+            ("10 ms at most", ms(1), Duration::from_secs(30), ms(10)),
+            ("1 % of a fast period", us(500), ms(200), ms(2)),
+            ("before the epoch", Duration::ZERO, ms(1000), Duration::ZERO),
+        ];
+        for (name, offset, period, want) in cases {
+            let got = on_grid(epoch + offset, epoch, period) - epoch;
+            assert_eq!(got, want, "{name}");
         }
     }
 
