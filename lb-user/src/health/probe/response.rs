@@ -36,6 +36,13 @@ const CHUNK_LINE_LIMIT: usize = 256;
 /// with long extensions cannot make us read far more than `BODY_LIMIT`.
 const CHUNKED_RAW_LIMIT: usize = 32 * 1024;
 
+/// The reader's first allocation: room for a typical health response.
+const INITIAL_BUFFER: usize = 1024;
+
+/// Header slots parsed without an allocation; a head with more lines gets
+/// a slot per line on the heap.
+const STACK_HEADERS: usize = 16;
+
 /// The response bytes received so far, with the deadline that bounds every read.
 pub(super) struct Reader {
     stream: TcpStream,
@@ -53,7 +60,9 @@ impl Reader {
     pub(super) fn new(stream: TcpStream, deadline: Instant, timeout: Duration) -> Self {
         Self {
             stream,
-            buf: Vec::with_capacity(HEADER_LIMIT),
+            // A health answer is a few hundred bytes; the buffer grows
+            // (up to the caps) only for the rare larger one.
+            buf: Vec::with_capacity(INITIAL_BUFFER),
             received: 0,
             deadline,
             timeout,
@@ -247,8 +256,15 @@ fn parse_head(head: &[u8]) -> Result<Head, FailReason> {
     // One slot per line: a head cannot hold more headers than lines, so
     // httparse never runs out of slots.
     let lines = header_block.iter().filter(|&&b| b == b'\n').count();
-    let mut slots = vec![httparse::EMPTY_HEADER; lines];
-    let framing = match httparse::parse_headers(header_block, &mut slots) {
+    let mut stack = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    let mut heap = Vec::new();
+    let slots: &mut [httparse::Header<'_>] = if lines <= STACK_HEADERS {
+        &mut stack[..lines]
+    } else {
+        heap.resize(lines, httparse::EMPTY_HEADER);
+        &mut heap
+    };
+    let framing = match httparse::parse_headers(header_block, slots) {
         Ok(httparse::Status::Complete((_, headers))) => (
             framing(headers)?,
             !head.starts_with(b"HTTP/1.0") && !closes(headers),
