@@ -102,6 +102,14 @@ pub(super) fn detection_profiles(quick: bool) -> Vec<Profile> {
             target: None,
         },
         Profile {
+            name: "default-reuse",
+            spec: spec_from_config("reuse_connection = true"),
+            reps: if quick { 2 } else { 5 },
+            note: "the defaults with reuse_connection = true (reopen_every 10): the hung \
+                   backend's kept connection stalls with its event loop",
+            target: None,
+        },
+        Profile {
             name: "fast",
             spec: spec_from_config("interval = \"200ms\"\nfall = 2\ntimeout = \"100ms\""),
             reps: if quick { 5 } else { 20 },
