@@ -378,7 +378,7 @@ fn summary_rows(windows: &[(Case, Measured)]) -> Vec<Row> {
         let mut figure =
             Figure::median_of("xlb-health-bench", GROUP, &case.label(), &percents, "%")
                 .target(Target::AtMost(TARGET_PERCENT));
-        if case != Case::Fresh {
+        if case != Case::Fresh && fresh_percent.is_finite() {
             figure = figure.against(&Case::Fresh.label(), fresh_percent);
         }
         figure.record();
@@ -417,7 +417,8 @@ fn cpu_row(case: Case, measured: &[&Measured], median: f64, fresh_us: f64) -> Ro
         let cpu = m.counts.cpu;
         (u + cpu.user.as_secs_f64(), t + cpu.total().as_secs_f64())
     });
-    let against = if case == Case::Fresh {
+    // Without the default's windows (`--case reuse`) there is no ratio.
+    let against = if case == Case::Fresh || !fresh_us.is_finite() {
         String::new()
     } else {
         format!(", {:.2}× the default's", us / fresh_us)
