@@ -361,7 +361,9 @@ fn summary_rows(windows: &[(Case, Measured)]) -> Vec<Row> {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let fresh_percent = median(of(Case::Fresh).iter().map(|m| m.cpu_percent()).collect());
+    let fresh_percents: Vec<f64> = of(Case::Fresh).iter().map(|m| m.cpu_percent()).collect();
+    // The same median as the default's own figure (mean of the middle two).
+    let fresh_percent = Figure::median_of("", "", "", &fresh_percents, "%").value;
     let fresh_us = median(
         of(Case::Fresh)
             .iter()
