@@ -98,6 +98,8 @@ fn key() -> impl Strategy<Value = &'static str> {
         "body_contains",
         "method",
         "host",
+        "reuse_connection",
+        "reopen_every",
         "unknown",
     ])
 }

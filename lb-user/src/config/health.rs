@@ -38,6 +38,8 @@ pub(super) struct HealthLayer {
     down_interval: Option<Duration>,
     jitter: Option<f64>,
     via: Option<spec::Via>,
+    reuse_connection: Option<bool>,
+    reopen_every: Option<u32>,
 }
 
 /// A layer and its place in the file (the context of its messages).
@@ -180,8 +182,28 @@ fn http_fields(raw: &RawHealth, ctx: &str, p: &mut Problems<'_>) -> HealthLayer 
         host,
         expect_status: expect_status(raw.expect_status.as_deref(), ctx, p),
         body_contains,
+        reuse_connection: raw.reuse_connection,
+        reopen_every: reopen_every(raw.reopen_every, ctx, p),
         ..HealthLayer::default()
     }
+}
+
+/// Probes per reused connection: at least 2 (1 is no reuse at all).
+fn reopen_every(value: Option<u32>, ctx: &str, p: &mut Problems<'_>) -> Option<u32> {
+    let n = value?;
+    if spec::is_reopen_every(n) {
+        return Some(n);
+    }
+    p.error(
+        ctx,
+        format!(
+            "reopen_every {n} is out of range; use {} to {} probes per connection (for a new \
+             connection every probe, remove reuse_connection)",
+            spec::MIN_REOPEN_EVERY,
+            spec::MAX_REOPEN_EVERY
+        ),
+    );
+    None
 }
 
 /// `value` if `valid`; otherwise the error `message` gives, and `None`.
@@ -384,6 +406,8 @@ fn check_no_http_fields(layers: &[Layer<'_>], p: &mut Problems<'_>) {
             ("host", layer.host.is_some()),
             ("expect_status", layer.expect_status.is_some()),
             ("body_contains", layer.body_contains.is_some()),
+            ("reuse_connection", layer.reuse_connection.is_some()),
+            ("reopen_every", layer.reopen_every.is_some()),
         ];
         for (field, set) in http_fields {
             if set {
@@ -414,6 +438,7 @@ fn http_check(layers: &[Layer<'_>], p: &mut Problems<'_>) -> HttpCheck {
             .0
             .unwrap_or_else(|| vec![spec::defaults::EXPECT_STATUS]),
         body_contains: pick(layers, |l| &l.body_contains).0,
+        reuse_connection: reuse_connection(layers, p),
     };
     // Unreachable while `parse` applies the same rules field by field; kept
     // so that a rule added to `HttpCheck::validate` alone cannot let a config
@@ -425,6 +450,28 @@ fn http_check(layers: &[Layer<'_>], p: &mut Problems<'_>) -> HttpCheck {
         );
     }
     check
+}
+
+/// `reopen_every` (or its default) when the merged `reuse_connection` is
+/// true. `reopen_every` set where it cannot apply (alongside or below the
+/// table that leaves reuse off) is a mistake; inherited from a less
+/// specific table that turned reuse on, it is simply not used.
+fn reuse_connection(layers: &[Layer<'_>], p: &mut Problems<'_>) -> Option<u32> {
+    let (reuse, reuse_src) = pick(layers, |l| &l.reuse_connection);
+    let reopen = pick(layers, |l| &l.reopen_every).0;
+    if reuse == Some(true) {
+        return Some(reopen.unwrap_or(spec::DEFAULT_REOPEN_EVERY));
+    }
+    for (layer, ctx) in &layers[reuse_src.unwrap_or(0)..] {
+        if layer.reopen_every.is_some() {
+            p.error(
+                ctx,
+                "reopen_every applies only with reuse_connection = true; set \
+                 reuse_connection = true or remove reopen_every",
+            );
+        }
+    }
+    None
 }
 
 /// Serializes a [`CheckSpec`] with the file's names and spellings (for
@@ -443,6 +490,10 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         expect_status: Option<Vec<String>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         body_contains: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reuse_connection: Option<bool>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reopen_every: Option<u32>,
         port: u16,
         #[serde(serialize_with = "ser_duration")]
         interval: Duration,
@@ -471,6 +522,8 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         host: http.and_then(|h| h.host.as_deref()),
         expect_status: http.map(|h| h.expect_status.iter().map(|&r| status_text(r)).collect()),
         body_contains: http.and_then(|h| h.body_contains.as_deref()),
+        reuse_connection: http.map(|h| h.reuse_connection.is_some()),
+        reopen_every: http.and_then(|h| h.reuse_connection),
         port: spec.port,
         interval: spec.interval,
         timeout: spec.timeout,
@@ -576,6 +629,7 @@ address = "10.0.0.1"
                 host: host.map(Into::into),
                 expect_status: vec![status],
                 body_contains: None,
+                reuse_connection: None,
             })
         };
         let base = CheckSpec {
@@ -786,6 +840,54 @@ hang_timeout = "8s"
         }
     }
 
+    /// `reuse_connection` and `reopen_every`, merged like the HTTP fields:
+    /// the most specific table that sets each decides.
+    #[test]
+    fn reuse_connection_resolution() {
+        let every = spec::DEFAULT_REOPEN_EVERY;
+        // (name, [health_check], [vip.health_check], backend's, want)
+        let cases = [
+            ("off by default", "", "", "", None),
+            (
+                "on, default reopen_every",
+                "reuse_connection = true",
+                "",
+                "",
+                Some(every),
+            ),
+            (
+                "on with reopen_every",
+                "reuse_connection = true\nreopen_every = 50",
+                "",
+                "",
+                Some(50),
+            ),
+            (
+                "reopen_every below, reuse above",
+                "reuse_connection = true",
+                "",
+                "reopen_every = 2",
+                Some(2),
+            ),
+            (
+                "turned off below: the inherited reopen_every is unused",
+                "reuse_connection = true\nreopen_every = 5",
+                "reuse_connection = false",
+                "",
+                None,
+            ),
+            ("explicitly off", "reuse_connection = false", "", "", None),
+        ];
+        for (name, daemon, vip_layer, backend, want) in cases {
+            let config = ok(name, &layered(daemon, vip_layer, backend));
+            let got = match &config.vips[0].backends[0].health.kind {
+                CheckKind::Http(h) => h.reuse_connection,
+                CheckKind::Tcp => panic!("{name}: not HTTP"),
+            };
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
     #[test]
     fn value_forms() {
         type Check = fn(&CheckSpec) -> bool;
@@ -966,6 +1068,35 @@ expect_status = ["200"]
 "#) => [
             r#"xlb.toml: vip "api": health_check: path applies only to kind = "http", but this check's kind is "tcp"; remove path or set kind = "http""#,
             r#"xlb.toml: vip "api": backend 10.0.0.11:80: health_check: expect_status applies only to kind = "http", but this check's kind is "tcp"; remove expect_status or set kind = "http""#,
+        ];
+        reopen_every_out_of_range: layered(
+            "reuse_connection = true\nreopen_every = 1",
+            "reopen_every = 1001",
+            "",
+        ) => [
+            r#"xlb.toml: health_check: reopen_every 1 is out of range; use 2 to 1000 probes per connection (for a new connection every probe, remove reuse_connection)"#,
+            r#"xlb.toml: vip "a": health_check: reopen_every 1001 is out of range; use 2 to 1000 probes per connection (for a new connection every probe, remove reuse_connection)"#,
+        ];
+        reopen_every_without_reuse: layered("", "reopen_every = 20", "") => [
+            r#"xlb.toml: vip "a": health_check: reopen_every applies only with reuse_connection = true; set reuse_connection = true or remove reopen_every"#,
+        ];
+        reopen_every_where_reuse_is_turned_off: layered(
+            "reuse_connection = true",
+            "",
+            "reuse_connection = false\nreopen_every = 20",
+        ) => [
+            r#"xlb.toml: vip "a": backend 10.0.0.1:80: health_check: reopen_every applies only with reuse_connection = true; set reuse_connection = true or remove reopen_every"#,
+        ];
+        reuse_connection_with_kind_tcp: layered(
+            "",
+            "kind = \"tcp\"\nreuse_connection = true\nreopen_every = 4",
+            "",
+        ) => [
+            r#"xlb.toml: vip "a": health_check: reuse_connection applies only to kind = "http", but this check's kind is "tcp"; remove reuse_connection or set kind = "http""#,
+            r#"xlb.toml: vip "a": health_check: reopen_every applies only to kind = "http", but this check's kind is "tcp"; remove reopen_every or set kind = "http""#,
+        ];
+        reuse_connection_not_a_boolean: layered("reuse_connection = \"yes\"", "", "") => [
+            "xlb.toml: TOML parse error at line 6, column 20\n  |\n6 | reuse_connection = \"yes\"\n  |                    ^^^^^\ninvalid type: string \"yes\", expected a boolean",
         ];
         port_in_health_check_tables: api_vip(r#"
 [vip.health_check]

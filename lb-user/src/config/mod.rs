@@ -422,6 +422,7 @@ port = 80
             host: None,
             expect_status: vec![spec::defaults::EXPECT_STATUS],
             body_contains: None,
+            reuse_connection: None,
         }
     }
 
@@ -596,6 +597,7 @@ port = 80
                 host: Some("svc.internal".into()),
                 expect_status: vec![(200, 299), (404, 404), (302, 302)],
                 body_contains: Some("ok".into()),
+                reuse_connection: None,
             }),
             port,
             interval: Duration::from_secs(3),

@@ -113,6 +113,8 @@ pub(super) struct RawHealth {
     pub(super) down_interval: Option<String>,
     pub(super) jitter: Option<RawJitter>,
     pub(super) via: Option<ViaName>,
+    pub(super) reuse_connection: Option<bool>,
+    pub(super) reopen_every: Option<u32>,
     /// Accepted by the parser only to answer with a useful message: the
     /// probed port belongs to each backend (`health_port`).
     pub(super) port: Option<toml::Value>,

@@ -13,10 +13,13 @@
 //! scheduler reports `Late` when `timeout` passes without one.
 //!
 //! What a probe concluded is in [`outcome`]; reading and parsing the
-//! response, within its size caps, in [`response`].
+//! response, within its size caps, in [`response`]; the keep-alive
+//! connection of `reuse_connection`, and what it does not check, in
+//! [`reuse`].
 
 mod outcome;
 mod response;
+mod reuse;
 
 use std::future::{Future as _, poll_fn};
 use std::io;
@@ -32,12 +35,19 @@ use tokio::time::{Instant, timeout_at};
 pub use self::outcome::{Compact, FailReason, ProbeClass, ProbeOk, ProbeResult};
 pub use self::response::{BODY_LIMIT, HEADER_LIMIT};
 use self::response::{Reader, read_body, read_final_head};
+pub use self::reuse::ConnSlot;
 use super::datapath::DatapathTarget;
 use super::spec::{CheckKind, CheckSpec, HttpCheck};
 
 /// The User-Agent sent with every HTTP probe, so backends can tell (and
 /// exclude from their access logs) health traffic.
 pub const USER_AGENT: &str = "xlb-health/0.1";
+
+/// How long a probe on a reused connection that passed on its head waits
+/// for the rest of a small body it does not check (`body_contains` unset):
+/// only to keep the connection in step for the next probe. A body later
+/// than this does not fail the probe; the connection is closed instead.
+const KEEP_BODY_WAIT: Duration = Duration::from_millis(10);
 
 /// Probes `addr` (exactly that address and port) as `spec.kind` says, within
 /// `spec.hang_timeout` for the whole exchange (classify the result against
@@ -58,12 +68,27 @@ pub async fn probe_via(
     spec: &CheckSpec,
     path: Option<&DatapathTarget>,
 ) -> ProbeResult {
+    probe_reusing(addr, spec, path, None).await
+}
+
+/// Like [`probe_via`], on the backend's kept connection in `slot` when the
+/// check says `reuse_connection` (see [`reuse`]): the probe takes it (or
+/// opens one), and puts it back after a complete, passing exchange that
+/// leaves it usable, until it has carried `reopen_every` probes. A kept
+/// connection the backend closed while idle is replaced by a fresh one
+/// within the same deadline, so a server's idle timeout is never a failure.
+pub async fn probe_reusing(
+    addr: SocketAddr,
+    spec: &CheckSpec,
+    path: Option<&DatapathTarget>,
+    slot: Option<&ConnSlot>,
+) -> ProbeResult {
     let Some(path) = path else {
-        return probe_to(addr, spec, None).await;
+        return probe_to(addr, spec, None, slot).await;
     };
     let start = Instant::now();
     let via = SocketAddr::new(path.vip.ip(), addr.port());
-    let result = probe_to(via, spec, Some(path)).await;
+    let result = probe_to(via, spec, Some(path), slot).await;
     let connect_failed = matches!(
         &result.outcome,
         Err(FailReason::ConnectTimeout { .. }
@@ -77,7 +102,7 @@ pub async fn probe_via(
     if !connect_failed {
         return result;
     }
-    let direct = probe_to(addr, spec, None).await;
+    let direct = probe_to(addr, spec, None, None).await;
     let outcome = match (&result.outcome, direct.outcome) {
         (Err(fail), Ok(_)) => Err(FailReason::NoAnswerViaVip {
             text: path.failure_reason(&fail.to_string(), Some(true)),
@@ -94,6 +119,7 @@ async fn probe_to(
     addr: SocketAddr,
     spec: &CheckSpec,
     path: Option<&DatapathTarget>,
+    slot: Option<&ConnSlot>,
 ) -> ProbeResult {
     let start = Instant::now();
     // A spec built by hand with hang_timeout < timeout still gets a verdict
@@ -104,7 +130,15 @@ async fn probe_to(
         CheckKind::Tcp => connect(addr, path, deadline, limit)
             .await
             .map(|_stream| ProbeOk { status: None }),
-        CheckKind::Http(http) => http_probe(addr, path, http, deadline, limit).await,
+        CheckKind::Http(http) => {
+            let to = Target {
+                addr,
+                path,
+                deadline,
+                timeout: limit,
+            };
+            http_probe(&to, http, slot).await
+        }
     };
     ProbeResult {
         outcome,
@@ -203,55 +237,185 @@ fn request(addr: SocketAddr, http: &HttpCheck) -> Vec<u8> {
         // SocketAddr's Display brackets IPv6 ("[::1]:80"), as Host requires.
         None => addr.to_string(),
     };
+    // HTTP/1.1 keeps a connection alive unless told otherwise (RFC 9112 §9.3).
+    let connection = if http.reuse_connection.is_some() {
+        ""
+    } else {
+        "Connection: close\r\n"
+    };
     format!(
-        "{} {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\nConnection: close\r\n\r\n",
+        "{} {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\n{connection}\r\n",
         http.method, http.path
     )
     .into_bytes()
 }
 
-async fn http_probe(
+/// Where an HTTP probe goes and by when.
+struct Target<'a> {
     addr: SocketAddr,
-    path: Option<&DatapathTarget>,
-    http: &HttpCheck,
+    path: Option<&'a DatapathTarget>,
     deadline: Instant,
+    /// What the probe's failures name (its `hang_timeout`).
     timeout: Duration,
+}
+
+/// A connection to keep after a passing exchange, and where.
+struct Keep<'a> {
+    slot: &'a ConnSlot,
+    /// Probes the connection carried before this one.
+    used: u32,
+    /// `reopen_every`.
+    every: u32,
+}
+
+/// Why an exchange failed, and whether the backend had closed or reset the
+/// connection without a byte of answer: on a kept connection, that is the
+/// backend's idle timeout, not a verdict.
+struct Failed {
+    reason: FailReason,
+    closed_unanswered: bool,
+}
+
+impl From<FailReason> for Failed {
+    fn from(reason: FailReason) -> Self {
+        Self {
+            reason,
+            closed_unanswered: false,
+        }
+    }
+}
+
+async fn http_probe(
+    to: &Target<'_>,
+    http: &HttpCheck,
+    slot: Option<&ConnSlot>,
 ) -> Result<ProbeOk, FailReason> {
     if let Err(e) = http.validate() {
         return Err(FailReason::InvalidCheck {
             reason: e.to_string(),
         });
     }
-    let mut stream = connect(addr, path, deadline, timeout).await?;
+    let request = request(to.addr, http);
+    let reuse = slot.zip(http.reuse_connection);
+    if let Some((slot, every)) = reuse
+        && let Some((stream, used)) = slot.take(to.addr)
+    {
+        let keep = Keep { slot, used, every };
+        match exchange(stream, to, http, &request, Some(keep)).await {
+            Err(failed) if failed.closed_unanswered => {}
+            done => return done.map_err(|f| f.reason),
+        }
+    }
+    let stream = connect(to.addr, to.path, to.deadline, to.timeout).await?;
+    let keep = reuse.map(|(slot, every)| Keep {
+        slot,
+        used: 0,
+        every,
+    });
+    exchange(stream, to, http, &request, keep)
+        .await
+        .map_err(|f| f.reason)
+}
+
+/// Sends `request` on `stream` and judges the answer; with `keep`, leaves
+/// the connection in its slot if the exchange passed and left it usable.
+async fn exchange(
+    mut stream: TcpStream,
+    to: &Target<'_>,
+    http: &HttpCheck,
+    request: &[u8],
+    keep: Option<Keep<'_>>,
+) -> Result<ProbeOk, Failed> {
+    let timeout = to.timeout;
     // A request this small fits in the socket send buffer, so this completes
     // even when the application never reads; a timeout here still means no
     // response at all.
-    match timeout_at(deadline, stream.write_all(&request(addr, http))).await {
-        Err(_elapsed) => return Err(FailReason::NoResponse { timeout }),
-        Ok(Err(e)) => return Err(io_fail(e, "sending the request")),
+    match timeout_at(to.deadline, stream.write_all(request)).await {
+        Err(_elapsed) => return Err(FailReason::NoResponse { timeout }.into()),
+        Ok(Err(e)) => {
+            return Err(Failed {
+                reason: io_fail(e, "sending the request"),
+                closed_unanswered: true,
+            });
+        }
         Ok(Ok(())) => {}
     }
-    let mut reader = Reader::new(stream, deadline, timeout);
-    let head = read_final_head(&mut reader).await?;
+    let mut reader = Reader::new(stream, to.deadline, timeout);
+    let head = match read_final_head(&mut reader).await {
+        Ok(head) => head,
+        Err(reason) => {
+            let closed = matches!(
+                reason,
+                FailReason::Closed { .. } | FailReason::ConnectionReset
+            );
+            let closed_unanswered = closed && reader.received() == 0;
+            return Err(Failed {
+                reason,
+                closed_unanswered,
+            });
+        }
+    };
     if !http.accepts(head.status) {
         return Err(FailReason::UnexpectedStatus {
             status: head.status,
-        });
+        }
+        .into());
     }
-    if let Some(expected) = &http.body_contains {
-        let is_head = http.method.eq_ignore_ascii_case("HEAD");
-        let body = read_body(&mut reader, &head, is_head).await?;
-        if !contains(&body, expected.as_bytes()) {
-            return Err(FailReason::BodyMismatch {
-                expected: expected.clone(),
-            });
+    let is_head = http.method.eq_ignore_ascii_case("HEAD");
+    match keep.and_then(|k| Some((k, head.reusable_body(is_head)?))) {
+        Some((keep, len)) => keep_alive(reader, http, len, to.addr, keep).await?,
+        None => {
+            if let Some(expected) = &http.body_contains {
+                let body = read_body(&mut reader, &head, is_head).await?;
+                check_body(&body, expected)?;
+            }
+            // Dropping the stream closes it; unread bytes (the rest of a
+            // large body) make the kernel send RST, which stops the backend
+            // from sending more.
         }
     }
-    // Dropping the stream closes it; unread bytes (the rest of a large body)
-    // make the kernel send RST, which stops the backend from sending more.
     Ok(ProbeOk {
         status: Some(head.status),
     })
+}
+
+/// The end of a passing exchange on a connection that may carry the next
+/// probe: reads the `len`-byte body to stay in step (checking it for
+/// `body_contains`), and keeps the connection unless it has carried
+/// `reopen_every` probes or more bytes came than the response framed.
+async fn keep_alive(
+    mut reader: Reader,
+    http: &HttpCheck,
+    len: usize,
+    addr: SocketAddr,
+    keep: Keep<'_>,
+) -> Result<(), FailReason> {
+    let complete = match &http.body_contains {
+        Some(expected) => {
+            reader.fill_to(len).await?;
+            check_body(&reader.buffered()[..len], expected)?;
+            true
+        }
+        None => {
+            reader.cut_deadline(Instant::now() + KEEP_BODY_WAIT);
+            reader.fill_to(len).await.is_ok()
+        }
+    };
+    let used = keep.used + 1;
+    if complete && reader.buffered().len() == len && used < keep.every {
+        keep.slot.put(reader.into_stream(), addr, used);
+    }
+    Ok(())
+}
+
+fn check_body(body: &[u8], expected: &str) -> Result<(), FailReason> {
+    if contains(body, expected.as_bytes()) {
+        Ok(())
+    } else {
+        Err(FailReason::BodyMismatch {
+            expected: expected.to_owned(),
+        })
+    }
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -25,6 +25,12 @@ pub struct HttpCheck {
     pub expect_status: Vec<(u16, u16)>,
     /// If set, the first 4 KiB of the body must contain this.
     pub body_contains: Option<String>,
+    /// `reuse_connection = true`: keep one HTTP/1.1 keep-alive connection
+    /// per backend and send each probe on it, opening a fresh one every
+    /// this many probes (`reopen_every`, so the listener is still checked),
+    /// and after any failure, timeout or `Connection: close`. `None`: a new
+    /// connection per probe (the default).
+    pub reuse_connection: Option<u32>,
 }
 
 /// Why an [`HttpCheck`] cannot be sent as a well-formed HTTP/1.1 request.
@@ -40,6 +46,12 @@ pub enum HttpCheckError {
     NoStatus,
     #[error("expect_status range {0}-{1} is not within 100-599 with low <= high")]
     StatusRange(u16, u16),
+    #[error(
+        "reopen_every {0} is out of range: use {min} to {max} probes per connection",
+        min = MIN_REOPEN_EVERY,
+        max = MAX_REOPEN_EVERY
+    )]
+    ReopenEvery(u32),
 }
 
 impl HttpCheck {
@@ -66,6 +78,11 @@ impl HttpCheck {
             if !is_status_range(lo, hi) {
                 return Err(HttpCheckError::StatusRange(lo, hi));
             }
+        }
+        if let Some(n) = self.reuse_connection
+            && !is_reopen_every(n)
+        {
+            return Err(HttpCheckError::ReopenEvery(n));
         }
         Ok(())
     }
@@ -112,6 +129,24 @@ pub(crate) fn is_host(host: &str) -> bool {
 /// An inclusive range of status codes a server can send (100 to 599).
 pub(crate) fn is_status_range(lo: u16, hi: u16) -> bool {
     lo >= 100 && hi <= 599 && lo <= hi
+}
+
+/// Fewest probes on one reused connection: 1 would be a new connection
+/// every probe, i.e. `reuse_connection = false`.
+pub const MIN_REOPEN_EVERY: u32 = 2;
+/// Most probes on one reused connection: past this the saving is under 0.1 %
+/// of a fresh connection's cost, and a dead listener behind a live
+/// connection goes unnoticed for longer.
+pub const MAX_REOPEN_EVERY: u32 = 1000;
+
+/// Probes per reused connection (`reopen_every`) unless configured: at the
+/// default 2 s interval a fresh connection every 20 s still checks the
+/// listener, and 9 probes in 10 skip the TCP handshake and teardown.
+pub const DEFAULT_REOPEN_EVERY: u32 = 10;
+
+/// A count of probes per reused connection that the prober accepts.
+pub(crate) fn is_reopen_every(n: u32) -> bool {
+    (MIN_REOPEN_EVERY..=MAX_REOPEN_EVERY).contains(&n)
 }
 
 /// A complete, validated check specification for one backend.
@@ -372,6 +407,7 @@ mod tests {
             host: None,
             expect_status: vec![defaults::EXPECT_STATUS],
             body_contains: None,
+            reuse_connection: None,
         };
         let with = |f: fn(&mut HttpCheck)| {
             let mut check = base.clone();
@@ -438,6 +474,21 @@ mod tests {
                 with(|c| c.expect_status = vec![(200, 600)]),
                 Err(HttpCheckError::StatusRange(200, 600)),
             ),
+            (
+                "reused connection",
+                with(|c| c.reuse_connection = Some(DEFAULT_REOPEN_EVERY)),
+                Ok(()),
+            ),
+            (
+                "reused for one probe only",
+                with(|c| c.reuse_connection = Some(1)),
+                Err(HttpCheckError::ReopenEvery(1)),
+            ),
+            (
+                "reused for too many probes",
+                with(|c| c.reuse_connection = Some(1001)),
+                Err(HttpCheckError::ReopenEvery(1001)),
+            ),
         ];
         for (name, check, want) in cases {
             assert_eq!(check.validate(), want, "{name}");
@@ -452,6 +503,7 @@ mod tests {
             host: None,
             expect_status: vec![defaults::EXPECT_STATUS],
             body_contains: None,
+            reuse_connection: None,
         };
         let cases = [
             (199, false),

@@ -31,6 +31,7 @@ pub(super) fn http_spec_hang(port: u16, timeout: Duration, hang_timeout: Duratio
             host: None,
             expect_status: vec![defaults::EXPECT_STATUS],
             body_contains: None,
+            reuse_connection: None,
         }),
         port,
         interval: defaults::INTERVAL,
@@ -223,6 +224,144 @@ impl Holder {
             accepted,
             open,
             accept_loop,
+        }
+    }
+}
+
+/// What a [`KeepAliveServer`] does with the request it has just read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Behaviour {
+    /// `200`, `Content-Length: 2`, and wait for the next request.
+    Answer,
+    /// `503` with an empty body, and wait for the next request.
+    Fail,
+    /// Never answer: a hung event loop. Holds the connection until the
+    /// prober closes it.
+    Hang,
+    /// `200` with `Connection: close`, then close.
+    AnswerAndClose,
+    /// Close without answering (the request was read: FIN, not RST), as a
+    /// server whose idle timeout fires as the request arrives.
+    CloseUnanswered,
+    /// `200`, then close the idle connection 20 ms later (an idle timeout).
+    AnswerThenIdleClose,
+    /// `200`, then 20 ms later an unsolicited `408` and close, as some
+    /// servers do at their idle timeout.
+    AnswerThen408,
+}
+
+/// An HTTP/1.1 server that keeps connections alive and serves request
+/// after request on each, doing what its [`Behaviour`] says at the time of
+/// each request.
+pub(super) struct KeepAliveServer {
+    pub addr: SocketAddr,
+    /// Connections accepted.
+    pub connections: Arc<AtomicUsize>,
+    /// Requests read, over all connections.
+    pub requests: Arc<AtomicUsize>,
+    /// The last request head received.
+    pub last_request: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    behaviour: Arc<std::sync::Mutex<Behaviour>>,
+    accept_loop: JoinHandle<()>,
+}
+
+impl Drop for KeepAliveServer {
+    fn drop(&mut self) {
+        self.accept_loop.abort();
+    }
+}
+
+impl KeepAliveServer {
+    pub(super) async fn start(behaviour: Behaviour) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local_addr");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let last_request = Arc::new(std::sync::Mutex::new(None));
+        let behaviour = Arc::new(std::sync::Mutex::new(behaviour));
+        let shared = (
+            connections.clone(),
+            requests.clone(),
+            last_request.clone(),
+            behaviour.clone(),
+        );
+        let accept_loop = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                shared.0.fetch_add(1, Ordering::SeqCst);
+                let (_, requests, last, behaviour) = shared.clone();
+                tokio::spawn(serve_keep_alive(stream, requests, last, behaviour));
+            }
+        });
+        Self {
+            addr,
+            connections,
+            requests,
+            last_request,
+            behaviour,
+            accept_loop,
+        }
+    }
+
+    /// What the server does with the next requests.
+    pub(super) fn set(&self, behaviour: Behaviour) {
+        *self.behaviour.lock().expect("lock") = behaviour;
+    }
+}
+
+async fn serve_keep_alive(
+    mut stream: TcpStream,
+    requests: Arc<AtomicUsize>,
+    last_request: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    behaviour: Arc<std::sync::Mutex<Behaviour>>,
+) {
+    const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    while let Some(request) = read_request(&mut stream).await {
+        requests.fetch_add(1, Ordering::SeqCst);
+        *last_request.lock().expect("lock") = Some(request);
+        let now = *behaviour.lock().expect("lock");
+        let idle = Duration::from_millis(20);
+        match now {
+            Behaviour::Answer => {
+                if stream.write_all(OK).await.is_err() {
+                    return;
+                }
+            }
+            Behaviour::Fail => {
+                let fail = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n";
+                if stream.write_all(fail).await.is_err() {
+                    return;
+                }
+            }
+            Behaviour::Hang => {
+                let mut sink = [0u8; 256];
+                let _ = tokio::time::timeout(Duration::from_secs(30), async {
+                    while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+                })
+                .await;
+                return;
+            }
+            Behaviour::AnswerAndClose => {
+                let close = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
+                let _ = stream.write_all(close).await;
+                let _ = stream.shutdown().await;
+                return;
+            }
+            Behaviour::CloseUnanswered => return,
+            Behaviour::AnswerThenIdleClose => {
+                let _ = stream.write_all(OK).await;
+                tokio::time::sleep(idle).await;
+                return;
+            }
+            Behaviour::AnswerThen408 => {
+                let _ = stream.write_all(OK).await;
+                tokio::time::sleep(idle).await;
+                let timeout = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+                let _ = stream.write_all(timeout).await;
+                let _ = stream.shutdown().await;
+                return;
+            }
         }
     }
 }

@@ -36,6 +36,13 @@ const CHUNK_LINE_LIMIT: usize = 256;
 /// with long extensions cannot make us read far more than `BODY_LIMIT`.
 const CHUNKED_RAW_LIMIT: usize = 32 * 1024;
 
+/// The reader's first allocation: room for a typical health response.
+const INITIAL_BUFFER: usize = 1024;
+
+/// Header slots parsed without an allocation; a head with more lines gets
+/// a slot per line on the heap.
+const STACK_HEADERS: usize = 16;
+
 /// The response bytes received so far, with the deadline that bounds every read.
 pub(super) struct Reader {
     stream: TcpStream,
@@ -53,7 +60,9 @@ impl Reader {
     pub(super) fn new(stream: TcpStream, deadline: Instant, timeout: Duration) -> Self {
         Self {
             stream,
-            buf: Vec::with_capacity(HEADER_LIMIT),
+            // A health answer is a few hundred bytes; the buffer grows
+            // (up to the caps) only for the rare larger one.
+            buf: Vec::with_capacity(INITIAL_BUFFER),
             received: 0,
             deadline,
             timeout,
@@ -81,6 +90,35 @@ impl Reader {
                 Ok(n)
             }
         }
+    }
+
+    /// The bytes received and not yet consumed.
+    pub(super) fn buffered(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Total bytes received on this connection by this reader.
+    pub(super) fn received(&self) -> usize {
+        self.received
+    }
+
+    /// Reads until at least `n` bytes are buffered (never more than `n` are
+    /// asked for), failing as [`Self::fill_more`] does.
+    pub(super) async fn fill_to(&mut self, n: usize) -> Result<(), FailReason> {
+        while self.buf.len() < n {
+            self.fill_more(n - self.buf.len()).await?;
+        }
+        Ok(())
+    }
+
+    /// Ends reads at `at` if that is sooner than the probe's deadline.
+    pub(super) fn cut_deadline(&mut self, at: Instant) {
+        self.deadline = self.deadline.min(at);
+    }
+
+    /// The connection, for the next probe on it.
+    pub(super) fn into_stream(self) -> TcpStream {
+        self.stream
     }
 
     /// Like `fill`, but the backend closing the connection is an error.
@@ -125,6 +163,30 @@ impl Reader {
 pub(super) struct Head {
     pub(super) status: u16,
     framing: Framing,
+    /// HTTP/1.1 or later without `Connection: close`: the server keeps the
+    /// connection open after this response (RFC 9112 §9.3). HTTP/1.0 is
+    /// taken as closing: the prober never asks 1.0 servers to keep alive.
+    keep_alive: bool,
+}
+
+impl Head {
+    /// The length of the body when the connection can carry another request
+    /// after it: the server keeps it alive and the body's end is known and
+    /// small (no body, or a `Content-Length` within [`BODY_LIMIT`]). `None`
+    /// for a chunked or close-delimited body, or a larger one: such a
+    /// connection is closed rather than read to its end.
+    pub(super) fn reusable_body(&self, is_head: bool) -> Option<usize> {
+        if !self.keep_alive {
+            return None;
+        }
+        if is_head || self.status == 204 || self.status == 304 {
+            return Some(0);
+        }
+        match self.framing {
+            Framing::Length(n) => usize::try_from(n).ok().filter(|&n| n <= BODY_LIMIT),
+            Framing::Chunked | Framing::UntilClose => None,
+        }
+    }
 }
 
 /// How the body's end is found (RFC 9112 §6.3).
@@ -194,13 +256,37 @@ fn parse_head(head: &[u8]) -> Result<Head, FailReason> {
     // One slot per line: a head cannot hold more headers than lines, so
     // httparse never runs out of slots.
     let lines = header_block.iter().filter(|&&b| b == b'\n').count();
-    let mut slots = vec![httparse::EMPTY_HEADER; lines];
-    let framing = match httparse::parse_headers(header_block, &mut slots) {
-        Ok(httparse::Status::Complete((_, headers))) => framing(headers)?,
+    let mut stack = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    let mut heap = Vec::new();
+    let slots: &mut [httparse::Header<'_>] = if lines <= STACK_HEADERS {
+        &mut stack[..lines]
+    } else {
+        heap.resize(lines, httparse::EMPTY_HEADER);
+        &mut heap
+    };
+    let framing = match httparse::parse_headers(header_block, slots) {
+        Ok(httparse::Status::Complete((_, headers))) => (
+            framing(headers)?,
+            !head.starts_with(b"HTTP/1.0") && !closes(headers),
+        ),
         // A complete head never parses as partial; treat it as rejected.
         Ok(httparse::Status::Partial) | Err(_) => return Err(header_fault(header_block)),
     };
-    Ok(Head { status, framing })
+    let (framing, keep_alive) = framing;
+    Ok(Head {
+        status,
+        framing,
+        keep_alive,
+    })
+}
+
+/// Whether a `Connection` header lists `close`.
+fn closes(headers: &[httparse::Header<'_>]) -> bool {
+    headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+        .flat_map(|h| h.value.split(|&b| b == b','))
+        .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"))
 }
 
 fn strip_cr(line: &[u8]) -> &[u8] {
@@ -521,6 +607,80 @@ mod tests {
         for (name, head, want) in cases {
             let got = parse_head(head).map(|h| (h.status, h.framing));
             assert_eq!(&got, want, "{name}");
+        }
+    }
+
+    /// Which responses leave a connection that can carry the next probe,
+    /// and how much body must be read to stay in step.
+    #[test]
+    fn reusable_bodies() {
+        // (name, head, HEAD request, want)
+        let cases: &[(&str, &[u8], bool, Option<usize>)] = &[
+            (
+                "1.1 with a length",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n",
+                false,
+                Some(2),
+            ),
+            (
+                "no body: 204",
+                b"HTTP/1.1 204 No Content\r\n\r\n",
+                false,
+                Some(0),
+            ),
+            (
+                "no body: HEAD",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 99999\r\n\r\n",
+                true,
+                Some(0),
+            ),
+            (
+                "body at the limit",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 4096\r\n\r\n",
+                false,
+                Some(4096),
+            ),
+            (
+                "body over the limit",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 4097\r\n\r\n",
+                false,
+                None,
+            ),
+            (
+                "Connection: close",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n",
+                false,
+                None,
+            ),
+            (
+                "close among tokens",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nconnection: Upgrade, CLOSE\r\n\r\n",
+                false,
+                None,
+            ),
+            (
+                "keep-alive token",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\n",
+                false,
+                Some(2),
+            ),
+            (
+                "HTTP/1.0",
+                b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n",
+                false,
+                None,
+            ),
+            (
+                "chunked",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                false,
+                None,
+            ),
+            ("until close", b"HTTP/1.1 200 OK\r\n\r\n", false, None),
+        ];
+        for &(name, head, is_head, want) in cases {
+            let head = parse_head(head).expect(name);
+            assert_eq!(head.reusable_body(is_head), want, "{name}");
         }
     }
 }

@@ -14,12 +14,15 @@ use lb_user::health::{
     scheduler::Scheduler,
     scheduler::{DEFAULT_MAX_CONCURRENT, Report},
     spec::CheckSpec,
+    spec::{self, CheckKind},
 };
 use tokio::{
     io::{AsyncBufReadExt as _, BufReader},
     sync::mpsc::Receiver,
     time::{Instant, timeout, timeout_at},
 };
+
+use crate::bench::figures::{Figure, Target};
 
 use super::{
     COST_BACKENDS,
@@ -31,17 +34,90 @@ use super::{
 /// How far the probe rate may stray from one probe per backend per interval.
 const RATE_TOLERANCE: f64 = 0.15;
 
-pub(super) async fn cost(quick: bool) -> Result<Vec<Row>> {
+/// The figure's group in `cargo xtask bench`'s summary.
+const GROUP: &str = "control plane, 1,000 backends @ 1/s (% of one core)";
+
+/// The most of one core probing 1,000 backends every second may take.
+const TARGET_PERCENT: f64 = 5.0;
+
+/// How the backends are probed in one case of the figure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Case {
+    /// The default: a new TCP connection per probe.
+    Fresh,
+    /// `reuse_connection = true` with the default `reopen_every`.
+    Reuse,
+}
+
+impl Case {
+    const ALL: [Self; 2] = [Self::Fresh, Self::Reuse];
+
+    fn label(self) -> String {
+        match self {
+            Self::Fresh => "HTTP, new connection per probe (default)".to_owned(),
+            Self::Reuse => format!(
+                "HTTP, reuse_connection (reopen_every {})",
+                spec::DEFAULT_REOPEN_EVERY
+            ),
+        }
+    }
+
+    fn spec(self, base: &CheckSpec) -> CheckSpec {
+        let mut spec = base.clone();
+        if let (Self::Reuse, CheckKind::Http(http)) = (self, &mut spec.kind) {
+            http.reuse_connection = Some(spec::DEFAULT_REOPEN_EVERY);
+        }
+        spec
+    }
+}
+
+/// The figure for every case, or for `only` (when profiling one).
+pub(super) async fn cost(quick: bool, only: Option<Case>) -> Result<Vec<Row>> {
     let n = COST_BACKENDS;
-    let window = Duration::from_secs(if quick { 5 } else { 15 });
-    let warmup = Duration::from_secs(if quick { 1 } else { 3 });
-    let spec = http_spec(|s| s.interval = Duration::from_secs(1));
-    print_method(n, &spec, warmup, window);
+    let rounds = if quick { 3 } else { 6 };
+    let window = Duration::from_secs(if quick { 3 } else { 8 });
+    let warmup = Duration::from_secs(if quick { 1 } else { 2 });
+    let base = http_spec(|s| s.interval = Duration::from_secs(1));
+    print_method(n, &base, warmup, window, rounds);
 
     let mut server = ServerChild::spawn(n).await?;
+    let mut windows: Vec<(Case, Measured)> = Vec::new();
+    for round in 0..rounds {
+        // Alternate which case goes first, so a drift in the machine's
+        // load over the run does not favour one of them.
+        let mut order = Case::ALL;
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for case in order.into_iter().filter(|c| only.is_none_or(|o| o == *c)) {
+            let measured = one_window(n, &case.spec(&base), &server.ports, warmup, window).await?;
+            println!(
+                "  round {}/{rounds}, {}: {:.2}% of one core, {:.0} µs per probe",
+                round + 1,
+                case.label(),
+                measured.cpu_percent(),
+                measured.cpu_per_probe_us()
+            );
+            windows.push((case, measured));
+        }
+    }
+    server.stop().await;
+    Ok(summary_rows(&windows))
+}
+
+/// Probes the `n` servers on `ports` with `spec` for one `window` after
+/// they are all up and `warmup` has passed; the scheduler (and any kept
+/// connection) is gone when this returns.
+async fn one_window(
+    n: usize,
+    spec: &CheckSpec,
+    ports: &[u16],
+    warmup: Duration,
+    window: Duration,
+) -> Result<Measured> {
     let rss_before = rss_kib()?;
     let (mut scheduler, mut rx) = Scheduler::new(DEFAULT_MAX_CONCURRENT);
-    for (id, port) in (0u64..).zip(&server.ports) {
+    for (id, port) in (0u64..).zip(ports) {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, *port));
         let spec = CheckSpec {
             port: *port,
@@ -49,26 +125,24 @@ pub(super) async fn cost(quick: bool) -> Result<Vec<Row>> {
         };
         scheduler.upsert(id, addr, spec, HealthState::Unknown);
     }
-    wait_all_up(&mut rx, n, &spec).await?;
+    wait_all_up(&mut rx, n, spec).await?;
     let warm_end = Instant::now() + warmup;
     while timeout_at(warm_end, rx.recv()).await.is_ok() {}
 
     let counts = count_probes(&mut rx, window).await?;
     let rss_after = rss_kib()?;
     drop(scheduler);
-    server.stop().await;
     Ok(Measured {
         n,
-        spec,
+        spec: spec.clone(),
         window,
         counts,
         rss_before,
         rss_after,
-    }
-    .rows())
+    })
 }
 
-fn print_method(n: usize, spec: &CheckSpec, warmup: Duration, window: Duration) {
+fn print_method(n: usize, spec: &CheckSpec, warmup: Duration, window: Duration, rounds: usize) {
     println!();
     println!("figure 2, probe cost: {n} backends probed every second");
     println!(
@@ -82,10 +156,17 @@ fn print_method(n: usize, spec: &CheckSpec, warmup: Duration, window: Duration) 
     );
     println!(
         "  method:  {n} HTTP listeners on 127.0.0.1 in a child process (this binary, --serve \
-         {n}); all Up, then {} of warm-up; CPU = getrusage(RUSAGE_SELF) user+system of this \
-         process (prober and report consumer) over a {} window",
+         {n}); for each case a new scheduler, all Up, then {} of warm-up; CPU = \
+         getrusage(RUSAGE_SELF) user+system of this process (prober and report consumer) over \
+         a {} window; {rounds} rounds, the cases alternated (and their order swapped) round by \
+         round; medians over the rounds",
         Secs(warmup),
         Secs(window)
+    );
+    println!(
+        "  cases:   {}; {}",
+        Case::Fresh.label(),
+        Case::Reuse.label()
     );
     println!(
         "  caveat:  on loopback the kernel runs the receive side of a packet in the sender's \
@@ -175,51 +256,35 @@ struct Measured {
 }
 
 impl Measured {
-    fn rows(&self) -> Vec<Row> {
-        let Self { n, .. } = self;
-        let (rate_row, probes) = self.rate_row();
-        vec![
-            self.cpu_row(probes),
-            rate_row,
-            self.per_backend_row(),
-            Row {
-                figure: "prober RSS".to_owned(),
-                value: format!(
-                    "{:.1} MiB ({:+.1} MiB with the {n} backends)",
-                    self.rss_after as f64 / 1024.0,
-                    (self.rss_after as f64 - self.rss_before as f64) / 1024.0
-                ),
-                target: "none set (reported)".to_owned(),
-                verdict: Verdict::Info,
-            },
-        ]
+    fn probes(&self) -> u32 {
+        self.counts.per_backend.values().sum()
     }
 
-    fn cpu_row(&self, probes: u32) -> Row {
+    fn cpu_percent(&self) -> f64 {
         let ProbeCounts { cpu, wall, .. } = self.counts;
-        let cpu_share = cpu.total().as_secs_f64() / wall.as_secs_f64();
+        100.0 * cpu.total().as_secs_f64() / wall.as_secs_f64()
+    }
+
+    fn cpu_per_probe_us(&self) -> f64 {
+        self.counts.cpu.total().as_secs_f64() * 1e6 / f64::from(self.probes().max(1))
+    }
+
+    fn rss_row(&self, case: Case) -> Row {
         Row {
-            figure: format!(
-                "probe CPU, {} backends @ {}",
-                self.n,
-                Compact(self.spec.interval)
-            ),
+            figure: format!("prober RSS, {}", case.label()),
             value: format!(
-                "{:.1}% of one core ({:.1} ms CPU per s: {:.0}% user, {:.0}% system; \
-                 {:.0} µs per probe)",
-                cpu_share * 100.0,
-                cpu_share * 1e3,
-                100.0 * cpu.user.as_secs_f64() / cpu.total().as_secs_f64().max(1e-9),
-                100.0 * cpu.system.as_secs_f64() / cpu.total().as_secs_f64().max(1e-9),
-                cpu.total().as_secs_f64() * 1e6 / f64::from(probes.max(1))
+                "{:.1} MiB ({:+.1} MiB with the {} backends)",
+                self.rss_after as f64 / 1024.0,
+                (self.rss_after as f64 - self.rss_before as f64) / 1024.0,
+                self.n
             ),
             target: "none set (reported)".to_owned(),
             verdict: Verdict::Info,
         }
     }
 
-    /// The probe rate's row, and the number of probes it counted.
-    fn rate_row(&self) -> (Row, u32) {
+    /// The probe rate's row of this window.
+    fn rate_row(&self, case: Case) -> Row {
         let ProbeCounts {
             per_backend,
             failed,
@@ -238,11 +303,12 @@ impl Measured {
             format!("{failures} failed ({})", codes.join(", "))
         };
         let rate_ok = (probes_per_s - expected_rate).abs() <= expected_rate * RATE_TOLERANCE;
-        let row = Row {
+        Row {
             figure: format!(
-                "probe rate, {} backends @ {}",
+                "probe rate, {} backends @ {}, {}",
                 self.n,
-                Compact(self.spec.interval)
+                Compact(self.spec.interval),
+                case.label()
             ),
             value: format!("{probes_per_s:.0} probes/s, {failed_text}"),
             target: format!(
@@ -251,11 +317,10 @@ impl Measured {
                 RATE_TOLERANCE * 100.0
             ),
             verdict: Verdict::of(rate_ok && failures == 0),
-        };
-        (row, probes)
+        }
     }
 
-    fn per_backend_row(&self) -> Row {
+    fn per_backend_row(&self, case: Case) -> Row {
         let Self {
             n, spec, window, ..
         } = self;
@@ -274,11 +339,102 @@ impl Measured {
         let per_max = per_backend.values().copied().max().unwrap_or(0);
         let per_ok = (per_low..=per_high).contains(&per_min) && per_max <= per_high;
         Row {
-            figure: format!("probes per backend in {}", Secs(*window)),
+            figure: format!("probes per backend in {}, {}", Secs(*window), case.label()),
             value: format!("min {per_min} / max {per_max}"),
             target: format!("each in {per_low}..={per_high}"),
             verdict: Verdict::of(per_ok),
         }
+    }
+}
+
+/// The figure's rows from every window, case by case, and its headline
+/// figures recorded for `cargo xtask bench`.
+fn summary_rows(windows: &[(Case, Measured)]) -> Vec<Row> {
+    let of = |case: Case| -> Vec<&Measured> {
+        windows
+            .iter()
+            .filter(|(c, _)| *c == case)
+            .map(|(_, m)| m)
+            .collect()
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let fresh_percents: Vec<f64> = of(Case::Fresh).iter().map(|m| m.cpu_percent()).collect();
+    // The same median as the default's own figure (mean of the middle two).
+    let fresh_percent = Figure::median_of("", "", "", &fresh_percents, "%").value;
+    let fresh_us = median(
+        of(Case::Fresh)
+            .iter()
+            .map(|m| m.cpu_per_probe_us())
+            .collect(),
+    );
+    let mut rows = Vec::new();
+    for case in Case::ALL {
+        let measured = of(case);
+        let Some(last) = measured.last() else {
+            continue;
+        };
+        let percents: Vec<f64> = measured.iter().map(|m| m.cpu_percent()).collect();
+        let mut figure =
+            Figure::median_of("xlb-health-bench", GROUP, &case.label(), &percents, "%")
+                .target(Target::AtMost(TARGET_PERCENT));
+        if case != Case::Fresh && fresh_percent.is_finite() {
+            figure = figure.against(&Case::Fresh.label(), fresh_percent);
+        }
+        figure.record();
+        rows.push(cpu_row(case, &measured, figure.value, fresh_us));
+        // A window that missed its rate or per-backend count is the one
+        // shown; otherwise the last.
+        let pick = |row: fn(&Measured, Case) -> Row| {
+            let all: Vec<Row> = measured.iter().map(|m| row(m, case)).collect();
+            all.iter()
+                .find(|r| r.verdict == Verdict::Missed)
+                .or(all.last())
+                .cloned()
+        };
+        rows.extend(pick(Measured::rate_row));
+        rows.extend(pick(Measured::per_backend_row));
+        rows.push(last.rss_row(case));
+    }
+    rows
+}
+
+/// The CPU row of `case`: the median share of one core over its windows
+/// (`median`), their spread, and the CPU per probe (against the default's,
+/// `fresh_us`, for the other cases).
+fn cpu_row(case: Case, measured: &[&Measured], median: f64, fresh_us: f64) -> Row {
+    let percents: Vec<f64> = measured.iter().map(|m| m.cpu_percent()).collect();
+    let (lo, hi) = percents
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    let mut per_probe: Vec<f64> = measured.iter().map(|m| m.cpu_per_probe_us()).collect();
+    per_probe.sort_by(f64::total_cmp);
+    let us = per_probe
+        .get(per_probe.len() / 2)
+        .copied()
+        .unwrap_or(f64::NAN);
+    let (user, total) = measured.iter().fold((0.0, 0.0), |(u, t), m| {
+        let cpu = m.counts.cpu;
+        (u + cpu.user.as_secs_f64(), t + cpu.total().as_secs_f64())
+    });
+    // Without the default's windows (`--case reuse`) there is no ratio.
+    let against = if case == Case::Fresh || !fresh_us.is_finite() {
+        String::new()
+    } else {
+        format!(", {:.2}× the default's", us / fresh_us)
+    };
+    Row {
+        figure: format!("probe CPU, {}", case.label()),
+        value: format!(
+            "{median:.1}% of one core (median of {}; {lo:.1}–{hi:.1}%; {us:.0} µs per \
+             probe{against}; {:.0}% user)",
+            measured.len(),
+            100.0 * user / total.max(1e-9)
+        ),
+        target: format!("≤ {TARGET_PERCENT}% of one core"),
+        verdict: Verdict::of(median <= TARGET_PERCENT),
     }
 }
 

@@ -55,6 +55,7 @@ pub(super) fn http_spec(f: impl FnOnce(&mut CheckSpec)) -> CheckSpec {
             host: None,
             expect_status: vec![defaults::EXPECT_STATUS],
             body_contains: None,
+            reuse_connection: None,
         }),
         port: 0,
         interval: defaults::INTERVAL,
@@ -98,6 +99,14 @@ pub(super) fn detection_profiles(quick: bool) -> Vec<Profile> {
             spec: spec_from_config(""),
             reps: if quick { 2 } else { 5 },
             note: "health::spec::defaults, as a configuration without [health_check] gets them",
+            target: None,
+        },
+        Profile {
+            name: "default-reuse",
+            spec: spec_from_config("reuse_connection = true"),
+            reps: if quick { 2 } else { 5 },
+            note: "the defaults with reuse_connection = true (reopen_every 10): the hung \
+                   backend's kept connection stalls with its event loop",
             target: None,
         },
         Profile {

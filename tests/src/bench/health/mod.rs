@@ -15,10 +15,13 @@ use anyhow::{Context as _, Result, bail};
 use crate::bench::print_command;
 use report::print_table;
 
-const USAGE: &str = "usage: xlb-health-bench [--quick] [--only detection|cost]
+const USAGE: &str =
+    "usage: xlb-health-bench [--quick] [--only detection|cost] [--case default|reuse]
   --quick           fewer repetitions and a shorter cost window (smoke runs)
   --only FIGURE     run one figure: detection (hung application) or cost
-                    (CPU of probing 1,000 backends every second)";
+                    (CPU of probing 1,000 backends every second)
+  --case CASE       the cost figure for one case only (to profile it): default
+                    (a new connection per probe) or reuse (reuse_connection)";
 
 /// Backends probed for the cost figure.
 const COST_BACKENDS: usize = 1_000;
@@ -33,6 +36,8 @@ enum Figure {
 struct Args {
     quick: bool,
     only: Option<Figure>,
+    /// The cost figure's case to run alone.
+    case: Option<cost::Case>,
     /// Hidden: be the cost figure's server process with this many listeners.
     serve: Option<usize>,
 }
@@ -58,6 +63,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
                     "detection" => Figure::Detection,
                     "cost" => Figure::Cost,
                     other => bail!("--only {other:?}: use detection or cost\n{USAGE}"),
+                });
+            }
+            "--case" => {
+                out.case = Some(match value("--case")?.as_str() {
+                    "default" => cost::Case::Fresh,
+                    "reuse" => cost::Case::Reuse,
+                    other => bail!("--case {other:?}: use default or reuse\n{USAGE}"),
                 });
             }
             "--serve" => {
@@ -107,7 +119,7 @@ async fn run(args: Args) -> Result<()> {
         }
     }
     if args.only.is_none_or(|f| f == Figure::Cost) {
-        rows.extend(cost::cost(args.quick).await?);
+        rows.extend(cost::cost(args.quick, args.case).await?);
     }
     print_table(&rows);
     Ok(())

@@ -21,12 +21,21 @@ const SERVE_LIMIT: Duration = Duration::from_secs(600);
 /// How long the server child waits for a request head before dropping it.
 const SERVE_REQUEST_WAIT: Duration = Duration::from_secs(2);
 
-/// The answer of the cost figure's servers, as small as a real `/health`.
-const HEALTH_RESPONSE: &[u8] =
+/// The answer of the cost figure's servers, as small as a real `/health`,
+/// to a request that asked to close (a new connection per probe).
+const HEALTH_RESPONSE_CLOSE: &[u8] =
     b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\nok";
 
+/// The same answer on a kept-alive connection (`reuse_connection`).
+const HEALTH_RESPONSE_KEEP: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok";
+
+/// How long the server child keeps an idle kept-alive connection, as a
+/// web server's keep-alive timeout (nginx: 75 s).
+const SERVE_IDLE_LIMIT: Duration = Duration::from_secs(75);
+
 /// `--serve N`: N HTTP listeners on 127.0.0.1 that answer any request with
-/// 200 and close. Prints `ports P1 P2 …` once they are bound, then serves
+/// 200, and close unless it is HTTP/1.1 without `Connection: close`. Prints `ports P1 P2 …` once they are bound, then serves
 /// until stdin closes (at most `SERVE_LIMIT`).
 pub(super) fn serve_main(n: usize) -> Result<()> {
     ensure!(n > 0, "--serve needs at least one listener");
@@ -77,21 +86,39 @@ async fn accept_loop(listener: TcpListener) {
 }
 
 async fn answer(mut stream: TcpStream) {
-    let exchange = async {
-        let mut buf = Vec::with_capacity(512);
-        let mut chunk = [0u8; 1024];
-        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-            if buf.len() > 8 * 1024 {
-                return;
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    let mut wait = SERVE_REQUEST_WAIT;
+    loop {
+        let request = async {
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                if buf.len() > 8 * 1024 {
+                    return false;
+                }
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return false,
+                    Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                }
             }
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            true
+        };
+        if !matches!(timeout(wait, request).await, Ok(true)) {
+            return;
+        }
+        let close = buf
+            .to_ascii_lowercase()
+            .windows(17)
+            .any(|w| w == b"connection: close");
+        buf.clear();
+        if close {
+            if stream.write_all(HEALTH_RESPONSE_CLOSE).await.is_ok() {
+                let _ = stream.shutdown().await;
             }
+            return;
         }
-        if stream.write_all(HEALTH_RESPONSE).await.is_ok() {
-            let _ = stream.shutdown().await;
+        if stream.write_all(HEALTH_RESPONSE_KEEP).await.is_err() {
+            return;
         }
-    };
-    let _ = timeout(SERVE_REQUEST_WAIT, exchange).await;
+        wait = SERVE_IDLE_LIMIT;
+    }
 }
