@@ -187,11 +187,17 @@ pub(crate) fn svg(figs: &[Fig]) -> String {
     );
     let mut y = 20.0;
     for (group, v) in &groups {
+        // The unit after the group's name, unless the name already says it.
+        let unit = format!("({})", v[0].unit);
+        let title = if group.contains(&unit) {
+            (*group).to_string()
+        } else {
+            format!("{group} {unit}")
+        };
         let _ = writeln!(
             s,
-            "<text x=\"4\" y=\"{y}\" font-weight=\"bold\">{} ({})</text>",
-            escape(group),
-            escape(&v[0].unit)
+            "<text x=\"4\" y=\"{y}\" font-weight=\"bold\">{}</text>",
+            escape(&title)
         );
         y += 12.0;
         let max = v
@@ -299,5 +305,14 @@ mod tests {
         assert_eq!(s.matches("<rect x=").count(), 2);
         assert!(s.contains("x&lt;y"), "labels are escaped");
         assert!(s.contains("#d9534f"), "the missed target is red");
+        assert!(
+            s.contains(">throughput (Mpps)<"),
+            "the unit follows the group"
+        );
+        let named = Fig::parse("b\tper packet (ns)\tc\t6\tns\t-\t-\t1\t-\t-\t-").unwrap();
+        assert!(
+            svg(&[named]).contains(">per packet (ns)<"),
+            "the unit is not said twice"
+        );
     }
 }
