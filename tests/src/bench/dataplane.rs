@@ -133,9 +133,3 @@ impl Flows {
 pub fn frame(f: &Flow, flags: u8) -> Vec<u8> {
     f.frame(LB_MAC, PEER_MAC, None, flags, &[0u8; 18])
 }
-
-/// The median of `v` (sorted in place).
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}

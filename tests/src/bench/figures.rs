@@ -40,6 +40,18 @@ impl Target {
     }
 }
 
+/// The median of `values` (the mean of the middle two for an even count;
+/// NaN for none): what every benchmark reports of its rounds.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// One measured figure.
 #[derive(Clone, Debug)]
 pub struct Figure {
@@ -79,19 +91,12 @@ impl Figure {
 
     /// The median of `values` (one per run), with their spread.
     pub fn median_of(bench: &str, group: &str, case: &str, values: &[f64], unit: &str) -> Self {
-        let mut v = values.to_vec();
-        v.sort_by(f64::total_cmp);
-        let median = if v.is_empty() {
-            f64::NAN
-        } else if v.len() % 2 == 1 {
-            v[v.len() / 2]
-        } else {
-            (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-        };
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         Self {
-            spread: (v.len() > 1).then(|| (v[0], v[v.len() - 1])),
-            runs: v.len(),
-            ..Self::new(bench, group, case, median, unit)
+            spread: (values.len() > 1).then_some((min, max)),
+            runs: values.len(),
+            ..Self::new(bench, group, case, median(values), unit)
         }
     }
 

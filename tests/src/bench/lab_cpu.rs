@@ -12,7 +12,6 @@ use std::{
     fs,
     os::{fd::OwnedFd, unix::fs::MetadataExt as _},
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
@@ -65,22 +64,6 @@ fn prog_id_after(text: &str, marker: &str) -> Option<u32> {
     None
 }
 
-fn command_output(program: &str, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .with_context(|| format!("running {program} {}", args.join(" ")))?;
-    if !out.status.success() {
-        bail!(
-            "`{program} {}` failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// The programs attached in `lab`: XDP on the LB's eth0, on every backend's
 /// eth0 and on the LB's bridge-side peer, found by attachment (`ip -d
 /// link`), not by name: other labs on the machine may run programs of the
@@ -98,7 +81,7 @@ pub fn lab_programs(lab: &Lab) -> anyhow::Result<Vec<Program>> {
     places.push((lab.ns_bridge(), lab.lb_peer_ifname().to_string()));
     let mut ids = Vec::new();
     for (ns, ifname) in &places {
-        let link = command_output("ip", &["-n", ns, "-d", "-o", "link", "show", "dev", ifname])?;
+        let link = crate::netns::run(&["ip", "-n", ns, "-d", "-o", "link", "show", "dev", ifname])?;
         let id = prog_id_after(&link, "prog/xdp")
             .with_context(|| format!("no XDP program attached to {ifname} in {ns}: {link}"))?;
         ids.push((format!("{ns} {ifname} xdp"), id));

@@ -104,18 +104,3 @@ impl Drop for PinnedCt {
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
-
-/// Runs the calling thread on `cpu` only.
-pub fn pin_to_cpu(cpu: usize) -> anyhow::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: the set outlives the call; 0 = this thread.
-    let r = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
-    anyhow::ensure!(
-        r == 0,
-        "sched_setaffinity to CPU {cpu}: {}",
-        std::io::Error::last_os_error()
-    );
-    Ok(())
-}

@@ -37,7 +37,8 @@ use lb_user::dataplane::LoadOptions;
 use crate::{
     bench::{
         dataplane::{Flows, XDP_TX, frame},
-        lru::{NO_COMMON_LRU, PinnedCt, pin_to_cpu, update_batch},
+        lru::{NO_COMMON_LRU, PinnedCt, update_batch},
+        set_affinity, thread_cpu,
     },
     harness::{SharedWorld, World},
     packet::{ACK, Flow, SYN, csum},
@@ -308,25 +309,14 @@ fn step(
             // The thread's CPU time, not the wall clock: time the scheduler
             // gives to other tasks mid-call is not the LRU's (a spinning
             // lock is, and counts).
-            let t0 = thread_cpu_time();
+            let t0 = thread_cpu();
             let n = update_batch(t.ct, batch).context("BPF_MAP_UPDATE_BATCH of XLB_CT")?;
-            return Ok((u64::from(n), thread_cpu_time().saturating_sub(t0)));
+            return Ok((u64::from(n), thread_cpu().saturating_sub(t0)));
         }
     };
     let (v, d) = run_xdp(t, frame, repeat)?;
     anyhow::ensure!(v == XDP_TX, "CPU {}: {load:?}: verdict {v}", lane.cpu);
     Ok((u64::from(repeat), d * repeat))
-}
-
-/// CPU time of the calling thread (`CLOCK_THREAD_CPUTIME_ID`).
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Pins the thread to the lane's CPU, readies `load` (the established
@@ -339,7 +329,7 @@ fn drive(
     budget: Budget,
     start: &Barrier,
 ) -> anyhow::Result<Tally> {
-    let ready = pin_to_cpu(lane.cpu).and_then(|()| {
+    let ready = set_affinity(0, lane.cpu).and_then(|()| {
         if load == Load::Established {
             for f in &lane.est {
                 let (v, _) = run_xdp(t, &frame(f, SYN), 1)?;

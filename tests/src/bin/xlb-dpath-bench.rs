@@ -35,6 +35,7 @@ use xlb_lab::{
     scenario::{LabRun, Mode, Vip, XlbConfig, find_xlb},
     topology::{self, HOST_IFNAME},
 };
+use xlb_tests::bench::thread_cpu;
 
 const PREFIX: &str = "xlbdp";
 /// Probes in flight at once on the one prober thread.
@@ -75,17 +76,6 @@ async fn probe(way: &Way) -> bool {
         Ok::<_, std::io::Error>(got.starts_with(b"HTTP/1.1 200"))
     };
     matches!(timeout_at(deadline, exchange).await, Ok(Ok(true)))
-}
-
-/// CPU time of the calling thread (user + system).
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid clock id and a pointer to a live timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Runs `n` probes round-robin over `ways`, `CONCURRENCY` at a time.

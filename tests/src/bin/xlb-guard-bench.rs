@@ -40,9 +40,10 @@ use lb_user::dataplane::{ListKey, source_key};
 use xlb_tests::{
     bench::{
         dataplane::{
-            Flows, REPEAT, SINGLES, XDP_DROP, XDP_TX, frame, in_world_with_ct, median, repeat_once,
+            Flows, REPEAT, SINGLES, XDP_DROP, XDP_TX, frame, in_world_with_ct, repeat_once,
             single_once,
         },
+        figures::median,
         print_command,
     },
     harness::{World, ktime_coarse_ns},
@@ -190,9 +191,9 @@ fn cost(w: &mut World, f: &Flows) -> anyhow::Result<()> {
         // Each round measures both sides back to back: the median of the
         // paired differences is what the guard adds, robust to the VM
         // drifting between rounds.
-        let mut added: Vec<f64> = on[i].iter().zip(&off[i]).map(|(b, a)| b - a).collect();
-        let added = median(&mut added);
-        let (a, b) = (median(&mut off[i]), median(&mut on[i]));
+        let added: Vec<f64> = on[i].iter().zip(&off[i]).map(|(b, a)| b - a).collect();
+        let added = median(&added);
+        let (a, b) = (median(&off[i]), median(&on[i]));
         let target = if *established {
             let met = added <= TARGET_ADDED_NS;
             format!(
@@ -286,9 +287,9 @@ fn floods(w: &mut World, f: &Flows) -> anyhow::Result<()> {
          median of {ROUNDS})"
     );
     println!("{:<46} {:>10} {:>9}", "case", "Mpps", "ns/pkt");
-    let forward = median(&mut pps[2].clone());
+    let forward = median(&pps[2]);
     for (i, (name, _, _)) in cases.iter().enumerate() {
-        let p = median(&mut pps[i]);
+        let p = median(&pps[i]);
         println!(
             "{name:<46} {:>10.2} {:>9.1}  {:.2}x forwarding",
             p / 1e6,

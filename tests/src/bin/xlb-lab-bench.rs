@@ -25,7 +25,7 @@ use xlb_lab::{
     scenario::{LabRun, Mode, XlbConfig, find_xlb, log_tail},
 };
 use xlb_tests::bench::{
-    figures::Figure,
+    figures::{Figure, median},
     lab_cpu::{Sampler, Usage, WRK_GROUP, enable_run_time_stats},
     lab_proxies::{self, HAPROXY_PORT, NFT_LISTEN, NftDnat},
     lab_wrk::{self, WrkLoad, WrkResult},
@@ -306,11 +306,7 @@ fn main() -> anyhow::Result<()> {
 
 /// The report: tables on stdout and the figures for `cargo xtask bench`.
 mod report {
-    use super::{Args, BENCH, Case, Figure, Sampler, Usage, WRK_GROUP, WrkResult};
-
-    fn median(v: &[f64]) -> f64 {
-        Figure::median_of("", "", "", v, "").value
-    }
+    use super::{Args, BENCH, Case, Figure, Sampler, Usage, WRK_GROUP, WrkResult, median};
 
     /// `min–max` of `v` with `decimals` decimals.
     fn spread(v: &[f64], decimals: usize) -> String {

@@ -40,7 +40,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use lb_common::Stat;
 use xlb_tests::bench::{
-    figures::Figure,
+    figures::{Figure, median},
     print_command,
     twocore::{Budget, EST_REPEAT, Kind, Layout, Load, Tally},
 };
@@ -240,10 +240,6 @@ fn rates(args: &Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn median(v: &[f64]) -> f64 {
-    Figure::median_of("", "", "", v, "").value
 }
 
 fn spread(v: &[f64]) -> String {

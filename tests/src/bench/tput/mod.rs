@@ -256,7 +256,7 @@ struct Bench<'a> {
 /// every case once per round, starting one case later each round. Returns
 /// the samples per case.
 fn measure(lab: &Lab, args: &Args, cases: &[Case]) -> anyhow::Result<Vec<Vec<Sample>>> {
-    topo::set_affinity(0, LB_CPU)?;
+    super::set_affinity(0, LB_CPU)?;
     let mut b = Bench::new(lab, args)?;
     let warm = (args.frames / 10).max(10_000);
     for case in cases {
@@ -341,12 +341,12 @@ impl<'a> Bench<'a> {
         );
         let stats = w.stats()?;
         let (napi, delivered) = (topo::task_cpu(self.napi_pid)?, topo::delivered(lab)?);
-        let cpu = topo::thread_cpu();
+        let cpu = super::thread_cpu();
         let wall = live_run(&mut w.dp, w.ifindex, frames, self.batch)?;
         let sample = Sample {
             frames,
             wall,
-            cpu: topo::thread_cpu() - cpu,
+            cpu: super::thread_cpu() - cpu,
             napi: topo::task_cpu(self.napi_pid)?.saturating_sub(napi),
             delivered: topo::delivered(lab)? - delivered,
         };

@@ -4,7 +4,7 @@
 //! bench`'s summary.
 
 use super::{Case, Sample};
-use crate::bench::figures::{Figure, Target};
+use crate::bench::figures::{Figure, Target, median};
 
 pub(super) const GEN_ONLY: &str = "generator only (XDP_DROP)";
 pub(super) const FLOOR: &str = "bare floor (swap MACs, XDP_TX)";
@@ -23,16 +23,6 @@ const GROUP_NS: &str = "LB CPU per packet, live frames";
 /// and against the bare floor (ratios of Mpps).
 const TARGET_VS_NAT: f64 = 5.0;
 const TARGET_VS_FLOOR: f64 = 0.6;
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
 
 /// Per round: Mpps.
 fn mpps(s: &[Sample]) -> Vec<f64> {

@@ -115,34 +115,9 @@ pub(crate) fn threaded_napi(ns: &str, dev: &str, cpu: usize) -> anyhow::Result<u
              is an XDP program attached to it?"
         );
     };
-    set_affinity(pid, cpu).with_context(|| format!("pinning NAPI thread {pid} to CPU {cpu}"))?;
+    crate::bench::set_affinity(pid, cpu)
+        .with_context(|| format!("pinning NAPI thread {pid} to CPU {cpu}"))?;
     Ok(pid)
-}
-
-/// Runs thread `tid` (0 = the calling thread) on `cpu` only.
-pub(crate) fn set_affinity(tid: u32, cpu: usize) -> anyhow::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: the set outlives the call.
-    let r = unsafe { libc::sched_setaffinity(tid as i32, size_of::<libc::cpu_set_t>(), &set) };
-    anyhow::ensure!(
-        r == 0,
-        "sched_setaffinity: {}",
-        std::io::Error::last_os_error()
-    );
-    Ok(())
-}
-
-/// CPU time the calling thread has used.
-pub(crate) fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` outlives the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// CPU time thread `pid` has used (user + system), in clock ticks' precision.
