@@ -8,6 +8,9 @@ use std::{
     time::Duration,
 };
 
+/// Transport protocol of a VIP (`vip.protocol`): the control protocol's,
+/// spelled as the configuration spells it.
+pub use lb_ctl::Protocol;
 use lb_ctl::{DEFAULT_CONTROL_SOCKET, DEFAULT_INSTANCE};
 
 use crate::topology::{self, HOST_IFNAME};
@@ -44,23 +47,6 @@ impl std::str::FromStr for Mode {
             "dsr-ipip" => Ok(Mode::DsrIpip),
             "dsr-l2" => Ok(Mode::DsrL2),
             _ => Err(format!("unknown mode {s:?}; use dsr-ipip or dsr-l2")),
-        }
-    }
-}
-
-/// Transport protocol of a VIP (`vip.protocol`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Protocol {
-    #[default]
-    Tcp,
-    Udp,
-}
-
-impl Protocol {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
         }
     }
 }
