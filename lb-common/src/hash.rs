@@ -86,21 +86,10 @@ impl FlowKey {
             le64(&self.src, true),
             le64(&self.dst, false),
             le64(&self.dst, true),
-            u64::from_le_bytes([
-                self.sport.to_ne_bytes()[0],
-                self.sport.to_ne_bytes()[1],
-                self.dport.to_ne_bytes()[0],
-                self.dport.to_ne_bytes()[1],
-                self.proto,
-                self.family,
-                self._pad[0],
-                self._pad[1],
-            ]),
+            self.tail_word(),
         ]
     }
-}
 
-impl FlowKey {
     /// The two little-endian words an IPv4 flow is hashed as: the 4-byte
     /// source and destination, then the last 8 bytes of the key (ports,
     /// protocol, family, padding), i.e. the key's bytes 0..4, 16..20 and
@@ -110,8 +99,25 @@ impl FlowKey {
         let (s, d) = (&self.src, &self.dst);
         [
             u64::from_le_bytes([s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3]]),
-            self.words()[4],
+            self.tail_word(),
         ]
+    }
+
+    /// The key's last 8 bytes (ports, protocol, family, padding) as one
+    /// little-endian word.
+    #[inline(always)]
+    fn tail_word(&self) -> u64 {
+        let (sport, dport) = (self.sport.to_ne_bytes(), self.dport.to_ne_bytes());
+        u64::from_le_bytes([
+            sport[0],
+            sport[1],
+            dport[0],
+            dport[1],
+            self.proto,
+            self.family,
+            self._pad[0],
+            self._pad[1],
+        ])
     }
 }
 
