@@ -41,6 +41,7 @@ mod addressing;
 mod build;
 mod netns;
 mod ping;
+mod wire;
 
 use std::{
     ffi::OsStr,
@@ -63,6 +64,7 @@ use nix::{
 pub use addressing::*;
 pub use netns::{ifindex, in_netns, is_root, list_namespaces, netns_fd, sysctl_get};
 pub use ping::{inet_checksum, ping};
+pub use wire::{WireCounts, WireSwitch};
 
 use netns::{describe, ip, ip_in, namespace_exists, sysctl_in};
 
