@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::batch::{Batcher, FLUSH_EVERY, flush_loop};
 use super::datapath::DatapathTarget;
 use super::machine::{HealthMachine, HealthSnapshot, HealthState, Transition, initial_delay};
 use super::probe::{ConnSlot, ProbeClass, ProbeResult, probe_reusing};
@@ -181,10 +180,7 @@ impl ProberThread {
 /// Owns the backend tasks. Dropping it stops them all.
 pub struct Scheduler {
     semaphore: Arc<Semaphore>,
-    /// Where the backend tasks put their reports (see `health::batch`).
-    reports: Arc<Batcher>,
-    /// Hands the reports to the receiver; aborted on drop.
-    flusher: JoinHandle<()>,
+    tx: mpsc::Sender<Report>,
     shared: Shared,
     tasks: HashMap<u64, Task>,
     next_generation: u64,
@@ -210,12 +206,9 @@ impl Scheduler {
         let runtime = prober
             .as_ref()
             .map_or_else(tokio::runtime::Handle::current, |p| p.handle.clone());
-        let reports = Arc::new(Batcher::default());
-        let flusher = runtime.spawn(flush_loop(Arc::clone(&reports), tx, FLUSH_EVERY));
         let scheduler = Self {
             semaphore: Arc::new(Semaphore::new(max_concurrent.max(1))),
-            reports,
-            flusher,
+            tx,
             shared: Arc::new(Mutex::new(HashMap::new())),
             tasks: HashMap::new(),
             next_generation: 0,
@@ -304,7 +297,7 @@ impl Scheduler {
             auto: auto.clone(),
             shared: Arc::clone(&self.shared),
             semaphore: Arc::clone(&self.semaphore),
-            reports: Arc::clone(&self.reports),
+            tx: self.tx.clone(),
             conn: ConnSlot::default(),
             epoch: self.epoch,
         }));
@@ -361,7 +354,6 @@ impl Drop for Scheduler {
         for task in self.tasks.values() {
             task.handle.abort();
         }
-        self.flusher.abort();
     }
 }
 
@@ -376,7 +368,7 @@ struct BackendTask {
     auto: Option<AutoTimeout>,
     shared: Shared,
     semaphore: Arc<Semaphore>,
-    reports: Arc<Batcher>,
+    tx: mpsc::Sender<Report>,
     /// The kept connection of `reuse_connection`; closed with the task.
     conn: ConnSlot,
     /// The start of the probe grid.
@@ -420,7 +412,7 @@ impl BackendTask {
         Some((transition, entry.machine.snapshot(), delay))
     }
 
-    fn send(
+    async fn send(
         &self,
         class: ProbeClass,
         result: Option<ProbeResult>,
@@ -435,7 +427,8 @@ impl BackendTask {
             transition,
             snapshot,
         };
-        self.reports.push(report);
+        // A dropped receiver is not a reason to stop: snapshots stay useful.
+        let _ = self.tx.send(report).await;
     }
 }
 
@@ -506,19 +499,19 @@ async fn probe_once(
     // With hang_timeout = timeout the verdict comes at timeout: no interim.
     if task.spec.hang_timeout <= timeout {
         let result = probing.await;
-        return task.conclude(result, false, timeout, permit);
+        return task.conclude(result, false, timeout, permit).await;
     }
     let late_at = tokio::time::Instant::now() + timeout;
     if let Ok(result) = tokio::time::timeout_at(late_at, probing.as_mut()).await {
-        return task.conclude(result, false, timeout, permit);
+        return task.conclude(result, false, timeout, permit).await;
     }
     let class = ProbeClass::Late { timeout };
     let (transition, snapshot, delay) = task.update(&class, None, false, timeout)?;
-    task.send(class, None, transition, snapshot);
+    task.send(class, None, transition, snapshot).await;
     let task = Arc::clone(task);
     in_flight.spawn(async move {
         let result = probing.await;
-        task.conclude(result, true, timeout, permit);
+        task.conclude(result, true, timeout, permit).await;
     });
     Some(delay)
 }
@@ -527,7 +520,7 @@ impl BackendTask {
     /// Reports a probe's verdict (`after_late`: it was reported `Late`
     /// first), then releases its permit. Returns the delay until the next
     /// probe, or `None` if this task's results are stale.
-    fn conclude(
+    async fn conclude(
         &self,
         result: ProbeResult,
         after_late: bool,
@@ -545,7 +538,7 @@ impl BackendTask {
         };
         let (transition, snapshot, delay) =
             self.update(&class, Some(&result), after_late, timeout)?;
-        self.send(class, Some(result), transition, snapshot);
+        self.send(class, Some(result), transition, snapshot).await;
         drop(permit);
         Some(delay)
     }
