@@ -58,11 +58,12 @@ const BENCHES: &[Bench] = &[
         runs: &[],
     },
     // Health checking: when a hung backend leaves the table (VIP policy)
-    // and goes hard down, probe CPU cost.
+    // and goes hard down, probe CPU cost (on loopback, and the daemon's in
+    // the lab, through the data path).
     Bench {
         package: "xlb-tests",
         bin: "xlb-health-bench",
-        runs: &[],
+        runs: LAB_BINARIES,
     },
     // Seed 003 replayed in the lab, with and without protection: failed
     // requests, SYN retransmits, drop_no_backend, time the table was empty.

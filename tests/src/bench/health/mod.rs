@@ -5,6 +5,8 @@
 mod cost;
 mod detection;
 mod hang;
+mod lab_cost;
+mod lab_sample;
 mod report;
 mod resources;
 mod serve;
@@ -15,13 +17,16 @@ use anyhow::{Context as _, Result, bail};
 use crate::bench::print_command;
 use report::print_table;
 
-const USAGE: &str =
-    "usage: xlb-health-bench [--quick] [--only detection|cost] [--case default|reuse]
+const USAGE: &str = "usage: xlb-health-bench [--quick] [--only FIGURE] [--case default|reuse]
   --quick           fewer repetitions and a shorter cost window (smoke runs)
-  --only FIGURE     run one figure: detection (hung application) or cost
-                    (CPU of probing 1,000 backends every second)
-  --case CASE       the cost figure for one case only (to profile it): default
-                    (a new connection per probe) or reuse (reuse_connection)";
+  --only FIGURE     run one figure: detection (hung application), cost (CPU of
+                    probing 1,000 backends every second: both of the next two),
+                    cost-loopback (the prober in this process, direct probes
+                    to listeners on 127.0.0.1) or cost-lab (the daemon in a lab,
+                    through the data path and direct; needs root)
+  --case CASE       one case of a cost figure only (to profile it): default (a
+                    new connection per probe) or reuse for the loopback figure;
+                    vip, vip-reuse, direct or direct-reuse for the lab's";
 
 /// Backends probed for the cost figure.
 const COST_BACKENDS: usize = 1_000;
@@ -29,15 +34,31 @@ const COST_BACKENDS: usize = 1_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Figure {
     Detection,
+    /// Both cost figures.
     Cost,
+    CostLoopback,
+    CostLab,
+}
+
+impl Figure {
+    /// Whether running `only` includes this figure.
+    fn selected(self, only: Option<Self>) -> bool {
+        match only {
+            None => true,
+            Some(Self::Cost) => matches!(self, Self::CostLoopback | Self::CostLab),
+            Some(o) => o == self,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct Args {
     quick: bool,
     only: Option<Figure>,
-    /// The cost figure's case to run alone.
+    /// The loopback cost figure's case to run alone.
     case: Option<cost::Case>,
+    /// The lab cost figure's case to run alone.
+    lab_case: Option<lab_cost::LabCase>,
     /// Hidden: be the cost figure's server process with this many listeners.
     serve: Option<usize>,
 }
@@ -62,15 +83,27 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
                 out.only = Some(match value("--only")?.as_str() {
                     "detection" => Figure::Detection,
                     "cost" => Figure::Cost,
-                    other => bail!("--only {other:?}: use detection or cost\n{USAGE}"),
+                    "cost-loopback" => Figure::CostLoopback,
+                    "cost-lab" => Figure::CostLab,
+                    other => bail!(
+                        "--only {other:?}: use detection, cost, cost-loopback or cost-lab\n{USAGE}"
+                    ),
                 });
             }
             "--case" => {
-                out.case = Some(match value("--case")?.as_str() {
-                    "default" => cost::Case::Fresh,
-                    "reuse" => cost::Case::Reuse,
-                    other => bail!("--case {other:?}: use default or reuse\n{USAGE}"),
-                });
+                let name = value("--case")?;
+                match name.as_str() {
+                    "default" => out.case = Some(cost::Case::Fresh),
+                    "reuse" => out.case = Some(cost::Case::Reuse),
+                    lab => {
+                        out.lab_case = Some(lab_cost::LabCase::named(lab).with_context(|| {
+                            format!(
+                                "--case {lab:?}: use default or reuse (loopback), or vip, \
+                                 vip-reuse, direct or direct-reuse (lab)\n{USAGE}"
+                            )
+                        })?);
+                    }
+                }
             }
             "--serve" => {
                 let n = value("--serve")?;
@@ -113,13 +146,22 @@ async fn run(args: Args) -> Result<()> {
     }
 
     let mut rows = Vec::new();
-    if args.only.is_none_or(|f| f == Figure::Detection) {
+    if Figure::Detection.selected(args.only) {
         for profile in detection::detection_profiles(args.quick) {
             rows.extend(detection::detection(&profile).await?);
         }
     }
-    if args.only.is_none_or(|f| f == Figure::Cost) {
+    if Figure::CostLoopback.selected(args.only) && args.lab_case.is_none() {
         rows.extend(cost::cost(args.quick, args.case).await?);
+    }
+    if Figure::CostLab.selected(args.only) && args.case.is_none() {
+        lab_cost::check_can_run()?;
+        let (quick, only) = (args.quick, args.lab_case);
+        rows.extend(
+            tokio::task::spawn_blocking(move || lab_cost::lab_cost(quick, only))
+                .await
+                .context("the lab cost figure's thread")??,
+        );
     }
     print_table(&rows);
     Ok(())
@@ -136,13 +178,29 @@ fn host_description() -> String {
     };
     format!(
         "{cpus} CPUs, Linux {kernel}, {build} build, Tokio multi-thread runtime \
-         ({cpus} workers), loopback only"
+         ({cpus} workers)"
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn figure_selection() {
+        use Figure::*;
+        let cases = [
+            (None, [true, true, true]),
+            (Some(Cost), [false, true, true]),
+            (Some(CostLab), [false, false, true]),
+            (Some(CostLoopback), [false, true, false]),
+            (Some(Detection), [true, false, false]),
+        ];
+        for (only, want) in cases {
+            let got = [Detection, CostLoopback, CostLab].map(|f| f.selected(only));
+            assert_eq!(got, want, "{only:?}");
+        }
+    }
 
     #[test]
     fn arguments() {
@@ -161,6 +219,13 @@ mod tests {
                 Some((false, Some(Figure::Detection), None)),
             ),
             ("serve", "--serve 12", Some((false, None, Some(12)))),
+            (
+                "only the lab",
+                "--only cost-lab",
+                Some((false, Some(Figure::CostLab), None)),
+            ),
+            ("lab case", "--case vip-reuse", Some((false, None, None))),
+            ("unknown case", "--case fast", None),
             ("unknown figure", "--only speed", None),
             ("missing value", "--only", None),
             ("unknown flag", "--fast", None),
