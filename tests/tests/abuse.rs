@@ -606,16 +606,22 @@ fn flood_in_phases(run: &LabRun, case: &FloodCase) -> Flooded {
 /// the VIP: the issue's 10 %, judged on the median over [`PAIRS`] of the
 /// ratio p99 *on* ÷ p99 *off* of each pair, as the benchmarks judge their
 /// ratios: one pair that a stall of the machine hits does not decide. On
-/// a quiet machine (2026-12-01) the medians were 0.79–1.07 × in 14 runs of
-/// 6 to 12 pairs (0.95–1.05 × with 12), while single pairs ranged from
+/// a quiet machine (2026-12-01) the medians were 0.79–1.12 × in 18 runs of
+/// 6 to 12 pairs (0.87–1.12 × with 12), while single pairs ranged from
 /// 0.48 to 1.70 × and the p99 over all phases from −27 % to +7 %. A median
 /// over the bound is measured again, [`PAIRS`] more pairs in the same lab,
-/// and judged on the median of all of them: a flood that costs the service
-/// more than 10 % fails both, one unlucky set does not fail the test. Under
+/// and judged on the median of all of them, up to [`MAX_SETS`] sets: a
+/// flood that costs the service more than 10 % fails them all, one unlucky
+/// set does not fail the test. Under
 /// other load (builds, a neighbour's benchmarks) single phases stall for
 /// milliseconds and the median moves too (0.53 × and 1.31 × at a load
 /// average of 4–5): run this test on a quiet machine, as CI does.
 const P99_FACTOR: f64 = 1.10;
+/// Sets of [`PAIRS`] pairs measured at most (see [`P99_FACTOR`]). Quiet,
+/// a set's median was 0.87–1.12 × (mean 1.02): the flood's admitted
+/// connections, a full burst at the start of every phase *on* and then
+/// 50/s, are real work for the backends.
+const MAX_SETS: usize = 3;
 
 fn flood_is_limited_and_others_do_not_notice(case: FloodCase) {
     let _serial = serial();
@@ -628,7 +634,10 @@ fn flood_is_limited_and_others_do_not_notice(case: FloodCase) {
     let run = up_with_flooder(&p, &cfg);
     let mut ratios = measure(&run, &case, &p);
     let mut median_ratio = xlb_tests::bench::figures::median(&ratios);
-    if median_ratio > P99_FACTOR {
+    for _ in 1..MAX_SETS {
+        if median_ratio <= P99_FACTOR {
+            break;
+        }
         eprintln!(
             "[{p}] p99 on ÷ off, median of {} pairs: {median_ratio:.2} ×, over {P99_FACTOR:.2}: \
              {PAIRS} more pairs, judged with these",
