@@ -198,31 +198,51 @@ fn process_ticks(pid: &str, children: bool) -> Option<u64> {
     Some(a + b)
 }
 
-/// The pids of every process in network namespace `ns`, each with its
-/// group name ([`GROUPS`], `other` otherwise).
-fn processes_in(ns: &str) -> anyhow::Result<Vec<(String, &'static str)>> {
+/// The pids of every process in network namespace `ns`.
+pub fn pids_in_netns(ns: &str) -> anyhow::Result<Vec<u32>> {
     let ns_path = Path::new(NETNS_RUN_DIR).join(ns);
     let want = fs::metadata(&ns_path).with_context(|| format!("stat {}", ns_path.display()))?;
     let mut out = Vec::new();
     for entry in fs::read_dir("/proc").context("listing /proc")?.flatten() {
-        let pid = entry.file_name().to_string_lossy().into_owned();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
-        }
+        };
         let Ok(m) = fs::metadata(format!("/proc/{pid}/ns/net")) else {
             continue;
         };
-        if (m.dev(), m.ino()) != (want.dev(), want.ino()) {
-            continue;
+        if (m.dev(), m.ino()) == (want.dev(), want.ino()) {
+            out.push(pid);
         }
-        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        let group = GROUPS
-            .iter()
-            .find(|(c, _)| *c == comm.trim())
-            .map_or("other (lab)", |(_, g)| *g);
-        out.push((pid, group));
     }
     Ok(out)
+}
+
+/// The pids of every process in network namespace `ns`, each with its
+/// group name ([`GROUPS`], `other` otherwise).
+fn processes_in(ns: &str) -> anyhow::Result<Vec<(String, &'static str)>> {
+    Ok(pids_in_netns(ns)?
+        .into_iter()
+        .map(|pid| {
+            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let group = GROUPS
+                .iter()
+                .find(|(c, _)| *c == comm.trim())
+                .map_or("other (lab)", |(_, g)| *g);
+            (pid.to_string(), group)
+        })
+        .collect())
+}
+
+/// Run time (ns) and run count of every loaded program, by kernel id
+/// (counted while [`enable_run_time_stats`]'s descriptor is held).
+pub fn run_stats() -> BTreeMap<u32, (u64, u64)> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|p| {
+            let ns = u64::try_from(p.run_time().as_nanos()).unwrap_or(u64::MAX);
+            (p.id(), (ns, p.run_count()))
+        })
+        .collect()
 }
 
 /// Counters at one instant.
@@ -262,12 +282,13 @@ impl Sampler {
 
     pub fn sample(&self) -> anyhow::Result<Sample> {
         let stat = fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+        let stats = run_stats();
         let mut progs: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-        for p in aya::programs::loaded_programs().filter_map(Result::ok) {
-            if let Some(ours) = self.programs.iter().find(|o| o.id == p.id()) {
+        for ours in &self.programs {
+            if let Some((ns, runs)) = stats.get(&ours.id) {
                 let e = progs.entry(ours.name.clone()).or_default();
-                e.0 += u64::try_from(p.run_time().as_nanos()).unwrap_or(u64::MAX);
-                e.1 += p.run_count();
+                e.0 += ns;
+                e.1 += runs;
             }
         }
         let mut groups = BTreeMap::new();

@@ -21,8 +21,6 @@
 use std::{
     fmt::Write as _,
     net::Ipv4Addr,
-    os::unix::fs::MetadataExt as _,
-    path::Path,
     thread,
     time::{Duration, Instant},
 };
@@ -32,7 +30,7 @@ use lb_user::health::spec::DEFAULT_REOPEN_EVERY;
 use xlb_lab::{
     Lab,
     scenario::{LabRun, RunOptions, XlbConfig, find_xlb, xdp_attached},
-    topology::{BACKEND_IFNAME, LB_V4, NETNS_RUN_DIR, VIP_V4},
+    topology::{BACKEND_IFNAME, LB_V4, VIP_V4},
 };
 
 use super::{
@@ -40,7 +38,10 @@ use super::{
     lab_sample::{Sample, Sampler},
     report::{Row, Secs, Verdict},
 };
-use crate::bench::figures::{Figure, Target, median};
+use crate::bench::{
+    figures::{Figure, Target, median},
+    lab_cpu::pids_in_netns,
+};
 
 /// The lab's namespace prefix.
 const PREFIX: &str = "xlbhcc";
@@ -226,25 +227,11 @@ fn replace_decaps(run: &mut LabRun, n: usize) -> Result<()> {
 
 /// The pid of the `xlb decap` running in namespace `ns`.
 fn decap_pid(ns: &str) -> Result<libc::pid_t> {
-    let want = std::fs::metadata(Path::new(NETNS_RUN_DIR).join(ns))
-        .with_context(|| format!("namespace {ns}"))?;
-    for entry in std::fs::read_dir("/proc")
-        .context("listing /proc")?
-        .flatten()
-    {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<libc::pid_t>() else {
-            continue;
-        };
-        let Ok(netns) = std::fs::metadata(format!("/proc/{pid}/ns/net")) else {
-            continue;
-        };
-        if (netns.dev(), netns.ino()) != (want.dev(), want.ino()) {
-            continue;
-        }
+    for pid in pids_in_netns(ns)? {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
         if args.get(1) == Some(&&b"decap"[..]) {
-            return Ok(pid);
+            return libc::pid_t::try_from(pid).context("pid out of range");
         }
     }
     bail!("no `xlb decap` running in {ns}")

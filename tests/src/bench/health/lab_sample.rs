@@ -3,12 +3,15 @@
 //! `xlb_hc` and `xlb_lb` on the LB, and the requests and connections the
 //! backends answered.
 
-use std::{io, time::Instant};
+use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
 use xlb_lab::{Lab, scenario::LabRun};
 
-use crate::bench::lab_cpu::lab_programs;
+use crate::bench::{
+    lab_cpu::{lab_programs, run_stats},
+    process_cpu,
+};
 
 /// The daemon's probing thread (`health::scheduler`).
 const PROBER_COMM: &str = "xlb-prober";
@@ -49,24 +52,14 @@ impl Sampler {
             requests += s.requests;
             connections += s.connections;
         }
-        let (mut hc, mut lb) = ((0, 0), (0, 0));
-        for p in aya::programs::loaded_programs().filter_map(Result::ok) {
-            let v = (
-                u64::try_from(p.run_time().as_nanos()).unwrap_or(u64::MAX),
-                p.run_count(),
-            );
-            if p.id() == self.hc {
-                hc = v;
-            } else if p.id() == self.lb {
-                lb = v;
-            }
-        }
+        let stats = run_stats();
+        let of = |id| stats.get(&id).copied().unwrap_or_default();
         Ok(Sample {
             at: Instant::now(),
-            daemon_ns: process_cpu_ns(self.pid)?,
+            daemon_ns: process_cpu(self.pid)?.as_nanos() as u64,
             prober_ns: thread_cpu_ns(self.pid, PROBER_COMM)?,
-            hc,
-            lb_ns: lb.0,
+            hc: of(self.hc),
+            lb_ns: of(self.lb).0,
             requests,
             connections,
         })
@@ -164,29 +157,6 @@ impl Usage {
     }
 }
 
-/// CPU time of process `pid`, every thread, in ns (its CPU-time clock:
-/// what `getrusage` sums for the process itself, at ns resolution).
-fn process_cpu_ns(pid: u32) -> Result<u64> {
-    let pid = libc::pid_t::try_from(pid).context("pid out of range")?;
-    let mut clock: libc::clockid_t = 0;
-    // SAFETY: `clock` is a valid, writable clockid_t for the call.
-    let rc = unsafe { libc::clock_getcpuclockid(pid, &mut clock) };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc))
-            .with_context(|| format!("clock_getcpuclockid({pid})"));
-    }
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return Err(io::Error::last_os_error())
-            .with_context(|| format!("reading the CPU clock of pid {pid}"));
-    }
-    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-}
-
 /// CPU time of the thread of `pid` named `comm`, in ns: the first field of
 /// its `schedstat` (time on CPU).
 fn thread_cpu_ns(pid: u32, comm: &str) -> Result<u64> {
@@ -242,12 +212,12 @@ mod tests {
 
     #[test]
     fn own_cpu_clock() {
-        let a = process_cpu_ns(std::process::id()).unwrap();
+        let a = process_cpu(std::process::id()).unwrap();
         let mut x = 0u64;
         for i in 0..1_000_000u64 {
             x = x.wrapping_add(std::hint::black_box(i));
         }
         std::hint::black_box(x);
-        assert!(process_cpu_ns(std::process::id()).unwrap() > a);
+        assert!(process_cpu(std::process::id()).unwrap() > a);
     }
 }
