@@ -74,6 +74,37 @@ pub(super) async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
     }
 }
 
+/// The last request head a server received.
+type LastRequest = Arc<std::sync::Mutex<Option<Vec<u8>>>>;
+
+/// A listener on 127.0.0.1, its address, and the counters a test server
+/// keeps: connections accepted, requests read, the last request.
+async fn listen() -> (
+    TcpListener,
+    SocketAddr,
+    Arc<AtomicUsize>,
+    Arc<AtomicUsize>,
+    LastRequest,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local_addr");
+    (
+        listener,
+        addr,
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        LastRequest::default(),
+    )
+}
+
+/// Counts `request` as read and keeps it as the last one.
+fn note(requests: &AtomicUsize, last_request: &LastRequest, request: Vec<u8>) {
+    requests.fetch_add(1, Ordering::SeqCst);
+    *last_request.lock().expect("lock") = Some(request);
+}
+
 /// An HTTP server answering every request with `respond()`, then closing.
 pub(super) struct Server {
     pub addr: SocketAddr,
@@ -82,7 +113,7 @@ pub(super) struct Server {
     /// Complete requests read (and answered).
     pub requests: Arc<AtomicUsize>,
     /// The last request head received.
-    pub last_request: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    pub last_request: LastRequest,
     accept_loop: JoinHandle<()>,
 }
 
@@ -103,13 +134,7 @@ impl Server {
         delay: Duration,
         respond: impl Fn() -> Vec<u8> + Send + Sync + 'static,
     ) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
-        let addr = listener.local_addr().expect("local_addr");
-        let connections = Arc::new(AtomicUsize::new(0));
-        let requests = Arc::new(AtomicUsize::new(0));
-        let last_request = Arc::new(std::sync::Mutex::new(None));
+        let (listener, addr, connections, requests, last_request) = listen().await;
         let respond = Arc::new(respond);
         let accept_loop = tokio::spawn({
             let (connections, requests, last_request) =
@@ -126,8 +151,7 @@ impl Server {
                         let Some(request) = read_request(&mut stream).await else {
                             return;
                         };
-                        requests.fetch_add(1, Ordering::SeqCst);
-                        *last_request.lock().expect("lock") = Some(request);
+                        note(&requests, &last_request, request);
                         tokio::time::sleep(delay).await;
                         let _ = stream.write_all(&respond()).await;
                         let _ = stream.shutdown().await;
@@ -260,7 +284,7 @@ pub(super) struct KeepAliveServer {
     /// Requests read, over all connections.
     pub requests: Arc<AtomicUsize>,
     /// The last request head received.
-    pub last_request: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    pub last_request: LastRequest,
     behaviour: Arc<std::sync::Mutex<Behaviour>>,
     accept_loop: JoinHandle<()>,
 }
@@ -273,13 +297,7 @@ impl Drop for KeepAliveServer {
 
 impl KeepAliveServer {
     pub(super) async fn start(behaviour: Behaviour) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
-        let addr = listener.local_addr().expect("local_addr");
-        let connections = Arc::new(AtomicUsize::new(0));
-        let requests = Arc::new(AtomicUsize::new(0));
-        let last_request = Arc::new(std::sync::Mutex::new(None));
+        let (listener, addr, connections, requests, last_request) = listen().await;
         let behaviour = Arc::new(std::sync::Mutex::new(behaviour));
         let shared = (
             connections.clone(),
@@ -313,13 +331,12 @@ impl KeepAliveServer {
 async fn serve_keep_alive(
     mut stream: TcpStream,
     requests: Arc<AtomicUsize>,
-    last_request: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    last_request: LastRequest,
     behaviour: Arc<std::sync::Mutex<Behaviour>>,
 ) {
     const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
     while let Some(request) = read_request(&mut stream).await {
-        requests.fetch_add(1, Ordering::SeqCst);
-        *last_request.lock().expect("lock") = Some(request);
+        note(&requests, &last_request, request);
         let now = *behaviour.lock().expect("lock");
         let idle = Duration::from_millis(20);
         match now {
