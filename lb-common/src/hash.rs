@@ -198,15 +198,11 @@ mod tests {
     /// every byte they read moves the hash.
     #[test]
     fn ipv4_words_cover_every_meaningful_byte() {
-        let base = FlowKey {
-            src: [192, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            dst: [10, 100, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            sport: 40000u16.to_be(),
-            dport: 80u16.to_be(),
-            proto: crate::PROTO_TCP,
-            family: crate::FAMILY_V4,
-            _pad: [0; 2],
-        };
+        let base = FlowKey::new(
+            "192.0.2.1:40000".parse().unwrap(),
+            "10.100.0.1:80".parse().unwrap(),
+            crate::PROTO_TCP,
+        );
         let key = [0x1234, 0x5678];
         let h = flow_hash(&key, &base);
         for i in 0..4 {
