@@ -567,14 +567,10 @@ fn flood_in_phases(run: &LabRun, case: &FloodCase) -> Flooded {
         let from_ms = client.elapsed().as_millis() as u64;
         let report = connect_flood_in(&flood_ns, &opts).unwrap();
         let to_ms = client.elapsed().as_millis() as u64;
-        let counts = wire.counts().unwrap();
         phases.push(Phase {
             on,
             report,
-            wire: WireCounts {
-                passed: counts.passed - counts_before.passed,
-                dropped: counts.dropped - counts_before.dropped,
-            },
+            wire: wire.counts().unwrap().since(&counts_before),
             from_ms,
             to_ms,
         });

@@ -47,6 +47,16 @@ pub struct WireCounts {
     pub dropped: u64,
 }
 
+impl WireCounts {
+    /// What was counted between `before` and these counts.
+    pub fn since(&self, before: &Self) -> Self {
+        Self {
+            passed: self.passed - before.passed,
+            dropped: self.dropped - before.dropped,
+        }
+    }
+}
+
 impl Lab {
     /// Installs a [`WireSwitch`] on the flooding client's bridge port,
     /// forwarding.
