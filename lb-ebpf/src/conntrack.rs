@@ -18,9 +18,9 @@ use crate::{
 const INSERT_WINDOW_NS: u64 = 1_000_000_000;
 
 /// Where a flow is sent, and what forwarding it needs to know.
-// Only the two fields of the VIP that forwarding reads, not the whole
-// `VipInfo`: this lives on the stack (`nexthop` takes `be` by reference),
-// and every byte of it is copied there on each packet.
+// Only the two fields of the VIP that forwarding reads, and the backend by
+// reference: this lives on the stack, and whatever is copied into it is
+// copied on every packet.
 pub(crate) struct Target {
     /// [`VipInfo::mode`].
     pub mode: u8,
@@ -28,12 +28,16 @@ pub(crate) struct Target {
     pub vip_id: u32,
     /// Backend id and entry.
     pub id: u32,
-    pub be: BackendInfo,
+    /// The `XLB_BACKENDS` value itself, valid for the program's run. A
+    /// rewrite by the daemon during the run can make two reads of a field
+    /// differ, as it could tear a copy before: each read is checked where
+    /// it is used (a generation that moved only misses the next-hop cache).
+    pub be: &'static BackendInfo,
 }
 
 impl Target {
     #[inline(always)]
-    pub(crate) fn new(vip: &VipInfo, id: u32, be: BackendInfo) -> Self {
+    pub(crate) fn new(vip: &VipInfo, id: u32, be: &'static BackendInfo) -> Self {
         Target {
             mode: vip.mode,
             vip_id: vip.vip_id,
@@ -71,8 +75,8 @@ pub(crate) fn lookup(pkt: &Packet, g: &Globals, now: u64) -> Lookup {
 /// the flow must be picked again.
 #[inline(always)]
 fn use_entry(pkt: &Packet, e: &mut CtEntry, g: &Globals, now: u64) -> Option<Target> {
-    let vip = *XLB_VIP_INFO.get(e.vip_id)?;
-    let be = *XLB_BACKENDS.get(e.backend_id)?;
+    let vip = XLB_VIP_INFO.get(e.vip_id)?;
+    let be = XLB_BACKENDS.get(e.backend_id)?;
     // A removed VIP (mode 0) or a recycled backend id: the entry is stale.
     if vip.mode == 0 || be.generation != e.generation || be.state == 0 {
         count(Stat::CtStale);
@@ -106,7 +110,7 @@ fn use_entry(pkt: &Packet, e: &mut CtEntry, g: &Globals, now: u64) -> Option<Tar
     if pkt.closing() && e.flags & CT_FLAG_CLOSING == 0 {
         e.flags |= CT_FLAG_CLOSING;
     }
-    Some(Target::new(&vip, e.backend_id, be))
+    Some(Target::new(vip, e.backend_id, be))
 }
 
 /// Records the flow's new target, for VIP `vip_id` (counted: inserted or

@@ -10,13 +10,12 @@
 //! source must not reach the stack. Traffic that is not a tunnel to us
 //! passes untouched.
 
-use aya_ebpf::{
-    bindings::xdp_action, helpers::bpf_xdp_adjust_head, maps::lpm_trie::Key, programs::XdpContext,
-};
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use lb_common::{DecapAddrKey, DecapStat, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6};
 
 use crate::{
     XLB_DECAP_ADDR, XLB_DECAP_SRC4, XLB_DECAP_SRC6, XLB_DECAP_STAT, XLB_DECAP_VIP,
+    key::{WordKey, word},
     packet::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, Ipv4Hdr, Ipv6Hdr,
         VLAN_LEN, copy_l2, ptr_at,
@@ -42,13 +41,31 @@ fn drop(stat: DecapStat) -> u32 {
     xdp_action::XDP_DROP
 }
 
+/// The `XLB_DECAP_ADDR` / `XLB_DECAP_VIP` key (a `DecapAddrKey`) of an IPv4
+/// address.
 #[inline(always)]
-fn key(addr: [u8; 16], family: u8) -> DecapAddrKey {
-    DecapAddrKey {
-        addr,
-        family,
-        _pad: [0; 3],
-    }
+fn key4<'k>(k: &'k mut WordKey<3>, addr: &[u8; 4]) -> &'k DecapAddrKey {
+    k.fill([
+        word(addr, 0),
+        0,
+        0,
+        0,
+        u32::from_ne_bytes([FAMILY_V4, 0, 0, 0]),
+    ])
+    .as_key()
+}
+
+/// The same key of an IPv6 address.
+#[inline(always)]
+fn key6<'k>(k: &'k mut WordKey<3>, addr: &[u8; 16]) -> &'k DecapAddrKey {
+    k.fill([
+        word(addr, 0),
+        word(addr, 1),
+        word(addr, 2),
+        word(addr, 3),
+        u32::from_ne_bytes([FAMILY_V6, 0, 0, 0]),
+    ])
+    .as_key()
 }
 
 /// A tunnel packet to one of our addresses, as its outer header says.
@@ -79,15 +96,16 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     // The inner header must be there, of the outer one's family: a tunnel
     // packet to us with nothing inside is dropped, never passed up
     // half-stripped.
+    let mut key = WordKey::uninit();
     let inner = if outer == IPV4_LEN {
-        inner_dst4(ctx, l3off + IPV4_LEN)
+        inner_dst4(ctx, l3off + IPV4_LEN, &mut key)
     } else {
-        inner_dst6(ctx, l3off + IPV6_LEN)
+        inner_dst6(ctx, l3off + IPV6_LEN, &mut key)
     };
     let Some(inner) = inner else {
         return drop(DecapStat::DropMalformed);
     };
-    if XLB_DECAP_VIP.get_ptr(&inner).is_none() {
+    if XLB_DECAP_VIP.get_ptr(inner).is_none() {
         return drop(DecapStat::DropInnerDst);
     }
     let moved = if l3off == ETH_LEN {
@@ -109,15 +127,21 @@ fn ipip4_to_us(ctx: &XdpContext, l3off: usize) -> Option<Tunnel> {
     let ip = ptr_at::<Ipv4Hdr>(ctx, l3off)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
-    let mut dst = [0u8; 16];
-    dst[..4].copy_from_slice(&ip.daddr);
     let ours = ip.protocol == PROTO_IPIP
         && ip.version_ihl == IPV4_VERSION_IHL
-        && XLB_DECAP_ADDR.get_ptr(&key(dst, FAMILY_V4)).is_some()
+        && XLB_DECAP_ADDR
+            .get_ptr(key4(&mut WordKey::uninit(), &ip.daddr))
+            .is_some()
         && !ip.is_fragment();
     ours.then(|| Tunnel {
         outer: IPV4_LEN,
-        allowed: XLB_DECAP_SRC4.get(&Key::new(32, ip.saddr)).is_some(),
+        allowed: XLB_DECAP_SRC4
+            .get(
+                WordKey::<1>::uninit()
+                    .fill([32, word(&ip.saddr, 0)])
+                    .as_trie_key(),
+            )
+            .is_some(),
     })
 }
 
@@ -127,38 +151,58 @@ fn ip6ip6_to_us(ctx: &XdpContext, l3off: usize) -> Option<Tunnel> {
     let ip = ptr_at::<Ipv6Hdr>(ctx, l3off)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
-    let ours =
-        ip.nexthdr == PROTO_IPV6 && XLB_DECAP_ADDR.get_ptr(&key(ip.daddr, FAMILY_V6)).is_some();
+    let ours = ip.nexthdr == PROTO_IPV6
+        && XLB_DECAP_ADDR
+            .get_ptr(key6(&mut WordKey::uninit(), &ip.daddr))
+            .is_some();
     ours.then(|| Tunnel {
         outer: IPV6_LEN,
-        allowed: XLB_DECAP_SRC6.get(&Key::new(128, ip.saddr)).is_some(),
+        allowed: XLB_DECAP_SRC6
+            .get(
+                WordKey::<3>::uninit()
+                    .fill([
+                        128,
+                        word(&ip.saddr, 0),
+                        word(&ip.saddr, 1),
+                        word(&ip.saddr, 2),
+                        word(&ip.saddr, 3),
+                    ])
+                    .as_trie_key(),
+            )
+            .is_some(),
     })
 }
 
-/// The destination of the IPv4 header at `off`; `None` if it is truncated
-/// or not IPv4.
+/// The destination of the IPv4 header at `off`, as a key written in `key`;
+/// `None` if it is truncated or not IPv4.
 #[inline(always)]
-fn inner_dst4(ctx: &XdpContext, off: usize) -> Option<DecapAddrKey> {
+fn inner_dst4<'k>(
+    ctx: &XdpContext,
+    off: usize,
+    key: &'k mut WordKey<3>,
+) -> Option<&'k DecapAddrKey> {
     let ip = ptr_at::<Ipv4Hdr>(ctx, off)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
     if ip.version_ihl >> 4 != 4 {
         return None;
     }
-    let mut dst = [0u8; 16];
-    dst[..4].copy_from_slice(&ip.daddr);
-    Some(key(dst, FAMILY_V4))
+    Some(key4(key, &ip.daddr))
 }
 
-/// The destination of the IPv6 header at `off`; `None` if it is truncated
-/// or not IPv6.
+/// The destination of the IPv6 header at `off`, as [`inner_dst4`]; `None`
+/// if it is truncated or not IPv6.
 #[inline(always)]
-fn inner_dst6(ctx: &XdpContext, off: usize) -> Option<DecapAddrKey> {
+fn inner_dst6<'k>(
+    ctx: &XdpContext,
+    off: usize,
+    key: &'k mut WordKey<3>,
+) -> Option<&'k DecapAddrKey> {
     let ip = ptr_at::<Ipv6Hdr>(ctx, off)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
     if ip.version_tc_flow[0] >> 4 != 6 {
         return None;
     }
-    Some(key(ip.daddr, FAMILY_V6))
+    Some(key6(key, &ip.daddr))
 }

@@ -14,6 +14,7 @@ use crate::{
     checksum,
     forward::{nexthop, send, set_macs},
     icmp,
+    key::word,
     packet::{
         ETH_LEN, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, EthHdr, IPV4_VERSION_IHL, Ipv4Hdr, Ipv6Hdr,
         VLAN_LEN, VlanHdr, ptr_at,
@@ -51,17 +52,13 @@ pub(crate) fn encap(
 ) -> u32 {
     let v6 = pkt.flow.family == FAMILY_V6;
     let overhead = if v6 { IPIP6_OVERHEAD } else { IPIP4_OVERHEAD } as usize;
-    // One value per flow spreads the outer headers (IPv4 source within
-    // its prefix, IPv6 flow label) over the backend's RSS queues.
-    let spread = encap_hash(&pkt.flow.src, pkt.flow.sport);
-    let src = &if v6 {
-        g.encap_src_v6
-    } else {
-        spread_v4(&g.encap_src_v4, g.encap_v4_host_bits, spread)
-    };
     let outer_len = pkt.ip_len + overhead;
+    // The route lookup (on a next-hop cache miss) is made from the
+    // configured encapsulation source; each flow's packets carry their own
+    // address within its prefix (`spread_v4`).
+    let base = if v6 { &g.encap_src_v6 } else { &g.encap_src_v4 };
     // SAFETY: null or a per-CPU map value, valid for this run.
-    let Some(nh) = (unsafe { nexthop(ctx, id, be, src, now).as_ref() }) else {
+    let Some(nh) = (unsafe { nexthop(ctx, id, be, base, now).as_ref() }) else {
         return drop_with(Stat::DropNoRoute);
     };
     if outer_len as u32 > nh.mtu {
@@ -81,30 +78,30 @@ pub(crate) fn encap(
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(overhead as i32)) } != 0 {
         return drop_with(Stat::DropNoHeadroom);
     }
-    if write_headers(ctx, v6, &be.addr, src, outer_len, tci, nh, spread).is_none() {
+    // One value per flow spreads the outer headers (IPv4 source within
+    // its prefix, IPv6 flow label) over the backend's RSS queues.
+    let spread = encap_hash(&pkt.flow.src, pkt.flow.sport);
+    if write_headers(ctx, v6, &be.addr, g, outer_len, tci, nh, spread).is_none() {
         return aborted();
     }
     send(ctx, nh)
 }
 
-/// `base` (an IPv4 address in the first 4 bytes) with its low `host_bits`
-/// taken from `spread`.
+/// `base` (an IPv4 address as a word in memory order) with its low
+/// `host_bits` taken from `spread`, in the same order.
 #[inline(always)]
-fn spread_v4(base: &[u8; 16], host_bits: u8, spread: u32) -> [u8; 16] {
-    let mut out = *base;
-    if host_bits != 0 && host_bits <= MAX_ENCAP_HOST_BITS {
-        let mask = (1u32 << host_bits) - 1;
-        let a = u32::from_be_bytes([base[0], base[1], base[2], base[3]]);
-        let a = (a & !mask) | (spread & mask);
-        out[..4].copy_from_slice(&a.to_be_bytes());
+fn spread_v4(base: u32, host_bits: u8, spread: u32) -> u32 {
+    if host_bits == 0 || host_bits > MAX_ENCAP_HOST_BITS {
+        return base;
     }
-    out
+    let mask = (1u32 << host_bits) - 1;
+    ((u32::from_be(base) & !mask) | (spread & mask)).to_be()
 }
 
 /// After `adjust_head`: the L2 header (MACs from `nh`, the VLAN tag if any,
-/// the ethertype) then the outer IP header from `src` to `dst`, in front of
-/// the untouched inner packet; an outer IPv6 header's flow label is the low
-/// 20 bits of `spread`.
+/// the ethertype) then the outer IP header from `g`'s encapsulation source
+/// to `dst`, in front of the untouched inner packet; `spread` picks the
+/// IPv4 source within its prefix, or is the IPv6 flow label (low 20 bits).
 #[allow(
     clippy::too_many_arguments,
     reason = "inlined; each is one value of the one packet"
@@ -114,7 +111,7 @@ fn write_headers(
     ctx: &XdpContext,
     v6: bool,
     dst: &[u8; 16],
-    src: &[u8; 16],
+    g: &Globals,
     outer_len: usize,
     tci: Option<[u8; 2]>,
     nh: &NextHop,
@@ -137,13 +134,14 @@ fn write_headers(
             spread as u8,
         ];
         let payload = (outer_len - IPIP6_OVERHEAD as usize) as u16;
-        ipip6_header(&mut h.outer, first, payload, src, dst);
+        ipip6_header(&mut h.outer, first, payload, &g.encap_src_v6, dst);
     } else {
         let h = ptr_at::<Ipip4>(ctx, off)?;
         // SAFETY: bounds checked by ptr_at; written in place.
         let h = unsafe { &mut *h };
         let tos = h.inner.tos;
-        ipip4_header(&mut h.outer, tos, outer_len as u16, src, dst);
+        let src = spread_v4(word(&g.encap_src_v4, 0), g.encap_v4_host_bits, spread);
+        ipip4_header(&mut h.outer, tos, outer_len as u16, src, word(dst, 0));
     }
     Some(())
 }
@@ -172,10 +170,10 @@ fn write_ethertype(ctx: &XdpContext, ethertype: [u8; 2], tci: Option<[u8; 2]>) -
 /// (a header written in place over old bytes leaves none behind): no
 /// options, the inner packet's `tos`, total length `total`, id 0 and no
 /// fragment flags (the outer header is never fragmented), TTL
-/// [`ENCAP_TTL`], protocol IPIP, `src` and `dst` (IPv4 in their first 4
-/// bytes), and the checksum.
+/// [`ENCAP_TTL`], protocol IPIP, `src` and `dst` (addresses as words in
+/// memory order), and the checksum.
 #[inline(always)]
-pub(crate) fn ipip4_header(h: &mut Ipv4Hdr, tos: u8, total: u16, src: &[u8; 16], dst: &[u8; 16]) {
+pub(crate) fn ipip4_header(h: &mut Ipv4Hdr, tos: u8, total: u16, src: u32, dst: u32) {
     h.version_ihl = IPV4_VERSION_IHL;
     h.tos = tos;
     h.tot_len = total.to_be_bytes();
@@ -184,18 +182,18 @@ pub(crate) fn ipip4_header(h: &mut Ipv4Hdr, tos: u8, total: u16, src: &[u8; 16],
     h.ttl = ENCAP_TTL;
     h.protocol = PROTO_IPIP;
     h.check = [0; 2];
-    h.saddr = [src[0], src[1], src[2], src[3]];
-    h.daddr = [dst[0], dst[1], dst[2], dst[3]];
+    h.saddr = src.to_ne_bytes();
+    h.daddr = dst.to_ne_bytes();
     // Summed from the values just written, not read back byte by byte
     // from the packet: id and fragment words are zero.
-    let word = |hi: u8, lo: u8| u32::from(u16::from_be_bytes([hi, lo]));
-    let sum = word(IPV4_VERSION_IHL, tos)
+    let (s, d) = (u32::from_be(src), u32::from_be(dst));
+    let sum = u32::from(u16::from_be_bytes([IPV4_VERSION_IHL, tos]))
         + u32::from(total)
-        + word(ENCAP_TTL, PROTO_IPIP)
-        + word(src[0], src[1])
-        + word(src[2], src[3])
-        + word(dst[0], dst[1])
-        + word(dst[2], dst[3]);
+        + u32::from(u16::from_be_bytes([ENCAP_TTL, PROTO_IPIP]))
+        + (s >> 16)
+        + (s & 0xffff)
+        + (d >> 16)
+        + (d & 0xffff);
     h.check = checksum::fold(sum).to_be_bytes();
 }
 
@@ -215,6 +213,11 @@ pub(crate) fn ipip6_header(
     h.payload_len = payload.to_be_bytes();
     h.nexthdr = PROTO_IPV6;
     h.hop_limit = ENCAP_TTL;
-    h.saddr = *src;
-    h.daddr = *dst;
+    // Copies, not assignments: LLVM cannot tell the packet from the map
+    // value, and compiles an assignment to a call to the byte-wise memmove.
+    // SAFETY: 16 bytes each; the packet and the sources are distinct.
+    unsafe {
+        core::ptr::copy_nonoverlapping(src.as_ptr(), h.saddr.as_mut_ptr(), 16);
+        core::ptr::copy_nonoverlapping(dst.as_ptr(), h.daddr.as_mut_ptr(), 16);
+    }
 }

@@ -19,6 +19,7 @@ use crate::{
     XLB_BE_STATS, XLB_NEXTHOP, XLB_VIP_STATS,
     conntrack::Target,
     encap,
+    key::word,
     packet::{EthHdr, len, ptr_at},
     parse::Packet,
     stats::{aborted, count, drop_with},
@@ -40,9 +41,9 @@ pub(crate) fn forward(
 ) -> u32 {
     let bytes = len(ctx) as u64;
     let verdict = if t.mode == MODE_DSR_IPIP {
-        encap::encap(ctx, pkt, t.id, &t.be, g, now)
+        encap::encap(ctx, pkt, t.id, t.be, g, now)
     } else {
-        rewrite_l2(ctx, t.id, &t.be, now)
+        rewrite_l2(ctx, t.id, t.be, now)
     };
     if verdict == xdp_action::XDP_TX || verdict == xdp_action::XDP_REDIRECT {
         account(XLB_VIP_STATS.get_ptr_mut(t.vip_id), bytes, new_flow);
@@ -154,19 +155,15 @@ fn refresh_nexthop(
 /// (no gateway on the route).
 #[inline(always)]
 fn lookup_dst_is(p: &FibParams, be: &BackendInfo) -> bool {
-    // SAFETY: reading the union members the kernel wrote, as bytes.
+    // Word by word: `be` is on the stack, aligned to 4 (see `trie.rs`).
+    let a = &be.addr;
+    // SAFETY: reading the union members the kernel wrote.
     unsafe {
         if be.family == FAMILY_V4 {
-            p.__bindgen_anon_4.ipv4_dst.to_ne_bytes()
-                == [be.addr[0], be.addr[1], be.addr[2], be.addr[3]]
+            p.__bindgen_anon_4.ipv4_dst == word(a, 0)
         } else {
             let d = &p.__bindgen_anon_4.ipv6_dst;
-            let mut b = [0u8; 16];
-            b[0..4].copy_from_slice(&d[0].to_ne_bytes());
-            b[4..8].copy_from_slice(&d[1].to_ne_bytes());
-            b[8..12].copy_from_slice(&d[2].to_ne_bytes());
-            b[12..16].copy_from_slice(&d[3].to_ne_bytes());
-            b == be.addr
+            d[0] == word(a, 0) && d[1] == word(a, 1) && d[2] == word(a, 2) && d[3] == word(a, 3)
         }
     }
 }
@@ -231,15 +228,20 @@ pub(crate) fn fib_params(
 /// frame.
 #[inline(always)]
 pub(crate) fn set_macs(ctx: &XdpContext, nh: &NextHop) -> Option<()> {
+    const _: () = assert!(core::mem::offset_of!(NextHop, smac) == 6);
     let eth = ptr_at::<EthHdr>(ctx, 0)?;
-    // Copies, not assignments: LLVM cannot tell the packet from the map
-    // value, and compiles the second assignment to a call to memmove (a
-    // byte loop) on every forwarded packet.
-    // SAFETY: bounds checked by ptr_at; distinct from `nh`.
+    // Both MACs are 12 contiguous bytes in the frame and in `nh`: copied as
+    // one 8-byte and one 4-byte word (misaligned access is allowed, see
+    // `key.rs`), not as a `memcpy` LLVM lowers byte by byte.
+    // SAFETY: bounds checked by ptr_at; `nh` is a map value of at least
+    // 12 bytes from `dmac`; distinct from the packet.
     unsafe {
-        let eth = &mut *eth;
-        core::ptr::copy_nonoverlapping(nh.dmac.as_ptr(), eth.dst.as_mut_ptr(), 6);
-        core::ptr::copy_nonoverlapping(nh.smac.as_ptr(), eth.src.as_mut_ptr(), 6);
+        let src = nh.dmac.as_ptr();
+        let dst = eth.cast::<u8>();
+        let a = src.cast::<u64>().read_unaligned();
+        let b = src.add(8).cast::<u32>().read_unaligned();
+        dst.cast::<u64>().write_unaligned(a);
+        dst.add(8).cast::<u32>().write_unaligned(b);
     }
     Some(())
 }

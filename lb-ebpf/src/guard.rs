@@ -18,18 +18,15 @@
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
-use aya_ebpf::{
-    maps::{LpmTrie, lpm_trie::Key},
-    programs::XdpContext,
-};
+use aya_ebpf::{maps::LpmTrie, programs::XdpContext};
 use lb_common::{
-    ACTION_RESET, FAMILY_V4, GUARD_LIMIT, GUARD_LISTS, GUARD_TRACK, LIST_SCOPE_BITS, ListData,
-    ListEntry, ListV4, ListV6, PROTO_TCP, SCOPE_GLOBAL, SOURCE_SAMPLE, SourceKey, SourceState,
-    Stat, VipGuard,
+    ACTION_RESET, FAMILY_V4, GUARD_LIMIT, GUARD_LISTS, GUARD_TRACK, LIST_SCOPE_BITS, ListEntry,
+    PROTO_TCP, SCOPE_GLOBAL, SOURCE_SAMPLE, SourceKey, SourceState, Stat, VipGuard,
 };
 
 use crate::{
     XLB_ALLOW_V4, XLB_ALLOW_V6, XLB_DENY_V4, XLB_DENY_V6, XLB_GUARD, XLB_LIST_HITS, XLB_SOURCES,
+    key::{WordKey, word},
     parse::Packet,
     reset,
     stats::{bump, count, drop_with},
@@ -188,7 +185,10 @@ fn lookup_v4(trie: Trie, pkt: &Packet, vip_id: u32) -> Option<ListEntry> {
         Trie::Deny => &XLB_DENY_V4,
         Trie::Allow => &XLB_ALLOW_V4,
     };
-    longest(map, ListV4::new(vip_id, &pkt.flow.src), 32)
+    let src = &pkt.flow.src;
+    let mut key = WordKey::<2>::uninit();
+    key.fill([LIST_SCOPE_BITS + 32, vip_id.to_be(), word(src, 0)]);
+    longest(map, &mut key)
 }
 
 /// Longest match of the IPv6 source, as [`lookup_v4`].
@@ -198,23 +198,31 @@ fn lookup_v6(trie: Trie, pkt: &Packet, vip_id: u32) -> Option<ListEntry> {
         Trie::Deny => &XLB_DENY_V6,
         Trie::Allow => &XLB_ALLOW_V6,
     };
-    longest(map, ListV6::new(vip_id, &pkt.flow.src), 128)
+    let s = &pkt.flow.src;
+    let mut key = WordKey::<3>::uninit();
+    key.fill([
+        LIST_SCOPE_BITS + 128,
+        vip_id.to_be(),
+        word(s, 0),
+        word(s, 1),
+        word(s, 2),
+        word(s, 3),
+    ]);
+    longest(map, &mut key)
 }
 
-/// Longest match of `data`'s whole address (`addr_bits` long) in its
+/// Longest match of `key` (prefix length, scope, the whole address) in its
 /// scope, else in the global one.
 #[inline(always)]
-fn longest<K: ListData>(
+fn longest<K, const N: usize>(
     map: &LpmTrie<K, ListEntry>,
-    mut data: K,
-    addr_bits: u32,
+    key: &mut WordKey<N>,
 ) -> Option<ListEntry> {
-    let bits = LIST_SCOPE_BITS + addr_bits;
-    if let Some(e) = map.get(Key::new(bits, data)) {
+    if let Some(e) = map.get(key.as_trie_key()) {
         return Some(*e);
     }
-    data.set_scope(SCOPE_GLOBAL);
-    map.get(Key::new(bits, data)).copied()
+    key.set(1, SCOPE_GLOBAL.to_be());
+    map.get(key.as_trie_key()).copied()
 }
 
 /// A refused packet: a TCP SYN under action `reset` is answered with a RST

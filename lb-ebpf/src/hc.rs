@@ -49,6 +49,7 @@ use crate::{
     XLB_GLOBALS, XLB_HC_REALS, XLB_HC_STATS,
     encap::{ipip4_header, ipip6_header},
     forward::{AF_INET, AF_INET6, fib_params},
+    key::word,
     packet::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV6_LEN, Ipv4Hdr, Ipv6Hdr},
     stats::bump,
 };
@@ -124,7 +125,7 @@ fn encap_v4(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
     .ok()?;
     let total = (ctx.len() as usize - ETH_LEN) as u16;
     let mut h = Ipv4Hdr::default();
-    ipip4_header(&mut h, tos, total, src, dst);
+    ipip4_header(&mut h, tos, total, word(src, 0), word(dst, 0));
     ctx.store(ETH_LEN, &h, 0).ok()
 }
 

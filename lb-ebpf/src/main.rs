@@ -37,6 +37,7 @@ mod forward;
 mod guard;
 mod hc;
 mod icmp;
+mod key;
 mod lb;
 mod packet;
 mod parse;

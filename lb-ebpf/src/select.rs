@@ -3,7 +3,10 @@
 
 use lb_common::{BackendInfo, FlowKey, Globals, VipAddrKey, VipInfo, VipKey, ring_index};
 
-use crate::{XLB_BACKENDS, XLB_RING, XLB_VIP_ADDRS, XLB_VIP_INFO, XLB_VIP_PORTS, XLB_VIPS};
+use crate::{
+    XLB_BACKENDS, XLB_RING, XLB_VIP_ADDRS, XLB_VIP_INFO, XLB_VIP_PORTS, XLB_VIPS,
+    key::{WordKey, word},
+};
 
 /// Whether any VIP listens on the flow's (protocol, port): decided without
 /// a hash lookup, so the host's own traffic pays almost nothing.
@@ -36,18 +39,25 @@ pub(crate) fn vip(flow: &FlowKey) -> Option<(u32, VipInfo)> {
 /// traffic that is not ours.
 #[inline(always)]
 pub(crate) fn is_vip_addr(addr: &[u8; 16], family: u8) -> bool {
-    let key = VipAddrKey {
-        addr: *addr,
-        family,
-        _pad: [0; 3],
-    };
-    XLB_VIP_ADDRS.get_ptr(&key).is_some()
+    let mut key = WordKey::<3>::uninit();
+    key.fill([
+        word(addr, 0),
+        word(addr, 1),
+        word(addr, 2),
+        word(addr, 3),
+        u32::from_ne_bytes([family, 0, 0, 0]),
+    ]);
+    XLB_VIP_ADDRS.get_ptr(key.as_key::<VipAddrKey>()).is_some()
 }
 
 /// The backend in the flow's slot of the VIP's live table: its id and
 /// entry, or `None` when the table is empty or the slot holds no live id.
 #[inline(always)]
-pub(crate) fn pick(flow: &FlowKey, vip: &VipInfo, g: &Globals) -> Option<(u32, BackendInfo)> {
+pub(crate) fn pick(
+    flow: &FlowKey,
+    vip: &VipInfo,
+    g: &Globals,
+) -> Option<(u32, &'static BackendInfo)> {
     if vip.table_size == 0 || vip.table_size > g.ring_stride {
         return None;
     }
@@ -57,7 +67,7 @@ pub(crate) fn pick(flow: &FlowKey, vip: &VipInfo, g: &Globals) -> Option<(u32, B
     if id == 0 {
         return None;
     }
-    let be = *XLB_BACKENDS.get(id)?;
+    let be = XLB_BACKENDS.get(id)?;
     if be.state == 0 {
         return None;
     }

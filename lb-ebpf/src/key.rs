@@ -1,0 +1,77 @@
+//! Map keys built on the stack where the verifier accepts them.
+//!
+//! xlb's object is compiled with LLVM's `allows-misaligned-mem-access`
+//! (`build.rs`): byte arrays in packets and map values are then read and
+//! written a word at a time instead of byte by byte, which the JIT and the
+//! CPU handle at any alignment. The verifier still requires every *stack*
+//! access to be aligned to its size, and a key with byte-array fields
+//! behind a 4-byte one (aya's packed LPM `Key<K>`, `DecapAddrKey`'s family
+//! and padding) would otherwise be merged into 8-byte stores at offset 4,
+//! or zeroed by a call of the byte-wise `memset`. So such keys are built
+//! here: in 8-byte aligned slots, one volatile 4-byte store per word,
+//! which LLVM may neither merge nor turn into a call.
+
+use core::mem::MaybeUninit;
+
+use aya_ebpf::maps::lpm_trie::Key;
+
+/// A map key of up to `2 * N` 4-byte words, in `N` 8-byte slots: a whole
+/// number of 8-byte words, so that a move of the key is copied in aligned
+/// 8-byte words too.
+#[repr(C, align(8))]
+pub(crate) struct WordKey<const N: usize>(MaybeUninit<[u64; N]>);
+
+impl<const N: usize> WordKey<N> {
+    /// An empty slot, to [`fill`](Self::fill) where it stays: a key is
+    /// never moved once written (LLVM may copy a moved one in misaligned
+    /// 8-byte words).
+    #[inline(always)]
+    pub(crate) const fn uninit() -> Self {
+        WordKey(MaybeUninit::uninit())
+    }
+
+    /// Writes `words`, each once, and zeroes the rest of the slots.
+    #[inline(always)]
+    pub(crate) fn fill<const W: usize>(&mut self, words: [u32; W]) -> &Self {
+        const { assert!(W <= 2 * N) };
+        let mut i = 0;
+        while i < 2 * N {
+            self.set(i, if i < W { words[i] } else { 0 });
+            i += 1;
+        }
+        self
+    }
+
+    /// Replaces word `i` (`i < 2 * N`: callers pass constants).
+    #[inline(always)]
+    pub(crate) fn set(&mut self, i: usize, w: u32) {
+        // SAFETY: a 4-byte aligned word of the slots, `i < 2 * N`.
+        unsafe { self.0.as_mut_ptr().cast::<u32>().add(i).write_volatile(w) };
+    }
+
+    /// The key as a map keyed by `T` takes it (its first bytes).
+    #[inline(always)]
+    pub(crate) fn as_key<T>(&self) -> &T {
+        const {
+            assert!(core::mem::size_of::<T>() <= 8 * N);
+            assert!(core::mem::align_of::<T>() <= 8);
+        };
+        // SAFETY: every word was written by `fill`; `T` fits in the slots
+        // and is aligned no more; the keys built here are plain integers
+        // and byte arrays, valid for any bytes.
+        unsafe { &*(self as *const Self).cast::<T>() }
+    }
+
+    /// The key as an LPM trie of `K` takes it: the prefix length, then `K`.
+    #[inline(always)]
+    pub(crate) fn as_trie_key<K>(&self) -> &Key<K> {
+        self.as_key()
+    }
+}
+
+/// Word `i` of a byte array (an address), in memory order, as a key or a
+/// header stores it.
+#[inline(always)]
+pub(crate) fn word<const L: usize>(b: &[u8; L], i: usize) -> u32 {
+    u32::from_ne_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+}
