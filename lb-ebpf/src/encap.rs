@@ -12,7 +12,7 @@ use lb_common::{
 
 use crate::{
     checksum,
-    forward::{nexthop, send, set_macs},
+    forward::{copy_macs, nexthop, send},
     icmp,
     key::word,
     packet::{
@@ -50,7 +50,26 @@ pub(crate) fn encap(
     g: &Globals,
     now: u64,
 ) -> u32 {
-    let v6 = pkt.flow.family == FAMILY_V6;
+    // One copy of the code per family: the family is then known at every
+    // step instead of tested again at each.
+    if pkt.flow.family == FAMILY_V6 {
+        encap_family::<true>(ctx, pkt, id, be, g, now)
+    } else {
+        encap_family::<false>(ctx, pkt, id, be, g, now)
+    }
+}
+
+/// [`encap`] for an IPv6 (`V6`) or IPv4 packet.
+#[inline(always)]
+fn encap_family<const V6: bool>(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    id: u32,
+    be: &BackendInfo,
+    g: &Globals,
+    now: u64,
+) -> u32 {
+    let v6 = V6;
     let overhead = if v6 { IPIP6_OVERHEAD } else { IPIP4_OVERHEAD } as usize;
     let outer_len = pkt.ip_len + overhead;
     // The route lookup (on a next-hop cache miss) is made from the
@@ -117,9 +136,8 @@ fn write_headers(
     nh: &NextHop,
     spread: u32,
 ) -> Option<()> {
-    set_macs(ctx, nh)?;
     let ethertype = if v6 { ETH_P_IPV6 } else { ETH_P_IP }.to_be_bytes();
-    let off = write_ethertype(ctx, ethertype, tci)?;
+    let off = write_l2(ctx, nh, ethertype, tci)?;
     if v6 {
         let h = ptr_at::<Ip6ip6>(ctx, off)?;
         // SAFETY: bounds checked by ptr_at; written in place (the stack is 512 B).
@@ -146,24 +164,39 @@ fn write_headers(
     Some(())
 }
 
-/// Writes the ethertype (network order) after the MACs, behind an 802.1Q
-/// tag with `tci` if there is one; returns the offset of the L3 header.
+/// Writes the L2 header: the next hop's MACs, then the ethertype (network
+/// order), behind an 802.1Q tag with `tci` if there is one; returns the
+/// offset of the L3 header.
 #[inline(always)]
-fn write_ethertype(ctx: &XdpContext, ethertype: [u8; 2], tci: Option<[u8; 2]>) -> Option<usize> {
-    let eth = ptr_at::<EthHdr>(ctx, 0)?;
+fn write_l2(
+    ctx: &XdpContext,
+    nh: &NextHop,
+    ethertype: [u8; 2],
+    tci: Option<[u8; 2]>,
+) -> Option<usize> {
     let Some(tci) = tci else {
+        let eth = ptr_at::<EthHdr>(ctx, 0)?;
         // SAFETY: bounds checked by ptr_at.
-        unsafe { (*eth).ethertype = ethertype };
+        let eth = unsafe { &mut *eth };
+        copy_macs(eth, nh);
+        eth.ethertype = ethertype;
         return Some(ETH_LEN);
     };
-    let tag = ptr_at::<VlanHdr>(ctx, ETH_LEN)?;
-    // SAFETY: bounds checked by ptr_at; the two headers do not overlap.
-    unsafe {
-        (*eth).ethertype = ETH_P_8021Q.to_be_bytes();
-        (*tag).tci = tci;
-        (*tag).ethertype = ethertype;
-    }
+    let tagged = ptr_at::<TaggedEth>(ctx, 0)?;
+    // SAFETY: bounds checked by ptr_at.
+    let t = unsafe { &mut *tagged };
+    copy_macs(&mut t.eth, nh);
+    t.eth.ethertype = ETH_P_8021Q.to_be_bytes();
+    t.tag.tci = tci;
+    t.tag.ethertype = ethertype;
     Some(ETH_LEN + VLAN_LEN)
+}
+
+/// An Ethernet header with one 802.1Q tag.
+#[repr(C)]
+struct TaggedEth {
+    eth: EthHdr,
+    tag: VlanHdr,
 }
 
 /// Writes the outer IPv4 header of IPv4-in-IPv4 over `h`, every field of it

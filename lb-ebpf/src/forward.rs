@@ -228,22 +228,29 @@ pub(crate) fn fib_params(
 /// frame.
 #[inline(always)]
 pub(crate) fn set_macs(ctx: &XdpContext, nh: &NextHop) -> Option<()> {
-    const _: () = assert!(core::mem::offset_of!(NextHop, smac) == 6);
     let eth = ptr_at::<EthHdr>(ctx, 0)?;
+    // SAFETY: bounds checked by ptr_at.
+    copy_macs(unsafe { &mut *eth }, nh);
+    Some(())
+}
+
+/// Writes the next hop's destination and source MACs into `eth`.
+#[inline(always)]
+pub(crate) fn copy_macs(eth: &mut EthHdr, nh: &NextHop) {
+    const _: () = assert!(core::mem::offset_of!(NextHop, smac) == 6);
     // Both MACs are 12 contiguous bytes in the frame and in `nh`: copied as
     // one 8-byte and one 4-byte word (misaligned access is allowed, see
     // `key.rs`), not as a `memcpy` LLVM lowers byte by byte.
-    // SAFETY: bounds checked by ptr_at; `nh` is a map value of at least
-    // 12 bytes from `dmac`; distinct from the packet.
+    // SAFETY: `nh` is a map value of at least 12 bytes from `dmac`, `eth`
+    // a header of 14; distinct.
     unsafe {
         let src = nh.dmac.as_ptr();
-        let dst = eth.cast::<u8>();
+        let dst = eth.dst.as_mut_ptr();
         let a = src.cast::<u64>().read_unaligned();
         let b = src.add(8).cast::<u32>().read_unaligned();
         dst.cast::<u64>().write_unaligned(a);
         dst.add(8).cast::<u32>().write_unaligned(b);
     }
-    Some(())
 }
 
 /// Out through the next hop's interface: back where it came from

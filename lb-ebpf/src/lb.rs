@@ -49,6 +49,7 @@ use crate::{
     stats::{aborted, count, drop_with, pass},
 };
 
+#[inline(always)]
 pub(crate) fn run(ctx: &XdpContext) -> u32 {
     let l2 = match parse::l2(ctx) {
         Ok(l2) => l2,
