@@ -1,10 +1,15 @@
-//! The flow hash: SipHash-1-3 keyed with a secret, over a [`FlowKey`].
+//! The flow hash: SipHash-1-3 keyed with a secret, over the client's side
+//! of a [`FlowKey`].
 //!
-//! An IPv4 flow is hashed as 16 bytes (both addresses, both ports,
-//! protocol, family), not as the 40 bytes of its key whose 24 address bytes
-//! past the IPv4 ones are always zero: two compression rounds instead of
-//! five, the same PRF (SipHash takes the message length in), so it stays
-//! keyed and uniform. IPv6 flows are hashed as their 40 bytes.
+//! The hash picks a flow's slot in its VIP's table, and within one VIP the
+//! destination address, port, protocol and family are the VIP's own, the
+//! same for every flow of the table: only the client's address and port
+//! vary. So the message is exactly those: 6 bytes for IPv4 (4 of address, 2
+//! of port), 18 for IPv6. SipHash takes the length in, so the two families
+//! are different messages. 6 bytes fit SipHash's last block with the
+//! length: one compression round and the three final ones, where the 16
+//! bytes of the whole IPv4 5-tuple took three (IPv6: three instead of six).
+//! The same PRF on fewer bytes: still keyed, still uniform.
 //!
 //! SipHash is a PRF, so without the key nobody can choose source ports that
 //! land on one backend (a keyed jhash, as in Katran, can be inverted). The
@@ -36,6 +41,19 @@ fn sipround(v: &mut [u64; 4]) {
 /// of the same bytes.
 #[inline(always)]
 pub fn siphash13<const N: usize>(key: &[u64; 2], words: &[u64; N]) -> u64 {
+    siphash13_tail(key, words, 0, 0)
+}
+
+/// SipHash-1-3 of `words` (little-endian 8-byte blocks) followed by the
+/// `tail_len` (< 8) low bytes of `tail` (the rest of `tail` zero): a
+/// message of `8 * N + tail_len` bytes. Identical to the reference.
+#[inline(always)]
+pub fn siphash13_tail<const N: usize>(
+    key: &[u64; 2],
+    words: &[u64; N],
+    tail: u64,
+    tail_len: u8,
+) -> u64 {
     let mut v = [
         key[0] ^ 0x736f_6d65_7073_6575,
         key[1] ^ 0x646f_7261_6e64_6f6d,
@@ -50,7 +68,7 @@ pub fn siphash13<const N: usize>(key: &[u64; 2], words: &[u64; N]) -> u64 {
         v[0] ^= m;
         i += 1;
     }
-    let b = ((N as u64 * 8) & 0xff) << 56;
+    let b = (((N as u64 * 8 + u64::from(tail_len)) & 0xff) << 56) | tail;
     v[3] ^= b;
     sipround(&mut v);
     v[0] ^= b;
@@ -76,58 +94,18 @@ fn le64(a: &[u8; 16], hi: bool) -> u64 {
     ])
 }
 
-impl FlowKey {
-    /// The five little-endian words the flow hash reads: exactly the 40
-    /// bytes of the key as laid out in memory.
-    #[inline(always)]
-    pub fn words(&self) -> [u64; 5] {
-        [
-            le64(&self.src, false),
-            le64(&self.src, true),
-            le64(&self.dst, false),
-            le64(&self.dst, true),
-            self.tail_word(),
-        ]
-    }
-
-    /// The two little-endian words an IPv4 flow is hashed as: the 4-byte
-    /// source and destination, then the last 8 bytes of the key (ports,
-    /// protocol, family, padding), i.e. the key's bytes 0..4, 16..20 and
-    /// 32..40.
-    #[inline(always)]
-    pub fn words_v4(&self) -> [u64; 2] {
-        let (s, d) = (&self.src, &self.dst);
-        [
-            u64::from_le_bytes([s[0], s[1], s[2], s[3], d[0], d[1], d[2], d[3]]),
-            self.tail_word(),
-        ]
-    }
-
-    /// The key's last 8 bytes (ports, protocol, family, padding) as one
-    /// little-endian word.
-    #[inline(always)]
-    fn tail_word(&self) -> u64 {
-        let (sport, dport) = (self.sport.to_ne_bytes(), self.dport.to_ne_bytes());
-        u64::from_le_bytes([
-            sport[0],
-            sport[1],
-            dport[0],
-            dport[1],
-            self.proto,
-            self.family,
-            self._pad[0],
-            self._pad[1],
-        ])
-    }
-}
-
-/// The flow hash of `flow` under the secret `key`.
+/// The flow hash of `flow` under the secret `key`: SipHash-1-3 of the
+/// client's address (4 or 16 bytes) then port (network order, as on the
+/// wire).
 #[inline(always)]
 pub fn flow_hash(key: &[u64; 2], flow: &FlowKey) -> u64 {
+    let (s, p) = (&flow.src, flow.sport.to_ne_bytes());
     if flow.family == crate::FAMILY_V4 {
-        siphash13(key, &flow.words_v4())
+        let tail = u64::from_le_bytes([s[0], s[1], s[2], s[3], p[0], p[1], 0, 0]);
+        siphash13_tail(key, &[], tail, 6)
     } else {
-        siphash13(key, &flow.words())
+        let tail = u64::from_le_bytes([p[0], p[1], 0, 0, 0, 0, 0, 0]);
+        siphash13_tail(key, &[le64(s, false), le64(s, true)], tail, 2)
     }
 }
 
@@ -145,10 +123,15 @@ mod tests {
         h.finish()
     }
 
-    fn key_bytes(k: &FlowKey) -> Vec<u8> {
-        // SAFETY: FlowKey is repr(C), 40 bytes, no implicit padding.
-        let p = k as *const FlowKey as *const u8;
-        unsafe { core::slice::from_raw_parts(p, core::mem::size_of::<FlowKey>()) }.to_vec()
+    /// The message the flow hash must read: the client's address, then its
+    /// port in network order.
+    fn message(k: &FlowKey) -> Vec<u8> {
+        let addr = if k.family == crate::FAMILY_V4 {
+            &k.src[..4]
+        } else {
+            &k.src[..]
+        };
+        [addr, &k.sport.to_ne_bytes()[..]].concat()
     }
 
     #[test]
@@ -158,71 +141,99 @@ mod tests {
             (
                 "v4 tcp",
                 [0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908],
-                FlowKey {
-                    src: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-                    dst: [10, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-                    sport: 40000u16.to_be(),
-                    dport: 80u16.to_be(),
-                    proto: crate::PROTO_TCP,
-                    family: crate::FAMILY_V4,
-                    _pad: [0; 2],
-                },
+                FlowKey::new(
+                    "10.0.0.1:40000".parse().unwrap(),
+                    "10.0.0.100:80".parse().unwrap(),
+                    crate::PROTO_TCP,
+                ),
             ),
             (
                 "v6 udp",
                 [u64::MAX, 1],
-                FlowKey {
-                    src: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
-                    dst: [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x64],
-                    sport: 53u16.to_be(),
-                    dport: 5353u16.to_be(),
-                    proto: crate::PROTO_UDP,
-                    family: crate::FAMILY_V6,
-                    _pad: [0; 2],
-                },
+                FlowKey::new(
+                    "[fd00::1]:53".parse().unwrap(),
+                    "[fd00::64]:5353".parse().unwrap(),
+                    crate::PROTO_UDP,
+                ),
             ),
         ];
         for (name, key, flow) in cases {
-            // IPv4: the 16 bytes of `words_v4`, taken from the key's memory.
-            let bytes = key_bytes(&flow);
-            let message = if flow.family == crate::FAMILY_V4 {
-                [&bytes[0..4], &bytes[16..20], &bytes[32..40]].concat()
-            } else {
-                bytes
+            assert_eq!(
+                flow_hash(&key, &flow),
+                reference(&key, &message(&flow)),
+                "{name}"
+            );
+        }
+        // Whole blocks and every tail length, against the reference.
+        let bytes: Vec<u8> = (0u8..40).collect();
+        for len in 0..=24 {
+            let m = &bytes[..len];
+            let words: Vec<u64> = m
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let rest = m.chunks_exact(8).remainder();
+            let mut t = [0u8; 8];
+            t[..rest.len()].copy_from_slice(rest);
+            let (tail, tl) = (u64::from_le_bytes(t), rest.len() as u8);
+            let key = [0x1111, 0x2222];
+            let h = match words.len() {
+                0 => siphash13_tail(&key, &[], tail, tl),
+                1 => siphash13_tail(&key, &[words[0]], tail, tl),
+                2 => siphash13_tail(&key, &[words[0], words[1]], tail, tl),
+                _ => siphash13_tail(&key, &[words[0], words[1], words[2]], tail, tl),
             };
-            assert_eq!(flow_hash(&key, &flow), reference(&key, &message), "{name}");
+            assert_eq!(h, reference(&key, m), "{len} bytes");
         }
     }
 
-    /// The IPv4 words leave out only bytes that are zero in every IPv4 key;
-    /// every byte they read moves the hash.
+    /// Every byte of the client's address and port moves the hash; the
+    /// VIP's side (destination, its port, protocol) is the same for every
+    /// flow of a table and is not read.
     #[test]
-    fn ipv4_words_cover_every_meaningful_byte() {
-        let base = FlowKey::new(
+    fn hash_reads_the_client_side_only() {
+        for (client, vip) in [
+            ("192.0.2.1:40000", "10.100.0.1:80"),
+            ("[2001:db8::1]:40000", "[fd00::1]:80"),
+        ] {
+            let base = FlowKey::new(
+                client.parse().unwrap(),
+                vip.parse().unwrap(),
+                crate::PROTO_TCP,
+            );
+            let key = [0x1234, 0x5678];
+            let h = flow_hash(&key, &base);
+            let len = if base.family == crate::FAMILY_V4 {
+                4
+            } else {
+                16
+            };
+            for i in 0..len {
+                let mut f = base;
+                f.src[i] ^= 1;
+                assert_ne!(flow_hash(&key, &f), h, "{client}: src byte {i}");
+            }
+            for sport in [base.sport ^ 1, base.sport ^ 0x100] {
+                let f = FlowKey { sport, ..base };
+                assert_ne!(flow_hash(&key, &f), h, "{client}: sport");
+            }
+            let mut f = base;
+            f.dst[0] ^= 1;
+            f.dport ^= 1;
+            f.proto = crate::PROTO_UDP;
+            assert_eq!(flow_hash(&key, &f), h, "{client}: the VIP's side");
+        }
+        // The same first bytes as IPv6 are another message: another hash.
+        let v4 = FlowKey::new(
             "192.0.2.1:40000".parse().unwrap(),
             "10.100.0.1:80".parse().unwrap(),
             crate::PROTO_TCP,
         );
-        let key = [0x1234, 0x5678];
-        let h = flow_hash(&key, &base);
-        for i in 0..4 {
-            let mut f = base;
-            f.src[i] ^= 1;
-            assert_ne!(flow_hash(&key, &f), h, "src byte {i}");
-            let mut f = base;
-            f.dst[i] ^= 1;
-            assert_ne!(flow_hash(&key, &f), h, "dst byte {i}");
-        }
-        let mut f = base;
-        f.dport = 81u16.to_be();
-        assert_ne!(flow_hash(&key, &f), h, "dport");
-        let mut f = base;
-        f.proto = crate::PROTO_UDP;
-        assert_ne!(flow_hash(&key, &f), h, "proto");
-        // The same bytes as IPv6 are another message: another hash.
-        let mut f = base;
-        f.family = crate::FAMILY_V6;
-        assert_ne!(flow_hash(&key, &f), h, "family");
+        let v6 = FlowKey {
+            family: crate::FAMILY_V6,
+            ..v4
+        };
+        assert_ne!(flow_hash(&[1, 2], &v4), flow_hash(&[1, 2], &v6));
     }
 
     #[test]
