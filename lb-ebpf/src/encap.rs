@@ -7,7 +7,7 @@
 use aya_ebpf::{helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use lb_common::{
     BackendInfo, ENCAP_TTL, FAMILY_V6, Globals, IPIP4_OVERHEAD, IPIP6_OVERHEAD,
-    MAX_ENCAP_HOST_BITS, NextHop, PROTO_IPIP, PROTO_IPV6, Stat, encap_hash,
+    MAX_ENCAP_HOST_BITS, NextHop, PROTO_IPIP, PROTO_IPV6, Stat, encap_hash, encap_hash_v4,
 };
 
 use crate::{
@@ -99,7 +99,11 @@ fn encap_family<const V6: bool>(
     }
     // One value per flow spreads the outer headers (IPv4 source within
     // its prefix, IPv6 flow label) over the backend's RSS queues.
-    let spread = encap_hash(&pkt.flow.src, pkt.flow.sport);
+    let spread = if v6 {
+        encap_hash(&pkt.flow.src, pkt.flow.sport)
+    } else {
+        encap_hash_v4(&pkt.flow.src, pkt.flow.sport)
+    };
     if write_headers(ctx, v6, &be.addr, g, outer_len, tci, nh, spread).is_none() {
         return aborted();
     }
