@@ -35,8 +35,9 @@ use xlb_lab::{
     scenario::{LabRun, Mode, Vip, XlbConfig, find_xlb},
     topology::{self, HOST_IFNAME},
 };
-use xlb_tests::bench::thread_cpu;
+use xlb_tests::bench::{figures::Figure, print_command, thread_cpu};
 
+const BENCH: &str = "xlb-dpath-bench";
 const PREFIX: &str = "xlbdp";
 /// Probes in flight at once on the one prober thread.
 const CONCURRENCY: usize = 16;
@@ -162,6 +163,7 @@ pub fn run(mode: Mode, probes: usize) -> anyhow::Result<Vec<(String, f64, f64, u
 }
 
 fn main() -> anyhow::Result<()> {
+    print_command(BENCH);
     println!(
         "HTTP GET /health probes, new connection each, {CONCURRENCY} in flight on one \
          thread, best of {ROUNDS} rounds of {PROBES}, 3 backends"
@@ -171,8 +173,22 @@ fn main() -> anyhow::Result<()> {
         "", "probes/s", "CPU µs/probe", "failures"
     );
     for mode in [Mode::DsrIpip, Mode::DsrL2] {
-        for (label, rate, cpu, fails) in run(mode, PROBES)? {
+        let rows = run(mode, PROBES)?;
+        for (label, rate, cpu, fails) in &rows {
             println!("{label:<22} {rate:>10.0} {cpu:>14.1} {fails:>9}");
+        }
+        // Into the summary of `cargo xtask bench`: each way's CPU per
+        // probe, the data path's against the direct one.
+        let direct = rows[0].2;
+        let group = format!("health probes, prober CPU µs per probe, {}", mode.as_str());
+        for (i, (label, _, cpu, _)) in rows.iter().enumerate() {
+            let f = Figure::new(BENCH, &group, label, *cpu, "µs");
+            let f = if i == 0 {
+                f
+            } else {
+                f.against("direct", direct)
+            };
+            f.record();
         }
     }
     Ok(())
