@@ -6,8 +6,8 @@
 
 use aya_ebpf::{helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use lb_common::{
-    BackendInfo, ENCAP_TTL, FAMILY_V6, Globals, IPIP4_OVERHEAD, IPIP6_OVERHEAD,
-    MAX_ENCAP_HOST_BITS, NextHop, PROTO_IPIP, PROTO_IPV6, Stat, encap_hash, encap_hash_v4,
+    BackendInfo, ENCAP_TTL, Globals, IPIP4_OVERHEAD, IPIP6_OVERHEAD, MAX_ENCAP_HOST_BITS, NextHop,
+    PROTO_IPIP, PROTO_IPV6, Stat, encap_hash, encap_hash_v4,
 };
 
 use crate::{
@@ -39,29 +39,12 @@ struct Ip6ip6 {
     inner_version_tc_flow: [u8; 4],
 }
 
-/// `dsr-ipip`: prepend an outer IPv4 (or IPv6) header addressed to the
-/// backend `id` (`be`) and send the packet to its next hop.
+/// `dsr-ipip`: prepend an outer IPv4 (or, `V6`, IPv6: the packet's own
+/// family) header addressed to the backend `id` (`be`) and send the packet
+/// to its next hop. One copy per family: the family is then known at every
+/// step instead of tested again at each.
 #[inline(always)]
-pub(crate) fn encap(
-    ctx: &XdpContext,
-    pkt: &Packet,
-    id: u32,
-    be: &BackendInfo,
-    g: &Globals,
-    now: u64,
-) -> u32 {
-    // One copy of the code per family: the family is then known at every
-    // step instead of tested again at each.
-    if pkt.flow.family == FAMILY_V6 {
-        encap_family::<true>(ctx, pkt, id, be, g, now)
-    } else {
-        encap_family::<false>(ctx, pkt, id, be, g, now)
-    }
-}
-
-/// [`encap`] for an IPv6 (`V6`) or IPv4 packet.
-#[inline(always)]
-fn encap_family<const V6: bool>(
+pub(crate) fn encap<const V6: bool>(
     ctx: &XdpContext,
     pkt: &Packet,
     id: u32,

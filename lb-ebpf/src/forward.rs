@@ -12,7 +12,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    BackendInfo, FAMILY_V4, Globals, MODE_DSR_IPIP, NEXTHOP_TTL_NS, NextHop, Stat, TrafficStats,
+    BackendInfo, FAMILY_V4, FAMILY_V6, Globals, MODE_DSR_IPIP, NEXTHOP_TTL_NS, NextHop, Stat,
+    TrafficStats,
 };
 
 use crate::{
@@ -40,10 +41,12 @@ pub(crate) fn forward(
     new_flow: bool,
 ) -> u32 {
     let bytes = len(ctx) as u64;
-    let verdict = if t.mode == MODE_DSR_IPIP {
-        encap::encap(ctx, pkt, t.id, t.be, g, now)
-    } else {
+    let verdict = if t.mode != MODE_DSR_IPIP {
         rewrite_l2(ctx, t.id, t.be, now)
+    } else if pkt.flow.family == FAMILY_V6 {
+        encap::encap::<true>(ctx, pkt, t.id, t.be, g, now)
+    } else {
+        encap::encap::<false>(ctx, pkt, t.id, t.be, g, now)
     };
     if verdict == xdp_action::XDP_TX || verdict == xdp_action::XDP_REDIRECT {
         account(XLB_VIP_STATS.get_ptr_mut(t.vip_id), bytes, new_flow);
