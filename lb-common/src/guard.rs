@@ -138,8 +138,10 @@ pub struct ListEntry {
 }
 const _: () = assert!(core::mem::size_of::<ListEntry>() == 8);
 
-/// Key of `XLB_SOURCES`: a source prefix as seen by one VIP.
-#[repr(C, align(4))]
+/// Key of `XLB_SOURCES`: a source prefix as seen by one VIP. Aligned to 8,
+/// the same layout: built on the BPF stack from 8-byte words, it must sit
+/// where they are aligned (the verifier's rule, `lb-ebpf/src/key.rs`).
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SourceKey {
     /// The source address masked to `prefix_len` bits (see [`Addr`]).
@@ -203,18 +205,32 @@ const _: () = assert!(core::mem::size_of::<CtRate>() == 16);
 /// Masks `addr` (see [`Addr`]) to its first `bits` bits.
 #[inline(always)]
 pub fn mask_addr(addr: &Addr, bits: u8) -> Addr {
-    let mut out = [0u8; 16];
-    let full = (bits / 8) as usize;
-    let mut i = 0;
-    while i < 16 {
-        if i < full {
-            out[i] = addr[i];
-        } else if i == full && !bits.is_multiple_of(8) {
-            out[i] = addr[i] & (0xffu8 << (8 - bits % 8));
-        }
-        i += 1;
-    }
-    out
+    // Two big-endian words and two masks: a handful of instructions in BPF,
+    // where a byte loop was sixteen steps.
+    let word = |o: usize| {
+        u64::from_be_bytes([
+            addr[o],
+            addr[o + 1],
+            addr[o + 2],
+            addr[o + 3],
+            addr[o + 4],
+            addr[o + 5],
+            addr[o + 6],
+            addr[o + 7],
+        ])
+    };
+    let mask = |b: u32| match b {
+        0 => 0,
+        1..=63 => u64::MAX << (64 - b),
+        _ => u64::MAX,
+    };
+    let bits = u32::from(bits);
+    let hi = (word(0) & mask(bits.min(64))).to_be_bytes();
+    let lo = (word(8) & mask(bits.saturating_sub(64))).to_be_bytes();
+    [
+        hi[0], hi[1], hi[2], hi[3], hi[4], hi[5], hi[6], hi[7], lo[0], lo[1], lo[2], lo[3], lo[4],
+        lo[5], lo[6], lo[7],
+    ]
 }
 
 #[cfg(feature = "user")]
@@ -254,6 +270,23 @@ mod tests {
         let v6 = mask_addr(&a, 64);
         assert_eq!(v6[..8], [0xff; 8]);
         assert_eq!(v6[8..], [0; 8]);
+        let v6 = mask_addr(&a, 65);
+        assert_eq!(
+            v6[..9],
+            [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x80]
+        );
+        assert_eq!(v6[9..], [0; 7]);
         assert_eq!(mask_addr(&a, 128), a);
+        assert_eq!(mask_addr(&a, 200), a);
+        // Against the definition, bit by bit, on an address of mixed bits.
+        let x: Addr = core::array::from_fn(|i| (i as u8).wrapping_mul(37) ^ 0x5a);
+        for bits in 0..=128u8 {
+            let m = mask_addr(&x, bits);
+            for i in 0..128usize {
+                let bit = |a: &Addr| a[i / 8] >> (7 - i % 8) & 1;
+                let want = if i < usize::from(bits) { bit(&x) } else { 0 };
+                assert_eq!(bit(&m), want, "/{bits} bit {i}");
+            }
+        }
     }
 }

@@ -35,18 +35,27 @@ pub(crate) fn swap_macs(ctx: &XdpContext) -> Option<()> {
 }
 
 /// Copies the `L`-byte L2 header (Ethernet, and a VLAN tag if `L` has
-/// room for one) from byte `from` of the frame to byte `to`: the move
-/// around `bpf_xdp_adjust_head` when an outer header is stripped or one is
-/// made room for.
+/// room for one: 14 to 24 bytes) from byte `from` of the frame to byte `to`:
+/// the move around `bpf_xdp_adjust_head` when an outer header is stripped or
+/// one is made room for.
 #[inline(always)]
 pub(crate) fn copy_l2<const L: usize>(ctx: &XdpContext, from: usize, to: usize) -> Option<()> {
+    const { assert!(L >= 14 && L <= 24) };
     let old = ptr_at::<[u8; L]>(ctx, from)?;
     let new = ptr_at::<[u8; L]>(ctx, to)?;
-    // SAFETY: both ranges checked by ptr_at; copied via the stack (they
-    // may overlap).
+    // Three 8-byte words, the last two overlapping as `L` needs, all read
+    // before any is written (the ranges may overlap): a plain copy of the
+    // array compiles to a call of the byte-wise `memmove`.
+    // SAFETY: both ranges checked by ptr_at; misaligned access is allowed
+    // (see `key.rs`).
     unsafe {
-        let hdr = *old;
-        *new = hdr;
+        let (o, n) = (old.cast::<u8>(), new.cast::<u8>());
+        let a = o.cast::<u64>().read_unaligned();
+        let b = o.add(L / 2 - 4).cast::<u64>().read_unaligned();
+        let c = o.add(L - 8).cast::<u64>().read_unaligned();
+        n.cast::<u64>().write_unaligned(a);
+        n.add(L / 2 - 4).cast::<u64>().write_unaligned(b);
+        n.add(L - 8).cast::<u64>().write_unaligned(c);
     }
     Some(())
 }
