@@ -20,7 +20,7 @@ use crate::{
     XLB_BE_STATS, XLB_NEXTHOP, XLB_VIP_STATS,
     conntrack::Target,
     encap,
-    key::word,
+    key::{Zeroed, word},
     packet::{EthHdr, len, ptr_at},
     parse::Packet,
     stats::{aborted, count, drop_with},
@@ -126,9 +126,10 @@ fn refresh_nexthop(
     };
     // SAFETY: per-CPU slot, only this CPU reads or writes it.
     let nh = unsafe { &mut *nh };
-    // SAFETY: an all-zero bpf_fib_lookup is a valid input.
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
-    let rc = fib(ctx, &mut p, be, src, 0);
+    // An all-zero bpf_fib_lookup is a valid input.
+    let mut slot = Zeroed::<FibParams>::uninit();
+    let p = slot.zero();
+    let rc = fib(ctx, p, be, src, 0);
     if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
         return core::ptr::null();
     }
@@ -137,12 +138,12 @@ fn refresh_nexthop(
     nh.ifindex = p.ifindex;
     // The kernel replaces the destination by the gateway when the route
     // has one: the backend is on-link only if it is still the backend.
-    nh.on_link = u8::from(lookup_dst_is(&p, be));
+    nh.on_link = u8::from(lookup_dst_is(p, be));
     // A second lookup claiming the largest packet makes the kernel report
     // the egress MTU (it only does on BPF_FIB_LKUP_RET_FRAG_NEEDED).
-    // SAFETY: as above.
-    let mut m: FibParams = unsafe { core::mem::zeroed() };
-    let rc = fib(ctx, &mut m, be, src, u16::MAX);
+    let mut mtu_slot = Zeroed::<FibParams>::uninit();
+    let m = mtu_slot.zero();
+    let rc = fib(ctx, m, be, src, u16::MAX);
     // SAFETY: reading the union member the kernel wrote.
     nh.mtu = if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
         unsafe { u32::from(m.__bindgen_anon_1.mtu_result) }

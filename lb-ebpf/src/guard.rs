@@ -26,7 +26,7 @@ use lb_common::{
 
 use crate::{
     XLB_ALLOW_V4, XLB_ALLOW_V6, XLB_DENY_V4, XLB_DENY_V6, XLB_GUARD, XLB_LIST_HITS, XLB_SOURCES,
-    key::{WordKey, word},
+    key::{WordKey, Zeroed, word},
     parse::Packet,
     reset,
     stats::{bump, count, drop_with},
@@ -126,7 +126,8 @@ fn tracked(key: &SourceKey) -> Option<*mut SourceState> {
     }
     // BPF_NOEXIST: another CPU's entry for the same source, inserted in the
     // meantime, is kept.
-    let _ = XLB_SOURCES.insert(key, &SourceState::default(), 1);
+    let mut empty = Zeroed::<SourceState>::uninit();
+    let _ = XLB_SOURCES.insert(key, empty.zero(), 1);
     XLB_SOURCES.get_ptr_mut(key)
 }
 

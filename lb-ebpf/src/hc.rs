@@ -49,7 +49,7 @@ use crate::{
     XLB_GLOBALS, XLB_HC_REALS, XLB_HC_STATS,
     encap::{ipip4_header, ipip6_header},
     forward::{AF_INET, AF_INET6, fib_params},
-    key::word,
+    key::{Zeroed, word},
     packet::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV6_LEN, Ipv4Hdr, Ipv6Hdr},
     stats::bump,
 };
@@ -89,16 +89,17 @@ pub(crate) fn run(ctx: &TcContext) -> i32 {
     let ipip = real.mode == MODE_DSR_IPIP;
     // The same source `xlb_lb` uses in its route lookup: the encap source
     // for dsr-ipip, none for dsr-l2.
-    let src = match (ipip, v6) {
-        (false, _) => [0u8; 16],
-        (true, false) => g.encap_src_v4,
-        (true, true) => g.encap_src_v6,
+    let mut none = Zeroed::<[u8; 16]>::uninit();
+    let src: &[u8; 16] = match (ipip, v6) {
+        (false, _) => none.zero(),
+        (true, false) => &g.encap_src_v4,
+        (true, true) => &g.encap_src_v6,
     };
     if ipip {
         let written = if v6 {
-            encap_v6(ctx, &src, &real.addr)
+            encap_v6(ctx, src, &real.addr)
         } else {
-            encap_v4(ctx, &src, &real.addr)
+            encap_v4(ctx, src, &real.addr)
         };
         if written.is_none() {
             return shot(HcStat::DropEncap);
@@ -108,7 +109,7 @@ pub(crate) fn run(ctx: &TcContext) -> i32 {
     // its mark it passes, instead of being encapsulated again (Katran
     // clears it for the same reason).
     ctx.set_mark(0);
-    redirect(ctx, &real, &src, ipip)
+    redirect(ctx, &real, src, ipip)
 }
 
 /// Prepends an outer IPv4 header (backend as destination) after the
@@ -150,18 +151,12 @@ fn encap_v6(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
 // verifier: not inlined, so the 64-byte fib parameters get their own frame.
 #[inline(never)]
 fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
-    // SAFETY: an all-zero bpf_fib_lookup is a valid input.
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    // An all-zero bpf_fib_lookup is a valid input.
+    let mut slot = Zeroed::<FibParams>::uninit();
+    let p = slot.zero();
     // SAFETY: reading a field of the context the kernel passed.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    fib_params(
-        &mut p,
-        ifindex,
-        real.family == FAMILY_V6,
-        src,
-        &real.addr,
-        0,
-    );
+    fib_params(p, ifindex, real.family == FAMILY_V6, src, &real.addr, 0);
     // An input lookup from this interface, as `forward::fib` makes it for
     // `xlb_lb` (the daemon turns forwarding on for the interface, which it
     // requires).
@@ -169,7 +164,7 @@ fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
     let rc = unsafe {
         bpf_fib_lookup(
             ctx.skb.skb as *mut _,
-            &mut p,
+            p,
             core::mem::size_of::<FibParams>() as i32,
             0,
         )
@@ -180,8 +175,9 @@ fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
     // The next hop: the gateway the lookup wrote over the destination, or
     // the backend itself on-link. An IPv4 route may have an IPv6 gateway
     // (RFC 5549): the lookup then says AF_INET6.
-    // SAFETY: an all-zero bpf_redir_neigh is a valid value.
-    let mut nh: bpf_redir_neigh = unsafe { core::mem::zeroed() };
+    // An all-zero bpf_redir_neigh is a valid value.
+    let mut nh_slot = Zeroed::<bpf_redir_neigh>::uninit();
+    let nh = nh_slot.zero();
     // SAFETY: reading and writing union fields of C structs.
     unsafe {
         if p.family == AF_INET6 {
@@ -197,7 +193,7 @@ fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
     unsafe {
         bpf_redirect_neigh(
             p.ifindex,
-            &mut nh,
+            nh,
             core::mem::size_of::<bpf_redir_neigh>() as i32,
             0,
         ) as i32
