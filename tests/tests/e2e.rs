@@ -25,6 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use lb_user::health::spec;
 use xlb_lab::{
     Fault,
     client::LoadOptions,
@@ -74,10 +75,10 @@ fn new_flows(status: &Status, vip: &str, backend: SocketAddr) -> u64 {
         .new_flows
 }
 
-/// Backend 2's application hangs under steady load; HTTP health checks take
-/// it out within fall × interval + timeout (+ margin), after which no new
-/// connection reaches it and no client request fails; when it recovers it
-/// comes back after `rise` probes.
+/// Backend 2's application hangs under steady load; HTTP health checks mark
+/// it down within `fall` periods and one `hang_timeout` (+ margin), after
+/// which no new connection reaches it and no client request fails; when it
+/// recovers it comes back after `rise` probes.
 #[test]
 fn hung_application_is_taken_out_and_back() {
     let _serial = serial();
@@ -86,7 +87,15 @@ fn hung_application_is_taken_out_and_back() {
     let vip = api();
     let b2 = vip.backend_addr(2);
     let run = up(&p, &config(&p, health.clone(), vec![vip.clone()]));
-    let bound = health.interval * health.fall + health.timeout + DETECTION_MARGIN;
+    // A probe to a hung application counts toward `fall` only when its
+    // `hang_timeout` runs out (README, "Hung versus slow"), and each period
+    // is drawn within ± the default jitter: the worst case is `fall`
+    // periods, then the last probe's `hang_timeout`.
+    let hang = health
+        .hang_timeout
+        .unwrap_or_else(|| spec::default_hang_timeout(health.timeout));
+    let period = health.interval.mul_f64(1.0 + spec::defaults::JITTER);
+    let bound = period * health.fall + hang + DETECTION_MARGIN;
     let return_bound = health.interval * health.rise + health.timeout + DETECTION_MARGIN;
 
     let client = run
@@ -115,7 +124,7 @@ fn hung_application_is_taken_out_and_back() {
     );
     assert!(
         detection <= bound,
-        "b2 marked down {detection:?} after the hang; bound fall × interval + timeout + {DETECTION_MARGIN:?} = {bound:?}"
+        "b2 marked down {detection:?} after the hang; bound fall × interval × (1 + jitter) + hang_timeout + {DETECTION_MARGIN:?} = {bound:?}"
     );
     assert!(!down.reason.is_empty(), "the down event gives no reason");
 
