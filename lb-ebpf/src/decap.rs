@@ -15,7 +15,7 @@ use lb_common::{DecapAddrKey, DecapStat, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO
 
 use crate::{
     XLB_DECAP_ADDR, XLB_DECAP_SRC4, XLB_DECAP_SRC6, XLB_DECAP_STAT, XLB_DECAP_VIP,
-    key::{WordKey, word},
+    key::{WordKey, addr_key, addr_words, word},
     packet::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, Ipv4Hdr, Ipv6Hdr,
         VLAN_LEN, copy_l2, ptr_at,
@@ -39,33 +39,6 @@ fn pass() -> u32 {
 fn drop(stat: DecapStat) -> u32 {
     count(stat);
     xdp_action::XDP_DROP
-}
-
-/// The `XLB_DECAP_ADDR` / `XLB_DECAP_VIP` key (a `DecapAddrKey`) of an IPv4
-/// address.
-#[inline(always)]
-fn key4<'k>(k: &'k mut WordKey<3>, addr: &[u8; 4]) -> &'k DecapAddrKey {
-    k.fill([
-        word(addr, 0),
-        0,
-        0,
-        0,
-        u32::from_ne_bytes([FAMILY_V4, 0, 0, 0]),
-    ])
-    .as_key()
-}
-
-/// The same key of an IPv6 address.
-#[inline(always)]
-fn key6<'k>(k: &'k mut WordKey<3>, addr: &[u8; 16]) -> &'k DecapAddrKey {
-    k.fill([
-        word(addr, 0),
-        word(addr, 1),
-        word(addr, 2),
-        word(addr, 3),
-        u32::from_ne_bytes([FAMILY_V6, 0, 0, 0]),
-    ])
-    .as_key()
 }
 
 /// A tunnel packet to one of our addresses, as its outer header says.
@@ -130,7 +103,11 @@ fn ipip4_to_us(ctx: &XdpContext, l3off: usize) -> Option<Tunnel> {
     let ours = ip.protocol == PROTO_IPIP
         && ip.version_ihl == IPV4_VERSION_IHL
         && XLB_DECAP_ADDR
-            .get_ptr(key4(&mut WordKey::uninit(), &ip.daddr))
+            .get_ptr(addr_key::<DecapAddrKey>(
+                &mut WordKey::uninit(),
+                [word(&ip.daddr, 0), 0, 0, 0],
+                FAMILY_V4,
+            ))
             .is_some()
         && !ip.is_fragment();
     ours.then(|| Tunnel {
@@ -153,22 +130,17 @@ fn ip6ip6_to_us(ctx: &XdpContext, l3off: usize) -> Option<Tunnel> {
     let ip = unsafe { &*ip };
     let ours = ip.nexthdr == PROTO_IPV6
         && XLB_DECAP_ADDR
-            .get_ptr(key6(&mut WordKey::uninit(), &ip.daddr))
+            .get_ptr(addr_key::<DecapAddrKey>(
+                &mut WordKey::uninit(),
+                addr_words(&ip.daddr),
+                FAMILY_V6,
+            ))
             .is_some();
+    let [a, b, c, d] = addr_words(&ip.saddr);
     ours.then(|| Tunnel {
         outer: IPV6_LEN,
         allowed: XLB_DECAP_SRC6
-            .get(
-                WordKey::<3>::uninit()
-                    .fill([
-                        128,
-                        word(&ip.saddr, 0),
-                        word(&ip.saddr, 1),
-                        word(&ip.saddr, 2),
-                        word(&ip.saddr, 3),
-                    ])
-                    .as_trie_key(),
-            )
+            .get(WordKey::<3>::uninit().fill([128, a, b, c, d]).as_trie_key())
             .is_some(),
     })
 }
@@ -187,7 +159,7 @@ fn inner_dst4<'k>(
     if ip.version_ihl >> 4 != 4 {
         return None;
     }
-    Some(key4(key, &ip.daddr))
+    Some(addr_key(key, [word(&ip.daddr, 0), 0, 0, 0], FAMILY_V4))
 }
 
 /// The destination of the IPv6 header at `off`, as [`inner_dst4`]; `None`
@@ -204,5 +176,5 @@ fn inner_dst6<'k>(
     if ip.version_tc_flow[0] >> 4 != 6 {
         return None;
     }
-    Some(key6(key, &ip.daddr))
+    Some(addr_key(key, addr_words(&ip.daddr), FAMILY_V6))
 }

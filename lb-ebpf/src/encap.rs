@@ -52,13 +52,12 @@ pub(crate) fn encap<const V6: bool>(
     g: &Globals,
     now: u64,
 ) -> u32 {
-    let v6 = V6;
-    let overhead = if v6 { IPIP6_OVERHEAD } else { IPIP4_OVERHEAD } as usize;
+    let overhead = if V6 { IPIP6_OVERHEAD } else { IPIP4_OVERHEAD } as usize;
     let outer_len = pkt.ip_len + overhead;
     // The route lookup (on a next-hop cache miss) is made from the
     // configured encapsulation source; each flow's packets carry their own
     // address within its prefix (`spread_v4`).
-    let base = if v6 { &g.encap_src_v6 } else { &g.encap_src_v4 };
+    let base = if V6 { &g.encap_src_v6 } else { &g.encap_src_v4 };
     // SAFETY: null or a per-CPU map value, valid for this run.
     let Some(nh) = (unsafe { nexthop(ctx, id, be, base, now).as_ref() }) else {
         return drop_with(Stat::DropNoRoute);
@@ -82,12 +81,12 @@ pub(crate) fn encap<const V6: bool>(
     }
     // One value per flow spreads the outer headers (IPv4 source within
     // its prefix, IPv6 flow label) over the backend's RSS queues.
-    let spread = if v6 {
+    let spread = if V6 {
         encap_hash(&pkt.flow.src, pkt.flow.sport)
     } else {
         encap_hash_v4(&pkt.flow.src, pkt.flow.sport)
     };
-    if write_headers(ctx, v6, &be.addr, g, outer_len, tci, nh, spread).is_none() {
+    if write_headers(ctx, V6, &be.addr, g, outer_len, tci, nh, spread).is_none() {
         return aborted();
     }
     send(ctx, nh)

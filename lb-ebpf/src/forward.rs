@@ -20,7 +20,7 @@ use crate::{
     XLB_BE_STATS, XLB_NEXTHOP, XLB_VIP_STATS,
     conntrack::Target,
     encap,
-    key::{Zeroed, word},
+    key::{Zeroed, addr_words, word},
     packet::{EthHdr, len, ptr_at},
     parse::Packet,
     stats::{aborted, count, drop_with},
@@ -159,15 +159,13 @@ fn refresh_nexthop(
 /// (no gateway on the route).
 #[inline(always)]
 fn lookup_dst_is(p: &FibParams, be: &BackendInfo) -> bool {
-    // Word by word: `be` is on the stack, aligned to 4 (see `trie.rs`).
-    let a = &be.addr;
+    // Compared as words, as the kernel's union holds them (see `key.rs`).
     // SAFETY: reading the union members the kernel wrote.
     unsafe {
         if be.family == FAMILY_V4 {
-            p.__bindgen_anon_4.ipv4_dst == word(a, 0)
+            p.__bindgen_anon_4.ipv4_dst == word(&be.addr, 0)
         } else {
-            let d = &p.__bindgen_anon_4.ipv6_dst;
-            d[0] == word(a, 0) && d[1] == word(a, 1) && d[2] == word(a, 2) && d[3] == word(a, 3)
+            p.__bindgen_anon_4.ipv6_dst == addr_words(&be.addr)
         }
     }
 }

@@ -26,7 +26,7 @@ use lb_common::{
 
 use crate::{
     XLB_ALLOW_V4, XLB_ALLOW_V6, XLB_DENY_V4, XLB_DENY_V6, XLB_GUARD, XLB_LIST_HITS, XLB_SOURCES,
-    key::{WordKey, Zeroed, word},
+    key::{WordKey, Zeroed, addr_words, word},
     parse::Packet,
     reset,
     stats::{bump, count, drop_with},
@@ -199,16 +199,9 @@ fn lookup_v6(trie: Trie, pkt: &Packet, vip_id: u32) -> Option<ListEntry> {
         Trie::Deny => &XLB_DENY_V6,
         Trie::Allow => &XLB_ALLOW_V6,
     };
-    let s = &pkt.flow.src;
+    let [a, b, c, d] = addr_words(&pkt.flow.src);
     let mut key = WordKey::<3>::uninit();
-    key.fill([
-        LIST_SCOPE_BITS + 128,
-        vip_id.to_be(),
-        word(s, 0),
-        word(s, 1),
-        word(s, 2),
-        word(s, 3),
-    ]);
+    key.fill([LIST_SCOPE_BITS + 128, vip_id.to_be(), a, b, c, d]);
     longest(map, &mut key)
 }
 

@@ -76,6 +76,26 @@ pub(crate) fn word<const L: usize>(b: &[u8; L], i: usize) -> u32 {
     u32::from_ne_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
 
+/// The four words of a 16-byte address, in memory order.
+#[inline(always)]
+pub(crate) fn addr_words(a: &[u8; 16]) -> [u32; 4] {
+    [word(a, 0), word(a, 1), word(a, 2), word(a, 3)]
+}
+
+/// A key laid out as a 16-byte address (`a`, as words), a family byte and
+/// 3 zero bytes (`VipAddrKey`, `DecapAddrKey`), written in `k`.
+#[inline(always)]
+pub(crate) fn addr_key<T>(k: &mut WordKey<3>, a: [u32; 4], family: u8) -> &T {
+    k.fill([
+        a[0],
+        a[1],
+        a[2],
+        a[3],
+        u32::from_ne_bytes([family, 0, 0, 0]),
+    ])
+    .as_key()
+}
+
 /// A `T` zeroed on the stack with volatile 8-byte stores: zeroing it any
 /// plainer way compiles to a call of the byte-wise `memset` (a 64-byte
 /// `bpf_fib_lookup` block: some 320 instructions). For C structs of

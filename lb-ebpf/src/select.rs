@@ -5,7 +5,7 @@ use lb_common::{BackendInfo, FlowKey, Globals, VipAddrKey, VipInfo, VipKey, ring
 
 use crate::{
     XLB_BACKENDS, XLB_RING, XLB_VIP_ADDRS, XLB_VIP_INFO, XLB_VIP_PORTS, XLB_VIPS,
-    key::{WordKey, word},
+    key::{WordKey, addr_key, addr_words},
 };
 
 /// Whether any VIP listens on the flow's (protocol, port): decided without
@@ -39,15 +39,9 @@ pub(crate) fn vip(flow: &FlowKey) -> Option<(u32, VipInfo)> {
 /// traffic that is not ours.
 #[inline(always)]
 pub(crate) fn is_vip_addr(addr: &[u8; 16], family: u8) -> bool {
-    let mut key = WordKey::<3>::uninit();
-    key.fill([
-        word(addr, 0),
-        word(addr, 1),
-        word(addr, 2),
-        word(addr, 3),
-        u32::from_ne_bytes([family, 0, 0, 0]),
-    ]);
-    XLB_VIP_ADDRS.get_ptr(key.as_key::<VipAddrKey>()).is_some()
+    let mut key = WordKey::uninit();
+    let key: &VipAddrKey = addr_key(&mut key, addr_words(addr), family);
+    XLB_VIP_ADDRS.get_ptr(key).is_some()
 }
 
 /// The backend in the flow's slot of the VIP's live table: its id and
