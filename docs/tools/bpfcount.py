@@ -17,7 +17,9 @@ state: the second of two runs, caches warm.
 OBJECT: an eBPF object of xlb (the build's is
 target/release/build/lb-user-*/out/aya-build/target/lb-ebpf/bpfel-unknown-none/release/xlb).
 Needs root, pyelftools (`pip install pyelftools`) and llvm-objdump for
-`--lines` (instructions per source line of each path).
+`--lines` (instructions per source line of each path; with `--own`, a line
+of the Rust library counts for the line of xlb that inlined it); `--maps`
+lists the map lookups and updates of each path.
 """
 import ctypes, os, struct, sys, collections
 from elftools.elf.elffile import ELFFile
@@ -331,6 +333,10 @@ def source_lines(obj):
         for l in out.split('\n'):
             if l.startswith('; /'):
                 loc = re.sub(r'^.*/(\w+/src/\w+\.rs|\w+\.rs)', r'\1', l[2:])
+                # Lines of the Rust library are marked: `--own` counts them
+                # for the line of xlb that inlined them.
+                if '/rustlib/' in l or '/.cargo/registry/' in l:
+                    loc = '(' + loc + ')'
             m = re.match(r'\s*(\d+):\s', l)
             if m:
                 lines[(sec, int(m.group(1)))] = loc
@@ -338,7 +344,9 @@ def source_lines(obj):
 
 def main():
     import subprocess, time, json
-    args = [a for a in sys.argv[1:] if a != '--lines']
+    args = [a for a in sys.argv[1:] if a not in ('--lines', '--maps', '--own')]
+    if len(args) < 2:
+        sys.exit(__doc__)
     bench, objs = args[0], args[1:]
     def lb_ids():
         out = subprocess.run(['bpftool', 'prog', 'show', 'name', 'xlb_lb', '-j'],
@@ -371,9 +379,21 @@ def main():
                 rc, total, count = vm.run(fn, pkt)
                 print('  %-28s %4d instructions  (verdict %d, %d map lookups)' % (
                     name, total, rc, vm.helpers[1]))
+                if '--maps' in sys.argv:
+                    for m, k, how in vm.lookups:
+                        print('      %-12s %-40s %s' % (m, k, how))
                 if lines:
-                    c = collections.Counter(lines.get(t, '?') for t in vm.trace)
-                    for k, v in c.most_common(25):
+                    # A line of the core library counts for the last line
+                    # of xlb's own code run before it (what inlined it).
+                    own, last = [], '?'
+                    for t in vm.trace:
+                        l = lines.get(t, '?')
+                        if not l.startswith('('):
+                            last = l
+                        own.append(last)
+                    c = collections.Counter(own if '--own' in sys.argv else
+                                            (lines.get(t, '?') for t in vm.trace))
+                    for k, v in c.most_common(60 if '--own' in sys.argv else 25):
                         print('      %4d %s' % (v, k))
     finally:
         p.wait()
