@@ -560,44 +560,16 @@ mod tests {
         assert!(bounded.counts.truncated);
     }
 
-    /// A fresh LRU hash map of conntrack's key and value sizes, made with
-    /// `BPF_MAP_CREATE`; `None` without the privilege to make one.
+    /// A fresh LRU hash map of conntrack's key and value sizes; `None`
+    /// without the privilege to make one.
     fn lru_map(max_entries: u32) -> Option<aya::maps::Map> {
-        use std::os::fd::{FromRawFd as _, OwnedFd};
-        #[repr(C)]
-        #[derive(Default)]
-        struct CreateAttr {
-            map_type: u32,
-            key_size: u32,
-            value_size: u32,
-            max_entries: u32,
-            map_flags: u32,
-        }
-        const BPF_MAP_CREATE: libc::c_long = 0;
         const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
-        let mut attr = CreateAttr {
-            map_type: BPF_MAP_TYPE_LRU_HASH,
-            key_size: std::mem::size_of::<FlowKey>() as u32,
-            value_size: std::mem::size_of::<CtEntry>() as u32,
+        crate::dataplane::batch::test_map(
+            BPF_MAP_TYPE_LRU_HASH,
+            std::mem::size_of::<FlowKey>() as u32,
+            std::mem::size_of::<CtEntry>() as u32,
             max_entries,
-            map_flags: 0,
-        };
-        // SAFETY: a valid `BPF_MAP_CREATE` attribute of its stated size.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_CREATE,
-                &mut attr as *mut CreateAttr,
-                std::mem::size_of::<CreateAttr>() as u32,
-            )
-        };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: the kernel just gave us this descriptor; nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        Some(aya::maps::Map::LruHashMap(
-            aya::maps::MapData::from_fd(fd).ok()?,
-        ))
+        )
+        .map(aya::maps::Map::LruHashMap)
     }
 }

@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeMap,
-    sync::atomic::Ordering,
+    sync::atomic::{AtomicBool, Ordering},
     time::{Instant, SystemTime},
 };
 
@@ -14,8 +14,11 @@ use super::{
     Daemon,
     model::{Backend, Vip},
 };
+use tracing::warn;
+
 use crate::{
     ctl::{self, BackendStatus, ProbeStatus, StatusReport, VipStatus},
+    dataplane::Traffic,
     health::{policy, probe::ProbeClass, scheduler::effective_timeout},
     metrics::MetricsExtra,
 };
@@ -57,20 +60,44 @@ impl Daemon {
     pub(super) fn sample(&mut self) {
         let secs = self.last_sample.elapsed().as_secs_f64();
         self.last_sample = Instant::now();
+        // Every counter in two calls, for the rates and the status both.
+        let traffic = self.traffic();
         for v in &self.vips {
-            if let Ok(s) = self.dp.vip_stats(v.id) {
+            if let Some(s) = traffic.vip(v.id) {
                 self.vip_rates.entry(v.id).or_default().update(s, secs);
             }
             for b in &v.backends {
-                if let Ok(s) = self.dp.backend_stats(b.id) {
+                if let Some(s) = traffic.backend(b.id) {
                     self.be_rates.entry(b.id).or_default().update(s, secs);
                 }
             }
         }
-        let status = self.status();
+        let status = self.status_with(&traffic);
         let extra = self.metrics_extra();
         if let Ok(mut p) = self.published.lock() {
             *p = (status, extra);
+        }
+    }
+
+    /// Every VIP's and backend's traffic counters now (empty if the read
+    /// failed: the status then shows the last sampled totals).
+    fn traffic(&self) -> Traffic {
+        let ids = self
+            .vips
+            .iter()
+            .flat_map(|v| v.backends.iter().map(|b| b.id + 1))
+            .max()
+            .unwrap_or(0);
+        match self.dp.traffic(ids) {
+            Ok(t) => t,
+            Err(e) => {
+                // Once: the next ticks would repeat it every second.
+                static WARNED: AtomicBool = AtomicBool::new(false);
+                if !WARNED.swap(true, Ordering::Relaxed) {
+                    warn!("reading the traffic counters (status shows the last totals read): {e}");
+                }
+                Traffic::default()
+            }
         }
     }
 
@@ -96,6 +123,11 @@ impl Daemon {
 
     /// `xlb status`: the daemon, its counters, every VIP and backend.
     pub fn status(&self) -> StatusReport {
+        self.status_with(&self.traffic())
+    }
+
+    /// [`Self::status`] with the traffic counters `traffic`.
+    fn status_with(&self, traffic: &Traffic) -> StatusReport {
         let counters: BTreeMap<String, u64> = self
             .dp
             .stats()
@@ -106,7 +138,11 @@ impl Daemon {
                     .collect()
             })
             .unwrap_or_default();
-        let vips = self.vips.iter().map(|v| self.vip_status(v)).collect();
+        let vips = self
+            .vips
+            .iter()
+            .map(|v| self.vip_status(v, traffic))
+            .collect();
         StatusReport {
             version: ctl::PROTOCOL_VERSION,
             instance: self.cfg.daemon.pinned.instance.clone(),
@@ -126,9 +162,9 @@ impl Daemon {
     }
 
     /// One VIP: its settings, totals read now, rates from the last sample.
-    fn vip_status(&self, v: &Vip) -> VipStatus {
+    fn vip_status(&self, v: &Vip, traffic: &Traffic) -> VipStatus {
         let vr = self.vip_rates.get(&v.id).copied().unwrap_or_default();
-        let live = self.dp.vip_stats(v.id).unwrap_or(vr.last);
+        let live = traffic.vip(v.id).unwrap_or(vr.last);
         VipStatus {
             name: v.cfg.name.clone(),
             address: v.cfg.addr.to_string(),
@@ -163,17 +199,17 @@ impl Daemon {
             backends: v
                 .backends
                 .iter()
-                .map(|b| self.backend_status(v, b))
+                .map(|b| self.backend_status(v, b, traffic))
                 .collect(),
         }
     }
 
     /// One backend: state, placement, last probe, traffic, flows.
-    fn backend_status(&self, v: &Vip, b: &Backend) -> BackendStatus {
+    fn backend_status(&self, v: &Vip, b: &Backend, traffic: &Traffic) -> BackendStatus {
         let member = b.member();
         let r = self.be_rates.get(&b.id).copied().unwrap_or_default();
-        // Totals read now (one lookup), rates from the last 1 s sample.
-        let live = self.dp.backend_stats(b.id).unwrap_or(r.last);
+        // Totals as read with the status, rates from the last 1 s sample.
+        let live = traffic.backend(b.id).unwrap_or(r.last);
         let snap = b.snapshot.as_ref();
         BackendStatus {
             address: b.cfg.socket_addr().to_string(),

@@ -10,6 +10,7 @@ pub use guard::{ListKey, source_key};
 
 use std::{
     collections::HashMap as StdHashMap,
+    os::fd::AsFd as _,
     path::{Path, PathBuf},
 };
 
@@ -63,6 +64,12 @@ pub enum DataplaneError {
     Cpus(std::io::Error),
     #[error("ring stride {0} is too large: MAX_VIPS × 2 × stride must fit in u32")]
     StrideTooLarge(u32),
+    #[error("map {name}: {source}")]
+    Io {
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 type Result<T, E = DataplaneError> = std::result::Result<T, E>;
@@ -138,6 +145,9 @@ pub struct Dataplane {
     stats: PerCpuArray<MapData, u64>,
     vip_stats: PerCpuArray<MapData, TrafficStats>,
     be_stats: PerCpuArray<MapData, TrafficStats>,
+    /// The three counter maps again, read whole with one batch call each
+    /// (aya's typed maps have no batch lookup).
+    counter_maps: CounterMaps,
     decap_addrs: HashMap<MapData, DecapAddrKey, u32>,
     decap_stats: PerCpuArray<MapData, u64>,
     decap_src_v4: LpmTrie<MapData, DecapSrcV4, u32>,
@@ -241,6 +251,11 @@ impl Dataplane {
     /// Takes every map userspace uses out of `ebpf`, typed. The next-hop
     /// cache stays in `ebpf`: only the kernel uses it.
     fn with_maps(mut ebpf: Ebpf, ring_stride: u32) -> Result<Self> {
+        let counter_maps = CounterMaps {
+            stats: second_handle(&ebpf, lb_common::MAP_STATS)?,
+            vip_stats: second_handle(&ebpf, lb_common::MAP_VIP_STATS)?,
+            be_stats: second_handle(&ebpf, lb_common::MAP_BE_STATS)?,
+        };
         let mut take = |name: &'static str| -> Result<Map> {
             ebpf.take_map(name)
                 .ok_or(DataplaneError::MissingMap { name })
@@ -263,6 +278,7 @@ impl Dataplane {
             stats: typed!(lb_common::MAP_STATS),
             vip_stats: typed!(lb_common::MAP_VIP_STATS),
             be_stats: typed!(lb_common::MAP_BE_STATS),
+            counter_maps,
             decap_addrs: typed!(lb_common::MAP_DECAP_ADDRS),
             decap_stats: typed!(lb_common::MAP_DECAP_STATS),
             decap_src_v4: typed!(lb_common::MAP_DECAP_SRC_V4),
@@ -483,10 +499,55 @@ impl Dataplane {
 
     /// Global reason counters, summed over CPUs.
     pub fn stats(&self) -> Result<StdHashMap<Stat, u64>> {
-        Stat::ALL
-            .iter()
-            .map(|&s| Ok((s, sum_counter(&self.stats, s as u32, lb_common::MAP_STATS)?)))
-            .collect()
+        let n = Stat::ALL.len() as u32;
+        let sums = match batch::percpu_array_sums(&self.counter_maps.stats, n, |s, v: &u64| {
+            *s += v;
+        }) {
+            Ok(sums) => sums,
+            Err(e) if batch::batch_unsupported(&e) => (0..n)
+                .map(|i| sum_counter(&self.stats, i, lb_common::MAP_STATS))
+                .collect::<Result<_>>()?,
+            Err(source) => {
+                return Err(DataplaneError::Io {
+                    name: lb_common::MAP_STATS,
+                    source,
+                });
+            }
+        };
+        Ok(Stat::ALL.iter().copied().zip(sums).collect())
+    }
+
+    /// Every VIP's traffic counters and those of backend ids `0..backends`,
+    /// summed over CPUs: two syscalls, whatever the number of backends
+    /// (one lookup per VIP and backend on kernels without batch reads of
+    /// arrays).
+    pub fn traffic(&self, backends: u32) -> Result<Traffic> {
+        let read = |map: &MapData,
+                    typed: &PerCpuArray<MapData, TrafficStats>,
+                    n: u32,
+                    name: &'static str| {
+            match batch::percpu_array_sums(map, n, add_traffic) {
+                Ok(sums) => Ok(sums),
+                Err(e) if batch::batch_unsupported(&e) => (0..n)
+                    .map(|i| sum_traffic(typed, i).map_err(map_err(name)))
+                    .collect(),
+                Err(source) => Err(DataplaneError::Io { name, source }),
+            }
+        };
+        Ok(Traffic {
+            vips: read(
+                &self.counter_maps.vip_stats,
+                &self.vip_stats,
+                MAX_VIPS,
+                lb_common::MAP_VIP_STATS,
+            )?,
+            backends: read(
+                &self.counter_maps.be_stats,
+                &self.be_stats,
+                backends.min(lb_common::MAX_BACKENDS),
+                lb_common::MAP_BE_STATS,
+            )?,
+        })
     }
 
     pub fn vip_stats(&self, vip_id: u32) -> Result<TrafficStats> {
@@ -567,11 +628,59 @@ fn sum_traffic(
     idx: u32,
 ) -> Result<TrafficStats, MapError> {
     let v = map.get(&idx, 0)?;
-    Ok(v.iter().fold(TrafficStats::default(), |a, s| TrafficStats {
-        packets: a.packets + s.packets,
-        bytes: a.bytes + s.bytes,
-        new_flows: a.new_flows + s.new_flows,
-    }))
+    let mut sum = TrafficStats::default();
+    for s in v.iter() {
+        add_traffic(&mut sum, s);
+    }
+    Ok(sum)
+}
+
+fn add_traffic(sum: &mut TrafficStats, s: &TrafficStats) {
+    sum.packets += s.packets;
+    sum.bytes += s.bytes;
+    sum.new_flows += s.new_flows;
+}
+
+/// The counter maps the daemon reads every tick, as raw handles for
+/// [`batch::percpu_array_sums`].
+struct CounterMaps {
+    stats: MapData,
+    vip_stats: MapData,
+    be_stats: MapData,
+}
+
+/// A second handle on the per-CPU array `name` of `ebpf` (its descriptor
+/// duplicated), before the typed one is taken out.
+fn second_handle(ebpf: &Ebpf, name: &'static str) -> Result<MapData> {
+    let Some(Map::PerCpuArray(data)) = ebpf.map(name) else {
+        return Err(DataplaneError::MissingMap { name });
+    };
+    let fd = data
+        .fd()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| DataplaneError::Io { name, source })?;
+    MapData::from_fd(fd).map_err(map_err(name))
+}
+
+/// Traffic counters of every VIP and backend id, read at one moment
+/// ([`Dataplane::traffic`]).
+#[derive(Clone, Debug, Default)]
+pub struct Traffic {
+    vips: Vec<TrafficStats>,
+    backends: Vec<TrafficStats>,
+}
+
+impl Traffic {
+    /// VIP `id`'s counters, if it was read.
+    pub fn vip(&self, id: u32) -> Option<TrafficStats> {
+        self.vips.get(id as usize).copied()
+    }
+
+    /// Backend `id`'s counters, if it was read.
+    pub fn backend(&self, id: u32) -> Option<TrafficStats> {
+        self.backends.get(id as usize).copied()
+    }
 }
 
 /// `bpf_ktime_get_coarse_ns()` as userspace reads it (`CLOCK_MONOTONIC_COARSE`,
