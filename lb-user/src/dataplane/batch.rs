@@ -93,29 +93,10 @@ pub fn lookup_batch<K: Pod + Default, V: Pod + Default>(
             map_fd: fd as u32,
             ..BatchAttr::default()
         };
-        // SAFETY: `attr` is a valid `batch` attribute of its stated size;
-        // `keys` and `values` hold `count` elements of the map's key and
-        // value sizes (checked above), and both cursors are 64 bytes: the
-        // kernel writes nothing beyond them.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                size_of::<BatchAttr>() as u32,
-            )
-        };
-        // ENOENT: past the last bucket; `count` still says how many
-        // entries this last call returned.
-        let done = if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ENOENT) {
-                return Err(e);
-            }
-            true
-        } else {
-            false
-        };
+        // SAFETY: `keys` and `values` hold `count` elements of the map's
+        // key and value sizes (checked above), and both cursors are 64
+        // bytes.
+        let done = unsafe { lookup_batch_call(&mut attr) }?;
         let n = (attr.count as usize).min(BATCH);
         for (k, v) in keys[..n].iter().zip(&values[..n]) {
             if !each(k, v) {
@@ -128,6 +109,35 @@ pub fn lookup_batch<K: Pod + Default, V: Pod + Default>(
         cursor = next;
         first = false;
     }
+}
+
+/// One `BPF_MAP_LOOKUP_BATCH` call: `Ok(true)` when it reached the end of
+/// the map (ENOENT; `attr.count` still says how many entries it returned).
+///
+/// # Safety
+/// `attr.keys` and `attr.values` hold `attr.count` keys and values of the
+/// map's sizes (per-CPU values: one per possible CPU), and `attr.in_batch`
+/// (unless 0) and `attr.out_batch` point to 64 bytes: the kernel writes
+/// nothing beyond them.
+unsafe fn lookup_batch_call(attr: &mut BatchAttr) -> io::Result<bool> {
+    // SAFETY: a valid `batch` attribute of its stated size, whose buffers
+    // the caller vouches for.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_BATCH,
+            attr as *mut BatchAttr,
+            size_of::<BatchAttr>() as u32,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            return Err(e);
+        }
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// Entries `0..n` of the per-CPU array `map` (values `V`), each folded over
@@ -181,26 +191,12 @@ pub fn percpu_array_sums<V: Pod + Default, S: Default>(
         map_fd: fd as u32,
         ..BatchAttr::default()
     };
-    // SAFETY: `attr` is a valid `batch` attribute of its stated size;
-    // `keys` holds `n` u32 indices and `values` `n` entries of `cpus`
-    // values of the map's value size (checked above, and 8-byte multiples,
-    // so the kernel's per-CPU stride is the value size); the cursor is 64
-    // bytes: the kernel writes nothing beyond them.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_LOOKUP_BATCH,
-            &mut attr as *mut BatchAttr,
-            size_of::<BatchAttr>() as u32,
-        )
-    };
-    // ENOENT: the array ended before `n` (it cannot, `n` is checked).
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ENOENT) {
-            return Err(e);
-        }
-    }
+    // SAFETY: `keys` holds `n` u32 indices and `values` `n` entries of
+    // `cpus` values of the map's value size (checked above, and 8-byte
+    // multiples, so the kernel's per-CPU stride is the value size); the
+    // cursor is 64 bytes. The array cannot end before `n` (checked), and
+    // `count` says how many entries came anyway.
+    unsafe { lookup_batch_call(&mut attr) }?;
     let got = (attr.count as usize).min(n as usize);
     for (&k, per_cpu) in keys[..got].iter().zip(values.chunks_exact(cpus)) {
         if let Some(s) = sums.get_mut(k as usize) {
