@@ -35,6 +35,13 @@ const BENCHES: &[Bench] = &[
         bin: "xlb-bench",
         runs: &[],
     },
+    // xlb against Katran's balancer (built from Katran's source), one
+    // packet per run, established and new flows, side by side.
+    Bench {
+        package: "xlb-tests",
+        bin: "xlb-katran-bench",
+        runs: &[],
+    },
     // Abuse control: per-packet cost of lists, limits and tracking with
     // 100k prefixes loaded; flood drop rate against forwarding (live frames).
     Bench {

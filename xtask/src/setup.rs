@@ -55,6 +55,9 @@ const LAB_PACKAGES: &[&str] = &[
     // in `mode tcp`, and nftables DNAT (`nft`), which `xlb-tput-bench`
     // compares with too.
     "haproxy", "nftables",
+    // `xlb-katran-bench`: Katran's balancer, built from its source (clang)
+    // and loaded and pinned with bpftool.
+    "clang", "bpftool",
 ];
 
 /// The LLVM that [`BUILD_PACKAGES`] installs.

@@ -177,6 +177,36 @@ impl Figure {
     }
 }
 
+/// Prints `figures` as tables, one per group: median, spread, ratio to
+/// the baseline, and the verdict of an at-most target.
+pub fn print(figures: &[Figure]) {
+    let mut group = "";
+    for f in figures {
+        if f.group != group {
+            group = &f.group;
+            println!("{group}");
+            println!(
+                "  {:<38} {:>8} {:>15} {:>7}  target",
+                "case", "median", "[min..max]", "ratio"
+            );
+        }
+        let (lo, hi) = f.spread.unwrap_or((f.value, f.value));
+        let target = match (f.target, f.met()) {
+            (Some(Target::AtMost(t)), Some(met)) => {
+                format!("<= {t}{} {}", f.unit, if met { "met" } else { "MISSED" })
+            }
+            _ => String::new(),
+        };
+        let ratio = f.ratio().map_or(String::new(), |r| format!("{r:.2}x"));
+        println!(
+            "  {:<38} {:>8.2} {:>15} {ratio:>7}  {target}",
+            f.case,
+            f.value,
+            format!("[{lo:.2}..{hi:.2}]"),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

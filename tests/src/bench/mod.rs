@@ -8,6 +8,7 @@
 pub mod dataplane;
 pub mod figures;
 pub mod health;
+pub mod katran;
 pub mod lab_cpu;
 pub mod lab_proxies;
 pub mod lab_wrk;

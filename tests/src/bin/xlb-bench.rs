@@ -35,7 +35,7 @@ use xlb_tests::{
             Flows, REPEAT, SINGLES, XDP_PASS, XDP_TX, frame, in_world_with_ct, repeat_once,
             single_once,
         },
-        figures::{Figure, Target},
+        figures::{self, Figure, Target},
         print_command,
     },
     harness::World,
@@ -133,7 +133,7 @@ fn main() -> anyhow::Result<()> {
          the same path again; one per run: {SINGLES} runs of one fresh dsr-ipip packet, the \
          kernel's own timing)"
     );
-    print_figures(&figures);
+    figures::print(&figures);
     for f in &figures {
         f.record();
     }
@@ -200,34 +200,6 @@ fn measure(
         });
     }
     Ok(figures)
-}
-
-fn print_figures(figures: &[Figure]) {
-    let mut group = "";
-    for f in figures {
-        if f.group != group {
-            group = &f.group;
-            println!("{group}");
-            println!(
-                "  {:<38} {:>8} {:>15} {:>7}  target",
-                "case", "median", "[min..max]", "ratio"
-            );
-        }
-        let (lo, hi) = f.spread.unwrap_or((f.value, f.value));
-        let target = match (f.target, f.met()) {
-            (Some(Target::AtMost(t)), Some(met)) => {
-                format!("<= {t}{} {}", f.unit, if met { "met" } else { "MISSED" })
-            }
-            _ => String::new(),
-        };
-        let ratio = f.ratio().map_or(String::new(), |r| format!("{r:.2}x"));
-        println!(
-            "  {:<38} {:>8.2} {:>15} {ratio:>7}  {target}",
-            f.case,
-            f.value,
-            format!("[{lo:.2}..{hi:.2}]"),
-        );
-    }
 }
 
 /// Time from the probe result that crosses `fall` to the data plane using the

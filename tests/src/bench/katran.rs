@@ -1,0 +1,231 @@
+//! Katran's XDP balancer (`balancer.bpf.c`), built from its own source with
+//! its default features and loaded beside xlb, so `xlb-katran-bench` can
+//! run both on the same frames in the same run: the comparison issue 11's
+//! per-packet targets stand for.
+//!
+//! Nothing of Katran is in this repository. The source comes from
+//! `KATRAN_SRC` (a checkout) or is fetched at [`KATRAN_COMMIT`] into
+//! `target/bench/katran/src`; clang builds it as Katran's `Makefile-bpf`
+//! does (without `-DDEBUG`, which no code of the balancer reads); `bpftool`
+//! loads it and pins it under `/sys/fs/bpf/xlb-katran-<pid>`, removed on
+//! drop.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail, ensure};
+use aya::{
+    maps::{Array, HashMap, Map, MapData},
+    programs::Xdp,
+};
+use aya_obj::programs::XdpAttachType;
+
+/// The Katran commit the figures were measured at (2026-12-02).
+pub const KATRAN_COMMIT: &str = "19f08fec82fb7b5fb14d935a80057bdc0897c8de";
+const KATRAN_REPO: &str = "https://github.com/facebookincubator/katran";
+
+/// Katran's ring size (`RING_SIZE` in `balancer_consts.h`).
+const RING_SIZE: u32 = 65_537;
+
+/// `target/bench/katran` of this workspace.
+fn work_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench/katran")
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().with_context(|| format!("running {shown}"))?;
+    ensure!(
+        out.status.success(),
+        "{shown} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+/// Katran's source tree: `KATRAN_SRC`, or a fetch of [`KATRAN_COMMIT`]
+/// (once; later runs reuse it). Also says which commit it is, when known.
+pub fn source() -> anyhow::Result<(PathBuf, String)> {
+    let dir = match std::env::var_os("KATRAN_SRC") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let dir = work_dir().join("src");
+            if !dir.join("katran/lib/bpf/balancer.bpf.c").exists() {
+                let _ = std::fs::remove_dir_all(&dir);
+                std::fs::create_dir_all(&dir)?;
+                let git = |args: &[&str]| run(Command::new("git").arg("-C").arg(&dir).args(args));
+                git(&["init", "-q"])?;
+                git(&["fetch", "-q", "--depth", "1", KATRAN_REPO, KATRAN_COMMIT]).with_context(
+                    || {
+                        format!(
+                            "fetching Katran {KATRAN_COMMIT} from {KATRAN_REPO} (or set KATRAN_SRC \
+                             to a checkout)"
+                        )
+                    },
+                )?;
+                git(&["checkout", "-q", "FETCH_HEAD"])?;
+            }
+            dir
+        }
+    };
+    ensure!(
+        dir.join("katran/lib/bpf/balancer.bpf.c").exists(),
+        "{} holds no katran/lib/bpf/balancer.bpf.c: KATRAN_SRC must be a Katran checkout",
+        dir.display()
+    );
+    let commit = Command::new("git")
+        .arg("-C")
+        .arg(&dir)
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(
+            || "commit unknown (not a git checkout)".to_string(),
+            |o| String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        );
+    Ok((dir, commit))
+}
+
+/// `balancer.bpf.c` built with clang as Katran's `Makefile-bpf` does.
+pub fn build(src: &Path) -> anyhow::Result<PathBuf> {
+    let out_dir = work_dir();
+    // The BPF target is neither 32- nor 64-bit to glibc's headers, which
+    // then ask for the 32-bit stubs; an empty one satisfies them.
+    let stubs = out_dir.join("include");
+    std::fs::create_dir_all(stubs.join("gnu"))?;
+    std::fs::write(stubs.join("gnu/stubs-32.h"), "")?;
+    let multiarch = Command::new("gcc").arg("-print-multiarch").output()?;
+    let multiarch = String::from_utf8_lossy(&multiarch.stdout)
+        .trim()
+        .to_string();
+    let obj = out_dir.join("balancer.bpf.o");
+    run(Command::new("clang")
+        .arg(format!("-I{}", src.display()))
+        .arg(format!("-I{}", stubs.display()))
+        .arg(format!("-I/usr/include/{multiarch}"))
+        .args([
+            "-D__KERNEL__",
+            "-Wno-unused-value",
+            "-Wno-pointer-sign",
+            "-Wno-compare-distinct-pointer-types",
+            "-O2",
+            "-g",
+            "-target",
+            "bpf",
+            "-c",
+        ])
+        .arg(src.join("katran/lib/bpf/balancer.bpf.c"))
+        .arg("-o")
+        .arg(&obj))
+    .context("building Katran's balancer (needs clang: `cargo xtask setup`)")?;
+    Ok(obj)
+}
+
+/// Katran's balancer loaded and pinned, with one IPv4 VIP (`vip:port` TCP,
+/// two reals, the ring filled) and one established flow in its LRU.
+pub struct Katran {
+    pin: PathBuf,
+    pub prog: Xdp,
+}
+
+impl Drop for Katran {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.pin);
+    }
+}
+
+fn addr16(a: [u8; 4]) -> [u8; 16] {
+    let mut v = [0; 16];
+    v[..4].copy_from_slice(&a);
+    v
+}
+
+impl Katran {
+    /// Loads `obj` (the verifier runs here) and configures it: VIP
+    /// `vip:port`/TCP, reals `reals` (ring slots alternate between them),
+    /// the router MAC `mac`, and the flow `client:sport → vip:port` in its
+    /// fallback LRU (Katran's own tests run without per-CPU LRUs, as here),
+    /// on the first real.
+    pub fn load(
+        obj: &Path,
+        vip: [u8; 4],
+        port: u16,
+        reals: [[u8; 4]; 2],
+        mac: [u8; 6],
+        client: ([u8; 4], u16),
+    ) -> anyhow::Result<Self> {
+        let pin = PathBuf::from(format!("/sys/fs/bpf/xlb-katran-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&pin);
+        std::fs::create_dir_all(&pin).with_context(|| format!("creating {}", pin.display()))?;
+        let this = Self {
+            prog: {
+                let loaded = run(Command::new("bpftool")
+                    .args(["prog", "load"])
+                    .arg(obj)
+                    .arg(pin.join("prog"))
+                    .args(["type", "xdp", "pinmaps"])
+                    .arg(pin.join("maps")))
+                .context("loading Katran's balancer with bpftool (`cargo xtask setup`)");
+                if let Err(e) = loaded {
+                    let _ = std::fs::remove_dir_all(&pin);
+                    return Err(e);
+                }
+                match Xdp::from_pin(pin.join("prog"), XdpAttachType::Interface) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = std::fs::remove_dir_all(&pin);
+                        bail!("opening Katran's pinned program: {e}");
+                    }
+                }
+            },
+            pin,
+        };
+        let map = |name: &str| -> anyhow::Result<MapData> {
+            MapData::from_pin(this.pin.join("maps").join(name))
+                .with_context(|| format!("Katran's map {name}"))
+        };
+        // struct vip_definition { addr[16]; u16 port (network order); u8
+        // proto; } → struct vip_meta { u32 flags; u32 vip_num; }.
+        let mut key = [0u8; 20];
+        key[..16].copy_from_slice(&addr16(vip));
+        key[16..18].copy_from_slice(&port.to_be_bytes());
+        key[18] = lb_common::PROTO_TCP;
+        let mut vips = HashMap::<_, [u8; 20], [u8; 8]>::try_from(Map::HashMap(map("vip_map")?))?;
+        vips.insert(key, [0; 8], 0)?;
+        // struct real_definition { addr[16]; u8 flags; }, reals 1 and 2.
+        let mut r = Array::<_, [u8; 20]>::try_from(Map::Array(map("reals")?))?;
+        for (i, a) in reals.iter().enumerate() {
+            let mut v = [0u8; 20];
+            v[..16].copy_from_slice(&addr16(*a));
+            r.set(i as u32 + 1, v, 0)?;
+        }
+        let mut ring = Array::<_, u32>::try_from(Map::Array(map("ch_rings")?))?;
+        for i in 0..RING_SIZE {
+            ring.set(i, 1 + i % 2, 0)?;
+        }
+        // ctl_array[0]: the default router's MAC, the encapsulated
+        // packet's destination.
+        let mut ctl = Array::<_, [u8; 8]>::try_from(Map::Array(map("ctl_array")?))?;
+        let mut m = [0u8; 8];
+        m[..6].copy_from_slice(&mac);
+        ctl.set(0, m, 0)?;
+        // struct flow_key { src[16]; dst[16]; u16 ports[2]; u8 proto; }
+        // → struct real_pos_lru { u32 pos; u64 atime; }.
+        let mut flow = [0u8; 40];
+        flow[..16].copy_from_slice(&addr16(client.0));
+        flow[16..32].copy_from_slice(&addr16(vip));
+        flow[32..34].copy_from_slice(&client.1.to_be_bytes());
+        flow[34..36].copy_from_slice(&port.to_be_bytes());
+        flow[36] = lb_common::PROTO_TCP;
+        let mut pos = [0u8; 16];
+        pos[..4].copy_from_slice(&1u32.to_ne_bytes());
+        let mut lru =
+            HashMap::<_, [u8; 40], [u8; 16]>::try_from(Map::LruHashMap(map("fallback_cache")?))?;
+        lru.insert(flow, pos, 0)?;
+        Ok(this)
+    }
+}
