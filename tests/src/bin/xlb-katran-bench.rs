@@ -96,6 +96,8 @@ fn main() -> anyhow::Result<()> {
             ([192, 0, 2, 1], 40001),
         )?;
         let (est, syn) = (frame(&flows.ipip, ACK), frame(&flows.ipip, SYN));
+        check_same_work(w, &k, &est)?;
+        check_same_work(w, &k, &syn)?;
         let cases = [
             Case {
                 name: "minimal (xlb_minimal)",
@@ -138,8 +140,8 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// One run of `frame` through Katran, on the world's ingress interface as
-/// xlb's runs are: the kernel's time.
-fn katran_once(w: &World, k: &Katran, frame: &[u8]) -> anyhow::Result<Duration> {
+/// xlb's runs are: the kernel's time and the frame it sent.
+fn katran_once(w: &World, k: &Katran, frame: &[u8]) -> anyhow::Result<(Duration, Vec<u8>)> {
     let md: [u32; 6] = [0, frame.len() as u32, 0, w.ifindex, 0, 0];
     let ctx: Vec<u8> = md.iter().flat_map(|v| v.to_ne_bytes()).collect();
     let mut out = vec![0u8; frame.len() + 256];
@@ -155,7 +157,29 @@ fn katran_once(w: &World, k: &Katran, frame: &[u8]) -> anyhow::Result<Duration> 
         "Katran: verdict {}, want XDP_TX",
         r.return_value
     );
-    Ok(r.duration)
+    out.truncate(r.data_size_out as usize);
+    Ok((r.duration, out))
+}
+
+/// Both programs do the same work on `frame`: each sends back (`XDP_TX`)
+/// the client's IP packet unchanged behind one outer IPv4 header of
+/// protocol 4 (IPIP) to a backend, so the timings compare like with like.
+fn check_same_work(w: &mut World, k: &Katran, frame: &[u8]) -> anyhow::Result<()> {
+    let (verdict, xlb, _) = w.run_repeat(lb_common::PROG_LB, frame, 1)?;
+    anyhow::ensure!(verdict == XDP_TX, "xlb: verdict {verdict}, want XDP_TX");
+    let (_, katran) = katran_once(w, k, frame)?;
+    let inner = &frame[14..];
+    for (who, out) in [("xlb", &xlb), ("Katran", &katran)] {
+        anyhow::ensure!(
+            out.len() == frame.len() + 20
+                && out[12..14] == [0x08, 0x00]
+                && out[14] == 0x45
+                && out[23] == 4
+                && &out[34..] == inner,
+            "{who} did not send the frame on as IPIP: {out:02x?}"
+        );
+    }
+    Ok(())
 }
 
 /// `rounds` rounds; in each, [`SINGLES`] turns of one run of every case
@@ -184,7 +208,7 @@ fn measure(
                         anyhow::ensure!(verdict == XDP_TX, "{}: verdict {verdict}", c.name);
                         t
                     }
-                    Prog::Katran => katran_once(w, k, &c.frame)?,
+                    Prog::Katran => katran_once(w, k, &c.frame)?.0,
                 };
                 runs[i].push(t.as_nanos() as f64);
             }
