@@ -499,21 +499,13 @@ impl Dataplane {
 
     /// Global reason counters, summed over CPUs.
     pub fn stats(&self) -> Result<StdHashMap<Stat, u64>> {
-        let n = Stat::ALL.len() as u32;
-        let sums = match batch::percpu_array_sums(&self.counter_maps.stats, n, |s, v: &u64| {
-            *s += v;
-        }) {
-            Ok(sums) => sums,
-            Err(e) if batch::batch_unsupported(&e) => (0..n)
-                .map(|i| sum_counter(&self.stats, i, lb_common::MAP_STATS))
-                .collect::<Result<_>>()?,
-            Err(source) => {
-                return Err(DataplaneError::Io {
-                    name: lb_common::MAP_STATS,
-                    source,
-                });
-            }
-        };
+        let sums = sums_of(
+            &self.counter_maps.stats,
+            Stat::ALL.len() as u32,
+            |s, v: &u64| *s += v,
+            |i| sum_counter(&self.stats, i, lb_common::MAP_STATS),
+            lb_common::MAP_STATS,
+        )?;
         Ok(Stat::ALL.iter().copied().zip(sums).collect())
     }
 
@@ -526,13 +518,13 @@ impl Dataplane {
                     typed: &PerCpuArray<MapData, TrafficStats>,
                     n: u32,
                     name: &'static str| {
-            match batch::percpu_array_sums(map, n, add_traffic) {
-                Ok(sums) => Ok(sums),
-                Err(e) if batch::batch_unsupported(&e) => (0..n)
-                    .map(|i| sum_traffic(typed, i).map_err(map_err(name)))
-                    .collect(),
-                Err(source) => Err(DataplaneError::Io { name, source }),
-            }
+            sums_of(
+                map,
+                n,
+                add_traffic,
+                |i| sum_traffic(typed, i).map_err(map_err(name)),
+                name,
+            )
         };
         Ok(Traffic {
             vips: read(
@@ -633,6 +625,23 @@ fn sum_traffic(
         add_traffic(&mut sum, s);
     }
     Ok(sum)
+}
+
+/// Entries `0..n` of the per-CPU array `map` (`name`), summed over CPUs by
+/// `add` in one batch read; entry by entry with `one` on a kernel without
+/// batch reads of arrays.
+fn sums_of<V: aya::Pod + Default, S: Default>(
+    map: &MapData,
+    n: u32,
+    add: impl Fn(&mut S, &V),
+    one: impl Fn(u32) -> Result<S>,
+    name: &'static str,
+) -> Result<Vec<S>> {
+    match batch::percpu_array_sums(map, n, add) {
+        Ok(sums) => Ok(sums),
+        Err(e) if batch::batch_unsupported(&e) => (0..n).map(one).collect(),
+        Err(source) => Err(DataplaneError::Io { name, source }),
+    }
 }
 
 fn add_traffic(sum: &mut TrafficStats, s: &TrafficStats) {
