@@ -52,6 +52,34 @@ pub struct World {
 }
 
 /// Backends every fixture world has (ids 1–5), on the `xf0` subnet.
+/// Runs the XDP program `program` `repeat` times in one
+/// `BPF_PROG_TEST_RUN`, the frame arriving on interface `ifindex` (of the
+/// calling thread's namespace): the verdict, the frame it left and the
+/// kernel's mean time per run. Any XDP program: xlb's, or another loaded
+/// beside it (`bench::katran`).
+pub fn run_xdp(
+    program: &aya::programs::Xdp,
+    ifindex: u32,
+    frame: &[u8],
+    repeat: u32,
+) -> anyhow::Result<(u32, Vec<u8>, std::time::Duration)> {
+    // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
+    // rx_queue_index, egress_ifindex. The kernel requires data_end to be
+    // the input length and data/data_meta 0 (net/bpf/test_run.c).
+    let md: [u32; 6] = [0, frame.len() as u32, 0, ifindex, 0, 0];
+    let ctx: Vec<u8> = md.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let mut out = vec![0u8; frame.len() + 256];
+    let res = program.test_run(TestRunOptions {
+        data_in: Some(frame),
+        data_out: Some(&mut out),
+        ctx_in: Some(&ctx),
+        repeat,
+        ..Default::default()
+    })?;
+    out.truncate(res.data_size_out as usize);
+    Ok((res.return_value, out, res.duration))
+}
+
 pub fn default_backends() -> Vec<Backend> {
     let b = |id, addr: &str, mac: Option<Mac>| Backend {
         id,
@@ -381,23 +409,8 @@ impl World {
     ) -> anyhow::Result<(u32, Vec<u8>, std::time::Duration)> {
         let ifindex = self.ifindex;
         let program = self.dp.program::<aya::programs::Xdp>(prog)?;
-        // struct xdp_md: data, data_end, data_meta, ingress_ifindex,
-        // rx_queue_index, egress_ifindex. The kernel requires data_end to be
-        // the input length and data/data_meta 0 (net/bpf/test_run.c).
-        let md: [u32; 6] = [0, frame.len() as u32, 0, ifindex, 0, 0];
-        let ctx: Vec<u8> = md.iter().flat_map(|w| w.to_ne_bytes()).collect();
-        let mut out = vec![0u8; frame.len() + 256];
-        let res = program
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx),
-                repeat,
-                ..Default::default()
-            })
-            .with_context(|| format!("BPF_PROG_TEST_RUN of {prog}"))?;
-        out.truncate(res.data_size_out as usize);
-        Ok((res.return_value, out, res.duration))
+        run_xdp(program, ifindex, frame, repeat)
+            .with_context(|| format!("BPF_PROG_TEST_RUN of {prog}"))
     }
 
     /// Runs the tc classifier `xlb_hc` once on `frame`, as if a socket with

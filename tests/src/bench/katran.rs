@@ -21,6 +21,9 @@ use aya::{
     programs::Xdp,
 };
 use aya_obj::programs::XdpAttachType;
+use lb_common::addr16;
+
+use crate::packet::Flow;
 
 /// The Katran commit the figures were measured at (2026-12-02).
 pub const KATRAN_COMMIT: &str = "19f08fec82fb7b5fb14d935a80057bdc0897c8de";
@@ -125,8 +128,8 @@ pub fn build(src: &Path) -> anyhow::Result<PathBuf> {
     Ok(obj)
 }
 
-/// Katran's balancer loaded and pinned, with one IPv4 VIP (`vip:port` TCP,
-/// two reals, the ring filled) and one established flow in its LRU.
+/// Katran's balancer loaded and pinned, with one VIP (two reals, the ring
+/// filled) and one established flow in its LRU.
 pub struct Katran {
     pin: PathBuf,
     pub prog: Xdp,
@@ -138,26 +141,24 @@ impl Drop for Katran {
     }
 }
 
-fn addr16(a: [u8; 4]) -> [u8; 16] {
-    let mut v = [0; 16];
-    v[..4].copy_from_slice(&a);
-    v
-}
+/// The reals behind Katran's VIP (ring slots alternate between them) and
+/// the router MAC its encapsulated packets go to: any will do, Katran
+/// looks no route up.
+const REALS: [[u8; 4]; 2] = [[10, 0, 0, 2], [10, 0, 0, 3]];
+const ROUTER_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x09];
 
 impl Katran {
-    /// Loads `obj` (the verifier runs here) and configures it: VIP
-    /// `vip:port`/TCP, reals `reals` (ring slots alternate between them),
-    /// the router MAC `mac`, and the flow `client:sport → vip:port` in its
-    /// fallback LRU (Katran's own tests run without per-CPU LRUs, as here),
-    /// on the first real.
-    pub fn load(
-        obj: &Path,
-        vip: [u8; 4],
-        port: u16,
-        reals: [[u8; 4]; 2],
-        mac: [u8; 6],
-        client: ([u8; 4], u16),
-    ) -> anyhow::Result<Self> {
+    /// Loads `obj` (the verifier runs here) and configures it: `flow`'s
+    /// destination as a VIP of its protocol with [`REALS`], and `flow`
+    /// itself in its fallback LRU (Katran's own tests run without per-CPU
+    /// LRUs, as here), on the first real.
+    pub fn load(obj: &Path, flow: &Flow) -> anyhow::Result<Self> {
+        // IPv6 VIPs and reals take Katran flags this setup does not write.
+        ensure!(
+            flow.dst.is_ipv4(),
+            "Katran is set up here for an IPv4 VIP, not {}",
+            flow.dst
+        );
         let pin = PathBuf::from(format!("/sys/fs/bpf/xlb-katran-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&pin);
         std::fs::create_dir_all(&pin).with_context(|| format!("creating {}", pin.display()))?;
@@ -190,17 +191,18 @@ impl Katran {
         };
         // struct vip_definition { addr[16]; u16 port (network order); u8
         // proto; } → struct vip_meta { u32 flags; u32 vip_num; }.
+        let (vip, client) = (addr16(flow.dst), addr16(flow.src));
         let mut key = [0u8; 20];
-        key[..16].copy_from_slice(&addr16(vip));
-        key[16..18].copy_from_slice(&port.to_be_bytes());
-        key[18] = lb_common::PROTO_TCP;
+        key[..16].copy_from_slice(&vip);
+        key[16..18].copy_from_slice(&flow.dport.to_be_bytes());
+        key[18] = flow.proto;
         let mut vips = HashMap::<_, [u8; 20], [u8; 8]>::try_from(Map::HashMap(map("vip_map")?))?;
         vips.insert(key, [0; 8], 0)?;
         // struct real_definition { addr[16]; u8 flags; }, reals 1 and 2.
         let mut r = Array::<_, [u8; 20]>::try_from(Map::Array(map("reals")?))?;
-        for (i, a) in reals.iter().enumerate() {
+        for (i, a) in REALS.iter().enumerate() {
             let mut v = [0u8; 20];
-            v[..16].copy_from_slice(&addr16(*a));
+            v[..4].copy_from_slice(a);
             r.set(i as u32 + 1, v, 0)?;
         }
         let mut ring = Array::<_, u32>::try_from(Map::Array(map("ch_rings")?))?;
@@ -211,21 +213,21 @@ impl Katran {
         // packet's destination.
         let mut ctl = Array::<_, [u8; 8]>::try_from(Map::Array(map("ctl_array")?))?;
         let mut m = [0u8; 8];
-        m[..6].copy_from_slice(&mac);
+        m[..6].copy_from_slice(&ROUTER_MAC);
         ctl.set(0, m, 0)?;
         // struct flow_key { src[16]; dst[16]; u16 ports[2]; u8 proto; }
         // → struct real_pos_lru { u32 pos; u64 atime; }.
-        let mut flow = [0u8; 40];
-        flow[..16].copy_from_slice(&addr16(client.0));
-        flow[16..32].copy_from_slice(&addr16(vip));
-        flow[32..34].copy_from_slice(&client.1.to_be_bytes());
-        flow[34..36].copy_from_slice(&port.to_be_bytes());
-        flow[36] = lb_common::PROTO_TCP;
+        let mut key = [0u8; 40];
+        key[..16].copy_from_slice(&client);
+        key[16..32].copy_from_slice(&vip);
+        key[32..34].copy_from_slice(&flow.sport.to_be_bytes());
+        key[34..36].copy_from_slice(&flow.dport.to_be_bytes());
+        key[36] = flow.proto;
         let mut pos = [0u8; 16];
         pos[..4].copy_from_slice(&1u32.to_ne_bytes());
         let mut lru =
             HashMap::<_, [u8; 40], [u8; 16]>::try_from(Map::LruHashMap(map("fallback_cache")?))?;
-        lru.insert(flow, pos, 0)?;
+        lru.insert(key, pos, 0)?;
         Ok(this)
     }
 }

@@ -81,3 +81,24 @@ pub fn print_command(bin: &str) {
         shown.join(" ")
     );
 }
+
+/// The value after `--name` on the command line (empty when it is last).
+pub fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let i = args.iter().position(|a| a == name)?;
+    Some(args.get(i + 1).cloned().unwrap_or_default())
+}
+
+/// `--rounds N` (at least 1), or `default`.
+pub fn rounds_arg(default: usize) -> anyhow::Result<usize> {
+    match arg("--rounds").as_deref() {
+        None => Ok(default),
+        Some(v) => {
+            let n: usize = v.parse().map_err(|_| {
+                anyhow::anyhow!("--rounds {v:?}: a number of rounds (>= 1) expected")
+            })?;
+            anyhow::ensure!(n >= 1, "--rounds 0: at least one round is needed");
+            Ok(n)
+        }
+    }
+}

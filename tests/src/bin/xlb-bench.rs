@@ -31,12 +31,13 @@ use lb_user::{
 };
 use xlb_tests::{
     bench::{
+        arg,
         dataplane::{
             Flows, REPEAT, SINGLES, XDP_PASS, XDP_TX, frame, in_world_with_ct, repeat_once,
             single_once,
         },
         figures::{self, Figure, Target},
-        print_command,
+        print_command, rounds_arg,
     },
     harness::World,
     packet::{ACK, SYN},
@@ -79,29 +80,9 @@ impl Case {
     }
 }
 
-/// The value after `--name` on the command line.
-fn arg(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let i = args.iter().position(|a| a == name)?;
-    Some(args.get(i + 1).cloned().unwrap_or_default())
-}
-
-fn rounds_arg() -> anyhow::Result<usize> {
-    match arg("--rounds").as_deref() {
-        None => Ok(ROUNDS),
-        Some(v) => {
-            let n: usize = v.parse().map_err(|_| {
-                anyhow::anyhow!("--rounds {v:?}: a number of rounds (>= 1) expected")
-            })?;
-            anyhow::ensure!(n >= 1, "--rounds 0: at least one round is needed");
-            Ok(n)
-        }
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     print_command(BENCH);
-    let rounds = rounds_arg()?;
+    let rounds = rounds_arg(ROUNDS)?;
     let figures = in_world_with_ct(65_536, "bench", |w| {
         let flows = Flows::install(w)?;
         let (mut repeat, mut single) = cases(&flows);

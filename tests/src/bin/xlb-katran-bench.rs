@@ -27,15 +27,14 @@
 
 use std::time::Duration;
 
-use aya::{TestRun as _, programs::TestRunOptions};
 use xlb_tests::{
     bench::{
         dataplane::{Flows, SINGLES, XDP_TX, frame, in_world_with_ct},
         figures::{self, Figure, Target},
         katran::{self, Katran},
-        print_command,
+        print_command, rounds_arg,
     },
-    harness::World,
+    harness::{World, run_xdp},
     packet::{ACK, SYN},
 };
 
@@ -62,13 +61,7 @@ struct Case {
 
 fn main() -> anyhow::Result<()> {
     print_command(BENCH);
-    let rounds = match std::env::args().skip_while(|a| a != "--rounds").nth(1) {
-        Some(v) => v
-            .parse()
-            .map_err(|_| anyhow::anyhow!("--rounds {v:?}: a number of rounds expected"))?,
-        None => ROUNDS,
-    };
-    anyhow::ensure!(rounds >= 1, "--rounds 0: at least one round is needed");
+    let rounds = rounds_arg(ROUNDS)?;
     // Without Katran's source (offline, no KATRAN_SRC) there is nothing to
     // compare with: said, and the other benchmarks of `cargo xtask bench`
     // still run.
@@ -87,14 +80,7 @@ fn main() -> anyhow::Result<()> {
     );
     let figures = in_world_with_ct(65_536, "kbench", |w| {
         let flows = Flows::install(w)?;
-        let k = Katran::load(
-            &obj,
-            [10, 100, 0, 1],
-            80,
-            [[10, 0, 0, 2], [10, 0, 0, 3]],
-            [0x02, 0, 0, 0, 0, 0x09],
-            ([192, 0, 2, 1], 40001),
-        )?;
+        let k = Katran::load(&obj, &flows.ipip)?;
         let (est, syn) = (frame(&flows.ipip, ACK), frame(&flows.ipip, SYN));
         check_same_work(w, &k, &est)?;
         check_same_work(w, &k, &syn)?;
@@ -142,23 +128,9 @@ fn main() -> anyhow::Result<()> {
 /// One run of `frame` through Katran, on the world's ingress interface as
 /// xlb's runs are: the kernel's time and the frame it sent.
 fn katran_once(w: &World, k: &Katran, frame: &[u8]) -> anyhow::Result<(Duration, Vec<u8>)> {
-    let md: [u32; 6] = [0, frame.len() as u32, 0, w.ifindex, 0, 0];
-    let ctx: Vec<u8> = md.iter().flat_map(|v| v.to_ne_bytes()).collect();
-    let mut out = vec![0u8; frame.len() + 256];
-    let r = k.prog.test_run(TestRunOptions {
-        data_in: Some(frame),
-        data_out: Some(&mut out),
-        ctx_in: Some(&ctx),
-        repeat: 1,
-        ..Default::default()
-    })?;
-    anyhow::ensure!(
-        r.return_value == XDP_TX,
-        "Katran: verdict {}, want XDP_TX",
-        r.return_value
-    );
-    out.truncate(r.data_size_out as usize);
-    Ok((r.duration, out))
+    let (verdict, out, t) = run_xdp(&k.prog, w.ifindex, frame, 1)?;
+    anyhow::ensure!(verdict == XDP_TX, "Katran: verdict {verdict}, want XDP_TX");
+    Ok((t, out))
 }
 
 /// Both programs do the same work on `frame`: each sends back (`XDP_TX`)
