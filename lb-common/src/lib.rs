@@ -22,7 +22,7 @@ pub use hash::{flow_hash, siphash13};
 
 /// Version of every pinned map layout below. Stored in [`Globals::layout_version`]
 /// and in the pin directory; a daemon refuses pinned state of another version.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Maximum number of VIPs. VIP ids index the Maglev ring array and the
 /// per-VIP counters; 64 VIPs × 2 halves × 65537 slots × 8 B (the kernel rounds
@@ -95,6 +95,7 @@ pub const BACKEND_DOWN: u8 = 3;
 pub const MAP_VIPS: &str = "XLB_VIPS";
 pub const MAP_VIP_INFO: &str = "XLB_VIP_INFO";
 pub const MAP_VIP_PORTS: &str = "XLB_VIP_PORTS";
+pub const MAP_VIP_INDEX: &str = "XLB_VIP_INDEX";
 pub const MAP_VIP_ADDRS: &str = "XLB_VIP_ADDRS";
 pub const MAP_RING: &str = "XLB_RING";
 pub const MAP_BACKENDS: &str = "XLB_BACKENDS";
@@ -125,6 +126,7 @@ const _: () = {
         MAP_VIPS,
         MAP_VIP_INFO,
         MAP_VIP_PORTS,
+        MAP_VIP_INDEX,
         MAP_VIP_ADDRS,
         MAP_RING,
         MAP_BACKENDS,
@@ -209,8 +211,38 @@ pub struct VipInfo {
     /// [`DOWN_POLICY_REHASH`] or [`DOWN_POLICY_KEEP`].
     pub down_policy: u8,
     pub _pad: [u8; 2],
+    /// The VIP's own key: the data plane takes an `XLB_VIP_INDEX`
+    /// candidate only if the packet is addressed to exactly this.
+    pub key: VipKey,
 }
-const _: () = assert!(core::mem::size_of::<VipInfo>() == 16);
+const _: () = assert!(core::mem::size_of::<VipInfo>() == 36);
+
+/// Entries of `XLB_VIP_INDEX`, a direct-mapped index of the VIPs (a power
+/// of two, ≥ 64 × [`MAX_VIPS`] so that VIPs seldom share a slot).
+pub const VIP_INDEX_LEN: u32 = 4096;
+
+/// An `XLB_VIP_INDEX` entry: 0 = no VIP's key falls in this slot (a packet
+/// whose key does is for no VIP); `id + 1` = VIP `id`'s does, alone (taken
+/// once its `VipInfo::key` is the packet's); [`VIP_INDEX_MANY`] = several
+/// do (the packet is looked up in `XLB_VIPS`, as is a candidate that is
+/// not the packet's).
+pub const VIP_INDEX_MANY: u32 = u32::MAX;
+
+/// The `XLB_VIP_INDEX` slot of a VIP's address, port (network order) and
+/// protocol: an unkeyed multiplicative hash, which saves a new flow the
+/// hash map lookup of its VIP (`XLB_VIPS`, about 20 ns; docs/benchmarks.md).
+/// Unkeyed is enough: two VIPs that share a slot (addresses the operator
+/// chose) only send their packets the slow way, and a client's packet to
+/// another address is checked against the slot's VIP key.
+#[inline(always)]
+pub fn vip_index_slot(addr: &Addr, port: u16, proto: u8) -> u32 {
+    let w = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    let x = w(0) ^ w(4) ^ w(8) ^ w(12) ^ (u32::from(port) << 8) ^ u32::from(proto);
+    // A product's high bits depend only on the factor's lower ones: fold
+    // the high half (the last byte of an IPv4 address) down first.
+    (x ^ (x >> 16)).wrapping_mul(0x9e37_79b1) >> (32 - VIP_INDEX_LEN.trailing_zeros())
+}
+const _: () = assert!(VIP_INDEX_LEN.is_power_of_two() && VIP_INDEX_LEN >= 64 * MAX_VIPS);
 
 /// Key of `XLB_VIP_ADDRS`: every address that carries at least one VIP, so a
 /// malformed packet to a VIP address can be told from traffic that is not ours.
@@ -675,7 +707,9 @@ mod pod {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::format;
 
     #[test]
     fn encap_hash_spreads_ports_and_addresses() {
@@ -702,5 +736,36 @@ mod tests {
             );
             assert_eq!(encap_hash_v4(&k.src, k.sport), encap_hash(&k.src, k.sport));
         }
+    }
+
+    #[test]
+    fn vip_index_slots_spread_typical_vips() {
+        // 64 VIPs the way operators number them: consecutive addresses,
+        // one port, or one address and consecutive ports. At most a few
+        // share a slot (each pair just takes the hash map).
+        let slot = |a: &str, port: u16| {
+            let a: core::net::IpAddr = a.parse().unwrap();
+            vip_index_slot(&addr16(a), port.to_be(), PROTO_TCP)
+        };
+        let sets: [std::vec::Vec<u32>; 3] = [
+            (1..=64)
+                .map(|i| slot(&format!("10.100.0.{i}"), 443))
+                .collect(),
+            (0..64).map(|i| slot("10.100.0.1", 8000 + i)).collect(),
+            (1..=64)
+                .map(|i| slot(&format!("2001:db8::{i:x}"), 443))
+                .collect(),
+        ];
+        for slots in sets {
+            assert!(slots.iter().all(|&s| s < VIP_INDEX_LEN));
+            let distinct: std::collections::HashSet<_> = slots.iter().collect();
+            assert!(distinct.len() >= 62, "{} of 64 distinct", distinct.len());
+        }
+        // The protocol is part of the slot's input.
+        let a = addr16("10.100.0.1".parse().unwrap());
+        assert_ne!(
+            vip_index_slot(&a, 53u16.to_be(), PROTO_TCP),
+            vip_index_slot(&a, 53u16.to_be(), PROTO_UDP)
+        );
     }
 }

@@ -76,6 +76,18 @@ pub(crate) fn word<const L: usize>(b: &[u8; L], i: usize) -> u32 {
     u32::from_ne_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
 
+/// Whether two addresses are equal, compared as two 8-byte words (an
+/// array comparison would be a call of `bcmp`).
+#[inline(always)]
+pub(crate) fn addr_eq(a: &[u8; 16], b: &[u8; 16]) -> bool {
+    let w = |x: &[u8; 16], i: usize| {
+        // SAFETY: within the 16 bytes, read unaligned (one 8-byte load:
+        // the object allows misaligned access, `build.rs`).
+        unsafe { x.as_ptr().cast::<u64>().add(i).read_unaligned() }
+    };
+    w(a, 0) == w(b, 0) && w(a, 1) == w(b, 1)
+}
+
 /// The four words of a 16-byte address, in memory order.
 #[inline(always)]
 pub(crate) fn addr_words(a: &[u8; 16]) -> [u32; 4] {

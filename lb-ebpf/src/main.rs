@@ -72,6 +72,11 @@ static XLB_VIP_INFO: Array<VipInfo> = Array::with_max_entries(MAX_VIPS, 0);
 #[map(name = "XLB_VIP_PORTS")]
 static XLB_VIP_PORTS: Array<u32> = Array::with_max_entries(lb_common::PORT_INDEX_LEN, 0);
 
+/// The VIPs, direct-mapped by `lb_common::vip_index_slot`: a new flow finds
+/// its VIP without a hash lookup (see `lb_common::VIP_INDEX_MANY`).
+#[map(name = "XLB_VIP_INDEX")]
+static XLB_VIP_INDEX: Array<u32> = Array::with_max_entries(lb_common::VIP_INDEX_LEN, 0);
+
 /// Every address that carries a VIP: tells a malformed packet to a VIP
 /// (dropped) from traffic that is not ours (passed).
 #[map(name = "XLB_VIP_ADDRS")]

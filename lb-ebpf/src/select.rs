@@ -1,11 +1,14 @@
 //! Select: is the packet for a VIP, and which backend takes a new flow
 //! (the flow's slot in the VIP's live Maglev table).
 
-use lb_common::{BackendInfo, FlowKey, Globals, VipAddrKey, VipInfo, VipKey, ring_index};
+use lb_common::{
+    BackendInfo, FlowKey, Globals, VIP_INDEX_MANY, VipAddrKey, VipInfo, VipKey, ring_index,
+    vip_index_slot,
+};
 
 use crate::{
-    XLB_BACKENDS, XLB_RING, XLB_VIP_ADDRS, XLB_VIP_INFO, XLB_VIP_PORTS, XLB_VIPS,
-    key::{WordKey, addr_key, addr_words},
+    XLB_BACKENDS, XLB_RING, XLB_VIP_ADDRS, XLB_VIP_INDEX, XLB_VIP_INFO, XLB_VIP_PORTS, XLB_VIPS,
+    key::{WordKey, addr_eq, addr_key, addr_words},
 };
 
 /// Whether any VIP listens on the flow's (protocol, port): decided without
@@ -16,9 +19,34 @@ pub(crate) fn port_has_vip(flow: &FlowKey) -> bool {
     XLB_VIP_PORTS.get(port).is_some_and(|n| *n != 0)
 }
 
-/// The id and settings of the VIP the flow is addressed to, if there is one.
+/// The id and settings of the VIP the flow is addressed to, if there is
+/// one: from the direct-mapped index when its slot holds one VIP, which
+/// must then be exactly the flow's; else from the hash map.
 #[inline(always)]
-pub(crate) fn vip(flow: &FlowKey) -> Option<(u32, VipInfo)> {
+pub(crate) fn vip(flow: &FlowKey) -> Option<(u32, &'static VipInfo)> {
+    let slot = vip_index_slot(&flow.dst, flow.dport, flow.proto);
+    match XLB_VIP_INDEX.get(slot).copied() {
+        // No VIP's key falls in this slot.
+        Some(0) => return None,
+        Some(n) if n != VIP_INDEX_MANY => {
+            let id = n - 1;
+            if let Some(vip) = XLB_VIP_INFO.get(id)
+                && vip.mode != 0
+                && is_key(&vip.key, flow)
+            {
+                return Some((id, vip));
+            }
+            // Another VIP's slot, or one being rewritten: the hash map
+            // decides.
+        }
+        _ => {}
+    }
+    vip_by_key(flow)
+}
+
+/// The VIP of the flow by `XLB_VIPS`, the hash map of every VIP key.
+#[inline(always)]
+fn vip_by_key(flow: &FlowKey) -> Option<(u32, &'static VipInfo)> {
     let key = VipKey {
         addr: flow.dst,
         port: flow.dport,
@@ -27,12 +55,22 @@ pub(crate) fn vip(flow: &FlowKey) -> Option<(u32, VipInfo)> {
     };
     // SAFETY: a u32 copied out at once.
     let &id = unsafe { XLB_VIPS.get(&key) }?;
-    let &vip = XLB_VIP_INFO.get(id)?;
+    let vip = XLB_VIP_INFO.get(id)?;
     // Mode 0: the id is unused (a removed VIP).
     if vip.mode == 0 {
         return None;
     }
     Some((id, vip))
+}
+
+/// Whether `key` is the flow's destination: address (two 8-byte words),
+/// port, protocol and family.
+#[inline(always)]
+fn is_key(key: &VipKey, flow: &FlowKey) -> bool {
+    addr_eq(&key.addr, &flow.dst)
+        && key.port == flow.dport
+        && key.proto == flow.proto
+        && key.family == flow.family
 }
 
 /// Whether `addr` carries any VIP: tells a malformed packet to a VIP from

@@ -387,6 +387,7 @@ impl World {
                 mode,
                 down_policy,
                 _pad: [0; 2],
+                key,
             },
         )?;
         Ok(key)

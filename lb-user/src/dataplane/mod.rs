@@ -22,7 +22,8 @@ use aya::{
 use lb_common::{
     BackendInfo, CtEntry, CtRate, DecapAddrKey, DecapSrcV4, DecapSrcV6, FlowKey, Globals, HcReal,
     HcStat, LAYOUT_VERSION, ListEntry, ListV4, ListV6, MAX_VIPS, SourceKey, SourceState, Stat,
-    TrafficStats, VipAddrKey, VipGuard, VipInfo, VipKey,
+    TrafficStats, VIP_INDEX_LEN, VIP_INDEX_MANY, VipAddrKey, VipGuard, VipInfo, VipKey,
+    vip_index_slot,
 };
 
 /// The compiled XDP object (all programs), embedded at build time.
@@ -105,6 +106,7 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_VIPS,
     lb_common::MAP_VIP_INFO,
     lb_common::MAP_VIP_PORTS,
+    lb_common::MAP_VIP_INDEX,
     lb_common::MAP_VIP_ADDRS,
     lb_common::MAP_RING,
     lb_common::MAP_BACKENDS,
@@ -131,12 +133,26 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_CT_RATE,
 ];
 
+/// `XLB_VIP_INDEX` for the VIPs `entries` (key, id): each slot 0, the id
+/// + 1 of the one VIP whose key falls in it, or `VIP_INDEX_MANY`.
+fn vip_index(entries: &[(VipKey, u32)]) -> Vec<u32> {
+    let mut index = vec![0; VIP_INDEX_LEN as usize];
+    for (k, id) in entries {
+        let slot = &mut index[vip_index_slot(&k.addr, k.port, k.proto) as usize];
+        *slot = if *slot == 0 { id + 1 } else { VIP_INDEX_MANY };
+    }
+    index
+}
+
 /// The loaded object and typed handles to its maps.
 pub struct Dataplane {
     ebpf: Ebpf,
     vips: HashMap<MapData, VipKey, u32>,
     vip_info: Array<MapData, VipInfo>,
     vip_ports: Array<MapData, u32>,
+    vip_index: Array<MapData, u32>,
+    /// What `vip_index` holds: only changed slots are written.
+    vip_index_now: Vec<u32>,
     vip_addrs: HashMap<MapData, VipAddrKey, u32>,
     ring: Array<MapData, u32>,
     backends: Array<MapData, BackendInfo>,
@@ -266,7 +282,14 @@ impl Dataplane {
                 take(name)?.try_into().map_err(map_err(name))?
             }};
         }
+        let vip_index: Array<MapData, u32> = typed!(lb_common::MAP_VIP_INDEX);
+        let vip_index_now = (0..lb_common::VIP_INDEX_LEN)
+            .map(|i| vip_index.get(&i, 0))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err(lb_common::MAP_VIP_INDEX))?;
         Ok(Self {
+            vip_index,
+            vip_index_now,
             vips: typed!(lb_common::MAP_VIPS),
             vip_info: typed!(lb_common::MAP_VIP_INFO),
             vip_ports: typed!(lb_common::MAP_VIP_PORTS),
@@ -367,9 +390,10 @@ impl Dataplane {
             .map_err(map_err(lb_common::MAP_VIP_INFO))
     }
 
-    /// Inserts or replaces a VIP: its info, its key → id, its address and port.
+    /// Inserts or replaces a VIP: its info (with `key` in it), its key →
+    /// id, its address and port, and its slot in the index.
     pub fn set_vip(&mut self, key: &VipKey, info: &VipInfo) -> Result<()> {
-        self.set_vip_info(info)?;
+        self.set_vip_info(&VipInfo { key: *key, ..*info })?;
         let addr = VipAddrKey {
             addr: key.addr,
             family: key.family,
@@ -384,6 +408,28 @@ impl Dataplane {
             .map_err(map_err(lb_common::MAP_VIPS))?;
         if new {
             self.bump_port(key, 1)?;
+        }
+        self.sync_vip_index()
+    }
+
+    /// Writes the slots of `XLB_VIP_INDEX` that differ from what the VIPs
+    /// in `XLB_VIPS` make of it (see `lb_common::VIP_INDEX_MANY`). The
+    /// data plane checks each candidate against its `VipInfo::key`, so the
+    /// order of the writes never sends a packet to the wrong VIP.
+    fn sync_vip_index(&mut self) -> Result<()> {
+        let entries: Vec<(VipKey, u32)> = self
+            .vips
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err(lb_common::MAP_VIPS))?;
+        let want = vip_index(&entries);
+        for (i, (&w, now)) in want.iter().zip(self.vip_index_now.iter_mut()).enumerate() {
+            if w != *now {
+                self.vip_index
+                    .set(i as u32, w, 0)
+                    .map_err(map_err(lb_common::MAP_VIP_INDEX))?;
+                *now = w;
+            }
         }
         Ok(())
     }
@@ -431,7 +477,7 @@ impl Dataplane {
                 Err(e) => return Err(map_err(lb_common::MAP_VIP_ADDRS)(e)),
             }
         }
-        Ok(())
+        self.sync_vip_index()
     }
 
     /// Reads half `half` of VIP `vip_id`'s ring (`len` slots).
@@ -704,4 +750,33 @@ pub fn ktime_coarse_ns() -> u64 {
         return 0;
     }
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(addr: &str, port: u16) -> VipKey {
+        VipKey::new(addr.parse().unwrap(), port, lb_common::PROTO_TCP)
+    }
+
+    #[test]
+    fn vip_index_holds_each_vip_alone_or_many() {
+        let slot = |k: &VipKey| vip_index_slot(&k.addr, k.port, k.proto) as usize;
+        let (a, b) = (key("10.100.0.1", 80), key("10.100.0.2", 80));
+        // A VIP that shares a slot with `a`: found by trying ports.
+        let c = (1..u16::MAX)
+            .map(|p| key("10.100.0.3", p))
+            .find(|k| slot(k) == slot(&a))
+            .unwrap();
+        assert_ne!(slot(&a), slot(&b));
+        let index = vip_index(&[(a, 0), (b, 7)]);
+        assert_eq!(index[slot(&a)], 1);
+        assert_eq!(index[slot(&b)], 8);
+        assert_eq!(index.iter().filter(|&&n| n != 0).count(), 2);
+        let index = vip_index(&[(a, 0), (b, 7), (c, 3)]);
+        assert_eq!(index[slot(&a)], VIP_INDEX_MANY);
+        assert_eq!(index[slot(&b)], 8);
+        assert!(vip_index(&[]).iter().all(|&n| n == 0));
+    }
 }

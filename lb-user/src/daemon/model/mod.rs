@@ -198,6 +198,7 @@ impl Vip {
             mode: self.cfg.mode.as_raw(),
             down_policy: self.cfg.down_policy.as_raw(),
             _pad: [0; 2],
+            key: self.key,
         }
     }
 
