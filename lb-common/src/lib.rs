@@ -230,7 +230,8 @@ pub const VIP_INDEX_MANY: u32 = u32::MAX;
 
 /// The `XLB_VIP_INDEX` slot of a VIP's address, port (network order) and
 /// protocol: an unkeyed multiplicative hash, which saves a new flow the
-/// hash map lookup of its VIP (`XLB_VIPS`, about 20 ns; docs/benchmarks.md).
+/// hash map lookup of its VIP in `XLB_VIPS` (7 % of a new flow's time,
+/// side by side with Katran: docs/benchmarks.md, "fifth step").
 /// Unkeyed is enough: two VIPs that share a slot (addresses the operator
 /// chose) only send their packets the slow way, and a client's packet to
 /// another address is checked against the slot's VIP key.

@@ -103,10 +103,10 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
             return judged;
         }
     }
-    let Some((id, be)) = select::pick(&pkt.flow, vip, g) else {
+    let Some((id, be)) = select::pick(&pkt.flow, &vip, g) else {
         return drop_with(Stat::DropNoBackend);
     };
-    let t = Target::new(vip, id, be);
+    let t = Target::new(&vip, id, be);
     // Only what starts a flow is tracked: a TCP SYN or a UDP packet (and an
     // existing entry that went stale is replaced). A TCP packet without SYN
     // that misses (a spoofed ACK, RST or FIN, or a flow whose entry was

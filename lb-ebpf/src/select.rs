@@ -20,17 +20,19 @@ pub(crate) fn port_has_vip(flow: &FlowKey) -> bool {
 }
 
 /// The id and settings of the VIP the flow is addressed to, if there is
-/// one: from the direct-mapped index when its slot holds one VIP, which
-/// must then be exactly the flow's; else from the hash map.
+/// one: from the direct-mapped index when its slot holds one VIP, else
+/// from the hash map; either way a VIP whose own key is the flow's. The
+/// settings are copied once, so a rewrite by the daemon cannot change them
+/// between the checks here and their use.
 #[inline(always)]
-pub(crate) fn vip(flow: &FlowKey) -> Option<(u32, &'static VipInfo)> {
+pub(crate) fn vip(flow: &FlowKey) -> Option<(u32, VipInfo)> {
     let slot = vip_index_slot(&flow.dst, flow.dport, flow.proto);
     match XLB_VIP_INDEX.get(slot).copied() {
         // No VIP's key falls in this slot.
         Some(0) => return None,
         Some(n) if n != VIP_INDEX_MANY => {
             let id = n - 1;
-            if let Some(vip) = XLB_VIP_INFO.get(id)
+            if let Some(&vip) = XLB_VIP_INFO.get(id)
                 && vip.mode != 0
                 && is_key(&vip.key, flow)
             {
@@ -46,7 +48,7 @@ pub(crate) fn vip(flow: &FlowKey) -> Option<(u32, &'static VipInfo)> {
 
 /// The VIP of the flow by `XLB_VIPS`, the hash map of every VIP key.
 #[inline(always)]
-fn vip_by_key(flow: &FlowKey) -> Option<(u32, &'static VipInfo)> {
+fn vip_by_key(flow: &FlowKey) -> Option<(u32, VipInfo)> {
     let key = VipKey {
         addr: flow.dst,
         port: flow.dport,
@@ -55,9 +57,10 @@ fn vip_by_key(flow: &FlowKey) -> Option<(u32, &'static VipInfo)> {
     };
     // SAFETY: a u32 copied out at once.
     let &id = unsafe { XLB_VIPS.get(&key) }?;
-    let vip = XLB_VIP_INFO.get(id)?;
-    // Mode 0: the id is unused (a removed VIP).
-    if vip.mode == 0 {
+    let &vip = XLB_VIP_INFO.get(id)?;
+    // Mode 0: the id is unused (a removed VIP). Another key: the id was
+    // given to another VIP and this key's entry is not rewritten yet.
+    if vip.mode == 0 || !is_key(&vip.key, flow) {
         return None;
     }
     Some((id, vip))

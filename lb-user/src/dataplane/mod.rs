@@ -381,9 +381,11 @@ impl Dataplane {
             .collect()
     }
 
-    /// Writes a VIP's info (table size, live half, mode, policy). Writing a
-    /// new `active` is how a freshly written table half goes live: the
-    /// kernel reads `table_size` and `active` from one 8-byte word.
+    /// Writes a VIP's info (table size, live half, mode, policy, and its
+    /// key, which must be the VIP's: the data plane takes the VIP only for
+    /// packets to that key). Writing a new `active` is how a freshly
+    /// written table half goes live: the kernel reads `table_size` and
+    /// `active` from one 8-byte word.
     pub fn set_vip_info(&mut self, info: &VipInfo) -> Result<()> {
         self.vip_info
             .set(info.vip_id, info, 0)
