@@ -237,8 +237,7 @@ pub const VIP_INDEX_MANY: u32 = u32::MAX;
 /// another address is checked against the slot's VIP key.
 #[inline(always)]
 pub fn vip_index_slot(addr: &Addr, port: u16, proto: u8) -> u32 {
-    let w = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
-    let x = w(0) ^ w(4) ^ w(8) ^ w(12) ^ (u32::from(port) << 8) ^ u32::from(proto);
+    let x = addr_fold(addr) ^ (u32::from(port) << 8) ^ u32::from(proto);
     // A product's high bits depend only on the factor's lower ones: fold
     // the high half (the last byte of an IPv4 address) down first.
     (x ^ (x >> 16)).wrapping_mul(0x9e37_79b1) >> (32 - VIP_INDEX_LEN.trailing_zeros())
@@ -375,8 +374,15 @@ pub const MAX_ENCAP_HOST_BITS: u8 = 16;
 /// almost nothing. Every packet of a flow gets the same value.
 #[inline(always)]
 pub fn encap_hash(src: &Addr, sport: u16) -> u32 {
-    let w = |i: usize| u32::from_ne_bytes([src[i], src[i + 1], src[i + 2], src[i + 3]]);
-    encap_mix(w(0) ^ w(4) ^ w(8) ^ w(12) ^ u32::from(sport))
+    encap_mix(addr_fold(src) ^ u32::from(sport))
+}
+
+/// The four 4-byte words of an address (memory order) XORed together: an
+/// IPv4 address is its one word, the rest being zero.
+#[inline(always)]
+fn addr_fold(a: &Addr) -> u32 {
+    let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
+    w(0) ^ w(4) ^ w(8) ^ w(12)
 }
 
 /// [`encap_hash`] of an IPv4 flow, whose address bytes past the first 4
