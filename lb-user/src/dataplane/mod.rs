@@ -151,8 +151,9 @@ pub struct Dataplane {
     vip_info: Array<MapData, VipInfo>,
     vip_ports: Array<MapData, u32>,
     vip_index: Array<MapData, u32>,
-    /// What `vip_index` holds: only changed slots are written.
-    vip_index_now: Vec<u32>,
+    /// What `vip_index` holds, read on the first change (only changed
+    /// slots are written): a load that changes no VIP never reads it.
+    vip_index_now: Option<Vec<u32>>,
     vip_addrs: HashMap<MapData, VipAddrKey, u32>,
     ring: Array<MapData, u32>,
     backends: Array<MapData, BackendInfo>,
@@ -282,14 +283,9 @@ impl Dataplane {
                 take(name)?.try_into().map_err(map_err(name))?
             }};
         }
-        let vip_index: Array<MapData, u32> = typed!(lb_common::MAP_VIP_INDEX);
-        let vip_index_now = (0..lb_common::VIP_INDEX_LEN)
-            .map(|i| vip_index.get(&i, 0))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(map_err(lb_common::MAP_VIP_INDEX))?;
         Ok(Self {
-            vip_index,
-            vip_index_now,
+            vip_index: typed!(lb_common::MAP_VIP_INDEX),
+            vip_index_now: None,
             vips: typed!(lb_common::MAP_VIPS),
             vip_info: typed!(lb_common::MAP_VIP_INFO),
             vip_ports: typed!(lb_common::MAP_VIP_PORTS),
@@ -369,14 +365,18 @@ impl Dataplane {
             .map_err(map_err(lb_common::MAP_VIP_INFO))
     }
 
-    /// All VIPs in the maps.
-    pub fn vip_entries(&self) -> Result<Vec<(VipKey, VipInfo)>> {
-        let ids: Vec<(VipKey, u32)> = self
-            .vips
+    /// Every VIP key in `XLB_VIPS` and its id.
+    fn vip_ids(&self) -> Result<Vec<(VipKey, u32)>> {
+        self.vips
             .iter()
             .collect::<Result<Vec<_>, _>>()
-            .map_err(map_err(lb_common::MAP_VIPS))?;
-        ids.into_iter()
+            .map_err(map_err(lb_common::MAP_VIPS))
+    }
+
+    /// All VIPs in the maps.
+    pub fn vip_entries(&self) -> Result<Vec<(VipKey, VipInfo)>> {
+        self.vip_ids()?
+            .into_iter()
             .map(|(k, id)| Ok((k, self.vip_info(id)?)))
             .collect()
     }
@@ -419,13 +419,17 @@ impl Dataplane {
     /// data plane checks each candidate against its `VipInfo::key`, so the
     /// order of the writes never sends a packet to the wrong VIP.
     fn sync_vip_index(&mut self) -> Result<()> {
-        let entries: Vec<(VipKey, u32)> = self
-            .vips
-            .iter()
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(map_err(lb_common::MAP_VIPS))?;
-        let want = vip_index(&entries);
-        for (i, (&w, now)) in want.iter().zip(self.vip_index_now.iter_mut()).enumerate() {
+        let want = vip_index(&self.vip_ids()?);
+        let now = match &mut self.vip_index_now {
+            Some(now) => now,
+            none => none.insert(
+                (0..VIP_INDEX_LEN)
+                    .map(|i| self.vip_index.get(&i, 0))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(map_err(lb_common::MAP_VIP_INDEX))?,
+            ),
+        };
+        for (i, (&w, now)) in want.iter().zip(now.iter_mut()).enumerate() {
             if w != *now {
                 self.vip_index
                     .set(i as u32, w, 0)
