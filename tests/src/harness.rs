@@ -310,6 +310,18 @@ impl World {
         Ok(world)
     }
 
+    /// The id of `xlb_lb`'s map `name`: the map the program really uses,
+    /// to check or write what `Dataplane` never would.
+    pub fn lb_map_id(&mut self, name: &str) -> anyhow::Result<u32> {
+        let prog: &mut aya::programs::Xdp = self.dp.program(lb_common::PROG_LB)?;
+        prog.info()?
+            .map_ids()?
+            .unwrap_or_default()
+            .into_iter()
+            .find(|&id| aya::maps::MapInfo::from_id(id).is_ok_and(|m| m.name() == name.as_bytes()))
+            .with_context(|| format!("xlb_lb uses no {name} map"))
+    }
+
     /// Writes every backend as up, generation 0.
     pub fn write_backends(&mut self) -> anyhow::Result<()> {
         for b in self.backends.clone() {

@@ -515,16 +515,7 @@ impl Layout {
 /// Checks that `xlb_lb` in `w` uses a conntrack map of `kind`'s flags and
 /// `entries` (proof that a pinned per-CPU map was adopted), and returns it.
 fn check_ct(w: &mut World, kind: Kind, entries: u32) -> anyhow::Result<MapFd> {
-    let prog: &mut Xdp = w.dp.program(lb_common::PROG_LB)?;
-    let ids = prog.info()?.map_ids()?.unwrap_or_default();
-    let ct = ids
-        .into_iter()
-        .map(MapInfo::from_id)
-        .find(|m| {
-            m.as_ref()
-                .is_ok_and(|m| m.name() == lb_common::MAP_CT.as_bytes())
-        })
-        .context("xlb_lb uses no XLB_CT map")??;
+    let ct = MapInfo::from_id(w.lb_map_id(lb_common::MAP_CT)?)?;
     let want = if kind == Kind::PerCpu {
         NO_COMMON_LRU
     } else {
