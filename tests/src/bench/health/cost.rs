@@ -13,8 +13,8 @@ use lb_user::health::{
     probe::Compact,
     scheduler::Scheduler,
     scheduler::{DEFAULT_MAX_CONCURRENT, Report},
+    spec::CheckKind,
     spec::CheckSpec,
-    spec::{self, CheckKind},
 };
 use tokio::{
     io::{AsyncBufReadExt as _, BufReader},
@@ -45,49 +45,59 @@ pub(super) const TARGET_PERCENT: f64 = 5.0;
 pub(super) enum Case {
     /// The default: a new TCP connection per probe.
     Fresh,
-    /// `reuse_connection = true` with the default `reopen_every`.
-    Reuse,
+    /// `reuse_connection = true` with this `reopen_every` (the default's
+    /// unless `--reopen-every` says otherwise).
+    Reuse(u32),
 }
 
 impl Case {
-    const ALL: [Self; 2] = [Self::Fresh, Self::Reuse];
+    /// The cases of a run, the reused connection reopened every `reopen`
+    /// probes.
+    pub(super) fn all(reopen: u32) -> [Self; 2] {
+        [Self::Fresh, Self::Reuse(reopen)]
+    }
 
     fn label(self) -> String {
         match self {
             Self::Fresh => "HTTP, new connection per probe (default)".to_owned(),
-            Self::Reuse => format!(
-                "HTTP, reuse_connection (reopen_every {})",
-                spec::DEFAULT_REOPEN_EVERY
-            ),
+            Self::Reuse(every) => format!("HTTP, reuse_connection (reopen_every {every})"),
         }
     }
 
     fn spec(self, base: &CheckSpec) -> CheckSpec {
         let mut spec = base.clone();
-        if let (Self::Reuse, CheckKind::Http(http)) = (self, &mut spec.kind) {
-            http.reuse_connection = Some(spec::DEFAULT_REOPEN_EVERY);
+        if let (Self::Reuse(every), CheckKind::Http(http)) = (self, &mut spec.kind) {
+            http.reuse_connection = Some(every);
         }
         spec
     }
 }
 
+/// The measured window: 10 s (5 with `--quick`), or `reopen_every`
+/// seconds if that is longer. With xlb's default of 10 probes at 1 s, the
+/// full window replaces every kept connection once whatever its phase; a
+/// longer `reopen_every` must be given a window in which its reopenings
+/// happen at all (each window starts a new scheduler).
+fn window_for(quick: bool, reopen: u32) -> Duration {
+    let base = if quick { 5 } else { 10 };
+    Duration::from_secs(base.max(u64::from(reopen)))
+}
+
 /// The figure for every case, or for `only` (when profiling one).
-pub(super) async fn cost(quick: bool, only: Option<Case>) -> Result<Vec<Row>> {
+pub(super) async fn cost(quick: bool, only: Option<Case>, reopen: u32) -> Result<Vec<Row>> {
     let n = COST_BACKENDS;
     let rounds = if quick { 3 } else { 6 };
-    // A multiple of reopen_every (10) probes at 1 s: every kept connection
-    // is replaced once per window, whatever its phase.
-    let window = Duration::from_secs(if quick { 5 } else { 10 });
+    let window = window_for(quick, reopen);
     let warmup = Duration::from_secs(if quick { 1 } else { 2 });
     let base = http_spec(|s| s.interval = Duration::from_secs(1));
-    print_method(n, &base, warmup, window, rounds);
+    print_method(n, &base, warmup, window, rounds, reopen);
 
     let mut server = ServerChild::spawn(n).await?;
     let mut windows: Vec<(Case, Measured)> = Vec::new();
     for round in 0..rounds {
         // Alternate which case goes first, so a drift in the machine's
         // load over the run does not favour one of them.
-        let mut order = Case::ALL;
+        let mut order = Case::all(reopen);
         if round % 2 == 1 {
             order.reverse();
         }
@@ -104,7 +114,7 @@ pub(super) async fn cost(quick: bool, only: Option<Case>) -> Result<Vec<Row>> {
         }
     }
     server.stop().await;
-    Ok(summary_rows(&windows))
+    Ok(summary_rows(&windows, reopen))
 }
 
 /// Probes the `n` servers on `ports` with `spec` for one `window` after
@@ -144,7 +154,14 @@ async fn one_window(
     })
 }
 
-fn print_method(n: usize, spec: &CheckSpec, warmup: Duration, window: Duration, rounds: usize) {
+fn print_method(
+    n: usize,
+    spec: &CheckSpec,
+    warmup: Duration,
+    window: Duration,
+    rounds: usize,
+    reopen: u32,
+) {
     println!();
     println!("figure 2, probe cost: {n} backends probed every second");
     println!(
@@ -168,7 +185,7 @@ fn print_method(n: usize, spec: &CheckSpec, warmup: Duration, window: Duration, 
     println!(
         "  cases:   {}; {}",
         Case::Fresh.label(),
-        Case::Reuse.label()
+        Case::Reuse(reopen).label()
     );
     println!(
         "  caveat:  on loopback the kernel runs the receive side of a packet in the sender's \
@@ -351,7 +368,7 @@ impl Measured {
 
 /// The figure's rows from every window, case by case, and its headline
 /// figures recorded for `cargo xtask bench`.
-fn summary_rows(windows: &[(Case, Measured)]) -> Vec<Row> {
+fn summary_rows(windows: &[(Case, Measured)], reopen: u32) -> Vec<Row> {
     let of = |case: Case| -> Vec<&Measured> {
         windows
             .iter()
@@ -373,7 +390,7 @@ fn summary_rows(windows: &[(Case, Measured)]) -> Vec<Row> {
             .collect(),
     );
     let mut rows = Vec::new();
-    for case in Case::ALL {
+    for case in Case::all(reopen) {
         let measured = of(case);
         let Some(last) = measured.last() else {
             continue;
@@ -490,5 +507,39 @@ impl ServerChild {
         {
             let _ = self.child.kill().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_holds_a_reopening_of_every_connection() {
+        assert_eq!(window_for(false, 10), Duration::from_secs(10));
+        assert_eq!(window_for(true, 10), Duration::from_secs(10));
+        assert_eq!(window_for(true, 2), Duration::from_secs(5));
+        assert_eq!(window_for(false, 30), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn reuse_case_carries_its_reopen_every() {
+        let base = http_spec_for_test();
+        let CheckKind::Http(http) = Case::Reuse(30).spec(&base).kind else {
+            panic!("an HTTP check");
+        };
+        assert_eq!(http.reuse_connection, Some(30));
+        let CheckKind::Http(http) = Case::Fresh.spec(&base).kind else {
+            panic!("an HTTP check");
+        };
+        assert_eq!(http.reuse_connection, None);
+        assert_eq!(
+            Case::Reuse(30).label(),
+            "HTTP, reuse_connection (reopen_every 30)"
+        );
+    }
+
+    fn http_spec_for_test() -> CheckSpec {
+        http_spec(|s| s.interval = Duration::from_secs(1))
     }
 }

@@ -13,11 +13,13 @@ mod serve;
 mod switch;
 
 use anyhow::{Context as _, Result, bail};
+use lb_user::health::spec::DEFAULT_REOPEN_EVERY;
 
 use crate::bench::print_command;
 use report::print_table;
 
-const USAGE: &str = "usage: xlb-health-bench [--quick] [--only FIGURE] [--case default|reuse]
+const USAGE: &str =
+    "usage: xlb-health-bench [--quick] [--only FIGURE] [--case default|reuse] [--reopen-every N]
   --quick           fewer repetitions and a shorter cost window (smoke runs)
   --only FIGURE     run one figure: detection (hung application), cost (CPU of
                     probing 1,000 backends every second: both of the next two),
@@ -26,7 +28,10 @@ const USAGE: &str = "usage: xlb-health-bench [--quick] [--only FIGURE] [--case d
                     through the data path and direct; needs root)
   --case CASE       one case of a cost figure only (to profile it): default (a
                     new connection per probe) or reuse for the loopback figure;
-                    vip, vip-reuse, direct or direct-reuse for the lab's";
+                    vip, vip-reuse, direct or direct-reuse for the lab's
+  --reopen-every N  the loopback figure's reuse case reopens its connections
+                    every N probes (2-1000; default 10, xlb's default); its
+                    window grows to a multiple of N seconds";
 
 /// Backends probed for the cost figure.
 const COST_BACKENDS: usize = 1_000;
@@ -59,6 +64,8 @@ struct Args {
     case: Option<cost::Case>,
     /// The lab cost figure's case to run alone.
     lab_case: Option<lab_cost::LabCase>,
+    /// `--reopen-every`: the loopback reuse case's `reopen_every`.
+    reopen_every: Option<u32>,
     /// Hidden: be the cost figure's server process with this many listeners.
     serve: Option<usize>,
 }
@@ -94,7 +101,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
                 let name = value("--case")?;
                 match name.as_str() {
                     "default" => out.case = Some(cost::Case::Fresh),
-                    "reuse" => out.case = Some(cost::Case::Reuse),
+                    "reuse" => out.case = Some(cost::Case::Reuse(DEFAULT_REOPEN_EVERY)),
                     lab => {
                         out.lab_case = Some(lab_cost::LabCase::named(lab).with_context(|| {
                             format!(
@@ -104,6 +111,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
                         })?);
                     }
                 }
+            }
+            "--reopen-every" => {
+                let n = value("--reopen-every")?;
+                let every = n.parse().ok().filter(|n| (2..=1000).contains(n));
+                out.reopen_every = Some(every.with_context(|| {
+                    format!("--reopen-every {n:?}: a number of probes from 2 to 1000\n{USAGE}")
+                })?);
             }
             "--serve" => {
                 let n = value("--serve")?;
@@ -119,7 +133,26 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
             _ => bail!("unknown argument {arg:?}\n{USAGE}"),
         }
     }
+    if let Some(every) = out.reopen_every
+        && (!Figure::CostLoopback.selected(out.only) || out.case == Some(cost::Case::Fresh))
+    {
+        bail!(
+            "--reopen-every {every}: only the loopback cost figure's reuse case has it; \
+             run it with --only cost-loopback (or cost), without --case default\n{USAGE}"
+        );
+    }
+    if let Some(cost::Case::Reuse(_)) = out.case {
+        out.case = Some(cost::Case::Reuse(out.reopen_every()));
+    }
     Ok(out)
+}
+
+impl Args {
+    /// The loopback reuse case's `reopen_every`: `--reopen-every`, else
+    /// xlb's default.
+    fn reopen_every(&self) -> u32 {
+        self.reopen_every.unwrap_or(DEFAULT_REOPEN_EVERY)
+    }
 }
 
 /// The benchmark's `main`: parses the arguments, then either serves (the
@@ -152,7 +185,7 @@ async fn run(args: Args) -> Result<()> {
         }
     }
     if Figure::CostLoopback.selected(args.only) && args.lab_case.is_none() {
-        rows.extend(cost::cost(args.quick, args.case).await?);
+        rows.extend(cost::cost(args.quick, args.case, args.reopen_every()).await?);
     }
     if Figure::CostLab.selected(args.only) && args.case.is_none() {
         lab_cost::check_can_run()?;
@@ -230,10 +263,45 @@ mod tests {
             ("missing value", "--only", None),
             ("unknown flag", "--fast", None),
             ("bad count", "--serve many", None),
+            (
+                "reopen every",
+                "--only cost-loopback --reopen-every 30",
+                Some((false, Some(Figure::CostLoopback), None)),
+            ),
+            (
+                "reopen every, all figures",
+                "--reopen-every 30",
+                Some((false, None, None)),
+            ),
+            (
+                "reopen every, lab only",
+                "--only cost-lab --reopen-every 30",
+                None,
+            ),
+            (
+                "reopen every, default case",
+                "--case default --reopen-every 30",
+                None,
+            ),
+            ("reopen every too small", "--reopen-every 1", None),
+            ("reopen every not a number", "--reopen-every often", None),
         ];
         for (name, line, want) in cases {
             let got = parse(line).ok().map(|a| (a.quick, a.only, a.serve));
             assert_eq!(got, want, "{name}");
         }
+        let case = |line: &str| parse(line).ok().and_then(|a| a.case);
+        assert_eq!(
+            case("--case reuse --reopen-every 30"),
+            Some(cost::Case::Reuse(30))
+        );
+        assert_eq!(
+            case("--reopen-every 30 --case reuse"),
+            Some(cost::Case::Reuse(30))
+        );
+        assert_eq!(
+            case("--case reuse"),
+            Some(cost::Case::Reuse(DEFAULT_REOPEN_EVERY))
+        );
     }
 }
