@@ -6,7 +6,9 @@
 //! Nothing of Katran is in this repository. The source comes from
 //! `KATRAN_SRC` (a checkout) or is fetched at [`KATRAN_COMMIT`] into
 //! `target/bench/katran/src`; clang builds it as Katran's `Makefile-bpf`
-//! does (without `-DDEBUG`, which no code of the balancer reads); `bpftool`
+//! does (without `-DDEBUG`, which no code of the balancer reads; for the
+//! compiler's own BPF CPU unless `KATRAN_MCPU` names one, see [`mcpu`]);
+//! `bpftool`
 //! loads it and pins it under `/sys/fs/bpf/xlb-katran-<pid>`, removed on
 //! drop.
 
@@ -93,8 +95,31 @@ pub fn source() -> anyhow::Result<(PathBuf, String)> {
     Ok((dir, commit))
 }
 
-/// `balancer.bpf.c` built with clang as Katran's `Makefile-bpf` does.
+/// The BPF CPU Katran is built for: `KATRAN_MCPU` (`v1` to `v4`), or
+/// `None` for the compiler's default, as Katran's `Makefile-bpf` builds
+/// (v1 for clang before 20, v3 from 20 on). xlb's object is v3
+/// (`lb-user/build.rs`): with an older clang, `KATRAN_MCPU=v3` holds both
+/// to the same instruction set.
+pub fn mcpu() -> anyhow::Result<Option<String>> {
+    mcpu_of(std::env::var_os("KATRAN_MCPU").map(|c| c.to_string_lossy().into_owned()))
+}
+
+/// [`mcpu`] for the value `KATRAN_MCPU` has, if any.
+fn mcpu_of(value: Option<String>) -> anyhow::Result<Option<String>> {
+    let Some(cpu) = value else {
+        return Ok(None);
+    };
+    ensure!(
+        ["v1", "v2", "v3", "v4"].contains(&cpu.as_str()),
+        "KATRAN_MCPU={cpu:?}: use v1, v2, v3 or v4 (or unset it for clang's default)"
+    );
+    Ok(Some(cpu))
+}
+
+/// `balancer.bpf.c` built with clang as Katran's `Makefile-bpf` does, for
+/// the BPF CPU [`mcpu`] says.
 pub fn build(src: &Path) -> anyhow::Result<PathBuf> {
+    let cpu = mcpu()?;
     let out_dir = work_dir();
     // The BPF target is neither 32- nor 64-bit to glibc's headers, which
     // then ask for the 32-bit stubs; an empty one satisfies them.
@@ -121,6 +146,7 @@ pub fn build(src: &Path) -> anyhow::Result<PathBuf> {
             "bpf",
             "-c",
         ])
+        .args(cpu.map(|c| format!("-mcpu={c}")))
         .arg(src.join("katran/lib/bpf/balancer.bpf.c"))
         .arg("-o")
         .arg(&obj))
@@ -229,5 +255,23 @@ impl Katran {
             HashMap::<_, [u8; 40], [u8; 16]>::try_from(Map::LruHashMap(map("fallback_cache")?))?;
         lru.insert(key, pos, 0)?;
         Ok(this)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn katran_mcpu_is_a_bpf_cpu_or_the_default() {
+        assert_eq!(mcpu_of(None).unwrap(), None);
+        assert_eq!(mcpu_of(Some("v3".into())).unwrap().as_deref(), Some("v3"));
+        for bad in ["v9", "", "generic", "-mcpu=v3"] {
+            let e = mcpu_of(Some(bad.into())).unwrap_err().to_string();
+            assert!(
+                e.contains("KATRAN_MCPU") && e.contains("v1, v2, v3 or v4"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

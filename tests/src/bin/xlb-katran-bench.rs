@@ -73,8 +73,12 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let obj = katran::build(&src)?;
+    let cpu = katran::mcpu()?.map_or_else(
+        || "clang's default BPF CPU".to_owned(),
+        |c| format!("-mcpu={c} (KATRAN_MCPU)"),
+    );
     println!(
-        "Katran: {} at {commit}, built into {}",
+        "Katran: {} at {commit}, built for {cpu} into {}",
         src.display(),
         obj.display()
     );
