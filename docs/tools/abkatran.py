@@ -17,15 +17,18 @@ CASES = {
     'new flow': re.compile(r'^\s+new flow \(SYN\)\s+([\d.]+)\s'),
 }
 
-def run(bench):
-    out = subprocess.run([bench], capture_output=True, text=True, env=os.environ).stdout
+def run(bench, env=None, cases=CASES):
+    """One run of `bench` (with `env`, else this environment): the figure
+    of each of `cases` (name -> pattern; the last matching line counts)."""
+    out = subprocess.run([bench], capture_output=True, text=True,
+                         env=os.environ if env is None else env).stdout
     found = {}
     for line in out.split('\n'):
-        for case, pat in CASES.items():
+        for case, pat in cases.items():
             m = pat.match(line)
             if m:
                 found[case] = float(m.group(1))
-    if len(found) != len(CASES):
+    if len(found) != len(cases):
         sys.exit(f'{bench}: no xlb ÷ Katran figures in its output (is KATRAN_SRC set?)\n{out[-2000:]}')
     return found
 
@@ -47,4 +50,5 @@ def main():
               f'  new median {st.median(n):.3f} [{min(n):.2f}..{max(n):.2f}]'
               f'  new ÷ old {st.median(ratio):.3f}  (n={pairs})')
 
-main()
+if __name__ == '__main__':
+    main()

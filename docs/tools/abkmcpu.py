@@ -8,31 +8,22 @@ minimal program, for each Katran build.
     KATRAN_SRC=<checkout> python3 docs/tools/abkmcpu.py BENCH CPU PAIRS
 
 BENCH: target/release/xlb-katran-bench (root). About 3 s per run."""
-import os, re, subprocess, sys, statistics as st
+import os, re, sys, statistics as st
 
-CASES = {
-    'xlb ÷ Katran, established': re.compile(r'^\s+established, dsr-ipip against IPIP\s+([\d.]+)\s'),
-    'xlb ÷ Katran, new flow': re.compile(r'^\s+new flow \(SYN\)\s+([\d.]+)\s'),
-    # The second of the two lines of each name is the ratio to the minimal.
-    'Katran × minimal, established': re.compile(r'^\s+Katran established, IPIP\s+([\d.]+)\s'),
-    'Katran × minimal, new flow': re.compile(r'^\s+Katran new flow \(SYN\), IPIP\s+([\d.]+)\s'),
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import abkatran  # noqa: E402
+
+CASES = dict(abkatran.CASES)
+# The second of the two lines of each name is Katran's ratio to the minimal.
+CASES['Katran × minimal, established'] = re.compile(r'^\s+Katran established, IPIP\s+([\d.]+)\s')
+CASES['Katran × minimal, new flow'] = re.compile(r'^\s+Katran new flow \(SYN\), IPIP\s+([\d.]+)\s')
 
 def run(bench, cpu):
     env = dict(os.environ)
     env.pop('KATRAN_MCPU', None)
     if cpu:
         env['KATRAN_MCPU'] = cpu
-    out = subprocess.run([bench], capture_output=True, text=True, env=env).stdout
-    found = {}
-    for line in out.split('\n'):
-        for case, pat in CASES.items():
-            m = pat.match(line)
-            if m:
-                found[case] = float(m.group(1))
-    if len(found) != len(CASES):
-        sys.exit(f'{bench}: no xlb ÷ Katran figures in its output (is KATRAN_SRC set?)\n{out[-2000:]}')
-    return found
+    return abkatran.run(bench, env, CASES)
 
 bench, cpu, pairs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 acc = {}
@@ -43,5 +34,5 @@ for i in range(pairs):
             acc.setdefault((case, c), []).append(v)
 for case in CASES:
     d, m = acc[(case, None)], acc[(case, cpu)]
-    print('%-30s Katran default: median %.3f [%.2f..%.2f]   Katran %s: median %.3f [%.2f..%.2f]  (n=%d)'
+    print('%-29s Katran default: median %.3f [%.2f..%.2f]   Katran %s: median %.3f [%.2f..%.2f]  (n=%d)'
           % (case, st.median(d), min(d), max(d), cpu, st.median(m), min(m), max(m), len(d)))
