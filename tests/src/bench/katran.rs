@@ -8,9 +8,8 @@
 //! `target/bench/katran/src`; clang builds it as Katran's `Makefile-bpf`
 //! does (without `-DDEBUG`, which no code of the balancer reads; for the
 //! compiler's own BPF CPU unless `KATRAN_MCPU` names one, see [`mcpu`]);
-//! `bpftool`
-//! loads it and pins it under `/sys/fs/bpf/xlb-katran-<pid>`, removed on
-//! drop.
+//! `bpftool` loads it and pins it under `/sys/fs/bpf/xlb-katran-<pid>`,
+//! removed on drop.
 
 use std::{
     path::{Path, PathBuf},
@@ -97,9 +96,9 @@ pub fn source() -> anyhow::Result<(PathBuf, String)> {
 
 /// The BPF CPU Katran is built for: `KATRAN_MCPU` (`v1` to `v4`), or
 /// `None` for the compiler's default, as Katran's `Makefile-bpf` builds
-/// (v1 for clang before 20, v3 from 20 on). xlb's object is v3
-/// (`lb-user/build.rs`): with an older clang, `KATRAN_MCPU=v3` holds both
-/// to the same instruction set.
+/// (v1 for the clang 14 of this project's machine). xlb's object is v3
+/// (`lb-user/build.rs`): `KATRAN_MCPU=v3` holds both to the same
+/// instruction set.
 pub fn mcpu() -> anyhow::Result<Option<String>> {
     mcpu_of(std::env::var_os("KATRAN_MCPU").map(|c| c.to_string_lossy().into_owned()))
 }
@@ -117,9 +116,8 @@ fn mcpu_of(value: Option<String>) -> anyhow::Result<Option<String>> {
 }
 
 /// `balancer.bpf.c` built with clang as Katran's `Makefile-bpf` does, for
-/// the BPF CPU [`mcpu`] says.
-pub fn build(src: &Path) -> anyhow::Result<PathBuf> {
-    let cpu = mcpu()?;
+/// BPF CPU `cpu` ([`mcpu`]; `None`: clang's default).
+pub fn build(src: &Path, cpu: Option<&str>) -> anyhow::Result<PathBuf> {
     let out_dir = work_dir();
     // The BPF target is neither 32- nor 64-bit to glibc's headers, which
     // then ask for the 32-bit stubs; an empty one satisfies them.

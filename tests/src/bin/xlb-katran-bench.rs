@@ -72,13 +72,14 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    let obj = katran::build(&src)?;
-    let cpu = katran::mcpu()?.map_or_else(
+    let cpu = katran::mcpu()?;
+    let obj = katran::build(&src, cpu.as_deref())?;
+    let built_for = cpu.map_or_else(
         || "clang's default BPF CPU".to_owned(),
         |c| format!("-mcpu={c} (KATRAN_MCPU)"),
     );
     println!(
-        "Katran: {} at {commit}, built for {cpu} into {}",
+        "Katran: {} at {commit}, built for {built_for} into {}",
         src.display(),
         obj.display()
     );

@@ -83,13 +83,19 @@ fn window_for(quick: bool, reopen: u32) -> Duration {
     Duration::from_secs(base.max(u64::from(reopen)))
 }
 
+/// The check every case starts from: the detection figure's HTTP check,
+/// probing every second.
+fn base_spec() -> CheckSpec {
+    http_spec(|s| s.interval = Duration::from_secs(1))
+}
+
 /// The figure for every case, or for `only` (when profiling one).
 pub(super) async fn cost(quick: bool, only: Option<Case>, reopen: u32) -> Result<Vec<Row>> {
     let n = COST_BACKENDS;
     let rounds = if quick { 3 } else { 6 };
     let window = window_for(quick, reopen);
     let warmup = Duration::from_secs(if quick { 1 } else { 2 });
-    let base = http_spec(|s| s.interval = Duration::from_secs(1));
+    let base = base_spec();
     print_method(n, &base, warmup, window, rounds, reopen);
 
     let mut server = ServerChild::spawn(n).await?;
@@ -524,7 +530,7 @@ mod tests {
 
     #[test]
     fn reuse_case_carries_its_reopen_every() {
-        let base = http_spec_for_test();
+        let base = base_spec();
         let CheckKind::Http(http) = Case::Reuse(30).spec(&base).kind else {
             panic!("an HTTP check");
         };
@@ -537,9 +543,5 @@ mod tests {
             Case::Reuse(30).label(),
             "HTTP, reuse_connection (reopen_every 30)"
         );
-    }
-
-    fn http_spec_for_test() -> CheckSpec {
-        http_spec(|s| s.interval = Duration::from_secs(1))
     }
 }

@@ -31,7 +31,7 @@ const USAGE: &str =
                     vip, vip-reuse, direct or direct-reuse for the lab's
   --reopen-every N  the loopback figure's reuse case reopens its connections
                     every N probes (2-1000; default 10, xlb's default); its
-                    window grows to a multiple of N seconds";
+                    windows last at least N seconds";
 
 /// Backends probed for the cost figure.
 const COST_BACKENDS: usize = 1_000;
