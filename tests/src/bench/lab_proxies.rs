@@ -121,7 +121,7 @@ pub fn nft_ruleset(table: &str, listen: SocketAddrV4, backends: &[SocketAddrV4])
 
 /// `name` on PATH or in the sbin directories a root shell has (HAProxy and
 /// nft live in /usr/sbin, which a non-login PATH may lack).
-fn find_program(name: &str) -> anyhow::Result<PathBuf> {
+pub fn find_program(name: &str) -> anyhow::Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))

@@ -17,19 +17,25 @@ use lb_user::health::{
     spec::CheckSpec,
 };
 use tokio::{
-    io::{AsyncBufReadExt as _, BufReader},
+    io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines},
+    process::{ChildStdin, ChildStdout},
     sync::mpsc::Receiver,
-    time::{Instant, timeout, timeout_at},
+    time::{Instant, sleep, timeout, timeout_at},
 };
 
-use crate::bench::figures::{Figure, Target};
+use crate::bench::figures::{Figure, Target, median};
 
 use super::{
     COST_BACKENDS,
     detection::http_spec,
+    haproxy::Haproxy,
     report::{Row, Secs, Verdict},
-    resources::{CpuTime, cpu_time, rss_kib},
+    resources::{CpuTime, cpu_time, rss_kib, thread_cpu},
+    serve::SERVED_QUERY,
 };
+
+/// The name of the scheduler's thread (`lb_user::health::scheduler`).
+const PROBER_THREAD: &str = "xlb-prober";
 
 /// How far the probe rate may stray from one probe per backend per interval.
 const RATE_TOLERANCE: f64 = 0.15;
@@ -48,22 +54,28 @@ pub(super) enum Case {
     /// `reuse_connection = true` with this `reopen_every` (the default's
     /// unless `--reopen-every` says otherwise).
     Reuse(u32),
+    /// Not xlb: HAProxy's own checks of the same listeners, with the same
+    /// check (`haproxy.rs`).
+    Haproxy,
 }
 
 impl Case {
     /// The cases of a run, the reused connection reopened every `reopen`
     /// probes.
-    pub(super) fn all(reopen: u32) -> [Self; 2] {
-        [Self::Fresh, Self::Reuse(reopen)]
+    pub(super) fn all(reopen: u32) -> [Self; 3] {
+        [Self::Fresh, Self::Reuse(reopen), Self::Haproxy]
     }
 
     fn label(self) -> String {
         match self {
             Self::Fresh => "HTTP, new connection per probe (default)".to_owned(),
             Self::Reuse(every) => format!("HTTP, reuse_connection (reopen_every {every})"),
+            Self::Haproxy => "HAProxy's checks, same check, new connection per check".to_owned(),
         }
     }
 
+    /// The check this case runs: the base, kept-alive for `Reuse` (HAProxy
+    /// mirrors the base).
     fn spec(self, base: &CheckSpec) -> CheckSpec {
         let mut spec = base.clone();
         if let (Self::Reuse(every), CheckKind::Http(http)) = (self, &mut spec.kind) {
@@ -98,6 +110,31 @@ pub(super) async fn cost(quick: bool, only: Option<Case>, reopen: u32) -> Result
     let base = base_spec();
     print_method(n, &base, warmup, window, rounds, reopen);
 
+    // HAProxy is the peer, not the subject: without it the figure is
+    // measured anyway, and says why HAProxy is missing.
+    let haproxy = if only.is_none_or(|o| o == Case::Haproxy) {
+        let version = Haproxy::version();
+        match &version {
+            Ok(v) => println!(
+                "  peer:    {v} checking the same listeners with the same check (nbthread 1, \
+                 new connection per check), alternated with the cases above; CPU = its \
+                 process's utime+stime (/proc/PID/stat), checks = the servers' answers"
+            ),
+            Err(e) => println!("  peer:    HAProxy not measured: {e:#}"),
+        }
+        Some(version)
+    } else {
+        None
+    };
+    if only == Some(Case::Haproxy)
+        && let Some(Err(e)) = &haproxy
+    {
+        bail!("--case haproxy: {e:#}");
+    }
+    let runs = |c: &Case| {
+        only.is_none_or(|o| o == *c) && (*c != Case::Haproxy || matches!(haproxy, Some(Ok(_))))
+    };
+
     let mut server = ServerChild::spawn(n).await?;
     let mut windows: Vec<(Case, Measured)> = Vec::new();
     for round in 0..rounds {
@@ -107,20 +144,39 @@ pub(super) async fn cost(quick: bool, only: Option<Case>, reopen: u32) -> Result
         if round % 2 == 1 {
             order.reverse();
         }
-        for case in order.into_iter().filter(|c| only.is_none_or(|o| o == *c)) {
-            let measured = one_window(n, &case.spec(&base), &server.ports, warmup, window).await?;
+        for case in order.into_iter().filter(runs) {
+            let spec = case.spec(&base);
+            let measured = if case == Case::Haproxy {
+                haproxy_window(n, &spec, &mut server, warmup, window).await?
+            } else {
+                one_window(n, &spec, &server.ports, warmup, window).await?
+            };
             println!(
-                "  round {}/{rounds}, {}: {:.2}% of one core, {:.0} µs per probe",
+                "  round {}/{rounds}, {}: {:.2}% of one core, {:.0} µs per {}",
                 round + 1,
                 case.label(),
                 measured.cpu_percent(),
-                measured.cpu_per_probe_us()
+                measured.cpu_per_probe_us(),
+                if case == Case::Haproxy {
+                    "check"
+                } else {
+                    "probe"
+                }
             );
             windows.push((case, measured));
         }
     }
     server.stop().await;
-    Ok(summary_rows(&windows, reopen))
+    let mut rows = summary_rows(&windows, reopen);
+    if let Some(Err(e)) = haproxy {
+        rows.push(Row {
+            figure: format!("probe CPU, {}", Case::Haproxy.label()),
+            value: format!("not measured: {e:#}"),
+            target: "none set (reported)".to_owned(),
+            verdict: Verdict::Info,
+        });
+    }
+    Ok(rows)
 }
 
 /// Probes the `n` servers on `ports` with `spec` for one `window` after
@@ -155,8 +211,54 @@ async fn one_window(
         spec: spec.clone(),
         window,
         counts,
-        rss_before,
-        rss_after,
+        rss: Some((rss_before, rss_after)),
+    })
+}
+
+/// HAProxy checking the `n` servers with `spec` for one `window` after all
+/// pass and `warmup` has passed; its checks are counted by the servers
+/// (each answer is one), its failures by its own `chkfail`. HAProxy is
+/// gone when this returns.
+async fn haproxy_window(
+    n: usize,
+    spec: &CheckSpec,
+    server: &mut ServerChild,
+    warmup: Duration,
+    window: Duration,
+) -> Result<Measured> {
+    let haproxy = Haproxy::start(&server.ports, spec).await?;
+    sleep(warmup).await;
+    let (failed_before, served_before) = (haproxy.stats().await?.failed, server.served().await?);
+    let cpu_start = haproxy.cpu()?;
+    let start = Instant::now();
+    sleep(window).await;
+    let cpu = haproxy.cpu()? - cpu_start;
+    let wall = start.elapsed();
+    let (stats, served) = (haproxy.stats().await?, server.served().await?);
+    drop(haproxy);
+    let mut failed = HashMap::new();
+    let failures = stats.failed.saturating_sub(failed_before);
+    if failures > 0 {
+        failed.insert("HAProxy chkfail".to_owned(), u32::try_from(failures)?);
+    }
+    ensure!(
+        stats.servers == n,
+        "HAProxy lists {} servers, expected {n}",
+        stats.servers
+    );
+    Ok(Measured {
+        n,
+        spec: spec.clone(),
+        window,
+        counts: ProbeCounts {
+            per_backend: HashMap::new(),
+            total: u32::try_from(served.saturating_sub(served_before))?,
+            failed,
+            cpu,
+            prober: None,
+            wall,
+        },
+        rss: None,
     })
 }
 
@@ -235,10 +337,16 @@ async fn wait_all_up(rx: &mut Receiver<Report>, n: usize, spec: &CheckSpec) -> R
 
 /// Probes counted over the window, and the CPU they cost.
 struct ProbeCounts {
+    /// Probes per backend id; empty for HAProxy, whose checks are counted
+    /// by the servers in `total` only.
     per_backend: HashMap<u64, u32>,
+    total: u32,
     /// Failed probes by failure code.
     failed: HashMap<String, u32>,
     cpu: CpuTime,
+    /// Of `cpu`, the prober thread's (`xlb-prober`); the rest is the report
+    /// consumer's and the runtime's. None for HAProxy.
+    prober: Option<CpuTime>,
     wall: Duration,
 }
 
@@ -246,6 +354,7 @@ async fn count_probes(rx: &mut Receiver<Report>, window: Duration) -> Result<Pro
     let mut per_backend: HashMap<u64, u32> = HashMap::new();
     let mut failed: HashMap<String, u32> = HashMap::new();
     let cpu_start = cpu_time()?;
+    let prober_start = thread_cpu(PROBER_THREAD)?;
     let start = Instant::now();
     let end = start + window;
     while let Ok(received) = timeout_at(end, rx.recv()).await {
@@ -260,8 +369,13 @@ async fn count_probes(rx: &mut Receiver<Report>, window: Duration) -> Result<Pro
         }
     }
     let cpu = cpu_time()? - cpu_start;
+    let prober = thread_cpu(PROBER_THREAD)?
+        .zip(prober_start)
+        .map(|(end, start)| end - start);
     let wall = start.elapsed();
     Ok(ProbeCounts {
+        prober,
+        total: per_backend.values().sum(),
         per_backend,
         failed,
         cpu,
@@ -275,14 +389,14 @@ struct Measured {
     spec: CheckSpec,
     window: Duration,
     counts: ProbeCounts,
-    /// KiB, before the scheduler existed and at the end of the window.
-    rss_before: u64,
-    rss_after: u64,
+    /// This process's RSS in KiB, before the scheduler existed and at the
+    /// end of the window; none for HAProxy.
+    rss: Option<(u64, u64)>,
 }
 
 impl Measured {
     fn probes(&self) -> u32 {
-        self.counts.per_backend.values().sum()
+        self.counts.total
     }
 
     fn cpu_percent(&self) -> f64 {
@@ -290,33 +404,35 @@ impl Measured {
         100.0 * cpu.total().as_secs_f64() / wall.as_secs_f64()
     }
 
+    /// The prober thread's share of one core, if it was measured.
+    fn prober_percent(&self) -> Option<f64> {
+        let ProbeCounts { prober, wall, .. } = self.counts;
+        Some(100.0 * prober?.total().as_secs_f64() / wall.as_secs_f64())
+    }
+
     fn cpu_per_probe_us(&self) -> f64 {
         self.counts.cpu.total().as_secs_f64() * 1e6 / f64::from(self.probes().max(1))
     }
 
-    fn rss_row(&self, case: Case) -> Row {
-        Row {
+    fn rss_row(&self, case: Case) -> Option<Row> {
+        let (before, after) = self.rss?;
+        Some(Row {
             figure: format!("prober RSS, {}", case.label()),
             value: format!(
                 "{:.1} MiB ({:+.1} MiB with the {} backends)",
-                self.rss_after as f64 / 1024.0,
-                (self.rss_after as f64 - self.rss_before as f64) / 1024.0,
+                after as f64 / 1024.0,
+                (after as f64 - before as f64) / 1024.0,
                 self.n
             ),
             target: "none set (reported)".to_owned(),
             verdict: Verdict::Info,
-        }
+        })
     }
 
     /// The probe rate's row of this window.
     fn rate_row(&self, case: Case) -> Row {
-        let ProbeCounts {
-            per_backend,
-            failed,
-            wall,
-            ..
-        } = &self.counts;
-        let probes: u32 = per_backend.values().sum();
+        let ProbeCounts { failed, wall, .. } = &self.counts;
+        let probes = self.probes();
         let probes_per_s = f64::from(probes) / wall.as_secs_f64();
         let expected_rate = self.n as f64 / self.spec.interval.as_secs_f64();
         let failures: u32 = failed.values().sum();
@@ -382,19 +498,17 @@ fn summary_rows(windows: &[(Case, Measured)], reopen: u32) -> Vec<Row> {
             .map(|(_, m)| m)
             .collect()
     };
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    // The same median as each case's own figure (mean of the middle two).
+    let median_of = |case: Case, f: fn(&Measured) -> f64| {
+        let values: Vec<f64> = of(case).into_iter().map(f).collect();
+        median(&values)
     };
-    let fresh_percents: Vec<f64> = of(Case::Fresh).iter().map(|m| m.cpu_percent()).collect();
-    // The same median as the default's own figure (mean of the middle two).
-    let fresh_percent = Figure::median_of("", "", "", &fresh_percents, "%").value;
-    let fresh_us = median(
-        of(Case::Fresh)
-            .iter()
-            .map(|m| m.cpu_per_probe_us())
-            .collect(),
-    );
+    let fresh_percent = median_of(Case::Fresh, Measured::cpu_percent);
+    let haproxy_percent = median_of(Case::Haproxy, Measured::cpu_percent);
+    let per_probe = PerProbe {
+        fresh: median_of(Case::Fresh, Measured::cpu_per_probe_us),
+        haproxy: median_of(Case::Haproxy, Measured::cpu_per_probe_us),
+    };
     let mut rows = Vec::new();
     for case in Case::all(reopen) {
         let measured = of(case);
@@ -402,14 +516,21 @@ fn summary_rows(windows: &[(Case, Measured)], reopen: u32) -> Vec<Row> {
             continue;
         };
         let percents: Vec<f64> = measured.iter().map(|m| m.cpu_percent()).collect();
-        let mut figure =
-            Figure::median_of("xlb-health-bench", GROUP, &case.label(), &percents, "%")
-                .target(Target::AtMost(TARGET_PERCENT));
-        if case != Case::Fresh && fresh_percent.is_finite() {
-            figure = figure.against(&Case::Fresh.label(), fresh_percent);
-        }
+        let figure = Figure::median_of("xlb-health-bench", GROUP, &case.label(), &percents, "%");
+        // xlb's cases are held to the target, the default against HAProxy
+        // and the reuse case against the default; HAProxy is reported.
+        let figure = match case {
+            Case::Haproxy => figure,
+            Case::Fresh if haproxy_percent.is_finite() => figure
+                .target(Target::AtMost(TARGET_PERCENT))
+                .against(&Case::Haproxy.label(), haproxy_percent),
+            Case::Reuse(_) if fresh_percent.is_finite() => figure
+                .target(Target::AtMost(TARGET_PERCENT))
+                .against(&Case::Fresh.label(), fresh_percent),
+            _ => figure.target(Target::AtMost(TARGET_PERCENT)),
+        };
         figure.record();
-        rows.push(cpu_row(case, &measured, figure.value, fresh_us));
+        rows.push(cpu_row(case, &measured, figure.value, per_probe));
         // A window that missed its rate or per-backend count is the one
         // shown; otherwise the last.
         let pick = |row: fn(&Measured, Case) -> Row| {
@@ -420,46 +541,74 @@ fn summary_rows(windows: &[(Case, Measured)], reopen: u32) -> Vec<Row> {
                 .cloned()
         };
         rows.extend(pick(Measured::rate_row));
-        rows.extend(pick(Measured::per_backend_row));
-        rows.push(last.rss_row(case));
+        if case != Case::Haproxy {
+            rows.extend(pick(Measured::per_backend_row));
+        }
+        rows.extend(last.rss_row(case));
     }
     rows
 }
 
+/// The median CPU per probe of the default and of HAProxy's checks, in µs
+/// (NaN for a case not measured): what each case's row compares itself to.
+#[derive(Clone, Copy)]
+struct PerProbe {
+    fresh: f64,
+    haproxy: f64,
+}
+
 /// The CPU row of `case`: the median share of one core over its windows
-/// (`median`), their spread, and the CPU per probe (against the default's,
-/// `fresh_us`, for the other cases).
-fn cpu_row(case: Case, measured: &[&Measured], median: f64, fresh_us: f64) -> Row {
+/// (`percent`), their spread, and the CPU per probe (against the default's
+/// and HAProxy's per check, where measured).
+fn cpu_row(case: Case, measured: &[&Measured], percent: f64, per: PerProbe) -> Row {
     let percents: Vec<f64> = measured.iter().map(|m| m.cpu_percent()).collect();
     let (lo, hi) = percents
         .iter()
         .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-    let mut per_probe: Vec<f64> = measured.iter().map(|m| m.cpu_per_probe_us()).collect();
-    per_probe.sort_by(f64::total_cmp);
-    let us = per_probe
-        .get(per_probe.len() / 2)
-        .copied()
-        .unwrap_or(f64::NAN);
+    let per_probe: Vec<f64> = measured.iter().map(|m| m.cpu_per_probe_us()).collect();
+    let us = median(&per_probe);
     let (user, total) = measured.iter().fold((0.0, 0.0), |(u, t), m| {
         let cpu = m.counts.cpu;
         (u + cpu.user.as_secs_f64(), t + cpu.total().as_secs_f64())
     });
-    // Without the default's windows (`--case reuse`) there is no ratio.
-    let against = if case == Case::Fresh || !fresh_us.is_finite() {
-        String::new()
+    // A ratio only where the other case was measured (not with `--case`).
+    let mut against = String::new();
+    if matches!(case, Case::Reuse(_)) && per.fresh.is_finite() {
+        against.push_str(&format!(", {:.2}× the default's", us / per.fresh));
+    }
+    if case != Case::Haproxy && per.haproxy.is_finite() {
+        against.push_str(&format!(", {:.2}× HAProxy's per check", us / per.haproxy));
+    }
+    let prober: Vec<f64> = measured.iter().filter_map(|m| m.prober_percent()).collect();
+    if !prober.is_empty() {
+        against.push_str(&format!(
+            "; of it the prober thread {:.1}%, the rest the report consumer's",
+            median(&prober)
+        ));
+    }
+    let (unit, target, verdict) = if case == Case::Haproxy {
+        (
+            "check",
+            "none set (the peer, reported)".to_owned(),
+            Verdict::Info,
+        )
     } else {
-        format!(", {:.2}× the default's", us / fresh_us)
+        (
+            "probe",
+            format!("≤ {TARGET_PERCENT}% of one core"),
+            Verdict::of(percent <= TARGET_PERCENT),
+        )
     };
     Row {
         figure: format!("probe CPU, {}", case.label()),
         value: format!(
-            "{median:.1}% of one core (median of {}; {lo:.1}–{hi:.1}%; {us:.0} µs per \
-             probe{against}; {:.0}% user)",
+            "{percent:.1}% of one core (median of {}; {lo:.1}–{hi:.1}%; {us:.0} µs per \
+             {unit}{against}; {:.0}% user)",
             measured.len(),
             100.0 * user / total.max(1e-9)
         ),
-        target: format!("≤ {TARGET_PERCENT}% of one core"),
-        verdict: Verdict::of(median <= TARGET_PERCENT),
+        target,
+        verdict,
     }
 }
 
@@ -467,6 +616,9 @@ fn cpu_row(case: Case, measured: &[&Measured], median: f64, fresh_us: f64) -> Ro
 struct ServerChild {
     child: tokio::process::Child,
     ports: Vec<u16>,
+    /// Where [`serve::SERVED_QUERY`] is asked, and answered.
+    stdin: Option<ChildStdin>,
+    stdout: Lines<BufReader<ChildStdout>>,
 }
 
 impl ServerChild {
@@ -482,12 +634,14 @@ impl ServerChild {
             .spawn()
             .with_context(|| format!("starting {} --serve {n}", exe.display()))?;
         let stdout = child.stdout.take().context("server child has no stdout")?;
-        let mut line = String::new();
+        let stdin = child.stdin.take();
+        let mut stdout = BufReader::new(stdout).lines();
         let wait = Duration::from_secs(20);
-        timeout(wait, BufReader::new(stdout).read_line(&mut line))
+        let line = timeout(wait, stdout.next_line())
             .await
             .with_context(|| format!("server child did not list its ports within {}", Secs(wait)))?
-            .context("reading the server child's ports")?;
+            .context("reading the server child's ports")?
+            .context("server child closed its stdout before listing its ports")?;
         let ports = line
             .strip_prefix("ports ")
             .with_context(|| format!("server child said {line:?}, expected \"ports …\""))?
@@ -500,13 +654,40 @@ impl ServerChild {
             "server child listed {} ports, expected {n}",
             ports.len()
         );
-        Ok(Self { child, ports })
+        Ok(Self {
+            child,
+            ports,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// Responses the servers have written so far.
+    async fn served(&mut self) -> Result<u64> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .context("server child already stopped")?;
+        stdin
+            .write_all(format!("{SERVED_QUERY}\n").as_bytes())
+            .await
+            .context("asking the server child for its count")?;
+        stdin.flush().await?;
+        let wait = Duration::from_secs(5);
+        let line = timeout(wait, self.stdout.next_line())
+            .await
+            .with_context(|| format!("server child did not answer within {}", Secs(wait)))?
+            .context("reading the server child's count")?
+            .context("server child closed its stdout")?;
+        line.strip_prefix(SERVED_QUERY)
+            .and_then(|n| n.trim().parse().ok())
+            .with_context(|| format!("server child said {line:?}, expected \"{SERVED_QUERY} N\""))
     }
 
     /// Closes the child's stdin (its signal to exit) and waits for it a
     /// little; kills it if it lingers.
     async fn stop(&mut self) {
-        drop(self.child.stdin.take());
+        drop(self.stdin.take());
         if timeout(Duration::from_secs(5), self.child.wait())
             .await
             .is_err()

@@ -5,6 +5,7 @@
 mod cost;
 mod detection;
 mod hang;
+mod haproxy;
 mod lab_cost;
 mod lab_sample;
 mod report;
@@ -19,7 +20,7 @@ use crate::bench::print_command;
 use report::print_table;
 
 const USAGE: &str =
-    "usage: xlb-health-bench [--quick] [--only FIGURE] [--case default|reuse] [--reopen-every N]
+    "usage: xlb-health-bench [--quick] [--only FIGURE] [--case CASE] [--reopen-every N]
   --quick           fewer repetitions and a shorter cost window (smoke runs)
   --only FIGURE     run one figure: detection (hung application), cost (CPU of
                     probing 1,000 backends every second: both of the next two),
@@ -27,7 +28,8 @@ const USAGE: &str =
                     to listeners on 127.0.0.1) or cost-lab (the daemon in a lab,
                     through the data path and direct; needs root)
   --case CASE       one case of a cost figure only (to profile it): default (a
-                    new connection per probe) or reuse for the loopback figure;
+                    new connection per probe), reuse or haproxy (HAProxy's own
+                    checks of the same listeners) for the loopback figure;
                     vip, vip-reuse, direct or direct-reuse for the lab's
   --reopen-every N  the loopback figure's reuse case reopens its connections
                     every N probes (2-1000; default 10, xlb's default); its
@@ -102,11 +104,12 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
                 match name.as_str() {
                     "default" => out.case = Some(cost::Case::Fresh),
                     "reuse" => out.case = Some(cost::Case::Reuse(DEFAULT_REOPEN_EVERY)),
+                    "haproxy" => out.case = Some(cost::Case::Haproxy),
                     lab => {
                         out.lab_case = Some(lab_cost::LabCase::named(lab).with_context(|| {
                             format!(
-                                "--case {lab:?}: use default or reuse (loopback), or vip, \
-                                 vip-reuse, direct or direct-reuse (lab)\n{USAGE}"
+                                "--case {lab:?}: use default, reuse or haproxy (loopback), or \
+                                 vip, vip-reuse, direct or direct-reuse (lab)\n{USAGE}"
                             )
                         })?);
                     }
@@ -134,11 +137,12 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
         }
     }
     if let Some(every) = out.reopen_every
-        && (!Figure::CostLoopback.selected(out.only) || out.case == Some(cost::Case::Fresh))
+        && (!Figure::CostLoopback.selected(out.only)
+            || matches!(out.case, Some(cost::Case::Fresh | cost::Case::Haproxy)))
     {
         bail!(
             "--reopen-every {every}: only the loopback cost figure's reuse case has it; \
-             run it with --only cost-loopback (or cost), without --case default\n{USAGE}"
+             run it with --only cost-loopback (or cost), without --case default or haproxy\n{USAGE}"
         );
     }
     if let Some(cost::Case::Reuse(_)) = out.case {
@@ -283,6 +287,11 @@ mod tests {
                 "--case default --reopen-every 30",
                 None,
             ),
+            (
+                "reopen every, HAProxy's case",
+                "--case haproxy --reopen-every 30",
+                None,
+            ),
             ("reopen every too small", "--reopen-every 1", None),
             ("reopen every not a number", "--reopen-every often", None),
         ];
@@ -303,5 +312,6 @@ mod tests {
             case("--case reuse"),
             Some(cost::Case::Reuse(DEFAULT_REOPEN_EVERY))
         );
+        assert_eq!(case("--case haproxy"), Some(cost::Case::Haproxy));
     }
 }

@@ -76,3 +76,82 @@ pub(super) fn raise_nofile() -> Result<()> {
     );
     Ok(())
 }
+
+/// User and system time from a `/proc/PID/stat` line (fields 14 and 15,
+/// in clock ticks), after the command name, which may hold spaces.
+pub(super) fn cpu_of_stat(stat: &str) -> Option<CpuTime> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace().skip(11);
+    let utime: u64 = f.next()?.parse().ok()?;
+    let stime: u64 = f.next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&h| h > 0)?;
+    let ticks = |t: u64| Duration::from_nanos(t * 1_000_000_000 / hz);
+    Some(CpuTime {
+        user: ticks(utime),
+        system: ticks(stime),
+    })
+}
+
+/// CPU time so far of this process's threads named `name` (`comm`, as
+/// `/proc/self/task/*/comm` shows it): the prober's own share of the
+/// process's time. `None` when no thread has that name.
+pub(super) fn thread_cpu(name: &str) -> Result<Option<CpuTime>> {
+    let mut sum: Option<CpuTime> = None;
+    for task in std::fs::read_dir("/proc/self/task").context("listing /proc/self/task")? {
+        let dir = task?.path();
+        // A thread that ends meanwhile is simply not counted.
+        let (Ok(comm), Ok(stat)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("stat")),
+        ) else {
+            continue;
+        };
+        if comm.trim_end() != name {
+            continue;
+        }
+        let cpu = cpu_of_stat(&stat).with_context(|| format!("{}: {stat:?}", dir.display()))?;
+        sum = Some(match sum {
+            Some(s) => CpuTime {
+                user: s.user + cpu.user,
+                system: s.system + cpu.system,
+            },
+            None => cpu,
+        });
+    }
+    Ok(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_from_proc_stat() {
+        // A command name with spaces and a parenthesis, as the kernel prints it.
+        let stat = "4242 (ha (proxy) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 \
+                    1 0 100 1000 100 18446744073709551615";
+        let cpu = cpu_of_stat(stat).expect("parsed");
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        assert_eq!(cpu.user, Duration::from_nanos(250 * 1_000_000_000 / hz));
+        assert_eq!(cpu.system, Duration::from_nanos(50 * 1_000_000_000 / hz));
+        assert!(cpu_of_stat("4242 (x").is_none());
+    }
+
+    #[test]
+    fn this_thread_is_found_by_name() {
+        let name = "xlb-cpu-test";
+        let found = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || thread_cpu(name))
+            .expect("spawn")
+            .join()
+            .expect("join")
+            .expect("read");
+        assert!(found.is_some());
+        assert!(thread_cpu("no-such-thread").expect("read").is_none());
+    }
+}

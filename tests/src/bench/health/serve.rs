@@ -2,8 +2,9 @@
 //! of N minimal HTTP servers, so that the prober's CPU time is its own.
 
 use std::{
-    io::{self, Read as _, Write as _},
+    io::{self, BufRead as _, Write as _},
     net::Ipv4Addr,
+    sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
 
@@ -34,9 +35,18 @@ const HEALTH_RESPONSE_KEEP: &[u8] =
 /// web server's keep-alive timeout (nginx: 75 s).
 const SERVE_IDLE_LIMIT: Duration = Duration::from_secs(75);
 
+/// Responses written so far, all listeners together.
+static SERVED: AtomicU64 = AtomicU64::new(0);
+
+/// The line on stdin that asks for [`SERVED`]; the answer is `served N`.
+pub(super) const SERVED_QUERY: &str = "served";
+
 /// `--serve N`: N HTTP listeners on 127.0.0.1 that answer any request with
-/// 200, and close unless it is HTTP/1.1 without `Connection: close`. Prints `ports P1 P2 …` once they are bound, then serves
-/// until stdin closes (at most `SERVE_LIMIT`).
+/// 200, and close unless it is HTTP/1.1 without `Connection: close`. Prints
+/// `ports P1 P2 …` once they are bound, then serves until stdin closes (at
+/// most `SERVE_LIMIT`), answering each `served` line on stdin with the
+/// responses written so far: a count of checks that needs nothing from
+/// the checker (HAProxy's are counted so).
 pub(super) fn serve_main(n: usize) -> Result<()> {
     ensure!(n > 0, "--serve needs at least one listener");
     // One thread: the server's CPU must not crowd out the prober it serves.
@@ -48,9 +58,19 @@ pub(super) fn serve_main(n: usize) -> Result<()> {
     // A std thread, not tokio's stdin: it must not keep the runtime from
     // shutting down if the limit passes first.
     std::thread::spawn(move || {
-        let mut sink = [0u8; 64];
-        let mut stdin = io::stdin();
-        while matches!(stdin.read(&mut sink), Ok(k) if k > 0) {}
+        for line in io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if line.trim() == SERVED_QUERY {
+                let mut out = io::stdout().lock();
+                let served = SERVED.load(Ordering::Relaxed);
+                if writeln!(out, "{SERVED_QUERY} {served}")
+                    .and_then(|()| out.flush())
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
         let _ = done_tx.send(());
     });
     let result = runtime.block_on(async move {
@@ -112,6 +132,7 @@ async fn answer(mut stream: TcpStream) {
         buf.clear();
         if close {
             if stream.write_all(HEALTH_RESPONSE_CLOSE).await.is_ok() {
+                SERVED.fetch_add(1, Ordering::Relaxed);
                 let _ = stream.shutdown().await;
             }
             return;
@@ -119,6 +140,7 @@ async fn answer(mut stream: TcpStream) {
         if stream.write_all(HEALTH_RESPONSE_KEEP).await.is_err() {
             return;
         }
+        SERVED.fetch_add(1, Ordering::Relaxed);
         wait = SERVE_IDLE_LIMIT;
     }
 }
