@@ -1,7 +1,9 @@
 //! Health checking: probes (`probe`, through the data path: `datapath`),
 //! the per-backend state machine (`machine`), the scheduler that runs
 //! probes with bounded concurrency (`scheduler`), and the VIP policy that
-//! decides what the table does with backends' health (`policy`).
+//! decides what the table does with backends' health (`policy`); its
+//! reports reach the daemon in batches (`batch`).
+pub mod batch;
 pub mod datapath;
 pub mod machine;
 pub mod policy;

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::batch::{Batcher, FLUSH_EVERY, flush_loop};
 use super::datapath::DatapathTarget;
 use super::machine::{HealthMachine, HealthSnapshot, HealthState, Transition, initial_delay};
 use super::probe::{ConnSlot, ProbeClass, ProbeResult, probe_reusing};
@@ -180,7 +181,10 @@ impl ProberThread {
 /// Owns the backend tasks. Dropping it stops them all.
 pub struct Scheduler {
     semaphore: Arc<Semaphore>,
-    tx: mpsc::Sender<Report>,
+    /// Where the backend tasks put their reports (see `health::batch`).
+    reports: Arc<Batcher>,
+    /// Hands the reports to the receiver; aborted on drop.
+    flusher: JoinHandle<()>,
     shared: Shared,
     tasks: HashMap<u64, Task>,
     next_generation: u64,
@@ -206,9 +210,12 @@ impl Scheduler {
         let runtime = prober
             .as_ref()
             .map_or_else(tokio::runtime::Handle::current, |p| p.handle.clone());
+        let reports = Arc::new(Batcher::default());
+        let flusher = runtime.spawn(flush_loop(Arc::clone(&reports), tx, FLUSH_EVERY));
         let scheduler = Self {
             semaphore: Arc::new(Semaphore::new(max_concurrent.max(1))),
-            tx,
+            reports,
+            flusher,
             shared: Arc::new(Mutex::new(HashMap::new())),
             tasks: HashMap::new(),
             next_generation: 0,
@@ -297,7 +304,7 @@ impl Scheduler {
             auto: auto.clone(),
             shared: Arc::clone(&self.shared),
             semaphore: Arc::clone(&self.semaphore),
-            tx: self.tx.clone(),
+            reports: Arc::clone(&self.reports),
             conn: ConnSlot::default(),
             epoch: self.epoch,
         }));
@@ -354,6 +361,7 @@ impl Drop for Scheduler {
         for task in self.tasks.values() {
             task.handle.abort();
         }
+        self.flusher.abort();
     }
 }
 
@@ -368,7 +376,7 @@ struct BackendTask {
     auto: Option<AutoTimeout>,
     shared: Shared,
     semaphore: Arc<Semaphore>,
-    tx: mpsc::Sender<Report>,
+    reports: Arc<Batcher>,
     /// The kept connection of `reuse_connection`; closed with the task.
     conn: ConnSlot,
     /// The start of the probe grid.
@@ -412,7 +420,7 @@ impl BackendTask {
         Some((transition, entry.machine.snapshot(), delay))
     }
 
-    async fn send(
+    fn send(
         &self,
         class: ProbeClass,
         result: Option<ProbeResult>,
@@ -427,8 +435,7 @@ impl BackendTask {
             transition,
             snapshot,
         };
-        // A dropped receiver is not a reason to stop: snapshots stay useful.
-        let _ = self.tx.send(report).await;
+        self.reports.push(report);
     }
 }
 
@@ -507,7 +514,7 @@ async fn probe_once(
     }
     let class = ProbeClass::Late { timeout };
     let (transition, snapshot, delay) = task.update(&class, None, false, timeout)?;
-    task.send(class, None, transition, snapshot).await;
+    task.send(class, None, transition, snapshot);
     let task = Arc::clone(task);
     in_flight.spawn(async move {
         let result = probing.await;
@@ -538,7 +545,7 @@ impl BackendTask {
         };
         let (transition, snapshot, delay) =
             self.update(&class, Some(&result), after_late, timeout)?;
-        self.send(class, Some(result), transition, snapshot).await;
+        self.send(class, Some(result), transition, snapshot);
         drop(permit);
         Some(delay)
     }
