@@ -506,11 +506,11 @@ async fn probe_once(
     // With hang_timeout = timeout the verdict comes at timeout: no interim.
     if task.spec.hang_timeout <= timeout {
         let result = probing.await;
-        return task.conclude(result, false, timeout, permit).await;
+        return task.conclude(result, false, timeout, permit);
     }
     let late_at = tokio::time::Instant::now() + timeout;
     if let Ok(result) = tokio::time::timeout_at(late_at, probing.as_mut()).await {
-        return task.conclude(result, false, timeout, permit).await;
+        return task.conclude(result, false, timeout, permit);
     }
     let class = ProbeClass::Late { timeout };
     let (transition, snapshot, delay) = task.update(&class, None, false, timeout)?;
@@ -518,7 +518,7 @@ async fn probe_once(
     let task = Arc::clone(task);
     in_flight.spawn(async move {
         let result = probing.await;
-        task.conclude(result, true, timeout, permit).await;
+        task.conclude(result, true, timeout, permit);
     });
     Some(delay)
 }
@@ -527,7 +527,7 @@ impl BackendTask {
     /// Reports a probe's verdict (`after_late`: it was reported `Late`
     /// first), then releases its permit. Returns the delay until the next
     /// probe, or `None` if this task's results are stale.
-    async fn conclude(
+    fn conclude(
         &self,
         result: ProbeResult,
         after_late: bool,
