@@ -42,7 +42,8 @@ use super::spec::CheckSpec;
 /// backends at a 2 s interval even if all of them hang for a 1 s timeout.
 pub const DEFAULT_MAX_CONCURRENT: usize = 256;
 
-/// Reports buffered before backend tasks wait for the receiver.
+/// Reports buffered in the channel before the batch flusher
+/// (`health::batch`) waits for the receiver.
 const REPORT_QUEUE: usize = 1024;
 
 /// Probe starts are rounded up to a grid of this fraction of the period

@@ -188,14 +188,25 @@ impl CpuTicks {
 /// utime + stime (or, with `children`, cutime + cstime) of
 /// `/proc/<pid>/stat`, in clock ticks.
 fn process_ticks(pid: &str, children: bool) -> Option<u64> {
+    process_user_system_ticks(pid, children).map(|(user, system)| user + system)
+}
+
+/// utime and stime (or, with `children`, cutime and cstime) of
+/// `/proc/<pid>/stat`, in clock ticks ([`clock_ticks_per_second`]).
+pub fn process_user_system_ticks(pid: &str, children: bool) -> Option<(u64, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    user_system_ticks(&stat, children)
+}
+
+/// [`process_user_system_ticks`] of the text of a `/proc/<pid>/stat`.
+fn user_system_ticks(stat: &str, children: bool) -> Option<(u64, u64)> {
     // The command name may hold spaces and parentheses: fields start after
     // the last `)`, with the state (field 3) first.
     let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
     let first = if children { 13 } else { 11 };
     let a: u64 = fields.get(first)?.parse().ok()?;
     let b: u64 = fields.get(first + 1)?.parse().ok()?;
-    Some(a + b)
+    Some((a, b))
 }
 
 /// The pids of every process in network namespace `ns`.
@@ -374,7 +385,7 @@ impl Usage {
 }
 
 /// `sysconf(_SC_CLK_TCK)`: the unit of `/proc/stat` and `/proc/<pid>/stat`.
-fn clock_ticks_per_second() -> f64 {
+pub fn clock_ticks_per_second() -> f64 {
     // SAFETY: sysconf reads a constant of the C library; no pointers.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if hz > 0 { hz as f64 } else { 100.0 }
@@ -410,6 +421,16 @@ mod tests {
         for (name, text, marker, want) in cases {
             assert_eq!(prog_id_after(text, marker), want, "{name}");
         }
+    }
+
+    #[test]
+    fn pid_stat_user_and_system() {
+        // A command name with spaces and a parenthesis, as the kernel prints it.
+        let stat = "4242 (ha (proxy) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 7 3 20 0 \
+                    1 0 100 1000 100 18446744073709551615";
+        assert_eq!(user_system_ticks(stat, false), Some((250, 50)));
+        assert_eq!(user_system_ticks(stat, true), Some((7, 3)));
+        assert_eq!(user_system_ticks("4242 (x", false), None);
     }
 
     #[test]

@@ -29,8 +29,9 @@ use super::{
     COST_BACKENDS,
     detection::http_spec,
     haproxy::Haproxy,
+    lab_sample::thread_cpu_ns,
     report::{Row, Secs, Verdict},
-    resources::{CpuTime, cpu_time, rss_kib, thread_cpu},
+    resources::{CpuTime, cpu_time, rss_kib},
     serve::SERVED_QUERY,
 };
 
@@ -344,9 +345,9 @@ struct ProbeCounts {
     /// Failed probes by failure code.
     failed: HashMap<String, u32>,
     cpu: CpuTime,
-    /// Of `cpu`, the prober thread's (`xlb-prober`); the rest is the report
-    /// consumer's and the runtime's. None for HAProxy.
-    prober: Option<CpuTime>,
+    /// Of `cpu`, the prober thread's (`xlb-prober`, its time on CPU); the
+    /// rest is the report consumer's and the runtime's. None for HAProxy.
+    prober: Option<Duration>,
     wall: Duration,
 }
 
@@ -354,7 +355,8 @@ async fn count_probes(rx: &mut Receiver<Report>, window: Duration) -> Result<Pro
     let mut per_backend: HashMap<u64, u32> = HashMap::new();
     let mut failed: HashMap<String, u32> = HashMap::new();
     let cpu_start = cpu_time()?;
-    let prober_start = thread_cpu(PROBER_THREAD)?;
+    let prober_ns = || thread_cpu_ns(std::process::id(), PROBER_THREAD).ok();
+    let prober_start = prober_ns();
     let start = Instant::now();
     let end = start + window;
     while let Ok(received) = timeout_at(end, rx.recv()).await {
@@ -369,9 +371,9 @@ async fn count_probes(rx: &mut Receiver<Report>, window: Duration) -> Result<Pro
         }
     }
     let cpu = cpu_time()? - cpu_start;
-    let prober = thread_cpu(PROBER_THREAD)?
+    let prober = prober_ns()
         .zip(prober_start)
-        .map(|(end, start)| end - start);
+        .map(|(end, start)| Duration::from_nanos(end.saturating_sub(start)));
     let wall = start.elapsed();
     Ok(ProbeCounts {
         prober,
@@ -407,7 +409,7 @@ impl Measured {
     /// The prober thread's share of one core, if it was measured.
     fn prober_percent(&self) -> Option<f64> {
         let ProbeCounts { prober, wall, .. } = self.counts;
-        Some(100.0 * prober?.total().as_secs_f64() / wall.as_secs_f64())
+        Some(100.0 * prober?.as_secs_f64() / wall.as_secs_f64())
     }
 
     fn cpu_per_probe_us(&self) -> f64 {

@@ -26,11 +26,11 @@ use tokio::{
     time::{Instant, sleep},
 };
 
-use super::{
-    report::Secs,
-    resources::{CpuTime, cpu_of_stat},
+use super::{report::Secs, resources::CpuTime};
+use crate::bench::{
+    lab_cpu::{clock_ticks_per_second, process_user_system_ticks},
+    lab_proxies::find_program,
 };
-use crate::bench::lab_proxies::find_program;
 
 /// The backend section's name in the configuration and the stats.
 const BACKEND: &str = "checks";
@@ -232,9 +232,13 @@ impl Haproxy {
 
     /// HAProxy's CPU time so far, all threads (`/proc/PID/stat`).
     pub(super) fn cpu(&self) -> Result<CpuTime> {
-        let path = format!("/proc/{}/stat", self.pid);
-        let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        cpu_of_stat(&stat).with_context(|| format!("{path}: {stat:?}"))
+        let (user, system) = process_user_system_ticks(&self.pid.to_string(), false)
+            .with_context(|| format!("reading HAProxy's /proc/{}/stat", self.pid))?;
+        let time = |ticks: u64| Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second());
+        Ok(CpuTime {
+            user: time(user),
+            system: time(system),
+        })
     }
 }
 

@@ -159,7 +159,7 @@ impl Usage {
 
 /// CPU time of the thread of `pid` named `comm`, in ns: the first field of
 /// its `schedstat` (time on CPU).
-fn thread_cpu_ns(pid: u32, comm: &str) -> Result<u64> {
+pub(super) fn thread_cpu_ns(pid: u32, comm: &str) -> Result<u64> {
     let dir = format!("/proc/{pid}/task");
     for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
         let path = entry?.path();
