@@ -14,6 +14,7 @@ use crate::{
 const FIGURES_ENV: &str = "XLB_BENCH_OUT";
 
 /// A benchmark: a binary target of a workspace package.
+#[derive(Debug)]
 struct Bench {
     package: &'static str,
     bin: &'static str,
@@ -102,20 +103,12 @@ const BENCHES: &[Bench] = &[
     },
 ];
 
-/// Runs the benchmark called `only` (all when `None`) with `args` after `--`.
-pub(crate) fn run(only: Option<&str>, args: &[String]) -> Result<()> {
-    let selected: Vec<&Bench> = BENCHES
-        .iter()
-        .filter(|b| only.is_none_or(|name| name == b.bin))
-        .collect();
-    if selected.is_empty() {
-        let known: Vec<&str> = BENCHES.iter().map(|b| b.bin).collect();
-        bail!(
-            "no benchmark called {:?}: known benchmarks are {}",
-            only.unwrap_or_default(),
-            known.join(", ")
-        );
-    }
+/// Runs the benchmarks named in `only` (all when empty) with `args` after
+/// `--`, `runs` times over: each run is the whole selection in order, so the
+/// runs of different benchmarks interleave in time, and a machine whose
+/// speed drifts moves every figure of a run alike.
+pub(crate) fn run(only: &[String], runs: u32, args: &[String]) -> Result<()> {
+    let selected = select(only)?;
     setup::ensure()?;
     let root = Root::obtain("running the benchmarks (BPF programs, network namespaces)")?;
     let metadata = cargo_metadata::MetadataCommand::new()
@@ -127,40 +120,77 @@ pub(crate) fn run(only: Option<&str>, args: &[String]) -> Result<()> {
     let out_dir = std::path::Path::new(&metadata.target_directory).join("bench");
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let figures = out_dir.join("figures.tsv");
-    match std::fs::remove_file(&figures) {
+    let mut kept = Vec::new();
+    for n in 1..=runs {
+        remove_stale(&figures)?;
+        if runs > 1 {
+            println!("bench: run {n} of {runs}");
+        }
+        let mut ran = 0;
+        for bench in &selected {
+            if !bin_exists(&metadata, bench) {
+                println!(
+                    "bench: {} (package {}) does not exist yet; skipping it",
+                    bench.bin, bench.package
+                );
+                continue;
+            }
+            println!("bench: running {}", bench.bin);
+            let mut cmd = util::cargo();
+            cmd.arg("run")
+                .args(root.cargo_runner_args())
+                .args([
+                    "--release",
+                    "--package",
+                    bench.package,
+                    "--bin",
+                    bench.bin,
+                    "--",
+                ])
+                .args(args)
+                .env(FIGURES_ENV, &figures);
+            util::run(&mut cmd).with_context(|| format!("benchmark {} failed", bench.bin))?;
+            ran += 1;
+        }
+        println!("bench: ran {ran} of {} benchmarks", selected.len());
+        bench_summary::report(&figures)?;
+        if runs > 1 && figures.exists() {
+            // Each run's figures stay next to the summary of them all.
+            let this = out_dir.join(format!("figures.run{n}.tsv"));
+            std::fs::copy(&figures, &this)
+                .with_context(|| format!("keeping run {n}'s figures in {}", this.display()))?;
+            kept.push(this);
+        }
+    }
+    if runs > 1 {
+        bench_summary::report_runs(&kept, &out_dir.join("figures-runs.svg"))?;
+    }
+    Ok(())
+}
+
+/// The benchmarks named in `only`, in the order they run; all when empty.
+fn select(only: &[String]) -> Result<Vec<&'static Bench>> {
+    let known: Vec<&str> = BENCHES.iter().map(|b| b.bin).collect();
+    if let Some(unknown) = only.iter().find(|n| !known.contains(&n.as_str())) {
+        bail!(
+            "no benchmark called {unknown:?}: known benchmarks are {}",
+            known.join(", ")
+        );
+    }
+    Ok(BENCHES
+        .iter()
+        .filter(|b| only.is_empty() || only.iter().any(|n| n == b.bin))
+        .collect())
+}
+
+/// Removes the figures a previous run left in `path`.
+fn remove_stale(path: &std::path::Path) -> Result<()> {
+    match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("removing the old {}", figures.display()));
+            Err(e).with_context(|| format!("removing the old {}", path.display()))
         }
-        _ => {}
+        _ => Ok(()),
     }
-    let mut ran = 0;
-    for bench in &selected {
-        if !bin_exists(&metadata, bench) {
-            println!(
-                "bench: {} (package {}) does not exist yet; skipping it",
-                bench.bin, bench.package
-            );
-            continue;
-        }
-        println!("bench: running {}", bench.bin);
-        let mut cmd = util::cargo();
-        cmd.arg("run")
-            .args(root.cargo_runner_args())
-            .args([
-                "--release",
-                "--package",
-                bench.package,
-                "--bin",
-                bench.bin,
-                "--",
-            ])
-            .args(args)
-            .env(FIGURES_ENV, &figures);
-        util::run(&mut cmd).with_context(|| format!("benchmark {} failed", bench.bin))?;
-        ran += 1;
-    }
-    println!("bench: ran {ran} of {} benchmarks", selected.len());
-    bench_summary::report(&figures)
 }
 
 /// Builds in release, in one cargo invocation, the packages whose binaries
@@ -198,6 +228,29 @@ fn bin_exists(metadata: &cargo_metadata::Metadata, bench: &Bench) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn select_keeps_the_run_order_and_refuses_unknown_names() {
+        let names = |v: Vec<&Bench>| v.iter().map(|b| b.bin).collect::<Vec<_>>();
+        assert_eq!(select(&[]).unwrap().len(), BENCHES.len(), "none named: all");
+        // Named out of order: run in the list's order, each once.
+        let two = [
+            "xlb-katran-bench".to_string(),
+            "xlb-bench".to_string(),
+            "xlb-bench".to_string(),
+        ];
+        assert_eq!(
+            names(select(&two).unwrap()),
+            ["xlb-bench", "xlb-katran-bench"]
+        );
+        let err = select(&["xlb-bench".to_string(), "xlb-nope".to_string()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"xlb-nope\"") && err.contains("xlb-tput-bench"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn bin_exists_cases() {

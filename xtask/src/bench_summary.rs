@@ -71,24 +71,34 @@ impl Fig {
         self.baseline.as_ref().map(|(_, b)| self.value / b)
     }
 
-    /// `"<= 2.5x met"`, `"… MISSED"`, or empty.
-    fn verdict(&self) -> String {
-        let Some((kind, t)) = &self.target else {
-            return String::new();
-        };
+    /// The target as shown (`"<=2.5x"`, `">=5 Mpps"`) and whether this
+    /// figure meets it (`None`: a ratio target without a baseline); `None`
+    /// when the figure has no target.
+    fn judge(&self) -> Option<(String, Option<bool>)> {
+        let (kind, t) = self.target.as_ref()?;
         let (x, shown) = match kind.as_str() {
             "ratio<=" | "ratio>=" => (self.ratio(), format!("{}{t}x", &kind[5..])),
             _ => (Some(self.value), format!("{}{t} {}", &kind[5..], self.unit)),
         };
-        let Some(x) = x else {
-            return format!("{shown} (no baseline)");
-        };
-        let met = if kind.ends_with("<=") {
-            x <= *t
-        } else {
-            x >= *t
-        };
-        format!("{shown} {}", if met { "met" } else { "MISSED" })
+        let met = x.map(|x| {
+            if kind.ends_with("<=") {
+                x <= *t
+            } else {
+                x >= *t
+            }
+        });
+        Some((shown, met))
+    }
+
+    /// `"<= 2.5x met"`, `"… MISSED"`, or empty.
+    fn verdict(&self) -> String {
+        match self.judge() {
+            None => String::new(),
+            Some((shown, None)) => format!("{shown} (no baseline)"),
+            Some((shown, Some(met))) => {
+                format!("{shown} {}", if met { "met" } else { "MISSED" })
+            }
+        }
     }
 }
 
@@ -164,14 +174,23 @@ fn escape(s: &str) -> String {
 /// Horizontal bars, one chart per group, each scaled to its largest value;
 /// a bar's whisker is its spread, a red bar a missed target.
 pub(crate) fn svg(figs: &[Fig]) -> String {
+    let rows: Vec<(&Fig, bool)> = figs
+        .iter()
+        .map(|f| (f, f.verdict().ends_with("MISSED")))
+        .collect();
+    draw(&rows)
+}
+
+/// The chart of [`svg`], each figure with whether to draw it red.
+fn draw(rows: &[(&Fig, bool)]) -> String {
     const LABEL: f64 = 360.0;
     const BAR: f64 = 420.0;
     const ROW: f64 = 20.0;
-    let mut groups: Vec<(&str, Vec<&Fig>)> = Vec::new();
-    for f in figs {
+    let mut groups: Vec<(&str, Vec<(&Fig, bool)>)> = Vec::new();
+    for &(f, missed) in rows {
         match groups.iter_mut().find(|(g, _)| *g == f.group) {
-            Some((_, v)) => v.push(f),
-            None => groups.push((&f.group, vec![f])),
+            Some((_, v)) => v.push((f, missed)),
+            None => groups.push((&f.group, vec![(f, missed)])),
         }
     }
     let height: f64 = groups
@@ -188,7 +207,7 @@ pub(crate) fn svg(figs: &[Fig]) -> String {
     let mut y = 20.0;
     for (group, v) in &groups {
         // The unit after the group's name, unless the name already says it.
-        let unit = format!("({})", v[0].unit);
+        let unit = format!("({})", v[0].0.unit);
         let title = if group.contains(&unit) {
             (*group).to_string()
         } else {
@@ -202,12 +221,11 @@ pub(crate) fn svg(figs: &[Fig]) -> String {
         y += 12.0;
         let max = v
             .iter()
-            .map(|f| f.spread.map_or(f.value, |(_, b)| b.max(f.value)))
+            .map(|(f, _)| f.spread.map_or(f.value, |(_, b)| b.max(f.value)))
             .fold(0.0f64, f64::max)
             .max(f64::MIN_POSITIVE);
-        for f in v {
+        for &(f, missed) in v {
             let len = (f.value / max * BAR).max(0.0);
-            let missed = f.verdict().ends_with("MISSED");
             let color = if missed { "#d9534f" } else { "#4a7ebb" };
             let _ = writeln!(
                 s,
@@ -256,6 +274,154 @@ pub(crate) fn report(path: &Path) -> Result<()> {
         path.display(),
         chart.display()
     );
+    Ok(())
+}
+
+/// One figure over the runs of `cargo xtask bench --runs N`.
+#[derive(Clone, Debug)]
+pub(crate) struct Across {
+    /// The median of the runs' values, their min..max as the spread, the
+    /// number of runs that recorded it, the median of their baselines.
+    fig: Fig,
+    /// The median of each run's ratio to that run's own baseline: the
+    /// figure to read on a machine whose speed drifts between runs.
+    ratio: Option<f64>,
+    /// Runs whose own figure met the target, of those that judged it.
+    met: usize,
+    judged: usize,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Every figure recorded in any of `runs`, in the order first recorded,
+/// summed up over the runs that recorded it.
+pub(crate) fn across(runs: &[Vec<Fig>]) -> Vec<Across> {
+    let mut keys: Vec<(&str, &str, &str)> = Vec::new();
+    for f in runs.iter().flatten() {
+        let k = (f.bench.as_str(), f.group.as_str(), f.case.as_str());
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys.into_iter()
+        .map(|k| {
+            let of: Vec<&Fig> = runs
+                .iter()
+                .flatten()
+                .filter(|f| (f.bench.as_str(), f.group.as_str(), f.case.as_str()) == k)
+                .collect();
+            let mut values: Vec<f64> = of.iter().map(|f| f.value).collect();
+            let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mut bases: Vec<f64> = of
+                .iter()
+                .filter_map(|f| f.baseline.as_ref())
+                .map(|b| b.1)
+                .collect();
+            let mut ratios: Vec<f64> = of.iter().filter_map(|f| f.ratio()).collect();
+            let verdicts: Vec<bool> = of.iter().filter_map(|f| f.judge()?.1).collect();
+            let first = of[0];
+            Across {
+                fig: Fig {
+                    value: median(&mut values),
+                    spread: Some((lo, hi)),
+                    runs: of.len(),
+                    baseline: first
+                        .baseline
+                        .as_ref()
+                        .map(|(name, _)| (name.clone(), median(&mut bases))),
+                    ..first.clone()
+                },
+                ratio: (!ratios.is_empty()).then(|| median(&mut ratios)),
+                met: verdicts.iter().filter(|&&m| m).count(),
+                judged: verdicts.len(),
+            }
+        })
+        .collect()
+}
+
+/// The table of [`across`]: per figure the median over the runs, its
+/// spread, the median ratio to the run's own baseline, and how many runs
+/// met the target.
+pub(crate) fn runs_table(rows: &[Across], runs: usize) -> String {
+    let mut out = String::new();
+    let w = rows
+        .iter()
+        .map(|r| r.fig.case.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut group = None;
+    for r in rows {
+        let f = &r.fig;
+        if group != Some(&f.group) {
+            group = Some(&f.group);
+            let _ = writeln!(out, "\n## {} ({})", f.group, f.bench);
+            let _ = writeln!(
+                out,
+                "{:<w$} {:>12} {:>21} {:>26} {:>7}  target",
+                "case", "median", "min..max (runs)", "median baseline", "ratio"
+            );
+        }
+        let value = format!("{} {}", num(f.value), f.unit);
+        let spread = f.spread.map_or(String::new(), |(a, b)| {
+            format!("{}..{} ({})", num(a), num(b), f.runs)
+        });
+        let base = f
+            .baseline
+            .as_ref()
+            .map_or(String::new(), |(n, v)| format!("{n} {}", num(*v)));
+        let ratio = r.ratio.map_or(String::new(), |x| format!("{x:.2}x"));
+        let target = match f.judge() {
+            None => String::new(),
+            Some((shown, _)) if r.judged == 0 => format!("{shown} (no baseline)"),
+            Some((shown, _)) => format!("{shown} met in {} of {} runs", r.met, r.judged),
+        };
+        let _ = writeln!(
+            out,
+            "{:<w$} {value:>12} {spread:>21} {base:>26} {ratio:>7}  {target}",
+            f.case
+        );
+    }
+    let judged: Vec<&Across> = rows.iter().filter(|r| r.judged > 0).collect();
+    let every = judged.iter().filter(|r| r.met == r.judged).count();
+    let none = judged.iter().filter(|r| r.met == 0).count();
+    let _ = writeln!(
+        out,
+        "\ntargets over {runs} runs: {every} met in every run, {} in some, {none} in none",
+        judged.len() - every - none
+    );
+    out
+}
+
+/// Prints the summary of the runs whose figures are in `paths` and draws
+/// it in `chart` (the median of each figure, its whisker the runs'
+/// min..max, red unless every run met its target).
+pub(crate) fn report_runs(paths: &[std::path::PathBuf], chart: &Path) -> Result<()> {
+    let runs = paths.iter().map(|p| read(p)).collect::<Result<Vec<_>>>()?;
+    let rows = across(&runs);
+    println!(
+        "\nbench: summary of {} runs (each run's figures: {})\n{}",
+        runs.len(),
+        paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        runs_table(&rows, runs.len())
+    );
+    let drawn: Vec<(&Fig, bool)> = rows.iter().map(|r| (&r.fig, r.met < r.judged)).collect();
+    std::fs::write(chart, draw(&drawn))
+        .with_context(|| format!("writing the chart {}", chart.display()))?;
+    println!("bench: chart of the runs in {}", chart.display());
     Ok(())
 }
 
@@ -314,5 +480,60 @@ mod tests {
             svg(&[named]).contains(">per packet (ns)<"),
             "the unit is not said twice"
         );
+    }
+
+    #[test]
+    fn across_runs_takes_medians_spreads_and_counts_verdicts() {
+        let line = |v: f64, base: f64| {
+            Fig::parse(&format!(
+                "xlb-bench\tper packet\test ipip\t{v}\tns\t-\t-\t12\tminimal\t{base}\tratio<=2.5"
+            ))
+            .unwrap()
+        };
+        let other =
+            |v: f64| Fig::parse(&format!("b\tg\tno target\t{v}\tMpps\t-\t-\t1\t-\t-\t-")).unwrap();
+        // Ratios 2.0, 3.0, 2.4, 2.2: the machine slowed in run 2, and the
+        // median of the runs' own ratios is not the ratio of the medians.
+        let runs = vec![
+            vec![line(200.0, 100.0), other(5.0)],
+            vec![line(300.0, 100.0)],
+            vec![line(240.0, 100.0), other(7.0)],
+            vec![other(6.0), line(330.0, 150.0)],
+        ];
+        let rows = across(&runs);
+        assert_eq!(
+            rows.len(),
+            2,
+            "one row per figure, in the order first recorded"
+        );
+        let est = &rows[0];
+        assert_eq!(est.fig.case, "est ipip");
+        assert_eq!(est.fig.value, 270.0, "median of 200, 240, 300, 330");
+        assert_eq!(est.fig.spread, Some((200.0, 330.0)));
+        assert_eq!(est.fig.runs, 4);
+        assert_eq!(est.fig.baseline, Some(("minimal".to_string(), 100.0)));
+        assert!((est.ratio.unwrap() - 2.3).abs() < 1e-9, "{:?}", est.ratio);
+        assert_eq!((est.met, est.judged), (3, 4), "run 2's 3.0 misses <= 2.5");
+        let nt = &rows[1];
+        assert_eq!(
+            (nt.fig.value, nt.fig.runs, nt.judged),
+            (6.0, 3, 0),
+            "missing in run 2"
+        );
+        assert_eq!(nt.ratio, None);
+
+        let t = runs_table(&rows, 4);
+        assert!(t.contains("<=2.5x met in 3 of 4 runs"), "{t}");
+        assert!(t.contains("2.30x"), "the median ratio is shown: {t}");
+        assert!(t.contains("200..330 (4)"), "{t}");
+        assert!(
+            t.contains("targets over 4 runs: 0 met in every run, 1 in some, 0 in none"),
+            "{t}"
+        );
+
+        let all_met = across(&[vec![line(200.0, 100.0)], vec![line(210.0, 100.0)]]);
+        assert!(runs_table(&all_met, 2).contains("1 met in every run, 0 in some, 0 in none"));
+        let none_met = across(&[vec![line(300.0, 100.0)], vec![line(310.0, 100.0)]]);
+        assert!(runs_table(&none_met, 2).contains("0 met in every run, 0 in some, 1 in none"));
     }
 }

@@ -53,9 +53,15 @@ enum Command {
     /// Run setup, then build and run the benchmark binaries in release, as
     /// root (through `sudo -E` if needed).
     Bench {
-        /// Run only this benchmark binary.
+        /// Run only this benchmark binary; repeat it to run several.
         #[arg(long, value_name = "NAME")]
-        bin: Option<String>,
+        bin: Vec<String>,
+        /// Run the selected benchmarks this many times, one after another,
+        /// and end with the spread of every figure over the runs and how
+        /// many runs met each target.
+        #[arg(long, value_name = "N", default_value_t = 1,
+              value_parser = clap::value_parser!(u32).range(1..=100))]
+        runs: u32,
         /// Passed to each benchmark binary.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -143,7 +149,7 @@ fn main() -> ExitCode {
         Command::Setup => setup::run(),
         Command::Build { release } => build_cmd::run(release),
         Command::Test { args } => test::run(&args),
-        Command::Bench { bin, args } => bench::run(bin.as_deref(), &args),
+        Command::Bench { bin, runs, args } => bench::run(&bin, runs, &args),
         Command::Run { args } => run::run(&args),
         Command::Lab {
             action:
@@ -244,11 +250,39 @@ mod tests {
         let cli =
             Cli::try_parse_from(["xtask", "bench", "--bin", "xlb-bench", "--", "--secs", "5"])
                 .unwrap();
-        let Command::Bench { bin, args } = cli.command else {
+        let Command::Bench { bin, runs, args } = cli.command else {
             panic!("not parsed as bench");
         };
-        assert_eq!(bin.as_deref(), Some("xlb-bench"));
+        assert_eq!(bin, ["xlb-bench"]);
+        assert_eq!(runs, 1, "one run unless asked");
         assert_eq!(args, ["--secs", "5"]);
+    }
+
+    #[test]
+    fn bench_runs_several_benchmarks_several_times() {
+        let cli = Cli::try_parse_from([
+            "xtask",
+            "bench",
+            "--bin",
+            "xlb-bench",
+            "--bin",
+            "xlb-katran-bench",
+            "--runs",
+            "5",
+        ])
+        .unwrap();
+        let Command::Bench { bin, runs, args } = cli.command else {
+            panic!("not parsed as bench");
+        };
+        assert_eq!(bin, ["xlb-bench", "xlb-katran-bench"]);
+        assert_eq!(runs, 5);
+        assert!(args.is_empty());
+        for bad in ["0", "101", "five"] {
+            assert!(
+                Cli::try_parse_from(["xtask", "bench", "--runs", bad]).is_err(),
+                "--runs {bad} was accepted"
+            );
+        }
     }
 
     #[test]
