@@ -35,6 +35,14 @@ use crate::{
 /// [`judge`]'s answer for a packet it lets through (not an XDP action).
 pub(crate) const ADMITTED: u32 = u32::MAX;
 
+/// Whether `g` asks anything of a new flow (a list, a limit, tracking). A
+/// VIP that asks nothing is not judged: one flag test in the caller
+/// instead of [`judge`]'s call.
+#[inline(always)]
+pub(crate) fn active(g: &VipGuard) -> bool {
+    g.flags & (GUARD_LISTS | GUARD_LIMIT | GUARD_TRACK) != 0
+}
+
 /// Judges a packet that is not a conntrack hit, for VIP `vip_id` guarded by
 /// `g`: the verdict (counted) when it is refused, else [`ADMITTED`].
 // verifier: a function of its own, verified once per call site rather than

@@ -96,8 +96,10 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     let Some(guard) = XLB_GUARD.get(vip_id) else {
         return aborted();
     };
-    // An ICMP error about a flow is no new flow: not judged.
-    if !pkt.icmp {
+    // An ICMP error about a flow is no new flow: not judged. A VIP with no
+    // list, limit or tracking is not judged either: one flag test here
+    // instead of a call.
+    if !pkt.icmp && guard::active(guard) {
         let judged = guard::judge(ctx, pkt, vip_id, guard, now);
         if judged != guard::ADMITTED {
             return judged;
