@@ -127,19 +127,38 @@ fn num(x: f64) -> String {
     }
 }
 
-/// The summary table, grouped as recorded.
-pub(crate) fn table(figs: &[Fig]) -> String {
+/// One row of a summary table: the figure, its ratio to its baseline and
+/// what is said of its target.
+struct Row<'a> {
+    fig: &'a Fig,
+    ratio: Option<f64>,
+    target: String,
+}
+
+/// The rows under a heading per group, in the order recorded; `head` names
+/// the value, spread and baseline columns.
+fn grouped(rows: &[Row<'_>], head: [&str; 3]) -> String {
     let mut out = String::new();
-    let w = figs.iter().map(|f| f.case.len()).max().unwrap_or(4).max(4);
+    let w = rows
+        .iter()
+        .map(|r| r.fig.case.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     let mut group = None;
-    for f in figs {
+    for Row {
+        fig: f,
+        ratio,
+        target,
+    } in rows
+    {
         if group != Some(&f.group) {
             group = Some(&f.group);
             let _ = writeln!(out, "\n## {} ({})", f.group, f.bench);
             let _ = writeln!(
                 out,
                 "{:<w$} {:>12} {:>21} {:>26} {:>7}  target",
-                "case", "value", "spread (runs)", "baseline", "ratio"
+                "case", head[0], head[1], head[2], "ratio"
             );
         }
         let value = format!("{} {}", num(f.value), f.unit);
@@ -150,17 +169,29 @@ pub(crate) fn table(figs: &[Fig]) -> String {
             .baseline
             .as_ref()
             .map_or(String::new(), |(n, v)| format!("{n} {}", num(*v)));
-        let ratio = f.ratio().map_or(String::new(), |r| format!("{r:.2}x"));
+        let ratio = ratio.map_or(String::new(), |r| format!("{r:.2}x"));
         let _ = writeln!(
             out,
-            "{:<w$} {value:>12} {spread:>21} {base:>26} {ratio:>7}  {}",
-            f.case,
-            f.verdict()
+            "{:<w$} {value:>12} {spread:>21} {base:>26} {ratio:>7}  {target}",
+            f.case
         );
     }
-    let judged: Vec<String> = figs.iter().map(Fig::verdict).collect();
-    let met = judged.iter().filter(|v| v.ends_with(" met")).count();
-    let missed = judged.iter().filter(|v| v.ends_with("MISSED")).count();
+    out
+}
+
+/// The summary table, grouped as recorded.
+pub(crate) fn table(figs: &[Fig]) -> String {
+    let rows: Vec<Row<'_>> = figs
+        .iter()
+        .map(|f| Row {
+            fig: f,
+            ratio: f.ratio(),
+            target: f.verdict(),
+        })
+        .collect();
+    let mut out = grouped(&rows, ["value", "spread (runs)", "baseline"]);
+    let met = rows.iter().filter(|r| r.target.ends_with(" met")).count();
+    let missed = rows.iter().filter(|r| r.target.ends_with("MISSED")).count();
     let _ = writeln!(out, "\ntargets: {met} met, {missed} missed");
     out
 }
@@ -354,45 +385,19 @@ pub(crate) fn across(runs: &[Vec<Fig>]) -> Vec<Across> {
 /// spread, the median ratio to the run's own baseline, and how many runs
 /// met the target.
 pub(crate) fn runs_table(rows: &[Across], runs: usize) -> String {
-    let mut out = String::new();
-    let w = rows
+    let shown: Vec<Row<'_>> = rows
         .iter()
-        .map(|r| r.fig.case.len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
-    let mut group = None;
-    for r in rows {
-        let f = &r.fig;
-        if group != Some(&f.group) {
-            group = Some(&f.group);
-            let _ = writeln!(out, "\n## {} ({})", f.group, f.bench);
-            let _ = writeln!(
-                out,
-                "{:<w$} {:>12} {:>21} {:>26} {:>7}  target",
-                "case", "median", "min..max (runs)", "median baseline", "ratio"
-            );
-        }
-        let value = format!("{} {}", num(f.value), f.unit);
-        let spread = f.spread.map_or(String::new(), |(a, b)| {
-            format!("{}..{} ({})", num(a), num(b), f.runs)
-        });
-        let base = f
-            .baseline
-            .as_ref()
-            .map_or(String::new(), |(n, v)| format!("{n} {}", num(*v)));
-        let ratio = r.ratio.map_or(String::new(), |x| format!("{x:.2}x"));
-        let target = match f.judge() {
-            None => String::new(),
-            Some((shown, _)) if r.judged == 0 => format!("{shown} (no baseline)"),
-            Some((shown, _)) => format!("{shown} met in {} of {} runs", r.met, r.judged),
-        };
-        let _ = writeln!(
-            out,
-            "{:<w$} {value:>12} {spread:>21} {base:>26} {ratio:>7}  {target}",
-            f.case
-        );
-    }
+        .map(|r| Row {
+            fig: &r.fig,
+            ratio: r.ratio,
+            target: match r.fig.judge() {
+                None => String::new(),
+                Some((shown, _)) if r.judged == 0 => format!("{shown} (no baseline)"),
+                Some((shown, _)) => format!("{shown} met in {} of {} runs", r.met, r.judged),
+            },
+        })
+        .collect();
+    let mut out = grouped(&shown, ["median", "min..max (runs)", "median baseline"]);
     let judged: Vec<&Across> = rows.iter().filter(|r| r.judged > 0).collect();
     let every = judged.iter().filter(|r| r.met == r.judged).count();
     let none = judged.iter().filter(|r| r.met == 0).count();
