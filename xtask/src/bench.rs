@@ -162,7 +162,7 @@ pub(crate) fn run(only: &[String], runs: u32, args: &[String]) -> Result<()> {
             kept.push(this);
         }
     }
-    if runs > 1 {
+    if runs > 1 && !kept.is_empty() {
         bench_summary::report_runs(&kept, &out_dir.join("figures-runs.svg"))?;
     }
     Ok(())
