@@ -88,7 +88,7 @@ fn le64(a: &[u8; 16], hi: bool) -> u64 {
     } else {
         a.first_chunk::<8>()
     };
-    half.map_or(0, |&b| u64::from_le_bytes(b))
+    u64::from_le_bytes(half.copied().unwrap_or_default())
 }
 
 /// The flow hash of `flow` under the secret `key`: SipHash-1-3 of the
@@ -99,9 +99,8 @@ pub fn flow_hash(key: &[u64; 2], flow: &FlowKey) -> u64 {
     let (s, p) = (&flow.src, flow.sport.to_ne_bytes());
     if flow.family == crate::FAMILY_V4 {
         // The bytes [s0, s1, s2, s3, p0, p1, 0, 0], little-endian, built as
-        // an address word and a port: the compiler reads each with one load
-        // (from the eight bytes at once it read the address byte by byte).
-        let addr = s.first_chunk().map_or(0, |&a| u32::from_le_bytes(a));
+        // an address word and a port, one load each.
+        let addr = u32::from_le_bytes(crate::v4_bytes(s));
         let tail = u64::from(addr) | (u64::from(u16::from_le_bytes(p)) << 32);
         siphash13_tail(key, &[], tail, 6)
     } else {

@@ -389,7 +389,16 @@ fn addr_fold(a: &Addr) -> u32 {
 /// are zero in every key: the same value from the one word that is not.
 #[inline(always)]
 pub fn encap_hash_v4(src: &Addr, sport: u16) -> u32 {
-    encap_mix(u32::from_ne_bytes([src[0], src[1], src[2], src[3]]) ^ u32::from(sport))
+    encap_mix(u32::from_ne_bytes(v4_bytes(src)) ^ u32::from(sport))
+}
+
+/// The first 4 bytes of an address (the whole of an IPv4 one) as one
+/// value, which the eBPF build reads with one load: 4 bytes gathered one by
+/// one (`[a[0], a[1], a[2], a[3]]`) LLVM's BPF backend may read in two or
+/// four loads.
+#[inline(always)]
+pub fn v4_bytes(a: &Addr) -> [u8; 4] {
+    a.first_chunk().copied().unwrap_or_default()
 }
 
 #[inline(always)]
