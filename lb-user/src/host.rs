@@ -170,6 +170,86 @@ pub fn restore_sysctls(changes: &[SysctlChange]) -> Vec<String> {
     notes
 }
 
+/// Makes `dir` (and its parents) exist, with `dir` itself owned by us and
+/// mode 0700: the lock and state files inside it decide who may run an
+/// instance, so no other user may even look up a name in it. A directory
+/// another user owns is refused (they could swap its files); one of ours
+/// with a looser mode (an earlier version's) is tightened.
+///
+/// # Errors
+///
+/// Creating or inspecting `dir` failing, or `dir` owned by another user,
+/// or a symbolic link.
+pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
+    if let Some(parent) = dir.parent() {
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+    }
+    let meta = fs::symlink_metadata(dir).with_context(|| format!("inspecting {}", dir.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if !meta.is_dir() || meta.uid() != me {
+        bail!(
+            "{} is {}, not a directory of uid {me}: another user could replace the lock and              state files in it; remove it (rm -r {}) once no xlb runs, and start again",
+            dir.display(),
+            if meta.is_dir() {
+                format!("owned by uid {}", meta.uid())
+            } else {
+                "not a directory".to_string()
+            },
+            dir.display()
+        );
+    }
+    if meta.mode() & 0o777 != 0o700 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("setting mode 0700 on {}", dir.display()))?;
+        info!("{}: mode set to 0700 (was {:o})", dir.display(), meta.mode() & 0o777);
+    }
+    Ok(())
+}
+
+/// Opens (creating it if needed) a file only we may read or write: mode
+/// 0600, never through a symbolic link, and refused when another user owns
+/// it (whoever owns it can `flock` it, or write what we read back). A file
+/// of ours with a looser mode (an earlier version's 0644) is tightened.
+///
+/// # Errors
+///
+/// Opening or inspecting the file failing, or the file owned by another user.
+pub fn open_private(path: &Path) -> anyhow::Result<fs::File> {
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("inspecting {}", path.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        bail!(
+            "{} is owned by uid {}, not by uid {me} (root): another user could hold it to keep              xlb from starting; check that no xlb runs, remove it (rm {}) and start again",
+            path.display(),
+            meta.uid(),
+            path.display()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        file.set_permissions(fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("setting mode 0600 on {}", path.display()))?;
+    }
+    Ok(file)
+}
+
 /// Every address of `iface`, in the order the kernel lists them.
 pub fn interface_addresses(iface: &str) -> anyhow::Result<Vec<IpAddr>> {
     let mut out = Vec::new();

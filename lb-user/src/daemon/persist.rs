@@ -36,8 +36,10 @@ pub fn state_path(instance: &str) -> PathBuf {
     Path::new(STATE_ROOT).join(format!("{instance}.json"))
 }
 
-/// Root of the instance locks: `/run/xlb/<instance>.lock`.
-pub const LOCK_ROOT: &str = "/run/xlb";
+/// Root of the instance locks: `/run/xlb/state/<instance>.lock`, next to
+/// the state files in a directory of mode 0700 (`/run/xlb` itself holds the
+/// control socket, which a `socket_group` must be able to reach).
+pub const LOCK_ROOT: &str = STATE_ROOT;
 
 pub fn lock_path(instance: &str) -> PathBuf {
     Path::new(LOCK_ROOT).join(format!("{instance}.lock"))
@@ -56,16 +58,13 @@ pub struct InstanceLock {
 impl InstanceLock {
     /// Takes the lock at `path` without waiting, and writes our pid into
     /// the file; fails naming the holder's pid if another process has it.
+    /// The file is mode 0600 in a directory of mode 0700, and one that
+    /// another user owns is refused: anyone who can open it can `flock` it
+    /// and keep every `xlb run` from starting.
     pub fn take(path: &Path, instance: &str) -> anyhow::Result<Self> {
         let dir = path.parent().context("lock path has no parent")?;
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut file = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
+        crate::host::private_dir(dir)?;
+        let mut file = crate::host::open_private(path)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
@@ -216,10 +215,11 @@ impl Saved {
     /// crash never leaves half a file.
     pub fn store(&self, path: &Path) -> anyhow::Result<()> {
         let dir = path.parent().context("state path has no parent")?;
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        // Mode 0700 and 0600: the file names the sysctls `xlb detach` writes.
+        crate::host::private_dir(dir)?;
         let tmp = path.with_extension("json.tmp");
-        let mut f =
-            fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut f = crate::host::open_private(&tmp)?;
+        f.set_len(0)?;
         f.write_all(&serde_json::to_vec_pretty(self)?)?;
         f.sync_all()?;
         fs::rename(&tmp, path).with_context(|| format!("renaming {} into place", tmp.display()))
@@ -248,6 +248,74 @@ mod tests {
         let again = InstanceLock::take(&path, "i").unwrap();
         assert_eq!(fs::read_to_string(&path).unwrap(), format!("{pid}\n"));
         drop(again);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn mode(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn lock_and_state_files_are_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("xlb-private-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let lock = dir.join("state").join("i.lock");
+        let state = dir.join("state").join("i.json");
+        // (name, what was there before)
+        let cases: [(&str, fn(&Path, &Path)); 2] = [
+            ("fresh", |_, _| {}),
+            ("an earlier version's 0755 dir and 0644 files", |lock, state| {
+                let d = lock.parent().unwrap();
+                fs::create_dir_all(d).unwrap();
+                fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+                for f in [lock, state] {
+                    fs::write(f, "").unwrap();
+                    fs::set_permissions(f, fs::Permissions::from_mode(0o644)).unwrap();
+                }
+            }),
+        ];
+        for (name, before) in cases {
+            let _ = fs::remove_dir_all(&dir);
+            before(&lock, &state);
+            let held = InstanceLock::take(&lock, "i").unwrap();
+            Saved::default().store(&state).unwrap();
+            assert_eq!(mode(lock.parent().unwrap()), 0o700, "{name}: directory");
+            assert_eq!(mode(&lock), 0o600, "{name}: lock file");
+            assert_eq!(mode(&state), 0o600, "{name}: state file");
+            drop(held);
+        }
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_lock_another_user_owns_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: only root can give a file to another user");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("xlb-owner-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let nobody = Some(nix::unistd::Uid::from_raw(65534));
+        let lock = dir.join("state").join("i.lock");
+        // (name, which path another user owns)
+        let cases = [
+            ("the lock file", lock.clone()),
+            ("its directory", dir.join("state")),
+        ];
+        for (name, theirs) in cases {
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(lock.parent().unwrap()).unwrap();
+            fs::write(&lock, "").unwrap();
+            nix::unistd::chown(&theirs, nobody, None).unwrap();
+            let err = format!("{:#}", InstanceLock::take(&lock, "i").unwrap_err());
+            let want = format!("{} is owned by uid 65534", theirs.display());
+            assert!(err.starts_with(&want), "{name}: {err}");
+            assert!(err.contains("rm "), "{name}: says what to do: {err}");
+            // Nothing was written into the file of the other user.
+            assert_eq!(fs::read_to_string(&lock).unwrap(), "", "{name}");
+        }
         fs::remove_dir_all(dir).unwrap();
     }
 
