@@ -190,7 +190,8 @@ pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
     }
-    let meta = fs::symlink_metadata(dir).with_context(|| format!("inspecting {}", dir.display()))?;
+    let meta =
+        fs::symlink_metadata(dir).with_context(|| format!("inspecting {}", dir.display()))?;
     let me = nix::unistd::geteuid().as_raw();
     if !meta.is_dir() || meta.uid() != me {
         bail!(
@@ -207,7 +208,11 @@ pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
     if meta.mode() & 0o777 != 0o700 {
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
             .with_context(|| format!("setting mode 0700 on {}", dir.display()))?;
-        info!("{}: mode set to 0700 (was {:o})", dir.display(), meta.mode() & 0o777);
+        info!(
+            "{}: mode set to 0700 (was {:o})",
+            dir.display(),
+            meta.mode() & 0o777
+        );
     }
     Ok(())
 }

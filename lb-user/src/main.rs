@@ -46,7 +46,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Run { config } => lb_user::daemon::run(config.clone()).await,
         Command::CheckConfig { file } => check_config(file),
-        Command::Detach { instance, config } => {
+        Command::Detach {
+            instance,
+            config,
+            force,
+        } => {
             let instance = match (instance, config) {
                 (Some(name), _) => name.clone(),
                 (None, Some(path)) => {
@@ -60,7 +64,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 (None, None) => config::defaults::INSTANCE.to_owned(),
             };
-            println!("{}", lb_user::daemon::detach(&instance)?);
+            println!("{}", lb_user::daemon::detach(&instance, *force)?);
             Ok(())
         }
         Command::Decap(args) => {

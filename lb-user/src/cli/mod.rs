@@ -124,7 +124,8 @@ pub enum Command {
     Reload,
     /// Remove the XDP program and pinned maps that `xlb run` left behind.
     ///
-    /// Established flows stop being balanced at once. Stop `xlb run` first.
+    /// Established flows stop being balanced at once. Stop `xlb run` first:
+    /// while it runs (it holds the instance lock) detach is refused.
     Detach {
         /// Instance name (daemon.instance).
         #[arg(long, value_name = "NAME", conflicts_with = "config")]
@@ -132,6 +133,10 @@ pub enum Command {
         /// Take the instance name from this configuration file.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Detach even while `xlb run` runs the instance (it then runs
+        /// with nothing attached until restarted).
+        #[arg(long)]
+        force: bool,
     },
     /// On a backend: decapsulate dsr-ipip traffic in XDP.
     ///
@@ -911,6 +916,7 @@ mod tests {
                 Command::Detach {
                     instance: None,
                     config: None,
+                    force: false,
                 },
             ),
             (
@@ -919,6 +925,7 @@ mod tests {
                 Command::Detach {
                     instance: Some("prod".into()),
                     config: None,
+                    force: false,
                 },
             ),
             (
@@ -927,6 +934,16 @@ mod tests {
                 Command::Detach {
                     instance: None,
                     config: Some("x.toml".into()),
+                    force: false,
+                },
+            ),
+            (
+                "detach under a running daemon",
+                vec!["detach", "--instance", "prod", "--force"],
+                Command::Detach {
+                    instance: Some("prod".into()),
+                    config: None,
+                    force: true,
                 },
             ),
         ];

@@ -116,14 +116,58 @@ pub(super) fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<
     Ok(())
 }
 
+/// The instance lock as `xlb detach` finds it.
+enum Lock {
+    /// No lock file: no daemon ran since the last detach (or reboot).
+    Absent,
+    /// Nobody holds it; we do now, until the detach is done, so no `xlb
+    /// run` starts in its middle.
+    Free(fs::File),
+    /// A running daemon holds it: who, as its pid in the file says.
+    Held(String),
+}
+
+fn lock_state(path: &Path) -> anyhow::Result<Lock> {
+    let file = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lock::Absent),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+    };
+    match file.try_lock() {
+        Ok(()) => Ok(Lock::Free(file)),
+        Err(fs::TryLockError::WouldBlock) => {
+            let pid = fs::read_to_string(path).unwrap_or_default();
+            Ok(Lock::Held(match pid.trim() {
+                "" => "another process".to_string(),
+                pid => format!("xlb run (pid {pid})"),
+            }))
+        }
+        Err(fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
 /// `xlb detach`: removes everything `xlb run` pinned and attached for
 /// `instance`, and says what it removed. Established flows stop being
-/// balanced at once.
-pub fn detach(instance: &str) -> anyhow::Result<String> {
+/// balanced at once. Refused while a daemon runs the instance (it holds the
+/// instance lock) unless `force`: XDP would go from under it while it goes
+/// on probing and reporting a VIP that no longer forwards.
+pub fn detach(instance: &str, force: bool) -> anyhow::Result<String> {
     // The name becomes part of paths under /sys/fs/bpf/xlb and /run/xlb:
     // `../..` must not walk out of them.
     crate::config::check_instance(instance)
         .map_err(|e| anyhow::anyhow!("xlb detach --instance: {e}"))?;
+    let lock_path = persist::lock_path(instance);
+    let lock = lock_state(&lock_path)?;
+    if let Lock::Held(holder) = &lock
+        && !force
+    {
+        anyhow::bail!(
+            "xlb detach: instance {instance:?} is in use by {holder}, which holds {};              detaching would stop its forwarding under it. Stop the daemon first (XDP              keeps forwarding when it stops) and run `xlb detach` again, or pass --force              to detach anyway",
+            lock_path.display()
+        );
+    }
     let dir = persist::pin_dir(instance);
     let mut removed = Vec::new();
     let links = [
@@ -169,15 +213,25 @@ pub fn detach(instance: &str) -> anyhow::Result<String> {
             removed.push(path.display().to_string());
         }
     }
-    let lock = persist::lock_path(instance);
-    if persist::InstanceLock::remove_if_free(&lock)? {
-        removed.push(lock.display().to_string());
+    // Removed while we hold it: a daemon starting now finds no file and
+    // creates its own, never one we are about to unlink.
+    if let Lock::Free(held) = &lock {
+        fs::remove_file(&lock_path).with_context(|| format!("removing {}", lock_path.display()))?;
+        held.unlock()
+            .with_context(|| format!("unlocking {}", lock_path.display()))?;
+        removed.push(lock_path.display().to_string());
     }
     let mut out = if removed.is_empty() {
         format!("xlb instance {instance:?}: nothing pinned, nothing to remove")
     } else {
         format!("xlb instance {instance:?}: removed {}", removed.join(", "))
     };
+    if let Lock::Held(holder) = &lock {
+        out.push_str(&format!(
+            "\n--force: {holder} still runs with nothing attached; stop it, or restart it to \
+             attach again"
+        ));
+    }
     for note in restored {
         out.push_str(&format!("\n{note}"));
     }
@@ -192,7 +246,7 @@ mod tests {
     fn detach_refuses_a_name_that_is_not_an_instance() {
         let long = "a".repeat(33);
         for name in ["../..", "..", "a/../../b", "", "Prod", "x y", long.as_str()] {
-            let err = detach(name).unwrap_err().to_string();
+            let err = detach(name, false).unwrap_err().to_string();
             assert_eq!(
                 err,
                 format!(

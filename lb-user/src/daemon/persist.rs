@@ -266,15 +266,18 @@ mod tests {
         // (name, what was there before)
         let cases: [(&str, fn(&Path, &Path)); 2] = [
             ("fresh", |_, _| {}),
-            ("an earlier version's 0755 dir and 0644 files", |lock, state| {
-                let d = lock.parent().unwrap();
-                fs::create_dir_all(d).unwrap();
-                fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
-                for f in [lock, state] {
-                    fs::write(f, "").unwrap();
-                    fs::set_permissions(f, fs::Permissions::from_mode(0o644)).unwrap();
-                }
-            }),
+            (
+                "an earlier version's 0755 dir and 0644 files",
+                |lock, state| {
+                    let d = lock.parent().unwrap();
+                    fs::create_dir_all(d).unwrap();
+                    fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+                    for f in [lock, state] {
+                        fs::write(f, "").unwrap();
+                        fs::set_permissions(f, fs::Permissions::from_mode(0o644)).unwrap();
+                    }
+                },
+            ),
         ];
         for (name, before) in cases {
             let _ = fs::remove_dir_all(&dir);

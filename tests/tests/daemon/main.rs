@@ -689,6 +689,50 @@ fn pinned_layout_of_another_version_is_refused() {
     });
 }
 
+/// Detach under a running daemon is refused (it holds the instance lock):
+/// XDP, the pins and the daemon stay. `--force` detaches anyway.
+#[test]
+fn detach_refuses_a_running_daemon_unless_forced() {
+    let _serial = serial();
+    let e = up();
+    let detach = |extra: &[&str]| {
+        Command::new(xlb_bin())
+            .args(["detach", "--instance", &e.instance])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    step("xlb detach is refused", || {
+        let out = detach(&[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "detach under a running daemon: {err}"
+        );
+        let pid = e.daemon_pid().unwrap();
+        assert!(
+            err.contains(&format!("is in use by xlb run (pid {pid})")),
+            "{err}"
+        );
+        assert!(err.contains("--force"), "says what to do: {err}");
+        assert!(e.pins().exists(), "pins kept");
+        assert!(e.xdp_attached().unwrap(), "XDP kept");
+        e.status().expect("the daemon still answers");
+    });
+    step("xlb detach --force detaches", || {
+        let out = detach(&["--force"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("still runs with nothing attached"), "{text}");
+        assert!(!e.pins().exists(), "pins removed");
+        assert!(!e.xdp_attached().unwrap(), "XDP detached");
+    });
+}
+
 /// Detach (with the daemon dead) removes the pins and the XDP program.
 #[test]
 fn detach_removes_everything() {
