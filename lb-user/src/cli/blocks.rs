@@ -7,12 +7,11 @@ use std::time::Duration;
 use clap::Subcommand;
 
 use super::{Cell, Style, table};
-use crate::config::{self, MAX_TTL};
-use crate::ctl::{BlockEntry, EntryOrigin, GuardAction, ListKind, Request};
+use crate::config;
+use crate::ctl::{
+    BlockEntry, EntryOrigin, GuardAction, ListKind, Request, check_reason, check_ttl,
+};
 use crate::guard::Prefix;
-
-/// Longest `--reason`, as for a reason in the configuration.
-const MAX_REASON: usize = 200;
 
 #[derive(Debug, PartialEq, Subcommand)]
 pub enum GuardCommand {
@@ -147,29 +146,18 @@ pub fn parse_vip(s: &str) -> Result<String, String> {
     }
 }
 
-/// A TTL: a duration as in the configuration, above 0, at most 30 days.
+/// A TTL: a duration as in the configuration, 1s to 30 days (the daemon
+/// checks the same bounds, `ctl::check_ttl`).
 pub fn parse_ttl(s: &str) -> Result<Duration, String> {
     let d = config::parse_duration(s)?;
-    if d.is_zero() || d > MAX_TTL {
-        return Err(format!(
-            "a TTL of {s} is out of range; use 1s to {}h, or leave --ttl out for an entry \
-             that stays until `xlb unblock`",
-            MAX_TTL.as_secs() / 3600
-        ));
-    }
+    check_ttl(d, s)?;
     Ok(d)
 }
 
+/// A reason: on one line, at most 200 characters (checked by the daemon
+/// too, `ctl::check_reason`).
 pub fn parse_reason(s: &str) -> Result<String, String> {
-    let n = s.chars().count();
-    if n > MAX_REASON {
-        return Err(format!(
-            "the reason is {n} characters long; use at most {MAX_REASON}"
-        ));
-    }
-    if s.chars().any(char::is_control) {
-        return Err("the reason has control characters (a newline?); write it on one line".into());
-    }
+    check_reason(s)?;
     Ok(s.to_owned())
 }
 
@@ -346,6 +334,11 @@ mod tests {
                 "zero TTL",
                 vec!["block", "192.0.2.7", "--ttl", "0s"],
                 "a TTL of 0s is out of range; use 1s to 720h",
+            ),
+            (
+                "TTL under a second",
+                vec!["block", "192.0.2.7", "--ttl", "500ms"],
+                "a TTL of 500ms is out of range; use 1s to 720h",
             ),
             (
                 "TTL without unit",

@@ -9,12 +9,15 @@ use std::path::PathBuf;
 
 pub use lb_ctl::*;
 
+mod checks;
 mod client;
 mod server;
 
+pub use checks::{MAX_REASON, MIN_TTL, check_reason, check_request, check_ttl, escape};
 pub use client::{CONNECT_TIMEOUT, Client, REQUEST_TIMEOUT, request};
 pub use server::{
-    Handler, HandlerFuture, IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_LINE, WRITE_TIMEOUT, bind, serve,
+    Handler, HandlerFuture, IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_FOLLOWERS, MAX_LINE, WRITE_TIMEOUT,
+    bind, serve,
 };
 
 /// Errors of the control socket, on either end.

@@ -5,7 +5,11 @@
 //! temporary name, chmod/chown, then renamed into place). Clients are not
 //! trusted to behave: lines are bounded, idle connections time out, writes to
 //! a client that does not read time out, and at most [`MAX_CONNECTIONS`] are
-//! served at once.
+//! served at once, besides at most [`MAX_FOLLOWERS`] `events --follow`
+//! streams (which stay open for as long as their clients like, and so must
+//! not take the slots `reload` and `drain` need). Every request is checked
+//! against the CLI's bounds ([`check_request`]), and a request whose client
+//! left before it was answered is withdrawn, not applied.
 
 use std::future::Future;
 use std::io;
@@ -20,12 +24,12 @@ use tokio::io::{
 };
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{Semaphore, broadcast};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 use tracing::{debug, info, warn};
 
-use super::{CtlError, Event, Request, Response, parse_request};
+use super::{CtlError, Event, Request, Response, check_request, escape, parse_request};
 
 /// Longest request line, bytes. Requests are tiny; this only stops a client
 /// from making the daemon buffer without bound.
@@ -40,6 +44,15 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections served at once; more are answered with an error and closed.
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// `events --follow` streams at once, apart from [`MAX_CONNECTIONS`]: a
+/// stream leaves its connection slot when it starts. More are answered with
+/// an error and closed.
+pub const MAX_FOLLOWERS: usize = 16;
+
+/// How often a request waiting for its answer checks that its client is
+/// still there.
+const GONE_CHECK: Duration = Duration::from_millis(50);
 
 /// Mode of the control socket without a `socket_group`: root only.
 const MODE_PRIVATE: u32 = 0o600;
@@ -159,6 +172,7 @@ fn temporary_path(path: &Path) -> Option<PathBuf> {
 /// (which also closes every connection it accepted).
 pub async fn serve(listener: UnixListener, handler: Arc<dyn Handler>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let followers = Arc::new(Semaphore::new(MAX_FOLLOWERS));
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
@@ -166,10 +180,10 @@ pub async fn serve(listener: UnixListener, handler: Arc<dyn Handler>) {
                 Ok((stream, _)) => match slots.clone().try_acquire_owned() {
                     Ok(permit) => {
                         let handler = handler.clone();
-                        connections.spawn(async move {
-                            connection(stream, handler).await;
-                            drop(permit);
-                        });
+                        let followers = followers.clone();
+                        // The connection gives its permit back when it
+                        // ends, or when it becomes a stream.
+                        connections.spawn(connection(stream, handler, permit, followers));
                     }
                     Err(_) => {
                         connections.spawn(async move {
@@ -245,7 +259,50 @@ async fn write(wr: &mut OwnedWriteHalf, resp: &Response) -> io::Result<()> {
     }
 }
 
-async fn connection(stream: UnixStream, handler: Arc<dyn Handler>) {
+/// Whether the client closed its end entirely (POLLHUP: the kernel sets it
+/// on a Unix stream socket once the peer's socket is released). A client
+/// that only shut down its writing side (`socat` at the end of its input)
+/// still waits for the answer, and is not gone.
+fn client_gone(wr: &OwnedWriteHalf) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let stream: &UnixStream = wr.as_ref();
+    let mut fds = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call; timeout 0.
+    let n = unsafe { libc::poll(&mut fds, 1, 0) };
+    n > 0 && fds.revents & (libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// The handler's answer to `req`, or `None` if the client goes away first:
+/// then the handler's future is dropped, which withdraws the request (the
+/// daemon's main loop skips a request nobody waits for). A client that gave
+/// up (its timeout, Ctrl-C) must not see its drain or block applied later.
+async fn answer(handler: &dyn Handler, req: Request, wr: &OwnedWriteHalf) -> Option<Response> {
+    // Read after the client left (the daemon was busy, or stopped).
+    if client_gone(wr) {
+        return None;
+    }
+    let mut fut = handler.handle(req);
+    let mut check = tokio::time::interval(GONE_CHECK);
+    loop {
+        tokio::select! {
+            resp = &mut fut => return Some(resp),
+            _ = check.tick() => if client_gone(wr) {
+                return None;
+            },
+        }
+    }
+}
+
+async fn connection(
+    stream: UnixStream,
+    handler: Arc<dyn Handler>,
+    slot: OwnedSemaphorePermit,
+    followers: Arc<Semaphore>,
+) {
     let peer = match stream.peer_cred() {
         Ok(c) => format!("uid {} pid {}", c.uid(), c.pid().unwrap_or(0)),
         Err(_) => "an unknown peer".to_owned(),
@@ -277,30 +334,45 @@ async fn connection(stream: UnixStream, handler: Arc<dyn Handler>) {
         if buf.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let req = match parse_request(&buf) {
+        let req = match parse_request(&buf).and_then(|r| check_request(&r).map(|()| r)) {
             Ok(req) => req,
             Err(msg) => {
-                debug!("control: bad request from {peer}: {msg}");
+                // The message may quote what the client wrote.
+                info!("control: refused a request of {peer}: {}", escape(&msg));
                 if write(&mut wr, &Response::error(msg)).await.is_err() {
                     return;
                 }
                 continue;
             }
         };
+        let what = escape(&req.to_string()).into_owned();
         if req.is_mutating() {
-            info!("control: {req} requested by {peer}");
+            info!("control: {what} requested by {peer}");
         } else {
-            debug!("control: {req} requested by {peer}");
+            debug!("control: {what} requested by {peer}");
         }
         if let Request::Events {
             since_seq,
             follow: true,
         } = req
         {
+            let Ok(stream_slot) = followers.try_acquire_owned() else {
+                let msg = format!(
+                    "too many `events --follow` streams ({MAX_FOLLOWERS}); close one, or \
+                     ask for `events` without follow"
+                );
+                let _ = write(&mut wr, &Response::error(msg)).await;
+                return;
+            };
+            drop(slot);
             follow(rd, wr, &*handler, since_seq).await;
+            drop(stream_slot);
             return;
         }
-        let resp = handler.handle(req).await;
+        let Some(resp) = answer(&*handler, req, &wr).await else {
+            info!("control: {what} of {peer} withdrawn: the client left before it was answered");
+            return;
+        };
         if write(&mut wr, &resp).await.is_err() {
             return;
         }
@@ -819,5 +891,154 @@ mod tests {
             .unwrap();
         assert_eq!(got, None);
         assert_eq!(fake.events.receiver_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn requests_out_of_bounds_are_refused_before_the_handler() {
+        let dir = TempDir::new();
+        let fake = Fake::new(vec![]);
+        let (path, task) = start(&dir, fake.clone());
+        let mut raw = Raw::connect(&path).await;
+        let block = |fields: &str| {
+            format!(
+                r#"{{"version":2,"command":"block","list":"deny","prefix":"192.0.2.7",{fields}}}"#
+            )
+        };
+        let long = "x".repeat(201);
+        // (name, line as a client other than the CLI may write it, error)
+        let cases = [
+            (
+                "ttl 0",
+                block(r#""ttl_ms":0"#),
+                "ttl_ms: a TTL of 0 ms is out of range; use 1s to 720h",
+            ),
+            (
+                "ttl u64::MAX",
+                block(r#""ttl_ms":18446744073709551615"#),
+                "ttl_ms: a TTL of 18446744073709551615 ms is out of range",
+            ),
+            (
+                "reason with a newline",
+                block(r#""reason":"x\n2026-12-03 INFO forged line""#),
+                "the reason has control characters",
+            ),
+            (
+                "reason of 201 characters",
+                block(&format!(r#""reason":"{long}""#)),
+                "the reason is 201 characters long; use at most 200",
+            ),
+            (
+                "vip with an escape sequence",
+                r#"{"version":2,"command":"drain","vip":"api\u001b[2J","backend":"10.0.0.1:80"}"#
+                    .to_owned(),
+                r"vip api\u{1b}[2J has control characters",
+            ),
+        ];
+        for (name, line, want) in cases {
+            raw.send(format!("{line}\n").as_bytes()).await;
+            let msg = error_message(raw.recv().await);
+            assert!(msg.starts_with(want), "{name}: {msg}");
+        }
+        assert_eq!(*fake.seen.lock().unwrap(), [], "the handler saw none");
+        // The connection stays usable.
+        raw.send(Request::Status.to_line().as_bytes()).await;
+        assert_eq!(raw.recv().await, Some(Response::Status(sample_report())));
+        task.abort();
+    }
+
+    /// Applies a request only once let through, and records what it applied.
+    struct Gated {
+        gate: Semaphore,
+        waiting: AtomicU32,
+        applied: Mutex<Vec<Request>>,
+        events: broadcast::Sender<Event>,
+    }
+
+    impl Handler for Gated {
+        fn handle(&self, req: Request) -> HandlerFuture<'_> {
+            Box::pin(async move {
+                self.waiting.fetch_add(1, Ordering::SeqCst);
+                let _pass = self.gate.acquire().await.unwrap();
+                self.applied.lock().unwrap().push(req);
+                Response::ok("applied")
+            })
+        }
+
+        fn subscribe_events(&self) -> broadcast::Receiver<Event> {
+            self.events.subscribe()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_whose_client_left_is_not_applied() {
+        let dir = TempDir::new();
+        let gated = Arc::new(Gated {
+            gate: Semaphore::new(0),
+            waiting: AtomicU32::new(0),
+            applied: Mutex::new(vec![]),
+            events: broadcast::channel(16).0,
+        });
+        let path = dir.0.join("xlb.sock");
+        let task = tokio::spawn(serve(bind(&path, None).unwrap(), gated.clone()));
+        let drain = |backend: &str| Request::Drain {
+            vip: "api".to_owned(),
+            backend: backend.to_owned(),
+            deadline_ms: None,
+        };
+        // Left while its request waited for the daemon (a reload running).
+        let mut raw = Raw::connect(&path).await;
+        raw.send(drain("10.0.0.1:80").to_line().as_bytes()).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while gated.waiting.load(Ordering::SeqCst) == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "never asked");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(raw);
+        // Sent and closed at once: the server reads it after the client left.
+        let mut gone = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        std::io::Write::write_all(&mut gone, drain("10.0.0.2:80").to_line().as_bytes()).unwrap();
+        drop(gone);
+        tokio::time::sleep(GONE_CHECK * 6).await;
+        gated.gate.add_permits(10);
+        // A client that waits gets its answer.
+        let resp = super::super::request(&path, &drain("10.0.0.3:80"))
+            .await
+            .unwrap();
+        assert_eq!(resp, Response::ok("applied"));
+        assert_eq!(*gated.applied.lock().unwrap(), [drain("10.0.0.3:80")]);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn followers_cannot_take_the_slots_of_other_requests() {
+        let dir = TempDir::new();
+        let fake = Fake::new(vec![sample_event(1)]);
+        let (path, task) = start(&dir, fake.clone());
+        let follow = Request::Events {
+            since_seq: None,
+            follow: true,
+        };
+        let mut streams = vec![];
+        for i in 0..MAX_CONNECTIONS {
+            let mut c = Client::connect(&path).await.unwrap();
+            c.send(&follow).await.unwrap();
+            match timeout(Duration::from_secs(5), c.recv()).await.unwrap() {
+                Ok(Some(Response::Event(_))) if i < MAX_FOLLOWERS => {}
+                Ok(Some(Response::Error { message })) if i >= MAX_FOLLOWERS => assert!(
+                    message.starts_with("too many `events --follow` streams (16)"),
+                    "{i}: {message}"
+                ),
+                other => panic!("follower {i}: {other:?}"),
+            }
+            streams.push(c);
+        }
+        let drain = Request::Drain {
+            vip: "api".to_owned(),
+            backend: "10.99.0.12:80".to_owned(),
+            deadline_ms: None,
+        };
+        let resp = super::super::request(&path, &drain).await.unwrap();
+        assert_eq!(resp, Response::ok("drained 10.99.0.12:80 of vip api"));
+        task.abort();
     }
 }

@@ -5,7 +5,7 @@
 
 use std::{
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, Weak},
     time::{Duration, Instant},
 };
 
@@ -13,7 +13,7 @@ use tokio::{
     net::UnixListener,
     sync::{broadcast, mpsc, oneshot},
 };
-use tracing::error;
+use tracing::{error, info};
 
 use super::Daemon;
 use crate::{
@@ -22,12 +22,34 @@ use crate::{
 };
 
 /// A request and where its answer goes.
-pub(super) type Call = (Request, oneshot::Sender<Response>);
+pub(super) type Call = (Asked, oneshot::Sender<Response>);
+
+/// A request, and whether anyone still waits for its answer: the control
+/// socket's side holds the other end of `asker` for as long as its client
+/// does (it lets go when the client leaves or its wait times out).
+pub(super) struct Asked {
+    req: Request,
+    asker: Weak<()>,
+}
+
+impl Asked {
+    /// Whether nobody waits for the answer any more.
+    fn withdrawn(&self) -> bool {
+        self.asker.strong_count() == 0
+    }
+}
 
 impl Daemon {
-    /// Answers one control request (on the main loop).
-    pub(super) fn handle(&mut self, req: Request) -> Response {
-        let res: anyhow::Result<Response> = match req {
+    /// Answers one control request (on the main loop), unless its client
+    /// left while it waited in the queue: a drain or block its client gave
+    /// up on is not applied later.
+    pub(super) fn handle(&mut self, asked: Asked) -> Response {
+        if asked.withdrawn() {
+            let what = ctl::escape(&asked.req.to_string()).into_owned();
+            info!("control: {what} withdrawn: its client left before the daemon got to it");
+            return Response::error("withdrawn: the client left before it was answered");
+        }
+        let res: anyhow::Result<Response> = match asked.req {
             Request::Status => {
                 self.status_asked = Some(Instant::now());
                 Ok(Response::Status(self.status()))
@@ -126,12 +148,21 @@ impl ctl::Handler for Bridge {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + '_>> {
         Box::pin(async move {
             let (tx, rx) = oneshot::channel();
-            if self.calls.send((req, tx)).await.is_err() {
+            // Dropped with this future: when the client leaves (the server
+            // drops the future) or the wait below times out.
+            let waiting = Arc::new(());
+            let asked = Asked {
+                req,
+                asker: Arc::downgrade(&waiting),
+            };
+            if self.calls.send((asked, tx)).await.is_err() {
                 return Response::Error {
                     message: "the daemon is shutting down".into(),
                 };
             }
-            match tokio::time::timeout(Duration::from_secs(30), rx).await {
+            let answer = tokio::time::timeout(Duration::from_secs(30), rx).await;
+            drop(waiting);
+            match answer {
                 Ok(Ok(r)) => r,
                 _ => Response::Error {
                     message: "the daemon did not answer within 30 s".into(),
@@ -151,5 +182,36 @@ struct Published(Arc<Mutex<(StatusReport, MetricsExtra)>>);
 impl metrics::MetricsSource for Published {
     fn snapshot(&self) -> (StatusReport, MetricsExtra) {
         self.0.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ctl::Handler as _;
+
+    #[tokio::test]
+    async fn a_call_whose_asker_left_is_withdrawn_in_the_queue() {
+        let (calls, mut queue) = mpsc::channel::<Call>(4);
+        let bridge = Arc::new(Bridge {
+            calls,
+            events: broadcast::channel(4).0,
+        });
+        // (name, whether the asker still waits when the main loop gets to it)
+        for (name, waits) in [("asker waits", true), ("asker left", false)] {
+            let b = bridge.clone();
+            let asker = tokio::spawn(async move { b.handle(Request::Reload).await });
+            let (asked, reply) = queue.recv().await.unwrap();
+            if waits {
+                assert!(!asked.withdrawn(), "{name}");
+                reply.send(Response::ok("done")).unwrap();
+                assert_eq!(asker.await.unwrap(), Response::ok("done"), "{name}");
+            } else {
+                // What the server does when the client leaves.
+                asker.abort();
+                let _ = asker.await;
+                assert!(asked.withdrawn(), "{name}");
+            }
+        }
     }
 }

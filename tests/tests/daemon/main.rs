@@ -23,6 +23,7 @@
     reason = "what a scenario saw is printed for the log"
 )]
 
+mod control;
 mod env;
 mod guard;
 mod restart;
