@@ -132,15 +132,61 @@ pub fn enable_forwarding(iface: &str, v6: bool) -> anyhow::Result<Vec<SysctlChan
     Ok(changed)
 }
 
+/// Where the sysctls live.
+const PROC_SYS: &str = "/proc/sys";
+
+/// Whether `path` is one of the sysctls [`enable_forwarding`] changes
+/// (`<root>/net/ipv4/conf/<iface>/forwarding` or its ipv6 twin, `<iface>` a
+/// valid interface name) and `value` a value it may hold. The state file
+/// says what to write where; whoever could edit it must not get a root
+/// write to any other file through `xlb detach`.
+fn is_forwarding_sysctl(root: &Path, path: &str, value: &str) -> bool {
+    let Ok(rest) = Path::new(path).strip_prefix(root) else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.iter().filter_map(|p| p.to_str()).collect();
+    let known = match parts.as_slice() {
+        ["net", "ipv4" | "ipv6", "conf", iface, "forwarding"] => is_interface_name(iface),
+        _ => false,
+    } && parts.len() == rest.iter().count();
+    let number = !value.is_empty() && value.len() <= 3 && value.bytes().all(|b| b.is_ascii_digit());
+    known && number
+}
+
+/// A name the kernel accepts for an interface (`dev_valid_name`): 1 to 15
+/// bytes, not `.` or `..`, no `/`, `:` or white space.
+fn is_interface_name(name: &str) -> bool {
+    (1..16).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace())
+}
+
 /// Puts back what [`enable_forwarding`] changed, where it still holds the
 /// value xlb wrote and only in the namespace it was changed in (from any
 /// other, `/proc/sys/net` names another interface, maybe the host's).
-/// Never fails: returns one note per sysctl, also logged.
+/// Writes nothing but the forwarding sysctls of an interface, whatever the
+/// state file names. Never fails: returns one note per sysctl, also logged.
 pub fn restore_sysctls(changes: &[SysctlChange]) -> Vec<String> {
+    restore_sysctls_under(Path::new(PROC_SYS), changes)
+}
+
+fn restore_sysctls_under(root: &Path, changes: &[SysctlChange]) -> Vec<String> {
     let here = netns_id().ok();
     let mut notes = Vec::new();
     for c in changes {
-        let note = if here != Some(c.netns) {
+        let note = if !is_forwarding_sysctl(root, &c.path, &c.previous) {
+            format!(
+                "{:?} = {:?} not restored: xlb changes only {}/net/ipv4|ipv6/conf/<interface>/\
+                 forwarding, to a number; the state file was edited by hand or damaged: set the \
+                 value by hand if needed",
+                c.path,
+                c.previous,
+                root.display()
+            )
+        } else if here != Some(c.netns) {
             format!(
                 "{} not restored to {}: it was changed in another network namespace \
                  (run `xlb detach` in the daemon's namespace, or set it by hand)",
@@ -330,8 +376,7 @@ mod tests {
 
     #[test]
     fn restore_puts_back_only_what_xlb_set_in_its_own_namespace() {
-        let dir = std::env::temp_dir().join(format!("xlb-sysctl-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
+        let root = std::env::temp_dir().join(format!("xlb-sysctl-{}", std::process::id()));
         let here = netns_id().unwrap();
         // (name, value now, namespace of the record, value after, note)
         let cases = [
@@ -347,7 +392,9 @@ mod tests {
             ("gone", None, here, None, "not restored to 0"),
         ];
         for (i, (name, now, netns, after, note)) in cases.into_iter().enumerate() {
-            let path = dir.join(format!("forwarding-{i}"));
+            let dir = root.join(format!("net/ipv4/conf/eth{i}"));
+            fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("forwarding");
             if let Some(now) = now {
                 fs::write(&path, now).unwrap();
             }
@@ -356,11 +403,86 @@ mod tests {
                 previous: "0".into(),
                 netns,
             };
-            let notes = restore_sysctls(&[change]);
+            let notes = restore_sysctls_under(&root, &[change]);
             assert_eq!(notes.len(), 1, "{name}");
             assert!(notes[0].contains(note), "{name}: {notes:?}");
             assert_eq!(fs::read_to_string(&path).ok().as_deref(), after, "{name}");
         }
-        fs::remove_dir_all(dir).unwrap();
+        fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn restore_writes_only_forwarding_sysctls() {
+        let root = std::env::temp_dir().join(format!("xlb-sysctl-only-{}", std::process::id()));
+        let here = netns_id().unwrap();
+        let victim = root.join("victim");
+        let r = root.display();
+        // (name, path the state file names, previous value)
+        let cases = [
+            (
+                "another file",
+                victim.display().to_string(),
+                "0".to_string(),
+            ),
+            (
+                "walks out of conf",
+                format!("{r}/net/ipv4/conf/../../../victim"),
+                "0".into(),
+            ),
+            (
+                "interface ..",
+                format!("{r}/net/ipv4/conf/../forwarding"),
+                "0".into(),
+            ),
+            (
+                "another sysctl",
+                format!("{r}/net/ipv4/conf/eth0/rp_filter"),
+                "0".into(),
+            ),
+            (
+                "ipv5",
+                format!("{r}/net/ipv5/conf/eth0/forwarding"),
+                "0".into(),
+            ),
+            (
+                "a value that is not a number",
+                format!("{r}/net/ipv4/conf/eth0/forwarding"),
+                "0\nroot::0:0::/:/bin/sh".into(),
+            ),
+            (
+                "interface name too long",
+                format!("{r}/net/ipv4/conf/abcdefghijklmnop/forwarding"),
+                "0".into(),
+            ),
+        ];
+        for (name, path, previous) in cases {
+            // Every target holds xlb's 1, so only the path check stops a write.
+            if let Some(dir) = Path::new(&path).parent() {
+                let _ = fs::create_dir_all(dir);
+            }
+            let _ = fs::write(&path, "1\n");
+            fs::write(&victim, "1\n").unwrap();
+            let change = SysctlChange {
+                path: path.clone(),
+                previous: previous.clone(),
+                netns: here,
+            };
+            let notes = restore_sysctls_under(&root, &[change]);
+            assert!(
+                notes[0].contains("not restored: xlb changes only"),
+                "{name}: {notes:?}"
+            );
+            assert_eq!(
+                fs::read_to_string(&path).unwrap(),
+                "1\n",
+                "{name}: {path} written"
+            );
+            assert_eq!(
+                fs::read_to_string(&victim).unwrap(),
+                "1\n",
+                "{name}: victim written"
+            );
+        }
+        fs::remove_dir_all(root).unwrap();
     }
 }
