@@ -21,6 +21,22 @@ pub const MIN_UDP_TIMEOUT: Duration = Duration::from_nanos(2 * lb_common::CT_TOU
 /// size (64 MiB at the default).
 pub const MAX_RING_STRIDE: u32 = 1_048_573;
 
+/// Smallest `daemon.conntrack_size`. The kernel's LRU hash splits its
+/// entries among the CPUs' free lists and evicts in batches of up to 128 per
+/// CPU (`LOCAL_FREE_TARGET`, kernel/bpf/bpf_lru_list.c), so a map of a few
+/// entries evicts live flows at once, and their next packets may change
+/// backend.
+pub const MIN_CONNTRACK_SIZE: u32 = 4096;
+
+/// Largest `daemon.conntrack_size`: 2^27 entries, about 16 GiB of kernel
+/// memory at [`CT_ENTRY_BYTES`] each (2^32 − 1 would be 512 GiB, and the
+/// start would fail deep in map creation instead of here).
+pub const MAX_CONNTRACK_SIZE: u32 = 1 << 27;
+
+/// Kernel memory of one conntrack entry, roughly: the 40-byte key, the
+/// 24-byte value and the LRU hash element's own header, rounded up.
+const CT_ENTRY_BYTES: u64 = 128;
+
 /// A socket path must fit `sockaddr_un.sun_path` (108 bytes with the NUL).
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -258,12 +274,28 @@ fn socket_group(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<String> {
 }
 
 /// `""` disables metrics, hence a string rather than an address in the file.
+/// Every address (`0.0.0.0`, `[::]`) is allowed, with a warning: the
+/// endpoint is unauthenticated and names VIPs, backends and heavy sources,
+/// but a firewall may well keep it to a management network.
 fn metrics_address(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<SocketAddr> {
     match raw.metrics_address.as_deref() {
         None => Some(defaults::METRICS_ADDRESS),
         Some("") => None,
         Some(text) => match text.parse::<SocketAddr>() {
-            Ok(addr) => Some(addr),
+            Ok(addr) => {
+                if addr.ip().is_unspecified() {
+                    p.warn(
+                        CTX,
+                        format!(
+                            "metrics_address {addr} listens on every address of this host: \
+                             the metrics are unauthenticated and name every VIP, backend and \
+                             heavy source; use 127.0.0.1 or a management address, or keep \
+                             the port behind a firewall"
+                        ),
+                    );
+                }
+                Some(addr)
+            }
             Err(_) => {
                 p.error(
                     CTX,
@@ -280,12 +312,26 @@ fn metrics_address(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<SocketAddr> 
 
 fn conntrack_size(raw: &RawDaemon, p: &mut Problems<'_>) -> u32 {
     let conntrack_size = raw.conntrack_size.unwrap_or(defaults::CONNTRACK_SIZE);
-    if conntrack_size == 0 {
+    if conntrack_size < MIN_CONNTRACK_SIZE {
         p.error(
             CTX,
             format!(
-                "conntrack_size must be at least 1 (default {})",
+                "conntrack_size {conntrack_size} is too small: the kernel's LRU evicts in \
+                 batches per CPU, so a smaller map evicts live flows; use at least \
+                 {MIN_CONNTRACK_SIZE} (default {})",
                 defaults::CONNTRACK_SIZE
+            ),
+        );
+    } else if conntrack_size > MAX_CONNTRACK_SIZE {
+        let gib = |n: u32| (u64::from(n) * CT_ENTRY_BYTES) >> 30;
+        p.error(
+            CTX,
+            format!(
+                "conntrack_size {conntrack_size} is too large: the map would take about {} GiB \
+                 of kernel memory; use at most {MAX_CONNTRACK_SIZE} (about {} GiB), a few \
+                 times the flows you expect at once",
+                gib(conntrack_size),
+                gib(MAX_CONNTRACK_SIZE)
             ),
         );
     }
@@ -343,6 +389,16 @@ fn max_table_size(raw: &RawDaemon, p: &mut Problems<'_>) -> u32 {
 fn hash_seed(raw: &RawDaemon, p: &mut Problems<'_>) -> Option<[u64; 2]> {
     let text = raw.hash_seed.as_deref()?;
     let seed = parse_hash_seed(text);
+    if seed == Some([0, 0]) {
+        // The data plane and the start read a zero key as "none set yet".
+        p.error(
+            CTX,
+            "hash_seed is all zeros, which xlb reads as \"no key set\" (and which anyone \
+             could guess); generate one with `openssl rand -hex 16`, or remove hash_seed to \
+             get a random one on first start",
+        );
+        return None;
+    }
     if seed.is_none() {
         p.error(
             CTX,
@@ -471,7 +527,7 @@ probe_concurrency = 0
             r#"xlb.toml: daemon: control_socket "xlb.sock" is not an absolute path; use e.g. "/run/xlb/xlb.sock""#,
             r"xlb.toml: daemon: socket_group is empty; name a group, or remove socket_group to keep the control socket root-only (mode 0600)",
             r#"xlb.toml: daemon: metrics_address "localhost" is not an address:port; use e.g. "127.0.0.1:9813" or "[::1]:9813", or "" to disable metrics"#,
-            r"xlb.toml: daemon: conntrack_size must be at least 1 (default 1048576)",
+            r"xlb.toml: daemon: conntrack_size 0 is too small: the kernel's LRU evicts in batches per CPU, so a smaller map evicts live flows; use at least 4096 (default 1048576)",
             r#"xlb.toml: daemon: udp_timeout "30" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
             r"xlb.toml: daemon: max_table_size 65536 is not prime; use a prime such as 65537",
             r"xlb.toml: daemon: hash_seed must be 32 hexadecimal digits (128 bits), got 3 characters; generate one with `openssl rand -hex 16`, or remove hash_seed to get a random one on first start",
@@ -494,6 +550,15 @@ probe_concurrency = 0
         encap_source_v4_and_its_prefix: format!(r#"{DAEMON}encap_source_v4 = "10.0.0.2"
     encap_source_v4_prefix = "10.255.0.0/24""#) => [
             r"xlb.toml: daemon: set encap_source_v4 (one outer source) or encap_source_v4_prefix (a source per flow within the prefix), not both",
+        ];
+        hash_seed_of_zeros: format!(r#"{DAEMON}hash_seed = "00000000000000000000000000000000""#) => [
+            r#"xlb.toml: daemon: hash_seed is all zeros, which xlb reads as "no key set" (and which anyone could guess); generate one with `openssl rand -hex 16`, or remove hash_seed to get a random one on first start"#,
+        ];
+        conntrack_size_of_one: format!("{DAEMON}conntrack_size = 1") => [
+            r"xlb.toml: daemon: conntrack_size 1 is too small: the kernel's LRU evicts in batches per CPU, so a smaller map evicts live flows; use at least 4096 (default 1048576)",
+        ];
+        conntrack_size_of_512_gib: format!("{DAEMON}conntrack_size = 4294967295") => [
+            r"xlb.toml: daemon: conntrack_size 4294967295 is too large: the map would take about 511 GiB of kernel memory; use at most 134217728 (about 16 GiB), a few times the flows you expect at once",
         ];
         max_table_size_too_large: format!("{DAEMON}max_table_size = 2097143") => [
             r"xlb.toml: daemon: max_table_size 2097143 is too large: the ring would take 2047 MiB of kernel memory; use a prime of at most 1048573",
@@ -538,6 +603,51 @@ port = 80
         );
         let pf = config.daemon.live.encap_source_v4_prefix.expect("set");
         assert_eq!(pf.to_string(), "10.255.0.0/24");
+    }
+
+    #[test]
+    fn conntrack_size_bounds_are_accepted() {
+        for size in [MIN_CONNTRACK_SIZE, MAX_CONNTRACK_SIZE] {
+            let config = ok("bound", &format!("{DAEMON}conntrack_size = {size}"));
+            assert_eq!(config.daemon.pinned.conntrack_size, size);
+        }
+    }
+
+    #[test]
+    fn metrics_on_every_address_is_a_warning() {
+        let warning = |addr: &str| {
+            format!(
+                "xlb.toml: daemon: metrics_address {addr} listens on every address of this \
+                 host: the metrics are unauthenticated and name every VIP, backend and heavy \
+                 source; use 127.0.0.1 or a management address, or keep the port behind a \
+                 firewall"
+            )
+        };
+        // (name, metrics_address, warnings)
+        let cases = [
+            (
+                "every IPv4 address",
+                "0.0.0.0:9813",
+                vec![warning("0.0.0.0:9813")],
+            ),
+            (
+                "every IPv6 address",
+                "[::]:9813",
+                vec![warning("[::]:9813")],
+            ),
+            ("loopback", "127.0.0.1:9813", vec![]),
+            ("a management address", "192.0.2.5:9813", vec![]),
+        ];
+        for (name, addr, want) in cases {
+            let text = format!("{DAEMON}metrics_address = \"{addr}\"\n");
+            let config = ok(name, &text);
+            let got: Vec<&String> = config
+                .warnings
+                .iter()
+                .filter(|w| w.contains("metrics_address"))
+                .collect();
+            assert_eq!(got, want.iter().collect::<Vec<_>>(), "{name}");
+        }
     }
 
     #[test]

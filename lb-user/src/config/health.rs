@@ -118,12 +118,25 @@ fn duration(
     Some(d)
 }
 
-/// `rise` and `fall`: a count of probes in a row.
+/// Largest `rise` and `fall`. A backend takes that many probes in a row to
+/// change state: 100 at the default 2 s interval is over 3 minutes, already
+/// past any use; 4,000,000,000 would keep a backend down for centuries.
+pub const MAX_PROBE_COUNT: u32 = 100;
+
+/// `rise` and `fall`: a count of probes in a row, 1 to [`MAX_PROBE_COUNT`].
 fn at_least_one(field: &str, value: Option<u32>, ctx: &str, p: &mut Problems<'_>) -> Option<u32> {
-    if value == Some(0) {
-        p.error(ctx, format!("{field} must be at least 1"));
+    match value {
+        Some(0) => p.error(ctx, format!("{field} must be at least 1")),
+        Some(n) if n > MAX_PROBE_COUNT => p.error(
+            ctx,
+            format!(
+                "{field} {n} is too large: a backend would need {n} probes in a row to change \
+                 state; use 1 to {MAX_PROBE_COUNT}"
+            ),
+        ),
+        _ => {}
     }
-    value.filter(|&v| v > 0)
+    value.filter(|&v| (1..=MAX_PROBE_COUNT).contains(&v))
 }
 
 /// Up to half the period either way, as a fraction or a percentage.
@@ -959,6 +972,14 @@ interval = "5s"
             r#"xlb.toml: health_check: hang_timeout "3" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
         ];
 
+        rise_of_four_billion: api_with_backend(r#"
+[vip.health_check]
+rise = 4000000000
+fall = 101
+"#) => [
+            r#"xlb.toml: vip "api": health_check: rise 4000000000 is too large: a backend would need 4000000000 probes in a row to change state; use 1 to 100"#,
+            r#"xlb.toml: vip "api": health_check: fall 101 is too large: a backend would need 101 probes in a row to change state; use 1 to 100"#,
+        ];
         rise_and_fall_zero: api_with_backend(r#"
 [vip.health_check]
 rise = 0

@@ -56,6 +56,7 @@ macro_rules! rejects {
     )*};
 }
 
+mod address;
 mod daemon;
 mod guard;
 mod health;

@@ -153,9 +153,12 @@ pub(super) fn validate_all(
     p: &mut Problems<'_>,
 ) -> Vec<VipConfig> {
     let mut seen = Seen::default();
-    raw.iter()
+    let vips = raw
+        .iter()
         .map(|v| validate(v, daemon, globals, &mut seen, p))
-        .collect()
+        .collect();
+    super::address::check_backends_are_not_vips(raw, p);
+    vips
 }
 
 /// One VIP: its own settings, its health_check layer, its backends, then
@@ -238,6 +241,8 @@ fn check_address(raw: &RawVip, ctx: &str, p: &mut Problems<'_>) {
             ctx,
             format!("address {addr} cannot be a VIP; use a unicast address"),
         );
+    } else if let Some(why) = super::address::unroutable(addr) {
+        p.error(ctx, format!("address {addr} cannot be a VIP: {why}"));
     }
     if raw.port == 0 {
         p.error(ctx, "port 0 is invalid; use 1 to 65535");
@@ -420,6 +425,11 @@ fn check_backend_address(
         p.error(
             bctx,
             "address cannot be a backend; use the server's unicast address",
+        );
+    } else if let Some(why) = super::address::unroutable(b.address) {
+        p.error(
+            bctx,
+            format!("address {} cannot be a backend: {why}", b.address),
         );
     }
 }
