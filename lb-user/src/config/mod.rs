@@ -144,7 +144,9 @@ impl Config {
                 path.display()
             )],
         })?;
-        Config::from_str(&text, &path.display().to_string())
+        let mut config = Config::from_str(&text, &path.display().to_string())?;
+        warn_readable_secret(path, &config.daemon, &mut config.warnings);
+        Ok(config)
     }
 
     /// Parses and validates configuration `text`; `origin` (usually the file
@@ -172,6 +174,34 @@ impl Config {
     /// The VIP called `name`.
     pub fn vip(&self, name: &str) -> Option<&VipConfig> {
         self.vips.iter().find(|v| v.name == name)
+    }
+}
+
+/// A file that holds `hash_seed` is a secret (whoever knows the key can aim
+/// flows at one backend): warn when its group or others may read it. A
+/// warning, not an error: a configuration management tool may need to
+/// read it, and the operator knows who is in the group.
+fn warn_readable_secret(path: &Path, daemon: &DaemonConfig, warnings: &mut Vec<String>) {
+    use std::os::unix::fs::PermissionsExt as _;
+    if daemon.live.hash_seed.is_none() {
+        return;
+    }
+    let Ok(meta) = std::fs::metadata(path) else {
+        return;
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o044 != 0 {
+        warnings.push(format!(
+            "{}: daemon: hash_seed is secret, but the file is mode {mode:o}, readable by {}; \
+             chmod 600 {}",
+            path.display(),
+            if mode & 0o004 != 0 {
+                "every user"
+            } else {
+                "its group"
+            },
+            path.display()
+        ));
     }
 }
 
@@ -224,11 +254,42 @@ fn validate(raw: &RawConfig, p: &mut Problems<'_>) -> Config {
     };
     let vips = vip::validate_all(&raw.vip, &daemon, &globals, p);
     guard::check_rule_count(&guard, &vips, p);
+    check_list_reasons(raw, p);
     Config {
         daemon,
         vips,
         guard,
         warnings: Vec::new(),
+    }
+}
+
+/// A list entry's reason goes into `xlb blocks`, events and logs: one line
+/// of text, as a reason given to `xlb block` (`ctl::check_reason`), so it
+/// can neither forge a log line nor drive a terminal. (Its length is
+/// checked with the entry, in `guard`.)
+fn check_list_reasons(raw: &RawConfig, p: &mut Problems<'_>) {
+    let global = raw.guard.as_ref().map(|g| ("guard".to_string(), g));
+    let local = raw.vip.iter().filter_map(|v| {
+        v.guard
+            .as_ref()
+            .map(|g| (format!("vip {:?}: guard", v.name), g))
+    });
+    for (ctx, g) in global.into_iter().chain(local) {
+        for (list, rules) in [("deny", &g.deny), ("allow", &g.allow)] {
+            for (i, r) in rules.iter().enumerate() {
+                let reason = r.reason.as_deref().unwrap_or_default();
+                if reason.chars().any(char::is_control) {
+                    p.error(
+                        &format!("{ctx}: {list} entry {}", i + 1),
+                        format!(
+                            "reason {:?} has control characters (a newline?); write it on \
+                             one line",
+                            reason
+                        ),
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -446,6 +507,71 @@ port = 80
 
     pub(in crate::config) fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    rejects! {
+        reason_of_a_global_deny_entry_with_a_newline: format!(r#"{DAEMON}
+[[guard.deny]]
+prefix = "192.0.2.0/24"
+reason = "scanner\n2026-12-03 INFO forged line"
+"#) => [
+            r#"xlb.toml: guard: deny entry 1: reason "scanner\n2026-12-03 INFO forged line" has control characters (a newline?); write it on one line"#,
+        ];
+        reason_of_a_vip_allow_entry_with_an_escape: api_with_backend(r#"
+[[vip.guard.allow]]
+prefix = "10.0.0.0/8"
+reason = "ok"
+[[vip.guard.allow]]
+prefix = "10.1.0.0/16"
+reason = "\u001b[2J"
+"#) => [
+            r#"xlb.toml: vip "api": guard: allow entry 2: reason "\u{1b}[2J" has control characters (a newline?); write it on one line"#,
+        ];
+    }
+
+    #[test]
+    fn a_readable_file_with_a_hash_seed_is_a_warning() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("xlb-cfg-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("xlb.toml");
+        let seed = "hash_seed = \"000102030405060708090a0b0c0d0e0f\"\n";
+        let p = path.display();
+        // (name, hash_seed line, mode, warning)
+        let cases = [
+            (
+                "seed, world-readable",
+                seed,
+                0o644,
+                Some(format!(
+                    "{p}: daemon: hash_seed is secret, but the file is mode 644, readable by \
+                     every user; chmod 600 {p}"
+                )),
+            ),
+            (
+                "seed, group-readable",
+                seed,
+                0o640,
+                Some(format!(
+                    "{p}: daemon: hash_seed is secret, but the file is mode 640, readable by \
+                     its group; chmod 600 {p}"
+                )),
+            ),
+            ("seed, private", seed, 0o600, None),
+            ("no seed, world-readable", "", 0o644, None),
+        ];
+        for (name, line, mode, want) in cases {
+            std::fs::write(&path, format!("{DAEMON}{line}")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let config = Config::from_file(&path).unwrap();
+            let got: Vec<&String> = config
+                .warnings
+                .iter()
+                .filter(|w| w.contains("hash_seed"))
+                .collect();
+            assert_eq!(got, want.iter().collect::<Vec<_>>(), "{name}");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

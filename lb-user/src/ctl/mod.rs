@@ -44,6 +44,13 @@ pub enum CtlError {
     )]
     NotASocket { path: PathBuf },
     #[error(
+        "the directory of the control socket, {}, is {why}: another user could replace the \
+         socket and answer the CLI in the daemon's place; set daemon.control_socket to a path \
+         in a directory only root can write, e.g. /run/xlb/xlb.sock",
+        dir.display()
+    )]
+    UnsafeDirectory { dir: PathBuf, why: String },
+    #[error(
         "socket_group {group:?} does not exist; create it (groupadd {group}), or remove \
          daemon.socket_group to keep the control socket root-only"
     )]

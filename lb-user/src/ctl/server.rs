@@ -103,6 +103,7 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, CtlError> 
             path: parent.to_owned(),
             source: e,
         })?;
+        check_directory(parent)?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
@@ -156,6 +157,32 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, CtlError> 
         let _ = std::fs::remove_file(bind_at);
     })?;
     Ok(listener)
+}
+
+/// The socket's directory must be ours (or root's) and not writable by
+/// every user: whoever can write it can unlink the socket and bind their
+/// own in its place, and the CLI would send drains and blocks to them and
+/// print their answers. The sticky bit (`/tmp`) does not help: the name can
+/// be taken before the daemon starts, or after it stops.
+fn check_directory(dir: &Path) -> Result<(), CtlError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(dir).map_err(|e| CtlError::Io {
+        what: "inspecting the directory",
+        path: dir.to_owned(),
+        source: e,
+    })?;
+    let me = nix::unistd::geteuid().as_raw();
+    let why = if meta.uid() != me && meta.uid() != 0 {
+        format!("owned by uid {}", meta.uid())
+    } else if meta.mode() & 0o002 != 0 {
+        format!("writable by every user (mode {:o})", meta.mode() & 0o7777)
+    } else {
+        return Ok(());
+    };
+    Err(CtlError::UnsafeDirectory {
+        dir: dir.to_owned(),
+        why,
+    })
 }
 
 /// A name next to `path` to bind under until the permissions are set, so
@@ -701,6 +728,59 @@ mod tests {
         let err = bind(&file, None).unwrap_err();
         assert!(matches!(err, CtlError::NotASocket { .. }), "{err}");
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "precious");
+    }
+
+    #[tokio::test]
+    async fn a_socket_directory_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = TempDir::new();
+        let is_root = nix::unistd::geteuid().is_root();
+        // (name, mode of the socket's directory, its owner, the refusal)
+        let cases = [
+            (
+                "world-writable",
+                0o777,
+                None,
+                Some("writable by every user (mode 777)"),
+            ),
+            (
+                "world-writable and sticky, as /tmp",
+                0o1777,
+                None,
+                Some("(mode 1777)"),
+            ),
+            (
+                "another user's",
+                0o755,
+                Some(65534),
+                Some("owned by uid 65534"),
+            ),
+            ("root's, group-writable", 0o775, None, None),
+            ("root's", 0o755, None, None),
+        ];
+        for (i, (name, mode, owner, want)) in cases.into_iter().enumerate() {
+            if owner.is_some() && !is_root {
+                eprintln!("{name}: skipped, only root can give a directory away");
+                continue;
+            }
+            let sub = dir.0.join(format!("d{i}"));
+            std::fs::create_dir(&sub).unwrap();
+            std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(mode)).unwrap();
+            if let Some(uid) = owner {
+                nix::unistd::chown(&sub, Some(nix::unistd::Uid::from_raw(uid)), None).unwrap();
+            }
+            let path = sub.join("xlb.sock");
+            match (bind(&path, None), want) {
+                (Ok(_), None) => assert!(path.exists(), "{name}"),
+                (Err(e), Some(w)) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains(w), "{name}: {msg}");
+                    assert!(msg.contains("set daemon.control_socket"), "{name}: {msg}");
+                    assert!(!path.exists(), "{name}: nothing bound");
+                }
+                (got, _) => panic!("{name}: {got:?}"),
+            }
+        }
     }
 
     #[tokio::test]
