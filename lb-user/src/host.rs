@@ -241,7 +241,8 @@ pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
     let me = nix::unistd::geteuid().as_raw();
     if !meta.is_dir() || meta.uid() != me {
         bail!(
-            "{} is {}, not a directory of uid {me}: another user could replace the lock and              state files in it; remove it (rm -r {}) once no xlb runs, and start again",
+            "{} is {}, not a directory of uid {me}: another user could replace the lock and \
+             state files in it; remove it (rm -r {}) once no xlb runs, and start again",
             dir.display(),
             if meta.is_dir() {
                 format!("owned by uid {}", meta.uid())
@@ -288,7 +289,8 @@ pub fn open_private(path: &Path) -> anyhow::Result<fs::File> {
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {
         bail!(
-            "{} is owned by uid {}, not by uid {me} (root): another user could hold it to keep              xlb from starting; check that no xlb runs, remove it (rm {}) and start again",
+            "{} is owned by uid {}, not by uid {me} (root): another user could hold it to keep \
+             xlb from starting; check that no xlb runs, remove it (rm {}) and start again",
             path.display(),
             meta.uid(),
             path.display()

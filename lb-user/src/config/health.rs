@@ -121,7 +121,7 @@ fn duration(
 /// Largest `rise` and `fall`. A backend takes that many probes in a row to
 /// change state: 100 at the default 2 s interval is over 3 minutes, already
 /// past any use; 4,000,000,000 would keep a backend down for centuries.
-pub const MAX_PROBE_COUNT: u32 = 100;
+pub(super) const MAX_PROBE_COUNT: u32 = 100;
 
 /// `rise` and `fall`: a count of probes in a row, 1 to [`MAX_PROBE_COUNT`].
 fn at_least_one(field: &str, value: Option<u32>, ctx: &str, p: &mut Problems<'_>) -> Option<u32> {

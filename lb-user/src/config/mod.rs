@@ -65,8 +65,8 @@ mod raw;
 mod vip;
 
 pub use daemon::{
-    DaemonConfig, LiveSettings, MAX_RING_STRIDE, MIN_UDP_TIMEOUT, PinnedSettings, RestartSettings,
-    XdpMode, check_instance,
+    DaemonConfig, LiveSettings, MAX_CONNTRACK_SIZE, MAX_RING_STRIDE, MIN_CONNTRACK_SIZE,
+    MIN_UDP_TIMEOUT, PinnedSettings, RestartSettings, XdpMode, check_instance,
 };
 pub use guard::{
     AutoBlock, GuardConfig, ListRule, MAX_TTL, SourceAlert, SourceLimit, VipGuardConfig,

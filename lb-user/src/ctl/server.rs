@@ -324,6 +324,36 @@ async fn answer(handler: &dyn Handler, req: Request, wr: &OwnedWriteHalf) -> Opt
     }
 }
 
+/// Reads the next request line into `buf`; `false` when the connection is
+/// to close (idle, closed, unreadable, or a line too long, which is
+/// answered first).
+async fn next_line(
+    rd: &mut BufReader<OwnedReadHalf>,
+    wr: &mut OwnedWriteHalf,
+    buf: &mut Vec<u8>,
+    peer: &str,
+) -> bool {
+    match timeout(IDLE_TIMEOUT, read_line(rd, buf, MAX_LINE)).await {
+        Err(_) => {
+            debug!("control: closing idle connection of {peer}");
+            false
+        }
+        Ok(Err(e)) => {
+            debug!("control: reading from {peer}: {e}");
+            false
+        }
+        Ok(Ok(Line::Eof)) => false,
+        Ok(Ok(Line::TooLong)) => {
+            // The rest of the line is unread: no way to find the next
+            // request, so answer and close.
+            let msg = format!("request longer than {MAX_LINE} bytes; closing the connection");
+            let _ = write(wr, &Response::error(msg)).await;
+            false
+        }
+        Ok(Ok(Line::Complete)) => true,
+    }
+}
+
 async fn connection(
     stream: UnixStream,
     handler: Arc<dyn Handler>,
@@ -339,24 +369,8 @@ async fn connection(
     let mut buf = Vec::new();
     loop {
         buf.clear();
-        match timeout(IDLE_TIMEOUT, read_line(&mut rd, &mut buf, MAX_LINE)).await {
-            Err(_) => {
-                debug!("control: closing idle connection of {peer}");
-                return;
-            }
-            Ok(Err(e)) => {
-                debug!("control: reading from {peer}: {e}");
-                return;
-            }
-            Ok(Ok(Line::Eof)) => return,
-            Ok(Ok(Line::TooLong)) => {
-                // The rest of the line is unread: no way to find the next
-                // request, so answer and close.
-                let msg = format!("request longer than {MAX_LINE} bytes; closing the connection");
-                let _ = write(&mut wr, &Response::error(msg)).await;
-                return;
-            }
-            Ok(Ok(Line::Complete)) => {}
+        if !next_line(&mut rd, &mut wr, &mut buf, &peer).await {
+            return;
         }
         if buf.iter().all(u8::is_ascii_whitespace) {
             continue;

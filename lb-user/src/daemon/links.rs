@@ -148,26 +148,9 @@ fn lock_state(path: &Path) -> anyhow::Result<Lock> {
     }
 }
 
-/// `xlb detach`: removes everything `xlb run` pinned and attached for
-/// `instance`, and says what it removed. Established flows stop being
-/// balanced at once. Refused while a daemon runs the instance (it holds the
-/// instance lock) unless `force`: XDP would go from under it while it goes
-/// on probing and reporting a VIP that no longer forwards.
-pub fn detach(instance: &str, force: bool) -> anyhow::Result<String> {
-    // The name becomes part of paths under /sys/fs/bpf/xlb and /run/xlb:
-    // `../..` must not walk out of them.
-    crate::config::check_instance(instance)
-        .map_err(|e| anyhow::anyhow!("xlb detach --instance: {e}"))?;
-    let lock_path = persist::lock_path(instance);
-    let lock = lock_state(&lock_path)?;
-    if let Lock::Held(holder) = &lock
-        && !force
-    {
-        anyhow::bail!(
-            "xlb detach: instance {instance:?} is in use by {holder}, which holds {};              detaching would stop its forwarding under it. Stop the daemon first (XDP              keeps forwarding when it stops) and run `xlb detach` again, or pass --force              to detach anyway",
-            lock_path.display()
-        );
-    }
+/// Unpins the links (the programs leave the interface) and removes every
+/// pin of `instance`; what it removed.
+fn remove_pins(instance: &str) -> anyhow::Result<Vec<String>> {
     let dir = persist::pin_dir(instance);
     let mut removed = Vec::new();
     let links = [
@@ -199,6 +182,33 @@ pub fn detach(instance: &str, force: bool) -> anyhow::Result<String> {
         // The shared root goes too once no instance is left.
         let _ = fs::remove_dir(persist::PIN_ROOT);
     }
+    Ok(removed)
+}
+
+/// `xlb detach`: removes everything `xlb run` pinned and attached for
+/// `instance`, and says what it removed. Established flows stop being
+/// balanced at once. Refused while a daemon runs the instance (it holds the
+/// instance lock) unless `force`: XDP would go from under it while it goes
+/// on probing and reporting a VIP that no longer forwards.
+pub fn detach(instance: &str, force: bool) -> anyhow::Result<String> {
+    // The name becomes part of paths under /sys/fs/bpf/xlb and /run/xlb:
+    // `../..` must not walk out of them.
+    crate::config::check_instance(instance)
+        .map_err(|e| anyhow::anyhow!("xlb detach --instance: {e}"))?;
+    let lock_path = persist::lock_path(instance);
+    let lock = lock_state(&lock_path)?;
+    if let Lock::Held(holder) = &lock
+        && !force
+    {
+        anyhow::bail!(
+            "xlb detach: instance {instance:?} is in use by {holder}, which holds {}; \
+             detaching would stop its forwarding under it. Stop the daemon first (XDP \
+             keeps forwarding when it stops) and run `xlb detach` again, or pass --force \
+             to detach anyway",
+            lock_path.display()
+        );
+    }
+    let mut removed = remove_pins(instance)?;
     let state = persist::state_path(instance);
     // The sysctls `xlb run` changed go back before the state file that
     // records them goes.

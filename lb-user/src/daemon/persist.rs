@@ -263,8 +263,10 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         let lock = dir.join("state").join("i.lock");
         let state = dir.join("state").join("i.json");
+        /// Makes what an earlier run left at the lock and state paths.
+        type Before = fn(&Path, &Path);
         // (name, what was there before)
-        let cases: [(&str, fn(&Path, &Path)); 2] = [
+        let cases: [(&str, Before); 2] = [
             ("fresh", |_, _| {}),
             (
                 "an earlier version's 0755 dir and 0644 files",
