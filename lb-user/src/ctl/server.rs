@@ -1104,6 +1104,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_client_that_only_stops_writing_still_gets_its_answer() {
+        let dir = TempDir::new();
+        let fake = Fake::new(vec![]);
+        let (path, task) = start(&dir, fake.clone());
+        let drain = Request::Drain {
+            vip: "api".to_owned(),
+            backend: "10.99.0.12:80".to_owned(),
+            deadline_ms: None,
+        };
+        // As `echo '{...}' | socat - UNIX-CONNECT:/run/xlb/xlb.sock` does.
+        let line = drain.to_line();
+        let answer = tokio::task::spawn_blocking(move || {
+            use std::io::{Read as _, Write as _};
+            let mut c = std::os::unix::net::UnixStream::connect(&path).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            c.write_all(line.as_bytes()).unwrap();
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut answer = String::new();
+            c.read_to_string(&mut answer).unwrap();
+            answer
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            parse_response(answer.as_bytes()),
+            Ok(Response::ok("drained 10.99.0.12:80 of vip api"))
+        );
+        assert_eq!(*fake.seen.lock().unwrap(), [drain]);
+        task.abort();
+    }
+
+    #[tokio::test]
     async fn followers_cannot_take_the_slots_of_other_requests() {
         let dir = TempDir::new();
         let fake = Fake::new(vec![sample_event(1)]);
