@@ -2,7 +2,11 @@
 //! adopting the links a previous run pinned so a restart replaces programs
 //! in place, and `xlb detach`, which removes all of it.
 
-use std::{fs, path::Path};
+use std::{
+    fs,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use aya::{
@@ -127,6 +131,24 @@ enum Lock {
     Held(String),
 }
 
+/// How long `xlb detach` waits for a daemon that is stopping (`kill PID;
+/// xlb detach`) to let go of the lock before it refuses: a daemon stopped
+/// by SIGTERM saves its state and exits well within it.
+const STOPPING_GRACE: Duration = Duration::from_secs(3);
+
+/// The lock, waiting up to [`STOPPING_GRACE`] for a holder to go (unless
+/// `force`, which does not care).
+fn lock_state_after_grace(path: &Path, force: bool) -> anyhow::Result<Lock> {
+    let deadline = Instant::now() + STOPPING_GRACE;
+    loop {
+        let lock = lock_state(path)?;
+        if force || !matches!(lock, Lock::Held(_)) || Instant::now() >= deadline {
+            return Ok(lock);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn lock_state(path: &Path) -> anyhow::Result<Lock> {
     let file = match fs::File::open(path) {
         Ok(f) => f,
@@ -196,16 +218,17 @@ pub fn detach(instance: &str, force: bool) -> anyhow::Result<String> {
     crate::config::check_instance(instance)
         .map_err(|e| anyhow::anyhow!("xlb detach --instance: {e}"))?;
     let lock_path = persist::lock_path(instance);
-    let lock = lock_state(&lock_path)?;
+    let lock = lock_state_after_grace(&lock_path, force)?;
     if let Lock::Held(holder) = &lock
         && !force
     {
         anyhow::bail!(
-            "xlb detach: instance {instance:?} is in use by {holder}, which holds {}; \
-             detaching would stop its forwarding under it. Stop the daemon first (XDP \
+            "xlb detach: instance {instance:?} is in use by {holder}, which still holds {} \
+             after {}s; detaching would stop its forwarding under it. Stop the daemon first (XDP \
              keeps forwarding when it stops) and run `xlb detach` again, or pass --force \
              to detach anyway",
-            lock_path.display()
+            lock_path.display(),
+            STOPPING_GRACE.as_secs()
         );
     }
     let mut removed = remove_pins(instance)?;

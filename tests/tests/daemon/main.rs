@@ -691,7 +691,8 @@ fn pinned_layout_of_another_version_is_refused() {
 }
 
 /// Detach under a running daemon is refused (it holds the instance lock):
-/// XDP, the pins and the daemon stay. `--force` detaches anyway.
+/// XDP, the pins and the daemon stay. `--force` detaches anyway. A daemon
+/// that is stopping is waited for.
 #[test]
 fn detach_refuses_a_running_daemon_unless_forced() {
     let _serial = serial();
@@ -732,6 +733,20 @@ fn detach_refuses_a_running_daemon_unless_forced() {
         assert!(!e.pins().exists(), "pins removed");
         assert!(!e.xdp_attached().unwrap(), "XDP detached");
     });
+    step(
+        "kill PID; xlb detach: detach waits for the daemon to stop",
+        || {
+            let pid = e.daemon_pid().unwrap().to_string();
+            let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+            assert!(killed.success(), "kill -TERM {pid}");
+            let out = detach(&[]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        },
+    );
 }
 
 /// Detach (with the daemon dead) removes the pins and the XDP program.
