@@ -83,12 +83,29 @@ pub async fn probe_reusing(
     path: Option<&DatapathTarget>,
     slot: Option<&ConnSlot>,
 ) -> ProbeResult {
-    let Some(path) = path else {
-        return probe_to(addr, spec, None, slot).await;
-    };
     let start = Instant::now();
+    // A spec built by hand with hang_timeout < timeout still gets a verdict
+    // by `timeout`, as before hang_timeout existed.
+    let limit = spec.hang_timeout.max(spec.timeout);
+    let whole = Deadlines::from(start, limit, limit);
+    let Some(path) = path else {
+        return probe_to(addr, spec, None, slot, whole).await;
+    };
+    // One deadline for both attempts: the data-path handshake gets half of
+    // it, so the direct probe that tells whose fault a failed handshake is
+    // still fits in `hang_timeout` (a lost SYN or an ARP nobody answers
+    // takes all the time it is given). A handshake normally takes a round
+    // trip; only a backend's full accept queue makes it slower, and then the
+    // direct probe fails as well.
     let via = SocketAddr::new(path.vip.ip(), addr.port());
-    let result = probe_to(via, spec, Some(path), slot).await;
+    let result = probe_to(
+        via,
+        spec,
+        Some(path),
+        slot,
+        Deadlines::from(start, limit / 2, limit),
+    )
+    .await;
     let connect_failed = matches!(
         &result.outcome,
         Err(FailReason::ConnectTimeout { .. }
@@ -102,7 +119,14 @@ pub async fn probe_reusing(
     if !connect_failed {
         return result;
     }
-    let direct = probe_to(addr, spec, None, None).await;
+    // What is left of the probe's time; its failures still name the
+    // probe's `hang_timeout`, which is what the probe as a whole took.
+    let fallback = Deadlines {
+        connect_by: whole.deadline,
+        connect_limit: whole.deadline.saturating_duration_since(Instant::now()),
+        ..whole
+    };
+    let direct = probe_to(addr, spec, None, None, fallback).await;
     let outcome = match (&result.outcome, direct.outcome) {
         (Err(fail), Ok(_)) => Err(FailReason::NoAnswerViaVip {
             text: path.failure_reason(&fail.to_string(), Some(true)),
@@ -115,28 +139,42 @@ pub async fn probe_reusing(
     }
 }
 
+/// By when one probe attempt must be done, and the durations its failures
+/// name: the handshake by `connect_by` (`connect_limit` after the start),
+/// the whole exchange by `deadline` (`limit`).
+#[derive(Clone, Copy, Debug)]
+struct Deadlines {
+    connect_by: Instant,
+    connect_limit: Duration,
+    deadline: Instant,
+    limit: Duration,
+}
+
+impl Deadlines {
+    fn from(start: Instant, connect_limit: Duration, limit: Duration) -> Self {
+        Self {
+            connect_by: start + connect_limit,
+            connect_limit,
+            deadline: start + limit,
+            limit,
+        }
+    }
+}
+
 async fn probe_to(
     addr: SocketAddr,
     spec: &CheckSpec,
     path: Option<&DatapathTarget>,
     slot: Option<&ConnSlot>,
+    by: Deadlines,
 ) -> ProbeResult {
     let start = Instant::now();
-    // A spec built by hand with hang_timeout < timeout still gets a verdict
-    // by `timeout`, as before hang_timeout existed.
-    let limit = spec.hang_timeout.max(spec.timeout);
-    let deadline = start + limit;
     let outcome = match &spec.kind {
-        CheckKind::Tcp => connect(addr, path, deadline, limit)
+        CheckKind::Tcp => connect(addr, path, by.connect_by, by.connect_limit)
             .await
             .map(|_stream| ProbeOk { status: None }),
         CheckKind::Http(http) => {
-            let to = Target {
-                addr,
-                path,
-                deadline,
-                timeout: limit,
-            };
+            let to = Target { addr, path, by };
             http_probe(&to, http, slot).await
         }
     };
@@ -264,9 +302,7 @@ fn request(addr: SocketAddr, http: &HttpCheck) -> Vec<u8> {
 struct Target<'a> {
     addr: SocketAddr,
     path: Option<&'a DatapathTarget>,
-    deadline: Instant,
-    /// What the probe's failures name (its `hang_timeout`).
-    timeout: Duration,
+    by: Deadlines,
 }
 
 /// A connection to keep after a passing exchange, and where.
@@ -316,7 +352,7 @@ async fn http_probe(
             done => return done.map_err(|f| f.reason),
         }
     }
-    let stream = connect(to.addr, to.path, to.deadline, to.timeout).await?;
+    let stream = connect(to.addr, to.path, to.by.connect_by, to.by.connect_limit).await?;
     let keep = reuse.map(|(slot, every)| Keep {
         slot,
         used: 0,
@@ -336,11 +372,11 @@ async fn exchange(
     request: &[u8],
     keep: Option<Keep<'_>>,
 ) -> Result<ProbeOk, Failed> {
-    let timeout = to.timeout;
+    let (deadline, timeout) = (to.by.deadline, to.by.limit);
     // A request this small fits in the socket send buffer, so this completes
     // even when the application never reads; a timeout here still means no
     // response at all.
-    match timeout_at(to.deadline, stream.write_all(request)).await {
+    match timeout_at(deadline, stream.write_all(request)).await {
         Err(_elapsed) => return Err(FailReason::NoResponse { timeout }.into()),
         Ok(Err(e)) => {
             return Err(Failed {
@@ -350,7 +386,7 @@ async fn exchange(
         }
         Ok(Ok(())) => {}
     }
-    let mut reader = Reader::new(stream, to.deadline, timeout);
+    let mut reader = Reader::new(stream, deadline, timeout);
     let head = match read_final_head(&mut reader).await {
         Ok(head) => head,
         Err(reason) => {
@@ -971,5 +1007,45 @@ mod tests {
         let result = timed_probe(addr, &spec).await;
         assert_eq!(result.outcome, Ok(ProbeOk { status: None }));
         assert!(result.latency < T);
+    }
+
+    /// A data-path probe whose handshake is lost (the "VIP" is a listener
+    /// with a full accept queue) and whose direct fallback hangs (the
+    /// backend accepts and never answers): one verdict by `hang_timeout`,
+    /// not one `hang_timeout` for each attempt.
+    #[tokio::test]
+    async fn datapath_probe_and_its_fallback_share_one_deadline() {
+        let backend = std::net::TcpListener::bind("127.0.0.2:0").expect("bind 127.0.0.2");
+        let port = backend.local_addr().expect("local_addr").port();
+        let vip = TcpSocket::new_v4().expect("socket");
+        vip.bind(SocketAddr::from(([127, 0, 0, 1], port)))
+            .expect("bind the VIP's port on 127.0.0.1");
+        let vip_addr = vip.local_addr().expect("local_addr");
+        let _vip = vip.listen(1).expect("listen");
+        let mut fillers = Vec::new();
+        for _ in 0..4 {
+            if let Ok(Ok(s)) =
+                tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(vip_addr)).await
+            {
+                fillers.push(s);
+            }
+        }
+        assert!(!fillers.is_empty(), "no filler connection got through");
+        let hang = Duration::from_secs(1);
+        let spec = http_spec_hang(port, Duration::from_millis(300), hang);
+        // SO_MARK needs CAP_NET_ADMIN: the unit tests run as root.
+        let path = DatapathTarget::new(vip_addr, 1, "lo", crate::config::Mode::DsrIpip);
+        let t0 = std::time::Instant::now();
+        let result = probe_via(backend.local_addr().expect("addr"), &spec, Some(&path)).await;
+        let elapsed = t0.elapsed();
+        assert_eq!(
+            result.outcome,
+            Err(FailReason::NoResponse { timeout: hang }),
+            "the direct fallback's verdict"
+        );
+        assert!(
+            elapsed < hang + Duration::from_millis(250),
+            "a data-path probe and its fallback took {elapsed:?} with hang_timeout {hang:?}"
+        );
     }
 }
