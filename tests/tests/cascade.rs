@@ -1098,3 +1098,92 @@ fn datapath_check_catches_a_stopped_decap() {
     );
     teardown(run);
 }
+
+/// Issue 24: the LB host deployed without a route to the VIPs out of its
+/// XDP interface. Its data-path probes are bound to that interface, so the
+/// kernel takes the VIP for a neighbour and ARPs for it, and nobody answers:
+/// before, every backend went `down` with `direct probe ok` and the VIP was
+/// emptied. That is the LB's fault, not the backends': they must stay up
+/// (their direct probes pass), clients must not notice, and an `alarm` must
+/// name the route to add.
+#[test]
+fn missing_vip_route_keeps_backends_up_and_raises_an_alarm() {
+    let _serial = serial();
+    let p = prefix("vrt");
+    let health = Health {
+        interval: Duration::from_millis(500),
+        timeout: Duration::from_millis(250),
+        fall: 2,
+        ..Health::default()
+    };
+    let vip = api();
+    let run = up(&p, &config(&p, health.clone(), Protection::default()));
+    let client = run
+        .start_client(steady(vip.target(), Duration::from_secs(8)))
+        .unwrap();
+    wait_client_ms(&client, 1000);
+    let lb = run.lab().ns_lb();
+    let out = xlb_lab::topology::Lab::exec(&lb, ["ip", "-4", "route", "del", "10.100.0.0/24"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "removing the LB's route to the VIPs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let removed_ms = client.timeline_ms(now_unix_ms());
+    eprintln!("[{p}] LB's route to 10.100.0.0/24 removed at {removed_ms} ms");
+    // Time for `fall` data-path failures of every backend, and more.
+    let bound = health.interval * (health.fall + 4)
+        + effective_hang_timeout(&health) * 2
+        + DETECTION_MARGIN;
+    let t0 = Instant::now();
+    let alarm = loop {
+        let events = run.events().unwrap();
+        if let Some(e) = vip_events(&events, "alarm", "api")
+            .into_iter()
+            .find(|e| e.reason.contains("fail by this host's fault"))
+        {
+            break e.clone();
+        }
+        assert!(
+            t0.elapsed() < bound,
+            "no data-path alarm within {bound:?}: {events:?}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("[{p}] alarm: {}", alarm.reason);
+    assert!(
+        alarm
+            .reason
+            .contains("no route to 10.100.0.1 through a gateway out of eth0")
+            && alarm
+                .reason
+                .contains("ip route add 10.100.0.1 via ROUTER dev eth0"),
+        "the alarm names the route to add: {:?}",
+        alarm.reason
+    );
+    thread::sleep(bound.saturating_sub(t0.elapsed()));
+    let status = run.status().unwrap();
+    for i in 1..=run.backend_count() {
+        let addr = vip.backend_addr(i);
+        let b = status.backend("api", addr).unwrap();
+        assert_eq!(
+            (b.state.as_str(), b.in_table),
+            ("up", true),
+            "backend {addr} after the route went: {:?}",
+            b.last_transition_reason
+        );
+    }
+    let events = run.events().unwrap();
+    let out = exits(&events, "api");
+    assert!(out.is_empty(), "backends taken out: {out:?}");
+    let report = client.join().unwrap();
+    assert_eq!(
+        report.summary.failures,
+        0,
+        "clients noticed: {:?}",
+        failure_slices(&report)
+    );
+    teardown(run);
+}

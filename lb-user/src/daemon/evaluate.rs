@@ -81,6 +81,7 @@ impl Daemon {
             if matches!(r.class, ProbeClass::Ok | ProbeClass::Slow { .. }) {
                 self.vips[vi].record_answer(result.latency);
             }
+            self.check_path(vi, bi, result);
         }
         if let ProbeClass::Local(e) = &r.class {
             self.local_alarm(vi, bi, e, r.snapshot.local_errors);

@@ -426,6 +426,7 @@ mod tests {
         ProbeResult {
             outcome: Ok(ProbeOk { status: Some(200) }),
             latency: Duration::from_millis(3),
+            path_fault: None,
         }
     }
 
@@ -433,6 +434,7 @@ mod tests {
         ProbeResult {
             outcome: Err(FailReason::UnexpectedStatus { status: 503 }),
             latency: Duration::from_millis(3),
+            path_fault: None,
         }
     }
 
@@ -460,6 +462,7 @@ mod tests {
         ProbeResult {
             outcome: Ok(ProbeOk { status: Some(200) }),
             latency,
+            path_fault: None,
         }
     }
 
@@ -468,6 +471,7 @@ mod tests {
         ProbeResult {
             outcome: Err(FailReason::NoResponse { timeout: HANG }),
             latency: HANG,
+            path_fault: None,
         }
     }
 
@@ -478,6 +482,7 @@ mod tests {
                 error: "Too many open files (os error 24)".into(),
             }),
             latency: Duration::from_micros(20),
+            path_fault: None,
         }
     }
 

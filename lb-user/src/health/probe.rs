@@ -23,8 +23,10 @@ mod reuse;
 
 use std::future::{Future as _, poll_fn};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -87,46 +89,85 @@ pub async fn probe_reusing(
     // A spec built by hand with hang_timeout < timeout still gets a verdict
     // by `timeout`, as before hang_timeout existed.
     let limit = spec.hang_timeout.max(spec.timeout);
-    let whole = Deadlines::from(start, limit, limit);
+    let whole = Deadlines::from(start, limit);
     let Some(path) = path else {
-        return probe_to(addr, spec, None, slot, whole).await;
+        return probe_to(addr, spec, None, slot, whole, None).await;
     };
-    // One deadline for both attempts: the data-path handshake gets half of
-    // it, so the direct probe that tells whose fault a failed handshake is
-    // still fits in `hang_timeout` (a lost SYN or an ARP nobody answers
-    // takes all the time it is given). A handshake normally takes a round
-    // trip; only a backend's full accept queue makes it slower, and then the
-    // direct probe fails as well.
+    if let Some(fault) = known_host_fault(path) {
+        let direct = probe_to(addr, spec, None, None, whole, None).await;
+        return ProbeResult {
+            path_fault: Some(fault),
+            ..direct
+        };
+    }
+    // One deadline for both attempts. The data-path attempt has all of it:
+    // a first handshake through a neighbour being resolved can take most of
+    // a short `hang_timeout`. The direct probe that tells whose fault a
+    // failed handshake is starts alongside once the handshake is later than
+    // the check's `timeout` (or at once after an early failure), so it
+    // costs nothing while the path works.
     let via = SocketAddr::new(path.vip.ip(), addr.port());
-    let result = probe_to(
+    let connected = AtomicBool::new(false);
+    let mut attempt = pin!(probe_to(
         via,
         spec,
         Some(path),
         slot,
-        Deadlines::from(start, limit / 2, limit),
-    )
-    .await;
-    let connect_failed = matches!(
-        &result.outcome,
-        Err(FailReason::ConnectTimeout { .. }
-            | FailReason::ConnectionRefused
-            | FailReason::ConnectionReset
-            | FailReason::Io {
-                during: "connecting",
-                ..
-            })
-    );
+        whole,
+        Some(&connected)
+    ));
+    let late_at = start + spec.timeout.min(limit);
+    let early = tokio::select! {
+        result = &mut attempt => Some(result),
+        () = tokio::time::sleep_until(late_at) => None,
+    };
+    let (result, direct) = match early {
+        Some(result) => (result, None),
+        None if connected.load(Ordering::Relaxed) => (attempt.await, None),
+        None => {
+            // A late handshake: if this host's route to the VIP is wrong,
+            // nothing will come (one netlink query, on late handshakes only).
+            if let Some(fault) = crate::route::vip_route_problem(path.vip.ip(), &path.interface) {
+                note_host_fault(path);
+                let direct = probe_to(addr, spec, None, None, whole, None).await;
+                return ProbeResult {
+                    path_fault: Some(fault),
+                    ..direct
+                };
+            }
+            let direct = probe_to(addr, spec, None, None, whole, None);
+            let (result, direct) = tokio::join!(attempt, direct);
+            (result, Some(direct))
+        }
+    };
+    let fault = host_path_fault(path, &result.outcome);
+    let connect_failed = fault.is_some()
+        || matches!(
+            &result.outcome,
+            Err(FailReason::ConnectTimeout { .. }
+                | FailReason::ConnectionRefused
+                | FailReason::ConnectionReset
+                | FailReason::Io {
+                    during: "connecting",
+                    ..
+                })
+        );
     if !connect_failed {
         return result;
     }
-    // What is left of the probe's time; its failures still name the
-    // probe's `hang_timeout`, which is what the probe as a whole took.
-    let fallback = Deadlines {
-        connect_by: whole.deadline,
-        connect_limit: whole.deadline.saturating_duration_since(Instant::now()),
-        ..whole
+    let direct = match direct {
+        Some(direct) => direct,
+        None => probe_to(addr, spec, None, None, whole, None).await,
     };
-    let direct = probe_to(addr, spec, None, None, fallback).await;
+    if let Some(fault) = fault {
+        note_host_fault(path);
+        // This host's fault: the backend is judged by its direct probe
+        // alone, with the direct probe's latency (not the data-path wait).
+        return ProbeResult {
+            path_fault: Some(fault),
+            ..direct
+        };
+    }
     let outcome = match (&result.outcome, direct.outcome) {
         (Err(fail), Ok(_)) => Err(FailReason::NoAnswerViaVip {
             text: path.failure_reason(&fail.to_string(), Some(true)),
@@ -136,25 +177,89 @@ pub async fn probe_reusing(
     ProbeResult {
         outcome,
         latency: start.elapsed(),
+        path_fault: None,
     }
 }
 
-/// By when one probe attempt must be done, and the durations its failures
-/// name: the handshake by `connect_by` (`connect_limit` after the start),
-/// the whole exchange by `deadline` (`limit`).
+/// What a data-path connect fails with when this host has no way to the
+/// VIP out of the interface (ENETUNREACH, or EHOSTUNREACH: a neighbour entry
+/// that failed). A data-path probe's packets meet no router before the
+/// backend (`xlb_hc` sends them to it from this host's egress), so neither
+/// can come from the network.
+const VIA_VIP_NO_ROUTE: &str = "connecting to the VIP (no route from this host)";
+
+/// The operator's text when a data-path handshake failed by this host's
+/// fault, rather than the path's or the backend's: a routing error of its
+/// own, or a timeout while its route to the VIP out of the interface has no
+/// gateway (the kernel then ARPs for the VIP itself and nobody answers).
+/// The route is looked up only after a failure, never on a passing probe.
+fn host_path_fault(path: &DatapathTarget, outcome: &Result<ProbeOk, FailReason>) -> Option<String> {
+    let route = || crate::route::vip_route_problem(path.vip.ip(), &path.interface);
+    match outcome {
+        Err(FailReason::Local {
+            during: VIA_VIP_NO_ROUTE,
+            error,
+        }) => Some(route().unwrap_or_else(|| {
+            format!(
+                "connecting to {} out of {} failed on this host: {error}; check the route to the \
+                 VIP and its next hop's neighbour entry (`ip route get {} oif {}`, `ip neigh`)",
+                path.vip,
+                path.interface,
+                path.vip.ip(),
+                path.interface
+            )
+        })),
+        Err(FailReason::ConnectTimeout { .. }) => route(),
+        _ => None,
+    }
+}
+
+/// The VIPs (address, interface) whose route a data-path probe found
+/// wrong. While one is listed, its probes look the route up first (one
+/// netlink round trip) and, while it is still wrong, go straight to the
+/// direct probe instead of waiting for a handshake that cannot come (a
+/// wait past `timeout` would also be reported late, and taken for
+/// slowness). A VIP leaves the list when its route is right again.
+static HOST_FAULTS: Mutex<Vec<(IpAddr, String)>> = Mutex::new(Vec::new());
+
+fn host_faults() -> MutexGuard<'static, Vec<(IpAddr, String)>> {
+    // Every critical section is a plain search, push or removal.
+    HOST_FAULTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn note_host_fault(path: &DatapathTarget) {
+    let key = (path.vip.ip(), path.interface.clone());
+    let mut faults = host_faults();
+    if !faults.contains(&key) {
+        faults.push(key);
+    }
+}
+
+/// The route problem of `path`'s VIP if it is listed in [`HOST_FAULTS`]
+/// and still there; unlists it once fixed.
+fn known_host_fault(path: &DatapathTarget) -> Option<String> {
+    let key = (path.vip.ip(), path.interface.clone());
+    if !host_faults().contains(&key) {
+        return None;
+    }
+    let problem = crate::route::vip_route_problem(key.0, &key.1);
+    if problem.is_none() {
+        host_faults().retain(|k| *k != key);
+    }
+    problem
+}
+
+/// By when one probe attempt must be done (its handshake and its whole
+/// exchange alike), and the duration its failures name (`hang_timeout`).
 #[derive(Clone, Copy, Debug)]
 struct Deadlines {
-    connect_by: Instant,
-    connect_limit: Duration,
     deadline: Instant,
     limit: Duration,
 }
 
 impl Deadlines {
-    fn from(start: Instant, connect_limit: Duration, limit: Duration) -> Self {
+    fn from(start: Instant, limit: Duration) -> Self {
         Self {
-            connect_by: start + connect_limit,
-            connect_limit,
             deadline: start + limit,
             limit,
         }
@@ -167,20 +272,27 @@ async fn probe_to(
     path: Option<&DatapathTarget>,
     slot: Option<&ConnSlot>,
     by: Deadlines,
+    connected: Option<&AtomicBool>,
 ) -> ProbeResult {
     let start = Instant::now();
     let outcome = match &spec.kind {
-        CheckKind::Tcp => connect(addr, path, by.connect_by, by.connect_limit)
+        CheckKind::Tcp => connect(addr, path, by.deadline, by.limit)
             .await
             .map(|_stream| ProbeOk { status: None }),
         CheckKind::Http(http) => {
-            let to = Target { addr, path, by };
+            let to = Target {
+                addr,
+                path,
+                by,
+                connected,
+            };
             http_probe(&to, http, slot).await
         }
     };
     ProbeResult {
         outcome,
         latency: start.elapsed(),
+        path_fault: None,
     }
 }
 
@@ -219,18 +331,18 @@ async fn connect(
     let mut connecting = pin!(socket.connect(addr));
     let first = poll_fn(|cx| Poll::Ready(connecting.as_mut().poll(cx))).await;
     let result = match first {
-        Poll::Ready(Err(e)) => return Err(connect_fail(e, true, timeout)),
+        Poll::Ready(Err(e)) => return Err(connect_fail(e, true, path.is_some(), timeout)),
         Poll::Ready(Ok(stream)) => Ok(Ok(stream)),
         Poll::Pending => timeout_at(deadline, connecting).await,
     };
     match result {
         Err(_elapsed) => Err(FailReason::ConnectTimeout { timeout }),
-        Ok(Err(e)) => Err(connect_fail(e, false, timeout)),
+        Ok(Err(e)) => Err(connect_fail(e, false, path.is_some(), timeout)),
         Ok(Ok(stream)) => Ok(stream),
     }
 }
 
-fn connect_fail(e: io::Error, synchronous: bool, timeout: Duration) -> FailReason {
+fn connect_fail(e: io::Error, synchronous: bool, via_vip: bool, timeout: Duration) -> FailReason {
     // The kernel gives up on SYN retries only after minutes, but if it
     // does first, it is the same condition.
     if e.kind() == io::ErrorKind::TimedOut {
@@ -240,6 +352,12 @@ fn connect_fail(e: io::Error, synchronous: bool, timeout: Duration) -> FailReaso
         e.raw_os_error(),
         Some(libc::ENETUNREACH | libc::EHOSTUNREACH)
     );
+    if via_vip && no_route {
+        return FailReason::Local {
+            during: VIA_VIP_NO_ROUTE,
+            error: e.to_string(),
+        };
+    }
     if synchronous && no_route {
         return FailReason::Local {
             during: "connecting (no route from this host)",
@@ -303,6 +421,17 @@ struct Target<'a> {
     addr: SocketAddr,
     path: Option<&'a DatapathTarget>,
     by: Deadlines,
+    /// Set once a connection is made (or a kept one taken), for
+    /// [`probe_reusing`] to tell a late handshake from a late answer.
+    connected: Option<&'a AtomicBool>,
+}
+
+impl Target<'_> {
+    fn note_connected(&self) {
+        if let Some(flag) = self.connected {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A connection to keep after a passing exchange, and where.
@@ -347,12 +476,14 @@ async fn http_probe(
         && let Some((stream, used)) = slot.take(to.addr)
     {
         let keep = Keep { slot, used, every };
+        to.note_connected();
         match exchange(stream, to, http, &request, Some(keep)).await {
             Err(failed) if failed.closed_unanswered => {}
             done => return done.map_err(|f| f.reason),
         }
     }
-    let stream = connect(to.addr, to.path, to.by.connect_by, to.by.connect_limit).await?;
+    let stream = connect(to.addr, to.path, to.by.deadline, to.by.limit).await?;
+    to.note_connected();
     let keep = reuse.map(|(slot, every)| Keep {
         slot,
         used: 0,
@@ -554,11 +685,29 @@ mod tests {
         ];
         for (name, errno, synchronous, code) in cases {
             assert_eq!(
-                connect_fail(err(errno), synchronous, t).code(),
+                connect_fail(err(errno), synchronous, false, t).code(),
                 code,
                 "{name}"
             );
         }
+        // A data-path probe's packets meet no router before the backend:
+        // an unreachable error is this host's, however it arrives.
+        for errno in [libc::EHOSTUNREACH, libc::ENETUNREACH] {
+            for synchronous in [true, false] {
+                assert_eq!(
+                    connect_fail(err(errno), synchronous, true, t),
+                    FailReason::Local {
+                        during: VIA_VIP_NO_ROUTE,
+                        error: err(errno).to_string()
+                    },
+                    "errno {errno}, synchronous {synchronous}"
+                );
+            }
+        }
+        assert_eq!(
+            connect_fail(err(libc::ECONNREFUSED), false, true, t).code(),
+            "connection_refused"
+        );
         assert_eq!(
             io_fail(err(libc::EMFILE), "reading the response").code(),
             "local_error"
