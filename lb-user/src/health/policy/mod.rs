@@ -934,6 +934,42 @@ mod tests {
         assert_eq!(vip.placements()[0], Serving);
     }
 
+    /// Issue 24: two backends, one failing only through the data path, the
+    /// other not probed yet. Panic said "0 of 1 backends healthy … every
+    /// failing backend refused, reset or answered wrongly": the count left
+    /// out the unprobed one and the cause was made up.
+    #[test]
+    fn panic_states_true_counts_and_causes() {
+        let mut vip = Vip::new(Policy::default(), 3);
+        vip.members[0] = refused(member(0));
+        vip.members[1] = refused(member(1));
+        vip.members[1].last_fail = Some((
+            "no_answer_via_vip",
+            "no answer via VIP 10.100.0.1:80 through dsr-ipip (connect timeout after 3s); \
+             direct probe ok"
+                .into(),
+        ));
+        vip.members[2].health = Unknown;
+        vip.states[2] = MemberState::new(Placement::Unknown, vip.t0);
+        let out = vip.at(1.0);
+        let enter: Vec<_> = out
+            .changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::PanicEnter(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            enter,
+            [
+                "0 of 3 backends healthy (min_healthy 1; 1 not probed yet); none can be put \
+                 back: 1 connection_refused, 1 no_answer_via_vip (only timeouts and slowness \
+                 may be overload); the table is empty"
+            ]
+        );
+    }
+
     #[test]
     fn no_panic_before_anything_is_probed_and_min_is_capped() {
         let mut vip = Vip::new(Policy::default(), 3);
