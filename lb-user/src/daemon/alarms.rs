@@ -322,7 +322,13 @@ impl Daemon {
     }
 
     /// Logs an alarm's edge and records it as an `alarm` event.
-    fn tell_alarm(&mut self, edge: Edge, vip: Option<&str>, backend: Option<String>, text: String) {
+    pub(super) fn tell_alarm(
+        &mut self,
+        edge: Edge,
+        vip: Option<&str>,
+        backend: Option<String>,
+        text: String,
+    ) {
         match edge {
             Edge::Raised => warn!("{text}"),
             Edge::Cleared => info!("{text}"),

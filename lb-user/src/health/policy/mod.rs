@@ -33,10 +33,12 @@ use super::probe::Compact;
 use super::spec::CheckSpec;
 
 mod panic;
+mod path;
 mod slowness;
 
 use self::{
     panic::panic,
+    path::shared_path_failure,
     slowness::{eject_outliers, fleet_slow},
 };
 
@@ -215,6 +217,10 @@ pub struct Member {
     pub latency: Option<Duration>,
     /// Code and text of the last failure that counted toward `fall`.
     pub last_fail: Option<(&'static str, String)>,
+    /// Failing, or down, only through the data path: its last failure was
+    /// `no_answer_via_vip` (the direct probe passed) and it is failing now
+    /// or still down for it. See `policy::path`.
+    pub via_vip_only: bool,
 }
 
 impl Member {
@@ -257,6 +263,10 @@ impl Member {
                 let code = s.last_fail_code?;
                 let text = s.last_transition_reason.clone().unwrap_or_default();
                 Some((code, text))
+            }),
+            via_vip_only: snap.is_some_and(|s| {
+                s.last_fail_code == Some("no_answer_via_vip")
+                    && (s.consecutive_fail > 0 || health == HealthState::Down)
             }),
         }
     }
@@ -348,6 +358,9 @@ pub struct VipState {
     pub panic: Option<String>,
     /// Set while at least half of the backends are slow.
     pub fleet_slow: Option<String>,
+    /// Set while most backends fail only through the data path (the LB's
+    /// fault, `policy::path`): why.
+    pub path_fault: Option<String>,
     /// Since when some backend has been in the table without a break.
     pub serving_since: Option<Instant>,
 }
@@ -365,6 +378,9 @@ pub enum Change {
     PanicExit(String),
     FleetSlow(String),
     FleetRecovered(String),
+    /// Most backends fail only through the data path: the LB's fault.
+    PathFault(String),
+    PathRecovered(String),
 }
 
 /// The result of one evaluation.
@@ -392,6 +408,7 @@ pub fn evaluate(
         .map(|(m, s)| base_placement(policy, m, s, now))
         .collect();
     let mut changes = Vec::new();
+    shared_path_failure(members, &mut next, vip, &mut changes);
     eject_outliers(policy, members, states, &mut next);
     fleet_slow(members, &next, vip, &mut changes);
     panic(policy, members, states, &mut next, vip, &mut changes);
@@ -620,6 +637,7 @@ mod tests {
             consecutive_slow: 0,
             latency: Some(ms(2)),
             last_fail: None,
+            via_vip_only: false,
         }
     }
 
@@ -932,6 +950,88 @@ mod tests {
         );
         assert!(vip.vip.panic.is_none());
         assert_eq!(vip.placements()[0], Serving);
+    }
+
+    /// A member whose data-path probes fail while its direct probes pass,
+    /// down for it (`down`) or still within `fall`.
+    fn via_vip_only(mut m: Member, down: bool) -> Member {
+        if down {
+            m.health = Down;
+            m.consecutive_ok = 0;
+        }
+        m.consecutive_fail = if down { 3 } else { 1 };
+        m.via_vip_only = true;
+        m.last_fail = Some((
+            "no_answer_via_vip",
+            "no answer via VIP 10.100.0.1:80 through dsr-ipip (connect timeout after 3s); \
+             direct probe ok"
+                .into(),
+        ));
+        m
+    }
+
+    fn path_changes(out: &Outcome) -> Vec<&Change> {
+        out.changes
+            .iter()
+            .filter(|c| matches!(c, Change::PathFault(_) | Change::PathRecovered(_)))
+            .collect()
+    }
+
+    /// Issue 24: most of a VIP failing only through the data path is the
+    /// LB's fault; the backends stay as their direct probes say, the VIP
+    /// is not emptied, and the change is told once each way. One backend
+    /// alone failing so (a stopped decapsulator) is still taken out.
+    #[test]
+    fn shared_data_path_failure_keeps_the_backends() {
+        let mut vip = Vip::new(Policy::default(), 3);
+        vip.members = vec![
+            via_vip_only(member(0), true),
+            via_vip_only(member(1), true),
+            via_vip_only(member(2), false),
+        ];
+        let out = vip.at(1.0);
+        assert_eq!(vip.placements(), vec![Serving, Serving, Serving]);
+        assert!(vip.vip.panic.is_none());
+        let told = path_changes(&out);
+        assert!(
+            matches!(told[..], [Change::PathFault(t)] if t.starts_with(
+                "data-path probes fail for 3 of 3 backends while their direct probes pass"
+            )),
+            "{told:?}"
+        );
+        assert!(path_changes(&vip.at(2.0)).is_empty(), "told once");
+        // The path is fixed: passing again, two still short of `rise`.
+        vip.members[0] = member(0);
+        for i in [1, 2] {
+            vip.members[i].consecutive_fail = 0;
+            vip.members[i].consecutive_ok = 1;
+        }
+        vip.members[2].health = Down;
+        let out = vip.at(3.0);
+        assert_eq!(
+            vip.placements(),
+            vec![Serving, Serving, Serving],
+            "recovering backends do not drop out"
+        );
+        assert!(path_changes(&out).is_empty(), "{out:?}");
+        vip.members = (0..3).map(member).collect();
+        let out = vip.at(4.0);
+        assert!(
+            matches!(path_changes(&out)[..], [Change::PathRecovered(_)]),
+            "{out:?}"
+        );
+        assert!(vip.vip.path_fault.is_none());
+        // One of three: that backend's own path.
+        let mut one = Vip::new(Policy::default(), 3);
+        one.members[1] = via_vip_only(member(1), true);
+        let out = one.at(1.0);
+        assert_eq!(one.placements(), vec![Serving, PDown, Serving]);
+        assert!(path_changes(&out).is_empty(), "{out:?}");
+        // A VIP of one backend cannot tell its path from the LB's.
+        let mut single = Vip::new(Policy::default(), 1);
+        single.members[0] = via_vip_only(member(0), true);
+        single.at(1.0);
+        assert_eq!(single.placements(), vec![PDown]);
     }
 
     /// Issue 24: two backends, one failing only through the data path, the
