@@ -215,6 +215,9 @@ pub struct Member {
     pub consecutive_slow: u32,
     /// Latency now: the slow streak's, else the recent median.
     pub latency: Option<Duration>,
+    /// Whether `latency` is an answer's; `false` when the slow streak saw
+    /// no answer at all (its latency is only how long it waited).
+    pub answered: bool,
     /// Code and text of the last failure that counted toward `fall`.
     pub last_fail: Option<(&'static str, String)>,
     /// Failing, or down, only through the data path: its last failure was
@@ -259,6 +262,7 @@ impl Member {
             consecutive_fail: snap.map_or(0, |s| s.consecutive_fail),
             consecutive_slow: snap.map_or(0, |s| s.consecutive_slow),
             latency: snap.and_then(HealthSnapshot::current_latency),
+            answered: snap.is_none_or(|s| s.consecutive_slow == 0 || s.streak_answered),
             last_fail: snap.and_then(|s| {
                 let code = s.last_fail_code?;
                 let text = s.last_transition_reason.clone().unwrap_or_default();
@@ -636,6 +640,7 @@ mod tests {
             consecutive_fail: 0,
             consecutive_slow: 0,
             latency: Some(ms(2)),
+            answered: true,
             last_fail: None,
             via_vip_only: false,
         }
@@ -950,6 +955,54 @@ mod tests {
         );
         assert!(vip.vip.panic.is_none());
         assert_eq!(vip.placements()[0], Serving);
+    }
+
+    /// Issue 24: a backend whose probes all passed `timeout` and one of
+    /// which then failed at `hang_timeout` without an answer was "slow
+    /// outlier: answers in 3.001s". It never answered: say so, with the
+    /// bound it waited for.
+    #[test]
+    fn an_outlier_that_never_answered_says_so() {
+        use crate::health::machine::HealthMachine;
+        use crate::health::probe::{FailReason, ProbeResult};
+        let (timeout, hang) = (Duration::from_secs(1), Duration::from_secs(3));
+        let spec = crate::health::testutil::http_spec_hang(80, timeout, hang);
+        let t0 = Instant::now();
+        let mut machine = HealthMachine::adopted(Up, spec.rise, spec.fall, t0);
+        for _ in 0..spec.fall {
+            machine.observe_late(timeout);
+        }
+        let hung = ProbeResult {
+            outcome: Err(FailReason::NoResponse { timeout: hang }),
+            latency: hang + ms(1),
+            path_fault: None,
+        };
+        machine.observe(&hung, &hung.class(timeout), true, t0);
+        let snap = machine.snapshot();
+        let mut vip = Vip::new(Policy::default(), 3);
+        vip.members[2] =
+            Member::from_snapshot("10.0.0.13:80".into(), 1, false, Up, &spec, Some(&snap));
+        vip.at(1.0);
+        assert_eq!(vip.placements()[2], EjectedSlow);
+        let reason = vip.states[2].reason.clone().unwrap();
+        assert!(
+            reason.starts_with("slow outlier: no answer within 3s against a median of 2ms"),
+            "{reason}"
+        );
+        // A late answer in the same streak, quicker than the wait: the
+        // streak's greatest latency is still one that saw no answer.
+        let late = ProbeResult {
+            outcome: Ok(crate::health::probe::ProbeOk { status: Some(200) }),
+            latency: Duration::from_millis(2500),
+            path_fault: None,
+        };
+        machine.observe_late(timeout);
+        machine.observe(&late, &late.class(timeout), true, t0);
+        let snap = machine.snapshot();
+        assert_eq!(
+            (snap.streak_latency, snap.streak_answered),
+            (Some(hang), false)
+        );
     }
 
     /// A member whose data-path probes fail while its direct probes pass,

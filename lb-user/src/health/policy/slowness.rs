@@ -48,10 +48,16 @@ pub(super) fn eject_outliers(
         let outlier = lat.as_secs_f64() > policy.outlier_factor * med.as_secs_f64()
             && lat > med + policy.outlier_margin;
         if outlier {
+            // A backend that never answered in its streak has no answer
+            // time to show, only the wait.
+            let seen = if m.answered {
+                format!("answers in {}", Compact(lat))
+            } else {
+                format!("no answer within {}", Compact(lat))
+            };
             let reason = format!(
-                "slow outlier: answers in {} against a median of {} for its {} peer{} \
+                "slow outlier: {seen} against a median of {} for its {} peer{} \
                  (more than {}× and {} slower)",
-                Compact(lat),
                 Compact(med),
                 peers.len(),
                 if peers.len() == 1 { "" } else { "s" },
