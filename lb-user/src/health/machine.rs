@@ -303,26 +303,7 @@ impl HealthMachine {
                     HealthState::Up | HealthState::Down => None,
                 }
             }
-            ProbeClass::Failed(fail) => {
-                self.last_fail_code = Some(fail.code());
-                if after_late {
-                    // No answer: what it waited for is the bound it failed
-                    // at (`hang_timeout`), not the few ms past it.
-                    self.fold_streak_latency(
-                        no_answer_bound(fail).unwrap_or(result.latency),
-                        false,
-                    );
-                }
-                self.consecutive_fail = self.consecutive_fail.saturating_add(1);
-                self.consecutive_ok = 0;
-                match self.state {
-                    HealthState::Unknown => Some(HealthState::Down),
-                    HealthState::Up if self.consecutive_fail >= self.fall => {
-                        Some(HealthState::Down)
-                    }
-                    HealthState::Up | HealthState::Down => None,
-                }
-            }
+            ProbeClass::Failed(fail) => self.observe_failure(result, fail, after_late),
         }?;
         let reason = match class {
             ProbeClass::Failed(fail) => fail.to_string(),
@@ -339,6 +320,28 @@ impl HealthMachine {
         self.since = now;
         self.last_transition_reason = Some(reason.clone());
         Some(Transition { from, to, reason })
+    }
+
+    /// A final failure that counts toward `fall`: the state it leads to.
+    fn observe_failure(
+        &mut self,
+        result: &ProbeResult,
+        fail: &FailReason,
+        after_late: bool,
+    ) -> Option<HealthState> {
+        self.last_fail_code = Some(fail.code());
+        if after_late {
+            // No answer: what it waited for is the bound it failed at
+            // (`hang_timeout`), not the few ms past it.
+            self.fold_streak_latency(no_answer_bound(fail).unwrap_or(result.latency), false);
+        }
+        self.consecutive_fail = self.consecutive_fail.saturating_add(1);
+        self.consecutive_ok = 0;
+        match self.state {
+            HealthState::Unknown => Some(HealthState::Down),
+            HealthState::Up if self.consecutive_fail >= self.fall => Some(HealthState::Down),
+            HealthState::Up | HealthState::Down => None,
+        }
     }
 
     /// Drains (or undrains) the backend for the data plane. Health keeps

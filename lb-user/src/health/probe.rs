@@ -94,80 +94,25 @@ pub async fn probe_reusing(
         return probe_to(addr, spec, None, slot, whole, None).await;
     };
     if let Some(fault) = known_host_fault(path) {
-        let direct = probe_to(addr, spec, None, None, whole, None).await;
-        return ProbeResult {
-            path_fault: Some(fault),
-            ..direct
-        };
+        return judged_directly(addr, spec, path, whole, fault, None).await;
     }
-    // One deadline for both attempts. The data-path attempt has all of it:
-    // a first handshake through a neighbour being resolved can take most of
-    // a short `hang_timeout`. The direct probe that tells whose fault a
-    // failed handshake is starts alongside once the handshake is later than
-    // the check's `timeout` (or at once after an early failure), so it
-    // costs nothing while the path works.
-    let via = SocketAddr::new(path.vip.ip(), addr.port());
-    let connected = AtomicBool::new(false);
-    let mut attempt = pin!(probe_to(
-        via,
-        spec,
-        Some(path),
-        slot,
-        whole,
-        Some(&connected)
-    ));
-    let late_at = start + spec.timeout.min(limit);
-    let early = tokio::select! {
-        result = &mut attempt => Some(result),
-        () = tokio::time::sleep_until(late_at) => None,
-    };
-    let (result, direct) = match early {
-        Some(result) => (result, None),
-        None if connected.load(Ordering::Relaxed) => (attempt.await, None),
-        None => {
-            // A late handshake: if this host's route to the VIP is wrong,
-            // nothing will come (one netlink query, on late handshakes only).
-            if let Some(fault) = crate::route::vip_route_problem(path.vip.ip(), &path.interface) {
-                note_host_fault(path);
-                let direct = probe_to(addr, spec, None, None, whole, None).await;
-                return ProbeResult {
-                    path_fault: Some(fault),
-                    ..direct
-                };
-            }
-            let direct = probe_to(addr, spec, None, None, whole, None);
-            let (result, direct) = tokio::join!(attempt, direct);
-            (result, Some(direct))
+    let (result, direct) = match attempt_via(addr, spec, path, slot, start, whole).await {
+        Via::HostFault(fault) => {
+            return judged_directly(addr, spec, path, whole, fault, None).await;
         }
+        Via::Done(result, direct) => (result, direct),
     };
     let fault = host_path_fault(path, &result.outcome);
-    let connect_failed = fault.is_some()
-        || matches!(
-            &result.outcome,
-            Err(FailReason::ConnectTimeout { .. }
-                | FailReason::ConnectionRefused
-                | FailReason::ConnectionReset
-                | FailReason::Io {
-                    during: "connecting",
-                    ..
-                })
-        );
-    if !connect_failed {
+    if let Some(fault) = fault {
+        return judged_directly(addr, spec, path, whole, fault, direct).await;
+    }
+    if !handshake_failed(&result.outcome) {
         return result;
     }
     let direct = match direct {
         Some(direct) => direct,
         None => probe_to(addr, spec, None, None, whole, None).await,
     };
-    if let Some(fault) = fault {
-        note_host_fault(path);
-        // This host's fault: the backend is judged by its direct probe
-        // alone, with the direct probe's latency (not the data-path wait).
-        return ProbeResult {
-            path_fault: Some(fault),
-            ..direct
-        };
-    }
     let outcome = match (&result.outcome, direct.outcome) {
         (Err(fail), Ok(_)) => Err(FailReason::NoAnswerViaVip {
             text: path.failure_reason(&fail.to_string(), Some(true)),
@@ -178,6 +123,96 @@ pub async fn probe_reusing(
         outcome,
         latency: start.elapsed(),
         path_fault: None,
+    }
+}
+
+/// How a data-path attempt ended: with its result (and the direct probe's,
+/// if one ran alongside), or late while this host's route is wrong.
+enum Via {
+    Done(ProbeResult, Option<ProbeResult>),
+    HostFault(String),
+}
+
+/// The data-path attempt of a probe. One deadline for both attempts: the
+/// data-path attempt has all of it (a first handshake through a neighbour
+/// being resolved can take most of a short `hang_timeout`); the direct
+/// probe that tells whose fault a failed handshake is starts alongside once
+/// the handshake is later than the check's `timeout` (else after an early
+/// failure), so it costs nothing while the path works.
+async fn attempt_via(
+    addr: SocketAddr,
+    spec: &CheckSpec,
+    path: &DatapathTarget,
+    slot: Option<&ConnSlot>,
+    start: Instant,
+    whole: Deadlines,
+) -> Via {
+    let via = SocketAddr::new(path.vip.ip(), addr.port());
+    let connected = AtomicBool::new(false);
+    let mut attempt = pin!(probe_to(
+        via,
+        spec,
+        Some(path),
+        slot,
+        whole,
+        Some(&connected)
+    ));
+    let late_at = start + spec.timeout.min(whole.limit);
+    let early = tokio::select! {
+        result = &mut attempt => Some(result),
+        () = tokio::time::sleep_until(late_at) => None,
+    };
+    match early {
+        Some(result) => Via::Done(result, None),
+        None if connected.load(Ordering::Relaxed) => Via::Done(attempt.await, None),
+        None => {
+            // A late handshake: if this host's route to the VIP is wrong,
+            // nothing will come (one netlink query, on late handshakes only).
+            if let Some(fault) = crate::route::vip_route_problem(path.vip.ip(), &path.interface) {
+                return Via::HostFault(fault);
+            }
+            let direct = probe_to(addr, spec, None, None, whole, None);
+            let (result, direct) = tokio::join!(attempt, direct);
+            Via::Done(result, Some(direct))
+        }
+    }
+}
+
+/// Whether a data-path attempt failed before a connection was made, so
+/// that a direct probe must tell whose fault it is.
+fn handshake_failed(outcome: &Result<ProbeOk, FailReason>) -> bool {
+    matches!(
+        outcome,
+        Err(FailReason::ConnectTimeout { .. }
+            | FailReason::ConnectionRefused
+            | FailReason::ConnectionReset
+            | FailReason::Io {
+                during: "connecting",
+                ..
+            })
+    )
+}
+
+/// A probe whose data path fails by this host's `fault`: the backend is
+/// judged by its direct probe alone (`direct`, if it already ran), with the
+/// direct probe's latency, not the data-path wait; the VIP is listed in
+/// [`HOST_FAULTS`].
+async fn judged_directly(
+    addr: SocketAddr,
+    spec: &CheckSpec,
+    path: &DatapathTarget,
+    whole: Deadlines,
+    fault: String,
+    direct: Option<ProbeResult>,
+) -> ProbeResult {
+    note_host_fault(path);
+    let direct = match direct {
+        Some(direct) => direct,
+        None => probe_to(addr, spec, None, None, whole, None).await,
+    };
+    ProbeResult {
+        path_fault: Some(fault),
+        ..direct
     }
 }
 
