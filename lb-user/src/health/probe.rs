@@ -1196,7 +1196,11 @@ mod tests {
     /// A data-path probe whose handshake is lost (the "VIP" is a listener
     /// with a full accept queue) and whose direct fallback hangs (the
     /// backend accepts and never answers): one verdict by `hang_timeout`,
-    /// not one `hang_timeout` for each attempt.
+    /// not one `hang_timeout` for each attempt. (Bound to `lo`, the "VIP"
+    /// has no route through a gateway: the late handshake is taken for this
+    /// host's fault, and the backend judged by its direct probe alone. The
+    /// other branch, a late handshake with a sound route, runs both attempts
+    /// side by side under the same deadline; the lab tests exercise it.)
     #[tokio::test]
     async fn datapath_probe_and_its_fallback_share_one_deadline() {
         let backend = std::net::TcpListener::bind("127.0.0.2:0").expect("bind 127.0.0.2");
@@ -1226,6 +1230,14 @@ mod tests {
             result.outcome,
             Err(FailReason::NoResponse { timeout: hang }),
             "the direct fallback's verdict"
+        );
+        assert!(
+            result
+                .path_fault
+                .as_deref()
+                .is_some_and(|f| f.contains("no route to 127.0.0.1 through a gateway out of lo")),
+            "{:?}",
+            result.path_fault
         );
         assert!(
             elapsed < hang + Duration::from_millis(250),
