@@ -1185,5 +1185,18 @@ fn missing_vip_route_keeps_backends_up_and_raises_an_alarm() {
         "clients noticed: {:?}",
         failure_slices(&report)
     );
+    // A restart without the route: `xlb run` says so at start.
+    let mut run = run;
+    run.stop_daemon().unwrap();
+    run.start_daemon().unwrap();
+    let log = std::fs::read_to_string(run.daemon_log()).unwrap();
+    assert!(
+        log.contains(
+            "vip \"api\": this host has no route to 10.100.0.1 through a gateway out of eth0"
+        ),
+        "no start-up warning about the route in the daemon's log:\n{log}"
+    );
+    run.wait_all_up(Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("after the restart without the route: {e}"));
     teardown(run);
 }
