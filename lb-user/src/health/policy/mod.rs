@@ -412,8 +412,8 @@ pub fn evaluate(
         .map(|(m, s)| base_placement(policy, m, s, now))
         .collect();
     let mut changes = Vec::new();
-    shared_path_failure(members, &mut next, vip, &mut changes);
     eject_outliers(policy, members, states, &mut next);
+    shared_path_failure(members, &mut next, vip, &mut changes);
     fleet_slow(members, &next, vip, &mut changes);
     panic(policy, members, states, &mut next, vip, &mut changes);
     apply(
@@ -1085,6 +1085,32 @@ mod tests {
         single.members[0] = via_vip_only(member(0), true);
         single.at(1.0);
         assert_eq!(single.placements(), vec![PDown]);
+    }
+
+    /// The data-path wait of a backend failing only through the data path
+    /// is not its slowness: it is never taken for a slow outlier (nor
+    /// counted as fleet slowness), and one ejected as slow before the VIP's
+    /// shared path failure was recognised comes back with the others.
+    #[test]
+    fn data_path_waits_are_not_slowness() {
+        let waited = |i: usize| {
+            let mut m = slow(via_vip_only(member(i), false), ms(750));
+            m.answered = false;
+            m
+        };
+        let mut vip = Vip::new(Policy::default(), 4);
+        vip.members[3] = waited(3);
+        let out = vip.at(1.0);
+        assert_eq!(vip.placements()[3], Serving, "{out:?}");
+        assert!(vip.vip.fleet_slow.is_none());
+        // Ejected as slow before its first data-path verdict, then most of
+        // the VIP fails the same way: back in.
+        vip.states[3].placement = EjectedSlow;
+        vip.members = (0..4).map(waited).collect();
+        vip.at(2.0);
+        assert_eq!(vip.placements(), vec![Serving; 4]);
+        assert!(vip.vip.path_fault.is_some());
+        assert!(vip.vip.fleet_slow.is_none(), "{:?}", vip.vip.fleet_slow);
     }
 
     /// Issue 24: two backends, one failing only through the data path, the

@@ -59,8 +59,10 @@ pub(super) fn shared_path_failure(
     if !on {
         return;
     }
+    // Out for failing, or ejected as slow by the data-path wait before the
+    // episode was recognised: back as their direct probes say.
     for &i in &path_only {
-        if next[i].0 == Placement::Down {
+        if matches!(next[i].0, Placement::Down | Placement::EjectedSlow) {
             next[i] = (Placement::Serving, None);
         }
     }
