@@ -262,24 +262,28 @@ fn host_faults() -> MutexGuard<'static, Vec<(IpAddr, String)>> {
     HOST_FAULTS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Whether `key` is `path`'s VIP and interface.
+fn is_of(key: &(IpAddr, String), path: &DatapathTarget) -> bool {
+    key.0 == path.vip.ip() && key.1 == path.interface
+}
+
 fn note_host_fault(path: &DatapathTarget) {
-    let key = (path.vip.ip(), path.interface.clone());
     let mut faults = host_faults();
-    if !faults.contains(&key) {
-        faults.push(key);
+    if !faults.iter().any(|k| is_of(k, path)) {
+        faults.push((path.vip.ip(), path.interface.clone()));
     }
 }
 
 /// The route problem of `path`'s VIP if it is listed in [`HOST_FAULTS`]
-/// and still there; unlists it once fixed.
+/// and still there; unlists it once fixed. Every data-path probe asks:
+/// a lock and a scan of an empty list while nothing is wrong.
 fn known_host_fault(path: &DatapathTarget) -> Option<String> {
-    let key = (path.vip.ip(), path.interface.clone());
-    if !host_faults().contains(&key) {
+    if !host_faults().iter().any(|k| is_of(k, path)) {
         return None;
     }
-    let problem = crate::route::vip_route_problem(key.0, &key.1);
+    let problem = crate::route::vip_route_problem(path.vip.ip(), &path.interface);
     if problem.is_none() {
-        host_faults().retain(|k| *k != key);
+        host_faults().retain(|k| !is_of(k, path));
     }
     problem
 }
