@@ -1,18 +1,29 @@
-//! The kernel's route to a backend, asked over rtnetlink (`RTM_GETROUTE`,
-//! what `ip route get` does): whether it goes through a gateway. `dsr-l2`
-//! sends a client's frame unchanged to the backend's MAC, still addressed
-//! to the VIP, so its backends must be neighbours; a gateway on the way
-//! would route the frame back towards the VIP (a loop).
+//! The kernel's route to an address, asked over rtnetlink (`RTM_GETROUTE`,
+//! what `ip route get` does): whether it goes through a gateway.
+//!
+//! - `dsr-l2` sends a client's frame unchanged to the backend's MAC, still
+//!   addressed to the VIP, so its backends must be neighbours; a gateway on
+//!   the way would route the frame back towards the VIP (a loop).
+//! - Data-path probes connect to a VIP bound to the XDP interface
+//!   (`health::datapath`), so the LB host needs a route to the VIP out of
+//!   that interface through a gateway: with none, the kernel takes the VIP
+//!   for on-link (`ip_route_output_key_hash_rcu`: a socket bound to a device
+//!   with no route through it) and ARPs for it, and nobody answers (the LB
+//!   does not hold the VIP, backends ignore ARP for it).
 
 use std::{io, net::IpAddr};
 
-use crate::config::{Mode, VipConfig};
+use crate::{
+    config::{Mode, VipConfig},
+    health::spec::Via,
+};
 
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
 const NLMSG_ERROR: u16 = 2;
 const NLM_F_REQUEST: u16 = 1;
 const RTA_DST: u16 = 1;
+const RTA_OIF: u16 = 4;
 const RTA_GATEWAY: u16 = 5;
 const RTA_VIA: u16 = 18;
 /// `struct nlmsghdr` and `struct rtmsg`.
@@ -25,12 +36,35 @@ const RTMSG: usize = 12;
 /// # Errors
 /// No route (`ENETUNREACH`, ...) or the socket failed.
 pub fn gateway_to(addr: IpAddr) -> io::Result<Option<IpAddr>> {
+    route_get(addr, None)
+}
+
+/// The gateway of the kernel's route to `addr` out of `interface`, as a
+/// socket bound to that interface (`SO_BINDTODEVICE`) gets it: `None` when
+/// on-link, which is also what the kernel assumes when no route goes out of
+/// `interface` at all.
+///
+/// # Errors
+/// No such interface (`ENODEV`), no route, or the socket failed.
+pub fn gateway_via(addr: IpAddr, interface: &str) -> io::Result<Option<IpAddr>> {
+    let name = std::ffi::CString::new(interface)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in interface name"))?;
+    // SAFETY: a NUL-terminated string that outlives the call.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if index == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    route_get(addr, Some(index))
+}
+
+/// `RTM_GETROUTE` for `addr`, out of interface `oif` if given.
+fn route_get(addr: IpAddr, oif: Option<u32>) -> io::Result<Option<IpAddr>> {
     let (family, bytes) = match addr {
         IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec()),
         IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec()),
     };
     let attr_len = 4 + bytes.len();
-    let len = NLMSG_HDR + RTMSG + attr_len;
+    let len = NLMSG_HDR + RTMSG + attr_len + oif.map_or(0, |_| 8);
     let mut req = Vec::with_capacity(len);
     req.extend_from_slice(&(len as u32).to_ne_bytes());
     req.extend_from_slice(&RTM_GETROUTE.to_ne_bytes());
@@ -43,8 +77,45 @@ pub fn gateway_to(addr: IpAddr) -> io::Result<Option<IpAddr>> {
     req.extend_from_slice(&(attr_len as u16).to_ne_bytes());
     req.extend_from_slice(&RTA_DST.to_ne_bytes());
     req.extend_from_slice(&bytes);
+    if let Some(oif) = oif {
+        req.extend_from_slice(&8u16.to_ne_bytes());
+        req.extend_from_slice(&RTA_OIF.to_ne_bytes());
+        req.extend_from_slice(&oif.to_ne_bytes());
+    }
     let reply = exchange(&req)?;
     parse_reply(&reply)
+}
+
+/// What is wrong with the LB host's route to `vip` for data-path probes
+/// bound to `interface`, as one sentence with the fix; `None` when the
+/// route goes out of `interface` through a gateway.
+pub fn vip_route_problem(vip: IpAddr, interface: &str) -> Option<String> {
+    let what = match gateway_via(vip, interface) {
+        Ok(Some(_)) => return None,
+        Ok(None) => format!(
+            "this host has no route to {vip} through a gateway out of {interface}, so it takes \
+             the VIP for a neighbour and its ARP/ND for it goes unanswered"
+        ),
+        Err(e) => format!("this host has no route to {vip} out of {interface} ({e})"),
+    };
+    Some(format!(
+        "{what}: data-path probes (via = \"vip\") cannot reach any backend. Add a route to the \
+         VIPs out of {interface} through the upstream router, e.g. `ip route add {vip} via \
+         ROUTER dev {interface}` (a default route through {interface} does it); check with \
+         `ip route get {vip} oif {interface}`, which must show `via`"
+    ))
+}
+
+/// One warning per VIP of `vips` probed through the data path whose route
+/// [`vip_route_problem`] finds wrong, for `xlb run` to print at start.
+pub fn vip_routes_missing(vips: &[VipConfig], interface: &str) -> Vec<String> {
+    vips.iter()
+        .filter(|v| v.backends.iter().any(|b| b.health.via == Via::Vip))
+        .filter_map(|v| {
+            let problem = vip_route_problem(v.addr, interface)?;
+            Some(format!("vip {:?}: {problem}", v.name))
+        })
+        .collect()
 }
 
 /// Sends `req` on a fresh rtnetlink socket and returns the first reply.
@@ -193,5 +264,34 @@ mod tests {
         r[..4].copy_from_slice(&(len + 8).to_ne_bytes());
         r.extend_from_slice(&[12, 0, 5, 0]);
         assert!(parse_reply(&r).is_err());
+    }
+
+    /// A socket bound to a device with no route through it: the kernel
+    /// assumes the address is on-link, and so does the check.
+    #[test]
+    fn vip_route_out_of_an_interface() {
+        // Loopback: 127.0.0.1 is local, no gateway; 192.0.2.1 has no route
+        // out of lo (the kernel's on-link guess).
+        assert_eq!(
+            gateway_via("192.0.2.1".parse().unwrap(), "lo").unwrap(),
+            None
+        );
+        let problem = vip_route_problem("192.0.2.1".parse().unwrap(), "lo").unwrap();
+        assert!(
+            problem.starts_with(
+                "this host has no route to 192.0.2.1 through a gateway out of lo, so it takes \
+                 the VIP for a neighbour"
+            ),
+            "{problem}"
+        );
+        assert!(
+            problem.contains("ip route add 192.0.2.1 via ROUTER dev lo"),
+            "{problem}"
+        );
+        let missing = vip_route_problem("192.0.2.1".parse().unwrap(), "xlb-no-such-if0").unwrap();
+        assert!(
+            missing.starts_with("this host has no route to 192.0.2.1 out of xlb-no-such-if0 ("),
+            "{missing}"
+        );
     }
 }

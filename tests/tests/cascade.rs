@@ -1098,3 +1098,196 @@ fn datapath_check_catches_a_stopped_decap() {
     );
     teardown(run);
 }
+
+/// Issue 24: the LB host deployed without a route to the VIPs out of its
+/// XDP interface. Its data-path probes are bound to that interface, so the
+/// kernel takes the VIP for a neighbour and ARPs for it, and nobody answers:
+/// before, every backend went `down` with `direct probe ok` and the VIP was
+/// emptied. That is the LB's fault, not the backends': they must stay up
+/// (their direct probes pass), clients must not notice, and an `alarm` must
+/// name the route to add.
+#[test]
+fn missing_vip_route_keeps_backends_up_and_raises_an_alarm() {
+    let _serial = serial();
+    let p = prefix("vrt");
+    let health = Health {
+        interval: Duration::from_millis(500),
+        timeout: Duration::from_millis(250),
+        fall: 2,
+        ..Health::default()
+    };
+    let vip = api();
+    let run = up(&p, &config(&p, health.clone(), Protection::default()));
+    let client = run
+        .start_client(steady(vip.target(), Duration::from_secs(8)))
+        .unwrap();
+    wait_client_ms(&client, 1000);
+    let lb = run.lab().ns_lb();
+    let out = xlb_lab::topology::Lab::exec(&lb, ["ip", "-4", "route", "del", "10.100.0.0/24"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "removing the LB's route to the VIPs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let removed_ms = client.timeline_ms(now_unix_ms());
+    eprintln!("[{p}] LB's route to 10.100.0.0/24 removed at {removed_ms} ms");
+    // Time for `fall` data-path failures of every backend, and more.
+    let bound = health.interval * (health.fall + 4)
+        + effective_hang_timeout(&health) * 2
+        + DETECTION_MARGIN;
+    let t0 = Instant::now();
+    let alarm = loop {
+        let events = run.events().unwrap();
+        if let Some(e) = vip_events(&events, "alarm", "api")
+            .into_iter()
+            .find(|e| e.reason.contains("fail by this host's fault"))
+        {
+            break e.clone();
+        }
+        assert!(
+            t0.elapsed() < bound,
+            "no data-path alarm within {bound:?}: {events:?}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("[{p}] alarm: {}", alarm.reason);
+    assert!(
+        alarm
+            .reason
+            .contains("no route to 10.100.0.1 through a gateway out of eth0")
+            && alarm
+                .reason
+                .contains("ip route add 10.100.0.1 via ROUTER dev eth0"),
+        "the alarm names the route to add: {:?}",
+        alarm.reason
+    );
+    thread::sleep(bound.saturating_sub(t0.elapsed()));
+    let status = run.status().unwrap();
+    for i in 1..=run.backend_count() {
+        let addr = vip.backend_addr(i);
+        let b = status.backend("api", addr).unwrap();
+        assert_eq!(
+            (b.state.as_str(), b.in_table),
+            ("up", true),
+            "backend {addr} after the route went: {:?}",
+            b.last_transition_reason
+        );
+    }
+    let events = run.events().unwrap();
+    let out = exits(&events, "api");
+    assert!(out.is_empty(), "backends taken out: {out:?}");
+    let report = client.join().unwrap();
+    assert_eq!(
+        report.summary.failures,
+        0,
+        "clients noticed: {:?}",
+        failure_slices(&report)
+    );
+    // A restart without the route: `xlb run` says so at start.
+    let mut run = run;
+    run.stop_daemon().unwrap();
+    run.start_daemon().unwrap();
+    let log = std::fs::read_to_string(run.daemon_log()).unwrap();
+    assert!(
+        log.contains(
+            "vip \"api\": this host has no route to 10.100.0.1 through a gateway out of eth0"
+        ),
+        "no start-up warning about the route in the daemon's log:\n{log}"
+    );
+    run.wait_all_up(Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("after the restart without the route: {e}"));
+    teardown(run);
+}
+
+/// Issue 24: the LB's own side of the data path breaks in a way its route
+/// check cannot see (here nftables on the LB host drops the replies from
+/// the VIP, as a wrong `rp_filter` would): every backend fails data-path
+/// probes while direct probes pass. Most of a VIP failing that way is the
+/// LB's fault: every backend stays in the table, clients do not notice,
+/// an `alarm` says so, and it clears when the path works again.
+#[test]
+fn shared_data_path_failure_keeps_every_backend() {
+    let _serial = serial();
+    let p = prefix("spf");
+    let health = Health {
+        interval: Duration::from_millis(500),
+        timeout: Duration::from_millis(250),
+        fall: 2,
+        ..Health::default()
+    };
+    let vip = api();
+    let run = up(&p, &config(&p, health.clone(), Protection::default()));
+    let client = run
+        .start_client(steady(vip.target(), Duration::from_secs(10)))
+        .unwrap();
+    wait_client_ms(&client, 1000);
+    let lb = run.lab().ns_lb();
+    let nft = |script: &str| {
+        let out = xlb_lab::topology::Lab::exec(&lb, ["nft", script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "nft {script:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // Only the probes' replies: clients' replies go straight from the
+    // backends to the client (DSR), never through the LB host. What came
+    // before (the start's first probes) is not this test's.
+    let broken_at = now_unix_ms();
+    nft("add table inet xlbt_spf");
+    nft("add chain inet xlbt_spf input { type filter hook input priority 0 ; }");
+    nft("add rule inet xlbt_spf input ip saddr 10.100.0.1 tcp sport 80 drop");
+    let bound = health.interval * (health.fall + 4)
+        + effective_hang_timeout(&health) * 2
+        + DETECTION_MARGIN;
+    let wait_alarm = |what: &str| {
+        let t0 = Instant::now();
+        loop {
+            let events = run.events().unwrap();
+            if let Some(e) = vip_events(&events, "alarm", "api")
+                .into_iter()
+                .find(|e| e.at_unix_ms >= broken_at && e.reason.contains(what))
+            {
+                break e.clone();
+            }
+            assert!(
+                t0.elapsed() < bound,
+                "no alarm {what:?} within {bound:?}: {events:?}"
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let alarm = wait_alarm("backends while their direct probes pass");
+    eprintln!("[{p}] alarm: {}", alarm.reason);
+    thread::sleep(bound);
+    let status = run.status().unwrap();
+    for i in 1..=run.backend_count() {
+        let addr = vip.backend_addr(i);
+        let b = status.backend("api", addr).unwrap();
+        eprintln!("[{p}] {addr}: {} in table {}", b.state, b.in_table);
+        assert!(b.in_table, "backend {addr} out of the table: {b:?}");
+    }
+    nft("delete table inet xlbt_spf");
+    let cleared = wait_alarm("data-path probes pass again");
+    eprintln!("[{p}] cleared: {}", cleared.reason);
+    run.wait_all_up(bound)
+        .unwrap_or_else(|e| panic!("after the path came back: {e}"));
+    let events = run.events().unwrap();
+    let out: Vec<_> = exits(&events, "api")
+        .into_iter()
+        .filter(|e| e.at_unix_ms >= broken_at)
+        .collect();
+    assert!(out.is_empty(), "backends taken out: {out:?}");
+    let report = client.join().unwrap();
+    assert_eq!(
+        report.summary.failures,
+        0,
+        "clients noticed: {:?}",
+        failure_slices(&report)
+    );
+    teardown(run);
+}

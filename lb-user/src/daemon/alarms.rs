@@ -12,16 +12,60 @@
 //!   of new flows, or a cap too low for the load. Those flows follow the
 //!   table, so they lose their backend when it changes.
 //!
+//! - data-path probes of a VIP failing by this host's fault (no route to the
+//!   VIP out of the interface through a gateway, a neighbour that never
+//!   resolves: issue 24): the backends are judged by their direct probes
+//!   meanwhile, so the operator must hear of it from here.
+//!
 //! Each is an `alarm` event and a warning when raised, and an event when it
 //! clears, with hysteresis so a value hovering at a threshold does not
 //! repeat itself.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
 use super::Daemon;
 use crate::ctl::EventKind;
+use crate::health::{probe::ProbeResult, spec::Via};
+
+/// While data-path probes of a VIP keep failing by this host's fault, at
+/// most one event per this long (every probe of every backend sees it).
+pub(super) const PATH_REPEAT: Duration = Duration::from_secs(60);
+
+/// The data-path alarm of each VIP (by name): raised by the first probe
+/// that failed by this host's fault, told again at most every
+/// [`PATH_REPEAT`] while it lasts, cleared by the first data-path probe of
+/// the VIP that passes.
+#[derive(Debug, Default)]
+pub(super) struct PathAlarms {
+    /// VIP → when its alarm was last told.
+    raised: HashMap<String, Instant>,
+}
+
+impl PathAlarms {
+    /// A data-path probe of `vip` failed by this host's fault at `now`:
+    /// whether to tell (raised, or due again).
+    pub(super) fn fault(&mut self, vip: &str, now: Instant) -> bool {
+        match self.raised.get_mut(vip) {
+            Some(told) if now.saturating_duration_since(*told) < PATH_REPEAT => false,
+            Some(told) => {
+                *told = now;
+                true
+            }
+            None => {
+                self.raised.insert(vip.to_owned(), now);
+                true
+            }
+        }
+    }
+
+    /// A data-path probe of `vip` passed: whether that clears its alarm.
+    pub(super) fn passed(&mut self, vip: &str) -> bool {
+        self.raised.remove(vip).is_some()
+    }
+}
 
 /// Fill levels of the conntrack table that raise an alarm, % of capacity.
 pub(super) const FILL_LEVELS: [u64; 2] = [80, 95];
@@ -245,13 +289,46 @@ impl Daemon {
         }
     }
 
+    /// Raises or clears VIP `vi`'s data-path alarm on a probe result of its
+    /// backend `bi`: a probe that failed by this host's fault (its result's
+    /// `path_fault`) raises it, a data-path probe that passed clears it.
+    pub(super) fn check_path(&mut self, vi: usize, bi: usize, result: &ProbeResult) {
+        let b = &self.vips[vi].backends[bi];
+        if b.cfg.health.via != Via::Vip {
+            return;
+        }
+        let addr = b.cfg.socket_addr().to_string();
+        let vip = self.vips[vi].cfg.name.clone();
+        match &result.path_fault {
+            Some(fault) if self.path_alarms.fault(&vip, Instant::now()) => {
+                let text = format!(
+                    "data-path probes of vip {vip:?} fail by this host's fault, not the \
+                     backends' (seen probing {addr}): {fault}. Until it is fixed, backends keep \
+                     the state their direct probes give"
+                );
+                self.tell_alarm(Edge::Raised, Some(&vip), Some(addr), text);
+            }
+            None if result.is_ok() && self.path_alarms.passed(&vip) => {
+                let text = format!("data-path probes of vip {vip:?} reach the backends again");
+                self.tell_alarm(Edge::Cleared, Some(&vip), Some(addr), text);
+            }
+            _ => {}
+        }
+    }
+
     /// Established flows in the conntrack table, from the latest walk.
     pub(super) fn established_flows(&self) -> Option<u64> {
         self.flows.latest().map(|w| w.counts.established())
     }
 
     /// Logs an alarm's edge and records it as an `alarm` event.
-    fn tell_alarm(&mut self, edge: Edge, vip: Option<&str>, backend: Option<String>, text: String) {
+    pub(super) fn tell_alarm(
+        &mut self,
+        edge: Edge,
+        vip: Option<&str>,
+        backend: Option<String>,
+        text: String,
+    ) {
         match edge {
             Edge::Raised => warn!("{text}"),
             Edge::Cleared => info!("{text}"),
@@ -357,6 +434,21 @@ mod tests {
         let mut b = CappedAlarm::default();
         let _ = b.update(500, at(0), None);
         assert_eq!(b.update(10, at(1), None), None);
+    }
+
+    #[test]
+    fn path_alarm_is_told_once_a_period_and_cleared_by_a_pass() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut a = PathAlarms::default();
+        assert!(!a.passed("api"), "nothing to clear");
+        assert!(a.fault("api", at(0)), "raised");
+        assert!(a.fault("web", at(1)), "per VIP");
+        let told: Vec<u64> = (1..130).filter(|&s| a.fault("api", at(s))).collect();
+        assert_eq!(told, [60, 120], "repeated every PATH_REPEAT while it lasts");
+        assert!(a.passed("api"), "a passing data-path probe clears it");
+        assert!(!a.passed("api"), "once");
+        assert!(a.fault("api", at(131)), "a new episode is told at once");
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     Daemon,
+    alarms::Edge,
     model::{self, Rebuild},
 };
 use crate::health::{
@@ -81,6 +82,7 @@ impl Daemon {
             if matches!(r.class, ProbeClass::Ok | ProbeClass::Slow { .. }) {
                 self.vips[vi].record_answer(result.latency);
             }
+            self.check_path(vi, bi, result);
         }
         if let ProbeClass::Local(e) = &r.class {
             self.local_alarm(vi, bi, e, r.snapshot.local_errors);
@@ -215,6 +217,16 @@ impl Daemon {
             Change::FleetRecovered(text) => {
                 info!(vip = %name, "vip {name:?}: {text}");
                 (EventKind::FleetSlow, "slow", "normal", text, None)
+            }
+            // The LB's own fault: an alarm, with whatever table change the
+            // backends put back made.
+            Change::PathFault(text) => {
+                let text = format!("vip {name:?}: {text}");
+                return self.tell_alarm(Edge::Raised, Some(&name), None, text);
+            }
+            Change::PathRecovered(text) => {
+                let text = format!("vip {name:?}: {text}");
+                return self.tell_alarm(Edge::Cleared, Some(&name), None, text);
             }
         };
         self.event(kind, Some(&name), None, Some(from), Some(to), text, r);

@@ -99,6 +99,8 @@ pub struct Daemon {
     fill_alarms: alarms::FillAlarms,
     /// The conntrack insert cap's alarm.
     capped_alarm: alarms::CappedAlarm,
+    /// Each VIP's alarm about data-path probes failing by this host's fault.
+    path_alarms: alarms::PathAlarms,
     /// Heavy hitters: rates, alerts, auto_block (`sources`).
     sources: sources::Watch,
     histograms: HashMap<u32, LatencyHistogram>,
@@ -158,6 +160,7 @@ impl Daemon {
             last_alarm: None,
             fill_alarms: alarms::FillAlarms::default(),
             capped_alarm: alarms::CappedAlarm::default(),
+            path_alarms: alarms::PathAlarms::default(),
             sources: sources::Watch::default(),
             histograms: HashMap::new(),
             index,

@@ -193,6 +193,11 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     if !off_link.is_empty() {
         bail!("{}", off_link.join("\n"));
     }
+    // A warning, not a refusal: the route may come later (BGP), and until
+    // then data-path probes fall back to judging backends directly.
+    for problem in crate::route::vip_routes_missing(&cfg.vips, &d.pinned.interface) {
+        warn!("{problem}");
+    }
     host::ensure_bpffs()?;
     let pin_dir = persist::pin_dir(&d.pinned.instance);
     fs::create_dir_all(&pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;

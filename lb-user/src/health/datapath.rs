@@ -18,11 +18,13 @@
 //! and strict `rp_filter` accepts them, because the route to the VIP leaves
 //! by the same interface.
 //!
-//! What the LB host needs: a route to the VIP out of the XDP interface whose
-//! next hop answers ARP/ND (its default route normally is one). Without a
-//! route through that interface `connect` fails at once with ENETUNREACH (a
-//! local error, not the backend's); with an on-link route to the VIP nobody
-//! answers ARP for it and every data-path probe times out.
+//! What the LB host needs: a route to the VIP out of the XDP interface
+//! through a gateway whose neighbour resolves (its default route normally is
+//! one). Without one, the kernel takes the VIP for a neighbour of the bound
+//! interface (as with an on-link route), ARPs for it, and nobody answers:
+//! probes end in EHOSTUNREACH or a timeout. That is this host's fault, not
+//! the backend's: the prober then judges the backend by its direct probe and
+//! the daemon raises an alarm (`probe::probe_reusing`, `crate::route`).
 
 use std::{
     fmt, io,

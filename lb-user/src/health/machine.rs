@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use super::probe::{ProbeClass, ProbeResult};
+use super::probe::{FailReason, ProbeClass, ProbeResult};
 use super::spec::CheckSpec;
 
 /// Ok and Slow latencies kept for [`HealthSnapshot::recent_latency`].
@@ -89,6 +89,11 @@ pub struct HealthSnapshot {
     /// of answers 2.5 s late reads 2.5 s, not the 1 s bound every streak
     /// starts with.
     pub streak_latency: Option<Duration>,
+    /// Whether `streak_latency` is the latency of an answer; `false` when
+    /// it is only a wait that saw none (a late probe's `timeout`, a probe
+    /// that failed without one at its `hang_timeout`): "no answer within
+    /// 3s", not "answers in 3.001s".
+    pub streak_answered: bool,
     /// Median of the last [`RECENT_LATENCIES`] `Ok`/`Slow` latencies; `None`
     /// before the first.
     pub recent_latency: Option<Duration>,
@@ -114,6 +119,16 @@ impl HealthSnapshot {
         } else {
             self.recent_latency
         }
+    }
+}
+
+/// The bound a failure without an answer waited for (its `hang_timeout`).
+fn no_answer_bound(fail: &FailReason) -> Option<Duration> {
+    match fail {
+        FailReason::ConnectTimeout { timeout }
+        | FailReason::NoResponse { timeout }
+        | FailReason::Incomplete { timeout, .. } => Some(*timeout),
+        _ => None,
     }
 }
 
@@ -143,6 +158,7 @@ pub struct HealthMachine {
     admin_drained: bool,
     consecutive_slow: u32,
     streak_latency: Option<Duration>,
+    streak_answered: bool,
     /// Oldest first, at most `RECENT_LATENCIES`.
     recent: VecDeque<Duration>,
     last_fail_code: Option<&'static str>,
@@ -178,6 +194,7 @@ impl HealthMachine {
             admin_drained: false,
             consecutive_slow: 0,
             streak_latency: None,
+            streak_answered: false,
             recent: VecDeque::with_capacity(RECENT_LATENCIES),
             last_fail_code: None,
             local_errors: 0,
@@ -205,16 +222,25 @@ impl HealthMachine {
     /// `Unknown` until the final report).
     pub fn observe_late(&mut self, timeout: Duration) {
         self.late_pending = self.late_pending.saturating_add(1);
-        self.add_slow(timeout);
+        self.add_slow(timeout, false);
     }
 
-    fn add_slow(&mut self, latency: Duration) {
+    fn add_slow(&mut self, latency: Duration, answered: bool) {
         self.consecutive_slow = self.consecutive_slow.saturating_add(1);
-        self.fold_streak_latency(latency);
+        self.fold_streak_latency(latency, answered);
     }
 
-    fn fold_streak_latency(&mut self, latency: Duration) {
-        self.streak_latency = Some(self.streak_latency.map_or(latency, |l| l.max(latency)));
+    /// Keeps the greatest latency of the streak, and whether it is an
+    /// answer's (`answered`) or only a wait that saw none.
+    fn fold_streak_latency(&mut self, latency: Duration, answered: bool) {
+        match self.streak_latency {
+            Some(l) if l > latency => {}
+            Some(l) if l == latency => self.streak_answered |= answered,
+            _ => {
+                self.streak_latency = Some(latency);
+                self.streak_answered = answered;
+            }
+        }
     }
 
     fn add_recent(&mut self, latency: Duration) {
@@ -251,12 +277,13 @@ impl HealthMachine {
                 if matches!(class, ProbeClass::Ok) {
                     self.consecutive_slow = 0;
                     self.streak_latency = None;
+                    self.streak_answered = false;
                 } else if after_late {
-                    self.fold_streak_latency(result.latency);
+                    self.fold_streak_latency(result.latency, true);
                 } else {
                     // Finished just past `timeout`, before the interim
                     // report could go out: it is its own late report.
-                    self.add_slow(result.latency);
+                    self.add_slow(result.latency, true);
                 }
                 self.add_recent(result.latency);
                 // Probes that lingered while the application was stuck all
@@ -276,21 +303,7 @@ impl HealthMachine {
                     HealthState::Up | HealthState::Down => None,
                 }
             }
-            ProbeClass::Failed(fail) => {
-                self.last_fail_code = Some(fail.code());
-                if after_late {
-                    self.fold_streak_latency(result.latency);
-                }
-                self.consecutive_fail = self.consecutive_fail.saturating_add(1);
-                self.consecutive_ok = 0;
-                match self.state {
-                    HealthState::Unknown => Some(HealthState::Down),
-                    HealthState::Up if self.consecutive_fail >= self.fall => {
-                        Some(HealthState::Down)
-                    }
-                    HealthState::Up | HealthState::Down => None,
-                }
-            }
+            ProbeClass::Failed(fail) => self.observe_failure(result, fail, after_late),
         }?;
         let reason = match class {
             ProbeClass::Failed(fail) => fail.to_string(),
@@ -307,6 +320,28 @@ impl HealthMachine {
         self.since = now;
         self.last_transition_reason = Some(reason.clone());
         Some(Transition { from, to, reason })
+    }
+
+    /// A final failure that counts toward `fall`: the state it leads to.
+    fn observe_failure(
+        &mut self,
+        result: &ProbeResult,
+        fail: &FailReason,
+        after_late: bool,
+    ) -> Option<HealthState> {
+        self.last_fail_code = Some(fail.code());
+        if after_late {
+            // No answer: what it waited for is the bound it failed at
+            // (`hang_timeout`), not the few ms past it.
+            self.fold_streak_latency(no_answer_bound(fail).unwrap_or(result.latency), false);
+        }
+        self.consecutive_fail = self.consecutive_fail.saturating_add(1);
+        self.consecutive_ok = 0;
+        match self.state {
+            HealthState::Unknown => Some(HealthState::Down),
+            HealthState::Up if self.consecutive_fail >= self.fall => Some(HealthState::Down),
+            HealthState::Up | HealthState::Down => None,
+        }
     }
 
     /// Drains (or undrains) the backend for the data plane. Health keeps
@@ -361,6 +396,7 @@ impl HealthMachine {
             last_probe_at: self.last_probe_at,
             consecutive_slow: self.consecutive_slow,
             streak_latency: self.streak_latency.filter(|_| self.consecutive_slow > 0),
+            streak_answered: self.streak_answered && self.consecutive_slow > 0,
             recent_latency: super::median(self.recent.iter().copied()),
             last_fail_code: self.last_fail_code,
             local_errors: self.local_errors,
@@ -426,6 +462,7 @@ mod tests {
         ProbeResult {
             outcome: Ok(ProbeOk { status: Some(200) }),
             latency: Duration::from_millis(3),
+            path_fault: None,
         }
     }
 
@@ -433,6 +470,7 @@ mod tests {
         ProbeResult {
             outcome: Err(FailReason::UnexpectedStatus { status: 503 }),
             latency: Duration::from_millis(3),
+            path_fault: None,
         }
     }
 
@@ -460,6 +498,7 @@ mod tests {
         ProbeResult {
             outcome: Ok(ProbeOk { status: Some(200) }),
             latency,
+            path_fault: None,
         }
     }
 
@@ -468,6 +507,7 @@ mod tests {
         ProbeResult {
             outcome: Err(FailReason::NoResponse { timeout: HANG }),
             latency: HANG,
+            path_fault: None,
         }
     }
 
@@ -478,6 +518,7 @@ mod tests {
                 error: "Too many open files (os error 24)".into(),
             }),
             latency: Duration::from_micros(20),
+            path_fault: None,
         }
     }
 

@@ -23,8 +23,10 @@ mod reuse;
 
 use std::future::{Future as _, poll_fn};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -83,26 +85,34 @@ pub async fn probe_reusing(
     path: Option<&DatapathTarget>,
     slot: Option<&ConnSlot>,
 ) -> ProbeResult {
-    let Some(path) = path else {
-        return probe_to(addr, spec, None, slot).await;
-    };
     let start = Instant::now();
-    let via = SocketAddr::new(path.vip.ip(), addr.port());
-    let result = probe_to(via, spec, Some(path), slot).await;
-    let connect_failed = matches!(
-        &result.outcome,
-        Err(FailReason::ConnectTimeout { .. }
-            | FailReason::ConnectionRefused
-            | FailReason::ConnectionReset
-            | FailReason::Io {
-                during: "connecting",
-                ..
-            })
-    );
-    if !connect_failed {
+    // A spec built by hand with hang_timeout < timeout still gets a verdict
+    // by `timeout`, as before hang_timeout existed.
+    let limit = spec.hang_timeout.max(spec.timeout);
+    let whole = Deadlines::from(start, limit);
+    let Some(path) = path else {
+        return probe_to(addr, spec, None, slot, whole, None).await;
+    };
+    if let Some(fault) = known_host_fault(path) {
+        return judged_directly(addr, spec, path, whole, fault, None).await;
+    }
+    let (result, direct) = match attempt_via(addr, spec, path, slot, start, whole).await {
+        Via::HostFault(fault) => {
+            return judged_directly(addr, spec, path, whole, fault, None).await;
+        }
+        Via::Done(result, direct) => (result, direct),
+    };
+    let fault = host_path_fault(path, &result.outcome);
+    if let Some(fault) = fault {
+        return judged_directly(addr, spec, path, whole, fault, direct).await;
+    }
+    if !handshake_failed(&result.outcome) {
         return result;
     }
-    let direct = probe_to(addr, spec, None, None).await;
+    let direct = match direct {
+        Some(direct) => direct,
+        None => probe_to(addr, spec, None, None, whole, None).await,
+    };
     let outcome = match (&result.outcome, direct.outcome) {
         (Err(fail), Ok(_)) => Err(FailReason::NoAnswerViaVip {
             text: path.failure_reason(&fail.to_string(), Some(true)),
@@ -112,6 +122,186 @@ pub async fn probe_reusing(
     ProbeResult {
         outcome,
         latency: start.elapsed(),
+        path_fault: None,
+    }
+}
+
+/// How a data-path attempt ended: with its result (and the direct probe's,
+/// if one ran alongside), or late while this host's route is wrong.
+enum Via {
+    Done(ProbeResult, Option<ProbeResult>),
+    HostFault(String),
+}
+
+/// The data-path attempt of a probe. One deadline for both attempts: the
+/// data-path attempt has all of it (a first handshake through a neighbour
+/// being resolved can take most of a short `hang_timeout`); the direct
+/// probe that tells whose fault a failed handshake is starts alongside once
+/// the handshake is later than the check's `timeout` (else after an early
+/// failure), so it costs nothing while the path works.
+async fn attempt_via(
+    addr: SocketAddr,
+    spec: &CheckSpec,
+    path: &DatapathTarget,
+    slot: Option<&ConnSlot>,
+    start: Instant,
+    whole: Deadlines,
+) -> Via {
+    let via = SocketAddr::new(path.vip.ip(), addr.port());
+    let connected = AtomicBool::new(false);
+    let mut attempt = pin!(probe_to(
+        via,
+        spec,
+        Some(path),
+        slot,
+        whole,
+        Some(&connected)
+    ));
+    let late_at = start + spec.timeout.min(whole.limit);
+    let early = tokio::select! {
+        result = &mut attempt => Some(result),
+        () = tokio::time::sleep_until(late_at) => None,
+    };
+    match early {
+        Some(result) => Via::Done(result, None),
+        None if connected.load(Ordering::Relaxed) => Via::Done(attempt.await, None),
+        None => {
+            // A late handshake: if this host's route to the VIP is wrong,
+            // nothing will come (one netlink query, on late handshakes only).
+            if let Some(fault) = crate::route::vip_route_problem(path.vip.ip(), &path.interface) {
+                return Via::HostFault(fault);
+            }
+            let direct = probe_to(addr, spec, None, None, whole, None);
+            let (result, direct) = tokio::join!(attempt, direct);
+            Via::Done(result, Some(direct))
+        }
+    }
+}
+
+/// Whether a data-path attempt failed before a connection was made, so
+/// that a direct probe must tell whose fault it is.
+fn handshake_failed(outcome: &Result<ProbeOk, FailReason>) -> bool {
+    matches!(
+        outcome,
+        Err(FailReason::ConnectTimeout { .. }
+            | FailReason::ConnectionRefused
+            | FailReason::ConnectionReset
+            | FailReason::Io {
+                during: "connecting",
+                ..
+            })
+    )
+}
+
+/// A probe whose data path fails by this host's `fault`: the backend is
+/// judged by its direct probe alone (`direct`, if it already ran), with the
+/// direct probe's latency, not the data-path wait; the VIP is listed in
+/// [`HOST_FAULTS`].
+async fn judged_directly(
+    addr: SocketAddr,
+    spec: &CheckSpec,
+    path: &DatapathTarget,
+    whole: Deadlines,
+    fault: String,
+    direct: Option<ProbeResult>,
+) -> ProbeResult {
+    note_host_fault(path);
+    let direct = match direct {
+        Some(direct) => direct,
+        None => probe_to(addr, spec, None, None, whole, None).await,
+    };
+    ProbeResult {
+        path_fault: Some(fault),
+        ..direct
+    }
+}
+
+/// What a data-path connect fails with when this host has no way to the
+/// VIP out of the interface (ENETUNREACH, or EHOSTUNREACH: a neighbour entry
+/// that failed). A data-path probe's packets meet no router before the
+/// backend (`xlb_hc` sends them to it from this host's egress), so neither
+/// can come from the network.
+const VIA_VIP_NO_ROUTE: &str = "connecting to the VIP (no route from this host)";
+
+/// The operator's text when a data-path handshake failed by this host's
+/// fault, rather than the path's or the backend's: a routing error of its
+/// own, or a timeout while its route to the VIP out of the interface has no
+/// gateway (the kernel then ARPs for the VIP itself and nobody answers).
+/// The route is looked up only after a failure, never on a passing probe.
+fn host_path_fault(path: &DatapathTarget, outcome: &Result<ProbeOk, FailReason>) -> Option<String> {
+    let route = || crate::route::vip_route_problem(path.vip.ip(), &path.interface);
+    match outcome {
+        Err(FailReason::Local {
+            during: VIA_VIP_NO_ROUTE,
+            error,
+        }) => Some(route().unwrap_or_else(|| {
+            format!(
+                "connecting to {} out of {} failed on this host: {error}; check the route to the \
+                 VIP and its next hop's neighbour entry (`ip route get {} oif {}`, `ip neigh`)",
+                path.vip,
+                path.interface,
+                path.vip.ip(),
+                path.interface
+            )
+        })),
+        Err(FailReason::ConnectTimeout { .. }) => route(),
+        _ => None,
+    }
+}
+
+/// The VIPs (address, interface) whose route a data-path probe found
+/// wrong. While one is listed, its probes look the route up first (one
+/// netlink round trip) and, while it is still wrong, go straight to the
+/// direct probe instead of waiting for a handshake that cannot come (a
+/// wait past `timeout` would also be reported late, and taken for
+/// slowness). A VIP leaves the list when its route is right again.
+static HOST_FAULTS: Mutex<Vec<(IpAddr, String)>> = Mutex::new(Vec::new());
+
+fn host_faults() -> MutexGuard<'static, Vec<(IpAddr, String)>> {
+    // Every critical section is a plain search, push or removal.
+    HOST_FAULTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether `key` is `path`'s VIP and interface.
+fn is_of(key: &(IpAddr, String), path: &DatapathTarget) -> bool {
+    key.0 == path.vip.ip() && key.1 == path.interface
+}
+
+fn note_host_fault(path: &DatapathTarget) {
+    let mut faults = host_faults();
+    if !faults.iter().any(|k| is_of(k, path)) {
+        faults.push((path.vip.ip(), path.interface.clone()));
+    }
+}
+
+/// The route problem of `path`'s VIP if it is listed in [`HOST_FAULTS`]
+/// and still there; unlists it once fixed. Every data-path probe asks:
+/// a lock and a scan of an empty list while nothing is wrong.
+fn known_host_fault(path: &DatapathTarget) -> Option<String> {
+    if !host_faults().iter().any(|k| is_of(k, path)) {
+        return None;
+    }
+    let problem = crate::route::vip_route_problem(path.vip.ip(), &path.interface);
+    if problem.is_none() {
+        host_faults().retain(|k| !is_of(k, path));
+    }
+    problem
+}
+
+/// By when one probe attempt must be done (its handshake and its whole
+/// exchange alike), and the duration its failures name (`hang_timeout`).
+#[derive(Clone, Copy, Debug)]
+struct Deadlines {
+    deadline: Instant,
+    limit: Duration,
+}
+
+impl Deadlines {
+    fn from(start: Instant, limit: Duration) -> Self {
+        Self {
+            deadline: start + limit,
+            limit,
+        }
     }
 }
 
@@ -120,22 +310,20 @@ async fn probe_to(
     spec: &CheckSpec,
     path: Option<&DatapathTarget>,
     slot: Option<&ConnSlot>,
+    by: Deadlines,
+    connected: Option<&AtomicBool>,
 ) -> ProbeResult {
     let start = Instant::now();
-    // A spec built by hand with hang_timeout < timeout still gets a verdict
-    // by `timeout`, as before hang_timeout existed.
-    let limit = spec.hang_timeout.max(spec.timeout);
-    let deadline = start + limit;
     let outcome = match &spec.kind {
-        CheckKind::Tcp => connect(addr, path, deadline, limit)
+        CheckKind::Tcp => connect(addr, path, by.deadline, by.limit)
             .await
             .map(|_stream| ProbeOk { status: None }),
         CheckKind::Http(http) => {
             let to = Target {
                 addr,
                 path,
-                deadline,
-                timeout: limit,
+                by,
+                connected,
             };
             http_probe(&to, http, slot).await
         }
@@ -143,6 +331,7 @@ async fn probe_to(
     ProbeResult {
         outcome,
         latency: start.elapsed(),
+        path_fault: None,
     }
 }
 
@@ -181,18 +370,18 @@ async fn connect(
     let mut connecting = pin!(socket.connect(addr));
     let first = poll_fn(|cx| Poll::Ready(connecting.as_mut().poll(cx))).await;
     let result = match first {
-        Poll::Ready(Err(e)) => return Err(connect_fail(e, true, timeout)),
+        Poll::Ready(Err(e)) => return Err(connect_fail(e, true, path.is_some(), timeout)),
         Poll::Ready(Ok(stream)) => Ok(Ok(stream)),
         Poll::Pending => timeout_at(deadline, connecting).await,
     };
     match result {
         Err(_elapsed) => Err(FailReason::ConnectTimeout { timeout }),
-        Ok(Err(e)) => Err(connect_fail(e, false, timeout)),
+        Ok(Err(e)) => Err(connect_fail(e, false, path.is_some(), timeout)),
         Ok(Ok(stream)) => Ok(stream),
     }
 }
 
-fn connect_fail(e: io::Error, synchronous: bool, timeout: Duration) -> FailReason {
+fn connect_fail(e: io::Error, synchronous: bool, via_vip: bool, timeout: Duration) -> FailReason {
     // The kernel gives up on SYN retries only after minutes, but if it
     // does first, it is the same condition.
     if e.kind() == io::ErrorKind::TimedOut {
@@ -202,6 +391,12 @@ fn connect_fail(e: io::Error, synchronous: bool, timeout: Duration) -> FailReaso
         e.raw_os_error(),
         Some(libc::ENETUNREACH | libc::EHOSTUNREACH)
     );
+    if via_vip && no_route {
+        return FailReason::Local {
+            during: VIA_VIP_NO_ROUTE,
+            error: e.to_string(),
+        };
+    }
     if synchronous && no_route {
         return FailReason::Local {
             during: "connecting (no route from this host)",
@@ -264,9 +459,18 @@ fn request(addr: SocketAddr, http: &HttpCheck) -> Vec<u8> {
 struct Target<'a> {
     addr: SocketAddr,
     path: Option<&'a DatapathTarget>,
-    deadline: Instant,
-    /// What the probe's failures name (its `hang_timeout`).
-    timeout: Duration,
+    by: Deadlines,
+    /// Set once a connection is made (or a kept one taken), for
+    /// [`probe_reusing`] to tell a late handshake from a late answer.
+    connected: Option<&'a AtomicBool>,
+}
+
+impl Target<'_> {
+    fn note_connected(&self) {
+        if let Some(flag) = self.connected {
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A connection to keep after a passing exchange, and where.
@@ -311,12 +515,14 @@ async fn http_probe(
         && let Some((stream, used)) = slot.take(to.addr)
     {
         let keep = Keep { slot, used, every };
+        to.note_connected();
         match exchange(stream, to, http, &request, Some(keep)).await {
             Err(failed) if failed.closed_unanswered => {}
             done => return done.map_err(|f| f.reason),
         }
     }
-    let stream = connect(to.addr, to.path, to.deadline, to.timeout).await?;
+    let stream = connect(to.addr, to.path, to.by.deadline, to.by.limit).await?;
+    to.note_connected();
     let keep = reuse.map(|(slot, every)| Keep {
         slot,
         used: 0,
@@ -336,11 +542,11 @@ async fn exchange(
     request: &[u8],
     keep: Option<Keep<'_>>,
 ) -> Result<ProbeOk, Failed> {
-    let timeout = to.timeout;
+    let (deadline, timeout) = (to.by.deadline, to.by.limit);
     // A request this small fits in the socket send buffer, so this completes
     // even when the application never reads; a timeout here still means no
     // response at all.
-    match timeout_at(to.deadline, stream.write_all(request)).await {
+    match timeout_at(deadline, stream.write_all(request)).await {
         Err(_elapsed) => return Err(FailReason::NoResponse { timeout }.into()),
         Ok(Err(e)) => {
             return Err(Failed {
@@ -350,7 +556,7 @@ async fn exchange(
         }
         Ok(Ok(())) => {}
     }
-    let mut reader = Reader::new(stream, to.deadline, timeout);
+    let mut reader = Reader::new(stream, deadline, timeout);
     let head = match read_final_head(&mut reader).await {
         Ok(head) => head,
         Err(reason) => {
@@ -518,11 +724,29 @@ mod tests {
         ];
         for (name, errno, synchronous, code) in cases {
             assert_eq!(
-                connect_fail(err(errno), synchronous, t).code(),
+                connect_fail(err(errno), synchronous, false, t).code(),
                 code,
                 "{name}"
             );
         }
+        // A data-path probe's packets meet no router before the backend:
+        // an unreachable error is this host's, however it arrives.
+        for errno in [libc::EHOSTUNREACH, libc::ENETUNREACH] {
+            for synchronous in [true, false] {
+                assert_eq!(
+                    connect_fail(err(errno), synchronous, true, t),
+                    FailReason::Local {
+                        during: VIA_VIP_NO_ROUTE,
+                        error: err(errno).to_string()
+                    },
+                    "errno {errno}, synchronous {synchronous}"
+                );
+            }
+        }
+        assert_eq!(
+            connect_fail(err(libc::ECONNREFUSED), false, true, t).code(),
+            "connection_refused"
+        );
         assert_eq!(
             io_fail(err(libc::EMFILE), "reading the response").code(),
             "local_error"
@@ -971,5 +1195,57 @@ mod tests {
         let result = timed_probe(addr, &spec).await;
         assert_eq!(result.outcome, Ok(ProbeOk { status: None }));
         assert!(result.latency < T);
+    }
+
+    /// A data-path probe whose handshake is lost (the "VIP" is a listener
+    /// with a full accept queue) and whose direct fallback hangs (the
+    /// backend accepts and never answers): one verdict by `hang_timeout`,
+    /// not one `hang_timeout` for each attempt. (Bound to `lo`, the "VIP"
+    /// has no route through a gateway: the late handshake is taken for this
+    /// host's fault, and the backend judged by its direct probe alone. The
+    /// other branch, a late handshake with a sound route, runs both attempts
+    /// side by side under the same deadline; the lab tests exercise it.)
+    #[tokio::test]
+    async fn datapath_probe_and_its_fallback_share_one_deadline() {
+        let backend = std::net::TcpListener::bind("127.0.0.2:0").expect("bind 127.0.0.2");
+        let port = backend.local_addr().expect("local_addr").port();
+        let vip = TcpSocket::new_v4().expect("socket");
+        vip.bind(SocketAddr::from(([127, 0, 0, 1], port)))
+            .expect("bind the VIP's port on 127.0.0.1");
+        let vip_addr = vip.local_addr().expect("local_addr");
+        let _vip = vip.listen(1).expect("listen");
+        let mut fillers = Vec::new();
+        for _ in 0..4 {
+            if let Ok(Ok(s)) =
+                tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(vip_addr)).await
+            {
+                fillers.push(s);
+            }
+        }
+        assert!(!fillers.is_empty(), "no filler connection got through");
+        let hang = Duration::from_secs(1);
+        let spec = http_spec_hang(port, Duration::from_millis(300), hang);
+        // SO_MARK needs CAP_NET_ADMIN: the unit tests run as root.
+        let path = DatapathTarget::new(vip_addr, 1, "lo", crate::config::Mode::DsrIpip);
+        let t0 = std::time::Instant::now();
+        let result = probe_via(backend.local_addr().expect("addr"), &spec, Some(&path)).await;
+        let elapsed = t0.elapsed();
+        assert_eq!(
+            result.outcome,
+            Err(FailReason::NoResponse { timeout: hang }),
+            "the direct fallback's verdict"
+        );
+        assert!(
+            result
+                .path_fault
+                .as_deref()
+                .is_some_and(|f| f.contains("no route to 127.0.0.1 through a gateway out of lo")),
+            "{:?}",
+            result.path_fault
+        );
+        assert!(
+            elapsed < hang + Duration::from_millis(250),
+            "a data-path probe and its fallback took {elapsed:?} with hang_timeout {hang:?}"
+        );
     }
 }

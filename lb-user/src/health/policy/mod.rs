@@ -33,10 +33,12 @@ use super::probe::Compact;
 use super::spec::CheckSpec;
 
 mod panic;
+mod path;
 mod slowness;
 
 use self::{
     panic::panic,
+    path::shared_path_failure,
     slowness::{eject_outliers, fleet_slow},
 };
 
@@ -213,8 +215,15 @@ pub struct Member {
     pub consecutive_slow: u32,
     /// Latency now: the slow streak's, else the recent median.
     pub latency: Option<Duration>,
+    /// Whether `latency` is an answer's; `false` when the slow streak saw
+    /// no answer at all (its latency is only how long it waited).
+    pub answered: bool,
     /// Code and text of the last failure that counted toward `fall`.
     pub last_fail: Option<(&'static str, String)>,
+    /// Failing, or down, only through the data path: its last failure was
+    /// `no_answer_via_vip` (the direct probe passed) and it is failing now
+    /// or still down for it. See `policy::path`.
+    pub via_vip_only: bool,
 }
 
 impl Member {
@@ -253,10 +262,15 @@ impl Member {
             consecutive_fail: snap.map_or(0, |s| s.consecutive_fail),
             consecutive_slow: snap.map_or(0, |s| s.consecutive_slow),
             latency: snap.and_then(HealthSnapshot::current_latency),
+            answered: snap.is_none_or(|s| s.consecutive_slow == 0 || s.streak_answered),
             last_fail: snap.and_then(|s| {
                 let code = s.last_fail_code?;
                 let text = s.last_transition_reason.clone().unwrap_or_default();
                 Some((code, text))
+            }),
+            via_vip_only: snap.is_some_and(|s| {
+                s.last_fail_code == Some("no_answer_via_vip")
+                    && (s.consecutive_fail > 0 || health == HealthState::Down)
             }),
         }
     }
@@ -348,6 +362,9 @@ pub struct VipState {
     pub panic: Option<String>,
     /// Set while at least half of the backends are slow.
     pub fleet_slow: Option<String>,
+    /// Set while most backends fail only through the data path (the LB's
+    /// fault, `policy::path`): why.
+    pub path_fault: Option<String>,
     /// Since when some backend has been in the table without a break.
     pub serving_since: Option<Instant>,
 }
@@ -365,6 +382,9 @@ pub enum Change {
     PanicExit(String),
     FleetSlow(String),
     FleetRecovered(String),
+    /// Most backends fail only through the data path: the LB's fault.
+    PathFault(String),
+    PathRecovered(String),
 }
 
 /// The result of one evaluation.
@@ -393,6 +413,7 @@ pub fn evaluate(
         .collect();
     let mut changes = Vec::new();
     eject_outliers(policy, members, states, &mut next);
+    shared_path_failure(members, &mut next, vip, &mut changes);
     fleet_slow(members, &next, vip, &mut changes);
     panic(policy, members, states, &mut next, vip, &mut changes);
     apply(
@@ -619,7 +640,9 @@ mod tests {
             consecutive_fail: 0,
             consecutive_slow: 0,
             latency: Some(ms(2)),
+            answered: true,
             last_fail: None,
+            via_vip_only: false,
         }
     }
 
@@ -932,6 +955,198 @@ mod tests {
         );
         assert!(vip.vip.panic.is_none());
         assert_eq!(vip.placements()[0], Serving);
+    }
+
+    /// Issue 24: a backend whose probes all passed `timeout` and one of
+    /// which then failed at `hang_timeout` without an answer was "slow
+    /// outlier: answers in 3.001s". It never answered: say so, with the
+    /// bound it waited for.
+    #[test]
+    fn an_outlier_that_never_answered_says_so() {
+        use crate::health::machine::HealthMachine;
+        use crate::health::probe::{FailReason, ProbeResult};
+        let (timeout, hang) = (Duration::from_secs(1), Duration::from_secs(3));
+        let spec = crate::health::testutil::http_spec_hang(80, timeout, hang);
+        let t0 = Instant::now();
+        let mut machine = HealthMachine::adopted(Up, spec.rise, spec.fall, t0);
+        for _ in 0..spec.fall {
+            machine.observe_late(timeout);
+        }
+        let hung = ProbeResult {
+            outcome: Err(FailReason::NoResponse { timeout: hang }),
+            latency: hang + ms(1),
+            path_fault: None,
+        };
+        machine.observe(&hung, &hung.class(timeout), true, t0);
+        let snap = machine.snapshot();
+        let mut vip = Vip::new(Policy::default(), 3);
+        vip.members[2] =
+            Member::from_snapshot("10.0.0.13:80".into(), 1, false, Up, &spec, Some(&snap));
+        vip.at(1.0);
+        assert_eq!(vip.placements()[2], EjectedSlow);
+        let reason = vip.states[2].reason.clone().unwrap();
+        assert!(
+            reason.starts_with("slow outlier: no answer within 3s against a median of 2ms"),
+            "{reason}"
+        );
+        // A late answer in the same streak, quicker than the wait: the
+        // streak's greatest latency is still one that saw no answer.
+        let late = ProbeResult {
+            outcome: Ok(crate::health::probe::ProbeOk { status: Some(200) }),
+            latency: Duration::from_millis(2500),
+            path_fault: None,
+        };
+        machine.observe_late(timeout);
+        machine.observe(&late, &late.class(timeout), true, t0);
+        let snap = machine.snapshot();
+        assert_eq!(
+            (snap.streak_latency, snap.streak_answered),
+            (Some(hang), false)
+        );
+    }
+
+    /// A member whose data-path probes fail while its direct probes pass,
+    /// down for it (`down`) or still within `fall`.
+    fn via_vip_only(mut m: Member, down: bool) -> Member {
+        if down {
+            m.health = Down;
+            m.consecutive_ok = 0;
+        }
+        m.consecutive_fail = if down { 3 } else { 1 };
+        m.via_vip_only = true;
+        m.last_fail = Some((
+            "no_answer_via_vip",
+            "no answer via VIP 10.100.0.1:80 through dsr-ipip (connect timeout after 3s); \
+             direct probe ok"
+                .into(),
+        ));
+        m
+    }
+
+    fn path_changes(out: &Outcome) -> Vec<&Change> {
+        out.changes
+            .iter()
+            .filter(|c| matches!(c, Change::PathFault(_) | Change::PathRecovered(_)))
+            .collect()
+    }
+
+    /// Issue 24: most of a VIP failing only through the data path is the
+    /// LB's fault; the backends stay as their direct probes say, the VIP
+    /// is not emptied, and the change is told once each way. One backend
+    /// alone failing so (a stopped decapsulator) is still taken out.
+    #[test]
+    fn shared_data_path_failure_keeps_the_backends() {
+        let mut vip = Vip::new(Policy::default(), 3);
+        vip.members = vec![
+            via_vip_only(member(0), true),
+            via_vip_only(member(1), true),
+            via_vip_only(member(2), false),
+        ];
+        let out = vip.at(1.0);
+        assert_eq!(vip.placements(), vec![Serving, Serving, Serving]);
+        assert!(vip.vip.panic.is_none());
+        let told = path_changes(&out);
+        assert!(
+            matches!(told[..], [Change::PathFault(t)] if t.starts_with(
+                "data-path probes fail for 3 of 3 backends while their direct probes pass"
+            )),
+            "{told:?}"
+        );
+        assert!(path_changes(&vip.at(2.0)).is_empty(), "told once");
+        // The path is fixed: passing again, two still short of `rise`.
+        vip.members[0] = member(0);
+        for i in [1, 2] {
+            vip.members[i].consecutive_fail = 0;
+            vip.members[i].consecutive_ok = 1;
+        }
+        vip.members[2].health = Down;
+        let out = vip.at(3.0);
+        assert_eq!(
+            vip.placements(),
+            vec![Serving, Serving, Serving],
+            "recovering backends do not drop out"
+        );
+        assert!(path_changes(&out).is_empty(), "{out:?}");
+        vip.members = (0..3).map(member).collect();
+        let out = vip.at(4.0);
+        assert!(
+            matches!(path_changes(&out)[..], [Change::PathRecovered(_)]),
+            "{out:?}"
+        );
+        assert!(vip.vip.path_fault.is_none());
+        // One of three: that backend's own path.
+        let mut one = Vip::new(Policy::default(), 3);
+        one.members[1] = via_vip_only(member(1), true);
+        let out = one.at(1.0);
+        assert_eq!(one.placements(), vec![Serving, PDown, Serving]);
+        assert!(path_changes(&out).is_empty(), "{out:?}");
+        // A VIP of one backend cannot tell its path from the LB's.
+        let mut single = Vip::new(Policy::default(), 1);
+        single.members[0] = via_vip_only(member(0), true);
+        single.at(1.0);
+        assert_eq!(single.placements(), vec![PDown]);
+    }
+
+    /// The data-path wait of a backend failing only through the data path
+    /// is not its slowness: it is never taken for a slow outlier (nor
+    /// counted as fleet slowness), and one ejected as slow before the VIP's
+    /// shared path failure was recognised comes back with the others.
+    #[test]
+    fn data_path_waits_are_not_slowness() {
+        let waited = |i: usize| {
+            let mut m = slow(via_vip_only(member(i), false), ms(750));
+            m.answered = false;
+            m
+        };
+        let mut vip = Vip::new(Policy::default(), 4);
+        vip.members[3] = waited(3);
+        let out = vip.at(1.0);
+        assert_eq!(vip.placements()[3], Serving, "{out:?}");
+        assert!(vip.vip.fleet_slow.is_none());
+        // Ejected as slow before its first data-path verdict, then most of
+        // the VIP fails the same way: back in.
+        vip.states[3].placement = EjectedSlow;
+        vip.members = (0..4).map(waited).collect();
+        vip.at(2.0);
+        assert_eq!(vip.placements(), vec![Serving; 4]);
+        assert!(vip.vip.path_fault.is_some());
+        assert!(vip.vip.fleet_slow.is_none(), "{:?}", vip.vip.fleet_slow);
+    }
+
+    /// Issue 24: two backends, one failing only through the data path, the
+    /// other not probed yet. Panic said "0 of 1 backends healthy … every
+    /// failing backend refused, reset or answered wrongly": the count left
+    /// out the unprobed one and the cause was made up.
+    #[test]
+    fn panic_states_true_counts_and_causes() {
+        let mut vip = Vip::new(Policy::default(), 3);
+        vip.members[0] = refused(member(0));
+        vip.members[1] = refused(member(1));
+        vip.members[1].last_fail = Some((
+            "no_answer_via_vip",
+            "no answer via VIP 10.100.0.1:80 through dsr-ipip (connect timeout after 3s); \
+             direct probe ok"
+                .into(),
+        ));
+        vip.members[2].health = Unknown;
+        vip.states[2] = MemberState::new(Placement::Unknown, vip.t0);
+        let out = vip.at(1.0);
+        let enter: Vec<_> = out
+            .changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::PanicEnter(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            enter,
+            [
+                "0 of 3 backends healthy (min_healthy 1; 1 not probed yet); none can be put \
+                 back: 1 connection_refused, 1 no_answer_via_vip (only timeouts and slowness \
+                 may be overload); the table is empty"
+            ]
+        );
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! Panic (`min_healthy`, Envoy's panic threshold): when fewer backends than
 //! that would be left in the table, the least-bad ones are put back.
 
+use std::collections::BTreeMap;
+
 use super::{Change, Member, MemberState, Placement, Policy, TIMEOUT_CODES, VipState};
+use crate::health::machine::HealthState;
 
 /// Puts the least-bad backends back while fewer than `min_healthy` are in.
 pub(super) fn panic(
@@ -43,7 +46,7 @@ pub(super) fn panic(
             )),
         );
     }
-    let text = panic_text(policy, healthy, eligible, &kept);
+    let text = panic_text(policy, healthy, members, next, &kept);
     if vip.panic.as_deref() != Some(text.as_str()) {
         if vip.panic.is_none() {
             changes.push(Change::PanicEnter(text.clone()));
@@ -87,25 +90,63 @@ fn panic_candidates(
     candidates.into_iter().map(|(_, _, _, i)| i).collect()
 }
 
-/// What panic says: how many are healthy, and whom it keeps (`kept`).
-fn panic_text(policy: &Policy, healthy: usize, eligible: usize, kept: &[String]) -> String {
-    if kept.is_empty() {
+/// What panic says: how many of the VIP's backends are healthy (those not
+/// probed yet counted apart), whom it keeps (`kept`), and otherwise why
+/// none can come back, by the failures the others really have.
+fn panic_text(
+    policy: &Policy,
+    healthy: usize,
+    members: &[Member],
+    next: &[(Placement, Option<String>)],
+    kept: &[String],
+) -> String {
+    let candidates = || members.iter().filter(|m| m.weight > 0 && !m.admin_drained);
+    let total = candidates().count();
+    let unprobed = candidates()
+        .filter(|m| m.health == HealthState::Unknown)
+        .count();
+    let counts = if unprobed == 0 {
         format!(
-            "{healthy} of {eligible} backends healthy (min_healthy {}); none can be put back: \
-             every failing backend refused, reset or answered wrongly{}",
-            policy.min_healthy,
-            if healthy == 0 {
-                "; the table is empty"
-            } else {
-                ""
-            }
+            "{healthy} of {total} backends healthy (min_healthy {})",
+            policy.min_healthy
         )
     } else {
         format!(
-            "{healthy} of {eligible} backends healthy (min_healthy {}); keeping {} in the table \
-             (timeouts and slowness may be overload)",
-            policy.min_healthy,
-            kept.join(", ")
+            "{healthy} of {total} backends healthy (min_healthy {}; {unprobed} not probed yet)",
+            policy.min_healthy
         )
+    };
+    if !kept.is_empty() {
+        return format!(
+            "{counts}; keeping {} in the table (timeouts and slowness may be overload)",
+            kept.join(", ")
+        );
     }
+    let mut causes: BTreeMap<&str, usize> = BTreeMap::new();
+    for (m, (placement, _)) in members.iter().zip(next) {
+        if m.weight > 0 && !m.admin_drained && *placement == Placement::Down {
+            let code = m.last_fail.as_ref().map_or("failed", |(code, _)| *code);
+            *causes.entry(code).or_default() += 1;
+        }
+    }
+    let causes: Vec<String> = causes
+        .into_iter()
+        .map(|(code, n)| format!("{n} {code}"))
+        .collect();
+    let why = if causes.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ": {} (only timeouts and slowness may be overload)",
+            causes.join(", ")
+        )
+    };
+    format!(
+        "{counts}; none can be put back{why}{}",
+        if healthy == 0 {
+            "; the table is empty"
+        } else {
+            ""
+        }
+    )
 }

@@ -33,13 +33,16 @@ pub(super) fn eject_outliers(
             outliers.push((true, m.latency.unwrap_or_default(), i, reason));
             continue;
         }
-        if !m.slow() {
+        // Failing only through the data path: its "latency" is how long
+        // the data-path handshake waited, not how slow the backend is
+        // (`policy::path` and `fall` deal with it).
+        if !m.slow() || m.via_vip_only {
             continue;
         }
         let Some(lat) = m.latency else { continue };
         let peers: Vec<Duration> = serving
             .iter()
-            .filter(|&&j| j != i)
+            .filter(|&&j| j != i && !members[j].via_vip_only)
             .filter_map(|&j| members[j].latency)
             .collect();
         let Some(med) = crate::health::median(peers.iter().copied()) else {
@@ -48,10 +51,16 @@ pub(super) fn eject_outliers(
         let outlier = lat.as_secs_f64() > policy.outlier_factor * med.as_secs_f64()
             && lat > med + policy.outlier_margin;
         if outlier {
+            // A backend that never answered in its streak has no answer
+            // time to show, only the wait.
+            let seen = if m.answered {
+                format!("answers in {}", Compact(lat))
+            } else {
+                format!("no answer within {}", Compact(lat))
+            };
             let reason = format!(
-                "slow outlier: answers in {} against a median of {} for its {} peer{} \
+                "slow outlier: {seen} against a median of {} for its {} peer{} \
                  (more than {}× and {} slower)",
-                Compact(lat),
                 Compact(med),
                 peers.len(),
                 if peers.len() == 1 { "" } else { "s" },
@@ -80,7 +89,9 @@ pub(super) fn fleet_slow(
         .collect();
     let slow: Vec<Duration> = up
         .iter()
-        .filter(|&&i| members[i].slow() && next[i].0 == Placement::Serving)
+        .filter(|&&i| {
+            members[i].slow() && !members[i].via_vip_only && next[i].0 == Placement::Serving
+        })
         .filter_map(|&i| members[i].latency)
         .collect();
     let now_slow = !slow.is_empty() && slow.len() * 2 >= up.len();

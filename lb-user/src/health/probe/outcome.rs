@@ -19,6 +19,12 @@ pub struct ProbeOk {
 pub struct ProbeResult {
     pub outcome: Result<ProbeOk, FailReason>,
     pub latency: Duration,
+    /// Set when a data-path probe failed for this host's own reason (no
+    /// route to the VIP out of the interface, a neighbour that never
+    /// resolved): the text for the operator, with the fix. `outcome` and
+    /// `latency` are then the direct probe's, so the backend keeps the
+    /// state its direct probes give; the daemon raises an `alarm`.
+    pub path_fault: Option<String>,
 }
 
 impl ProbeResult {
@@ -351,7 +357,11 @@ mod tests {
     fn probe_class_text_and_code() {
         let s = Duration::from_secs;
         let ms = Duration::from_millis;
-        let result = |outcome, latency| ProbeResult { outcome, latency };
+        let result = |outcome, latency| ProbeResult {
+            outcome,
+            latency,
+            path_fault: None,
+        };
         let passed = Ok(ProbeOk { status: Some(200) });
         let local = FailReason::Local {
             during: "connecting",

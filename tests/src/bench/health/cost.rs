@@ -41,11 +41,24 @@ const PROBER_THREAD: &str = "xlb-prober";
 /// How far the probe rate may stray from one probe per backend per interval.
 const RATE_TOLERANCE: f64 = 0.15;
 
-/// The figure's group in `cargo xtask bench`'s summary.
+/// The figure's group in `cargo xtask bench`'s summary: the share of one
+/// core, reported without a target.
 pub(super) const GROUP: &str = "control plane, 1,000 backends @ 1/s (% of one core)";
 
-/// The most of one core probing 1,000 backends every second may take.
-pub(super) const TARGET_PERCENT: f64 = 5.0;
+/// The group of the figures held to a target: CPU per check, against
+/// HAProxy's checking the same listeners in the same run.
+pub(super) const PER_CHECK_GROUP: &str =
+    "control plane, CPU per check against HAProxy's in the same run (µs)";
+
+/// The most xlb's CPU per probe may be, as a multiple of HAProxy's per
+/// check measured in the same run: with a new connection per probe (the
+/// default), and with `reuse_connection`. The absolute target these replace
+/// (≤ 5 % of a core for 1,000 backends a second) is retired: HAProxy itself
+/// takes 8.6–12.4 % on the benchmark's VM (docs/benchmarks.md, issue 24), so
+/// it judged the machine, not the prober. A ratio to the reference checker
+/// in the same run cancels the machine out.
+pub(super) const FRESH_PER_CHECK_RATIO: f64 = 1.0;
+pub(super) const REUSE_PER_CHECK_RATIO: f64 = 0.6;
 
 /// How the backends are probed in one case of the figure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +74,16 @@ pub(super) enum Case {
 }
 
 impl Case {
+    /// The target of this case's CPU per probe, as a multiple of HAProxy's
+    /// per check; `None` for HAProxy itself (the peer, reported).
+    pub(super) fn per_check_ratio(self) -> Option<f64> {
+        match self {
+            Self::Fresh => Some(FRESH_PER_CHECK_RATIO),
+            Self::Reuse(_) => Some(REUSE_PER_CHECK_RATIO),
+            Self::Haproxy => None,
+        }
+    }
+
     /// The cases of a run, the reused connection reopened every `reopen`
     /// probes.
     pub(super) fn all(reopen: u32) -> [Self; 3] {
@@ -519,19 +542,21 @@ fn summary_rows(windows: &[(Case, Measured)], reopen: u32) -> Vec<Row> {
         };
         let percents: Vec<f64> = measured.iter().map(|m| m.cpu_percent()).collect();
         let figure = Figure::median_of("xlb-health-bench", GROUP, &case.label(), &percents, "%");
-        // xlb's cases are held to the target, the default against HAProxy
-        // and the reuse case against the default; HAProxy is reported.
+        // The share of a core is reported, beside the default against
+        // HAProxy and the reuse case against the default; the targets are
+        // on the CPU per check (`per_check_figure`).
         let figure = match case {
-            Case::Haproxy => figure,
-            Case::Fresh if haproxy_percent.is_finite() => figure
-                .target(Target::AtMost(TARGET_PERCENT))
-                .against(&Case::Haproxy.label(), haproxy_percent),
-            Case::Reuse(_) if fresh_percent.is_finite() => figure
-                .target(Target::AtMost(TARGET_PERCENT))
-                .against(&Case::Fresh.label(), fresh_percent),
-            _ => figure.target(Target::AtMost(TARGET_PERCENT)),
+            Case::Fresh if haproxy_percent.is_finite() => {
+                figure.against(&Case::Haproxy.label(), haproxy_percent)
+            }
+            Case::Reuse(_) if fresh_percent.is_finite() => {
+                figure.against(&Case::Fresh.label(), fresh_percent)
+            }
+            _ => figure,
         };
         figure.record();
+        let us: Vec<f64> = measured.iter().map(|m| m.cpu_per_probe_us()).collect();
+        per_check_figure(case, &us, per_probe.haproxy).record();
         rows.push(cpu_row(case, &measured, figure.value, per_probe));
         // A window that missed its rate or per-backend count is the one
         // shown; otherwise the last.
@@ -549,6 +574,36 @@ fn summary_rows(windows: &[(Case, Measured)], reopen: u32) -> Vec<Row> {
         rows.extend(last.rss_row(case));
     }
     rows
+}
+
+/// The figure of `case`'s CPU per probe over its windows (`us`, µs), held
+/// to its multiple of HAProxy's per check in the same run (`haproxy_us`,
+/// NaN when HAProxy was not measured: then it cannot be judged).
+fn per_check_figure(case: Case, us: &[f64], haproxy_us: f64) -> Figure {
+    let figure = Figure::median_of("xlb-health-bench", PER_CHECK_GROUP, &case.label(), us, "µs");
+    match case.per_check_ratio() {
+        Some(ratio) if haproxy_us.is_finite() => figure
+            .against(&Case::Haproxy.label(), haproxy_us)
+            .target(Target::RatioAtMost(ratio)),
+        Some(ratio) => figure.target(Target::RatioAtMost(ratio)),
+        None => figure,
+    }
+}
+
+/// The target text and verdict of `case`'s row: its CPU per probe (`us`)
+/// against its multiple of HAProxy's per check (`haproxy_us`).
+fn per_check_verdict(case: Case, us: f64, haproxy_us: f64) -> (String, Verdict) {
+    match case.per_check_ratio() {
+        None => ("none set (the peer, reported)".to_owned(), Verdict::Info),
+        Some(ratio) if haproxy_us.is_finite() => (
+            format!("≤ {ratio:.1}× HAProxy's CPU per check in the same run"),
+            Verdict::of(us / haproxy_us <= ratio),
+        ),
+        Some(ratio) => (
+            format!("≤ {ratio:.1}× HAProxy's CPU per check: not judged, HAProxy not measured"),
+            Verdict::Info,
+        ),
+    }
 }
 
 /// The median CPU per probe of the default and of HAProxy's checks, in µs
@@ -588,19 +643,12 @@ fn cpu_row(case: Case, measured: &[&Measured], percent: f64, per: PerProbe) -> R
             median(&prober)
         ));
     }
-    let (unit, target, verdict) = if case == Case::Haproxy {
-        (
-            "check",
-            "none set (the peer, reported)".to_owned(),
-            Verdict::Info,
-        )
+    let unit = if case == Case::Haproxy {
+        "check"
     } else {
-        (
-            "probe",
-            format!("≤ {TARGET_PERCENT}% of one core"),
-            Verdict::of(percent <= TARGET_PERCENT),
-        )
+        "probe"
     };
+    let (target, verdict) = per_check_verdict(case, us, per.haproxy);
     Row {
         figure: format!("probe CPU, {}", case.label()),
         value: format!(
@@ -702,6 +750,54 @@ impl ServerChild {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 24: the targets are multiples of HAProxy's CPU per check in
+    /// the same run (1.0× new connection, 0.6× reuse), never an absolute
+    /// share of a core; without HAProxy they are not judged (no MISSED).
+    #[test]
+    fn per_check_targets_against_haproxy() {
+        let reuse = Case::Reuse(10);
+        let cases = [
+            (
+                "default at HAProxy's cost",
+                Case::Fresh,
+                100.0,
+                100.0,
+                Verdict::Met,
+            ),
+            (
+                "default above it",
+                Case::Fresh,
+                105.0,
+                100.0,
+                Verdict::Missed,
+            ),
+            ("reuse at 0.55×", reuse, 55.0, 100.0, Verdict::Met),
+            ("reuse at 0.65×", reuse, 65.0, 100.0, Verdict::Missed),
+            ("no HAProxy", Case::Fresh, 500.0, f64::NAN, Verdict::Info),
+            ("HAProxy itself", Case::Haproxy, 100.0, 100.0, Verdict::Info),
+        ];
+        for (name, case, us, haproxy, want) in cases {
+            let (text, verdict) = per_check_verdict(case, us, haproxy);
+            assert_eq!(verdict, want, "{name}: {text}");
+            let figure = per_check_figure(case, &[us, us], haproxy);
+            let met = figure.met();
+            match want {
+                Verdict::Met => assert_eq!(met, Some(true), "{name}"),
+                Verdict::Missed => assert_eq!(met, Some(false), "{name}"),
+                Verdict::Info => assert_eq!(met, None, "{name}: never MISSED"),
+            }
+            assert_eq!(figure.unit, "µs", "{name}");
+            assert!(
+                !matches!(figure.target, Some(Target::AtMost(_))),
+                "{name}: no absolute target"
+            );
+        }
+        assert_eq!(
+            per_check_verdict(reuse, 55.0, 100.0).0,
+            "≤ 0.6× HAProxy's CPU per check in the same run"
+        );
+    }
 
     #[test]
     fn window_holds_a_reopening_of_every_connection() {

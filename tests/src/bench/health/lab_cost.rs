@@ -39,7 +39,7 @@ use super::{
     report::{Row, Secs, Verdict},
 };
 use crate::bench::{
-    figures::{Figure, Target, median},
+    figures::{Figure, median},
     lab_cpu::pids_in_netns,
 };
 
@@ -55,8 +55,19 @@ const TABLE_SIZE: u32 = 10_007;
 /// The probe rate may stray this far from one per backend per second.
 const RATE_TOLERANCE: f64 = 0.15;
 
-/// The same group, target and unit as the loopback cases.
-use super::cost::{GROUP, TARGET_PERCENT};
+/// The same group and unit as the loopback cases.
+use super::cost::GROUP;
+
+/// Why the lab cases carry no target: the targets are multiples of
+/// HAProxy's CPU per check measured in the same run (`cost.rs`), and
+/// HAProxy is measured on loopback only. A lab peer would need HAProxy
+/// probing the same 1,000 addresses through the same veths, and has no
+/// counterpart of a data-path probe (it cannot mark its checks for
+/// `xlb_hc`); holding the lab's daemon, whose process also pays softirq
+/// work on veths, to the loopback HAProxy's figure would judge the lab,
+/// not the prober. Its rows are reported against the direct
+/// new-connection case of the same run.
+const LAB_TARGET: &str = "none: HAProxy is measured on loopback only (see its rows)";
 
 /// How the daemon probes the 1,000 backends in one case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -432,8 +443,7 @@ fn rows(windows: &[Window], n: usize, timing: Timing) -> Vec<Row> {
         }
         let percents: Vec<f64> = usages.iter().map(|u| u.percent()).collect();
         let mut figure =
-            Figure::median_of("xlb-health-bench", GROUP, &case.label(), &percents, "%")
-                .target(Target::AtMost(TARGET_PERCENT));
+            Figure::median_of("xlb-health-bench", GROUP, &case.label(), &percents, "%");
         if case != baseline_case && direct_median.is_finite() {
             figure = figure.against(&baseline_case.label(), direct_median);
         }
@@ -468,8 +478,8 @@ fn cpu_row(case: LabCase, usages: &[&super::lab_sample::Usage], figure: &Figure)
             m(super::lab_sample::Usage::us_per_probe),
             m(super::lab_sample::Usage::lb_percent),
         ),
-        target: format!("≤ {TARGET_PERCENT}% of one core"),
-        verdict: Verdict::of(figure.value <= TARGET_PERCENT),
+        target: LAB_TARGET.to_owned(),
+        verdict: Verdict::Info,
     }
 }
 
