@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::Context as _;
 use lb_common::{
-    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, HcReal, MAX_BACKENDS, MAX_VIPS,
+    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_IDS, BACKEND_UP, BackendInfo, HcReal, MAX_VIPS,
     VipInfo, VipKey, addr16, family_of,
 };
 use tracing::{info, warn};
@@ -385,6 +385,16 @@ pub fn upsert_probe(
     );
 }
 
+/// Ids a change of configuration takes (`vips`, `backends`) and gives
+/// back before it takes any (`*_freed`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdsNeeded {
+    pub vips: usize,
+    pub vips_freed: usize,
+    pub backends: usize,
+    pub backends_freed: usize,
+}
+
 /// Free-list allocation of VIP and backend ids.
 #[derive(Debug, Default)]
 pub struct Ids {
@@ -405,8 +415,29 @@ impl Ids {
     }
     /// Backend id 0 means "none" in the ring.
     pub fn alloc_backend(&mut self) -> anyhow::Result<u32> {
-        alloc(&mut self.used_backends, 1..MAX_BACKENDS)
-            .context("no free backend id: at most lb_common::MAX_BACKENDS - 1 backends")
+        alloc(&mut self.used_backends, 1..BACKEND_IDS)
+            .context("no free backend id: at most lb_common::BACKEND_IDS - 1 in use at once")
+    }
+    /// Whether `need` fits in the ids free now; if not, what is short.
+    pub fn check(&self, need: &IdsNeeded) -> anyhow::Result<()> {
+        let backend_ids = BACKEND_IDS as usize - 1;
+        let free = backend_ids - self.used_backends.len() + need.backends_freed;
+        if need.backends > free {
+            anyhow::bail!(
+                "{} new backend ids needed but {free} free of {backend_ids}: a changed VIP \
+                 keeps the ids of the backends it drops until its new table is live, so \
+                 old and new ids are in use at once; apply the change in smaller steps",
+                need.backends
+            );
+        }
+        let free = MAX_VIPS as usize - self.used_vips.len() + need.vips_freed;
+        if need.vips > free {
+            anyhow::bail!(
+                "{} new VIP ids needed but {free} free of {MAX_VIPS}",
+                need.vips
+            );
+        }
+        Ok(())
     }
     pub fn free_vip(&mut self, id: u32) {
         self.used_vips.remove(&id);
@@ -471,7 +502,7 @@ pub fn remove_vip(dp: &mut Dataplane, ids: &mut Ids, vip: &Vip) -> anyhow::Resul
 /// conntrack entries may point at them.
 pub fn pinned_backend_ids(dp: &Dataplane) -> anyhow::Result<Vec<u32>> {
     let mut out = Vec::new();
-    for id in 1..MAX_BACKENDS {
+    for id in 1..BACKEND_IDS {
         if dp.backend(id)?.state != 0 {
             out.push(id);
         }
@@ -488,7 +519,7 @@ pub fn retire_orphans(dp: &mut Dataplane, ids: &mut Ids, vips: &[Vip]) -> anyhow
         .iter()
         .flat_map(|v| v.backends.iter().map(|b| b.id))
         .collect();
-    for id in 1..MAX_BACKENDS {
+    for id in 1..BACKEND_IDS {
         if owned_backends.contains(&id) {
             continue;
         }
