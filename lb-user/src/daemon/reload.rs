@@ -11,9 +11,10 @@ use tracing::{error, info, warn};
 
 use super::{
     Daemon,
-    model::{self, Rebuild},
+    model::{self, Backend, Rebuild},
 };
 use crate::config::{Config, DaemonConfig, VipConfig};
+use anyhow::Context as _;
 
 impl Daemon {
     /// Re-reads the configuration and applies only what changed. An
@@ -42,6 +43,11 @@ impl Daemon {
                 off_link.join("\n")
             );
         }
+        // Counted before anything changes: a reload either has every id it
+        // needs or is refused whole.
+        self.ids.check(&ids_needed(&self.cfg, &new)).map_err(|e| {
+            anyhow::anyhow!("{e}\nconfiguration rejected: still running the previous one")
+        })?;
         let mut notes = daemon_changes(&self.cfg.daemon, &new.daemon);
         if self.cfg.daemon.live != new.daemon.live {
             let mut d = new.daemon.clone();
@@ -155,11 +161,22 @@ impl Daemon {
         Ok((added, changed, guarded))
     }
 
-    /// A VIP the configuration did not have: new ids, probes, its table.
+    /// A VIP the configuration did not have: new ids, its table, probes.
+    /// If its table cannot be written, it is removed again (ids freed).
     fn add_vip(&mut self, cfg: VipConfig) -> anyhow::Result<()> {
         let (vip, _) = model::adopt_or_create_vip(&mut self.dp, &mut self.ids, cfg, None)?;
         self.vips.push(vip);
         let vi = self.vips.len() - 1;
+        let r = match self.install(vi) {
+            Ok(r) => r,
+            Err(e) => {
+                let v = self.vips.remove(vi);
+                if let Err(undo) = model::remove_vip(&mut self.dp, &mut self.ids, &v) {
+                    error!(vip = %v.cfg.name, "removing a VIP that failed to go live: {undo:#}");
+                }
+                return Err(e.context(format!("vip {:?}: not added", v.cfg.name)));
+            }
+        };
         if let Some(s) = self.sched.as_mut() {
             let v = &self.vips[vi];
             for b in &v.backends {
@@ -172,7 +189,6 @@ impl Daemon {
                 );
             }
         }
-        let r = self.install(vi)?;
         info!(vip = %self.vips[vi].cfg.name, "vip added");
         self.table_event(vi, "vip added by reload", r);
         Ok(())
@@ -208,7 +224,12 @@ impl Daemon {
 
     /// Applies a changed VIP configuration: backends kept where address and
     /// port are the same (with their health), others added or retired.
+    /// Staged: the added backends get their ids first, and the VIP is
+    /// changed only once they all have one; if writing its table then
+    /// fails, the VIP is put back as it was (backends, probes, table,
+    /// entry) and the added ids are retired.
     fn change_vip(&mut self, vi: usize, ncfg: VipConfig) -> anyhow::Result<Option<Rebuild>> {
+        let fresh = self.stage_new_backends(vi, &ncfg)?;
         let old_key = self.vips[vi].key;
         let new_key = model::vip_key(&ncfg);
         // Normally removed already by `reload` (before any VIP took a new
@@ -217,46 +238,189 @@ impl Daemon {
         {
             self.dp.remove_vip(&old_key)?;
         }
-        let mut old_backends = std::mem::take(&mut self.vips[vi].backends);
-        let auto = self.vips[vi].auto_timeout.clone();
-        let mut backends = Vec::new();
-        for bcfg in ncfg.backends.iter().cloned() {
-            let kept = old_backends
-                .iter()
-                .position(|b| b.cfg.socket_addr() == bcfg.socket_addr());
-            let b = match kept {
-                Some(pos) => {
-                    let mut b = old_backends.remove(pos);
+        let vip = &mut self.vips[vi];
+        let old_cfg = std::mem::replace(&mut vip.cfg, ncfg);
+        let mut old: Vec<Option<Backend>> = std::mem::take(&mut vip.backends)
+            .into_iter()
+            .map(Some)
+            .collect();
+        // For each backend of the new list: the index it had, or None.
+        let mut origin = Vec::new();
+        let mut fresh = fresh.into_iter();
+        for bcfg in vip.cfg.backends.clone() {
+            let kept = old.iter().position(|b| {
+                b.as_ref()
+                    .is_some_and(|b| b.cfg.socket_addr() == bcfg.socket_addr())
+            });
+            let b = match kept.and_then(|pos| old[pos].take()) {
+                Some(mut b) => {
                     b.cfg = bcfg;
                     b
                 }
-                None => model::new_backend(&mut self.dp, &mut self.ids, bcfg)?,
+                None => fresh
+                    .next()
+                    .context("a staged backend for each new address")?,
             };
-            // For a kept backend, a no-op unless the check or the VIP's path
-            // to it changed.
-            if let Some(s) = self.sched.as_mut() {
-                model::upsert_probe(s, &self.cfg.daemon.pinned.interface, &ncfg, &auto, &b);
-            }
-            backends.push(b);
+            origin.push(kept);
+            vip.backends.push(b);
         }
-        let vip = &mut self.vips[vi];
         // A new table size is handled by `rebuild`: the resized table goes
         // into the spare half, and one write switches size and half together.
         vip.key = new_key;
-        vip.cfg = ncfg;
-        vip.backends = backends;
-        for b in &vip.backends {
-            self.dp.set_backend(b.id, &b.info())?;
+        let r = match self.commit_vip(vi) {
+            Ok(r) => r,
+            Err(e) => {
+                let name = self.vips[vi].cfg.name.clone();
+                self.restore_vip(vi, (old_cfg, old_key), old, &origin);
+                return Err(e.context(format!(
+                    "vip {name:?}: change not applied; it keeps its previous backends, \
+                     probes and table"
+                )));
+            }
+        };
+        if let Some(s) = self.sched.as_mut() {
+            let v = &self.vips[vi];
+            for b in &v.backends {
+                // For a kept backend, a no-op unless the check or the VIP's
+                // path to it changed.
+                model::upsert_probe(
+                    s,
+                    &self.cfg.daemon.pinned.interface,
+                    &v.cfg,
+                    &v.auto_timeout,
+                    b,
+                );
+            }
         }
-        let r = self.install(vi)?;
         // Retired only once the live table no longer points at them.
-        for b in old_backends {
+        for b in old.into_iter().flatten() {
             self.forget_backend(b.id);
             model::retire_backend(&mut self.dp, &mut self.ids, &b)?;
         }
         info!(vip = %self.vips[vi].cfg.name, rebuilt = r.is_some(), "vip changed");
         Ok(r)
     }
+
+    /// Gives each backend `ncfg` adds to VIP `vi` an id, in file order;
+    /// nothing else changes. If one cannot have one, those given are
+    /// retired again.
+    fn stage_new_backends(&mut self, vi: usize, ncfg: &VipConfig) -> anyhow::Result<Vec<Backend>> {
+        let mut fresh = Vec::new();
+        for bcfg in &ncfg.backends {
+            let kept = self.vips[vi]
+                .backends
+                .iter()
+                .any(|b| b.cfg.socket_addr() == bcfg.socket_addr());
+            if kept {
+                continue;
+            }
+            match model::new_backend(&mut self.dp, &mut self.ids, bcfg.clone()) {
+                Ok(b) => fresh.push(b),
+                Err(e) => {
+                    self.discard_staged(fresh);
+                    return Err(e.context(format!(
+                        "vip {:?}: adding backend {}; the VIP is unchanged",
+                        ncfg.name,
+                        bcfg.socket_addr()
+                    )));
+                }
+            }
+        }
+        Ok(fresh)
+    }
+
+    /// Writes VIP `vi`'s backend entries and makes its table live.
+    fn commit_vip(&mut self, vi: usize) -> anyhow::Result<Option<Rebuild>> {
+        for b in &self.vips[vi].backends {
+            self.dp.set_backend(b.id, &b.info())?;
+        }
+        self.install(vi)
+    }
+
+    /// Puts VIP `vi` back as it was before a change that failed to go
+    /// live: its configuration, key, backends (in their order, with their
+    /// configuration) and map entries; retires the backends the change
+    /// added. The live table was never switched (`rebuild` flips last).
+    fn restore_vip(
+        &mut self,
+        vi: usize,
+        (old_cfg, old_key): (VipConfig, lb_common::VipKey),
+        mut old: Vec<Option<Backend>>,
+        origin: &[Option<usize>],
+    ) {
+        let vip = &mut self.vips[vi];
+        let mut added = Vec::new();
+        for (b, from) in std::mem::take(&mut vip.backends).into_iter().zip(origin) {
+            match from {
+                Some(pos) => old[*pos] = Some(b),
+                None => added.push(b),
+            }
+        }
+        let new_key = vip.key;
+        vip.key = old_key;
+        vip.backends = old.into_iter().flatten().collect();
+        for (b, bcfg) in vip.backends.iter_mut().zip(&old_cfg.backends) {
+            b.cfg = bcfg.clone();
+        }
+        vip.cfg = old_cfg;
+        let mut undo = || -> anyhow::Result<()> {
+            let vip = &self.vips[vi];
+            if new_key != old_key && self.dp.vip(&new_key)?.map(|i| i.vip_id) == Some(vip.id) {
+                self.dp.remove_vip(&new_key)?;
+            }
+            for b in &vip.backends {
+                self.dp.set_backend(b.id, &b.info())?;
+            }
+            model::install_vip(&mut self.dp, vip)
+        };
+        if let Err(e) = undo() {
+            error!(vip = %self.vips[vi].cfg.name, "putting the VIP's map entries back: {e:#}");
+        }
+        self.discard_staged(added);
+    }
+
+    /// Retires backends staged by a change that was not applied.
+    fn discard_staged(&mut self, staged: Vec<Backend>) {
+        for b in staged {
+            if let Err(e) = model::retire_backend(&mut self.dp, &mut self.ids, &b) {
+                error!(backend = %b.cfg.socket_addr(), "retiring an unused backend id {}: {e:#}", b.id);
+            }
+        }
+    }
+}
+
+/// The ids a reload from `old` to `new` takes and gives back: a VIP `new`
+/// adds takes a VIP id and one backend id per backend; a changed VIP one
+/// per backend it did not have (its removed backends keep theirs until the
+/// new table is live); a removed VIP gives its ids back first.
+pub(super) fn ids_needed(old: &Config, new: &Config) -> model::IdsNeeded {
+    let mut need = model::IdsNeeded::default();
+    for v in &old.vips {
+        if new.vip(&v.name).is_none() {
+            need.vips_freed += 1;
+            need.backends_freed += v.backends.len();
+        }
+    }
+    for n in &new.vips {
+        match old.vip(&n.name) {
+            None => {
+                need.vips += 1;
+                need.backends += n.backends.len();
+            }
+            Some(o) => {
+                need.backends += n
+                    .backends
+                    .iter()
+                    .filter(|b| {
+                        !o.backends
+                            .iter()
+                            .any(|ob| ob.socket_addr() == b.socket_addr())
+                    })
+                    .count();
+            }
+        }
+    }
+    need
 }
 
 /// Whether `a` and `b` differ in their guard at most: the VIP itself (its
@@ -299,4 +463,88 @@ fn changed_settings<T: Serialize>(old: &T, new: &T) -> Vec<String> {
         .filter(|(name, value)| new.get(name) != Some(value))
         .map(|(name, _)| name)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A configuration of VIPs `(name, address, backend addresses)`.
+    fn config(vips: &[(&str, &str, &[&str])]) -> Config {
+        let mut text = "[daemon]\ninterface = \"eth0\"\nmax_table_size = 1009\n".to_string();
+        for (name, addr, backends) in vips {
+            text += &format!(
+                "[[vip]]\nname = \"{name}\"\naddress = \"{addr}\"\nport = 80\ntable_size = 1009\n"
+            );
+            for b in *backends {
+                text += &format!("[[vip.backend]]\naddress = \"{b}\"\n");
+            }
+        }
+        Config::from_str(&text, "xlb.toml").unwrap()
+    }
+
+    #[test]
+    fn ids_needed_counts_only_what_is_new() {
+        let old = config(&[
+            ("api", "10.100.0.1", &["10.0.0.1", "10.0.0.2"]),
+            ("web", "10.100.0.2", &["10.0.0.3"]),
+        ]);
+        let need = |vips, vips_freed, backends, backends_freed| model::IdsNeeded {
+            vips,
+            vips_freed,
+            backends,
+            backends_freed,
+        };
+        // (name, new configuration, ids needed)
+        let cases = [
+            ("unchanged", old.clone(), need(0, 0, 0, 0)),
+            (
+                "one backend replaced: the old id stays until the table is live",
+                config(&[
+                    ("api", "10.100.0.1", &["10.0.0.1", "10.0.0.9"]),
+                    ("web", "10.100.0.2", &["10.0.0.3"]),
+                ]),
+                need(0, 0, 1, 0),
+            ),
+            (
+                "every backend replaced",
+                config(&[
+                    ("api", "10.100.0.1", &["10.0.0.7", "10.0.0.8"]),
+                    ("web", "10.100.0.2", &["10.0.0.9"]),
+                ]),
+                need(0, 0, 3, 0),
+            ),
+            (
+                "a VIP removed, one added with the same backends",
+                config(&[
+                    ("api", "10.100.0.1", &["10.0.0.1", "10.0.0.2"]),
+                    ("new", "10.100.0.3", &["10.0.0.3"]),
+                ]),
+                need(1, 1, 1, 1),
+            ),
+        ];
+        for (name, new, want) in cases {
+            assert_eq!(ids_needed(&old, &new), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_change_needing_more_ids_than_are_free_is_refused() {
+        let mut ids = model::Ids::default();
+        for id in 1..lb_common::BACKEND_IDS - 2 {
+            ids.take_backend(id);
+        }
+        let need = |backends, backends_freed| model::IdsNeeded {
+            backends,
+            backends_freed,
+            ..Default::default()
+        };
+        assert!(ids.check(&need(2, 0)).is_ok());
+        let err = ids.check(&need(3, 0)).unwrap_err().to_string();
+        assert!(
+            err.starts_with("3 new backend ids needed but 2 free of 8191"),
+            "{err}"
+        );
+        assert!(ids.check(&need(3, 1)).is_ok(), "ids given back first count");
+    }
 }

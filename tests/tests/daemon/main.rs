@@ -25,6 +25,7 @@
 
 mod env;
 mod guard;
+mod reload;
 mod restart;
 mod sources;
 

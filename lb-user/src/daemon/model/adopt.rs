@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant, UNIX_EPOCH},
 };
 
+use anyhow::Context as _;
 use lb_common::{BackendInfo, VipInfo, addr16};
 
 use super::{Backend, Ids, Vip, new_backend, vip_key};
@@ -84,20 +85,23 @@ fn plan_from<'s>(
 /// saved id still holds its key) and the saved backend ids whose pinned
 /// address still matches. Reserving all of these before any new id is handed
 /// out keeps a new VIP from taking an id a later VIP is about to adopt.
+/// Whether the VIP's id is adopted, and how many of its backends' are.
 fn reserve_adoptable(
     dp: &Dataplane,
     ids: &mut Ids,
     cfg: &VipConfig,
     saved: Option<&Saved>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<(bool, usize)> {
     let plan = plan_from(dp, cfg, saved)?;
     if let Some(info) = plan.vip {
         ids.take_vip(info.vip_id);
     }
+    let mut backends = 0;
     for (prev, _) in plan.backends.into_iter().flatten() {
         ids.take_backend(prev.id);
+        backends += 1;
     }
-    Ok(())
+    Ok((plan.vip.is_some(), backends))
 }
 
 /// Builds the VIP model from configuration, adopting ids, states and the
@@ -128,13 +132,27 @@ pub fn adopt_or_create_vip(
             (id, 0, [None, None])
         }
     };
+    let adopted_ids: Vec<u32> = plan.backends.iter().flatten().map(|(p, _)| p.id).collect();
     let mut backends = Vec::new();
     for (bcfg, adopt) in cfg.backends.clone().into_iter().zip(plan.backends) {
         let b = match adopt {
-            Some((prev, info)) => adopt_backend(dp, ids, bcfg, prev, &info)?,
-            None => new_backend(dp, ids, bcfg)?,
+            Some((prev, info)) => adopt_backend(dp, ids, bcfg, prev, &info),
+            None => new_backend(dp, ids, bcfg),
         };
-        backends.push(b);
+        match b {
+            Ok(b) => backends.push(b),
+            Err(e) => {
+                // Nothing points at what was given so far: give it back.
+                // An adopted backend's entry stays as the last run left it.
+                for b in backends.iter().filter(|b| !adopted_ids.contains(&b.id)) {
+                    let _ = super::retire_backend(dp, ids, b);
+                }
+                if plan.vip.is_none() {
+                    ids.free_vip(id);
+                }
+                return Err(e.context(format!("vip {:?}", cfg.name)));
+            }
+        }
     }
     let adopted = plan.vip.is_some();
     let vip = Vip {
@@ -168,9 +186,17 @@ pub fn adopt_all(
     for id in super::pinned_backend_ids(dp)? {
         ids.take_backend(id);
     }
+    // Counted before any id is handed out: a start with an edited file
+    // keeps the previous run's ids until the new tables are live, so the
+    // ones it adds come on top of every pinned one.
+    let mut need = super::IdsNeeded::default();
     for vcfg in &cfg.vips {
-        reserve_adoptable(dp, &mut ids, vcfg, saved)?;
+        let (vip, backends) = reserve_adoptable(dp, &mut ids, vcfg, saved)?;
+        need.vips += usize::from(!vip);
+        need.backends += vcfg.backends.len() - backends;
     }
+    ids.check(&need)
+        .context("configured VIPs and backends beside the ids the pinned maps still use")?;
     let mut vips = Vec::new();
     let mut adopted = false;
     for vcfg in cfg.vips.clone() {
