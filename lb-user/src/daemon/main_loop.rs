@@ -113,10 +113,8 @@ impl Daemon {
                     let _ = reply.send(resp);
                 }
                 _ = hup.recv() => {
-                    match self.reload() {
-                        Ok(m) => info!("SIGHUP: {m}"),
-                        Err(e) => error!("SIGHUP: {e:#}"),
-                    }
+                    // Logged, and recorded as an event, by `reload_by`.
+                    let _ = self.reload_by("SIGHUP");
                 }
                 _ = tick.tick() => self.on_tick(),
                 _ = term.recv() => return Ok(()),

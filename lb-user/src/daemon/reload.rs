@@ -17,6 +17,33 @@ use crate::config::{Config, DaemonConfig, VipConfig};
 use anyhow::Context as _;
 
 impl Daemon {
+    /// [`Daemon::reload`] asked by `by` (`SIGHUP`, `xlb reload`), with one
+    /// log line and one `reload` event for its outcome, whoever asked:
+    /// `applied` (with every note, such as a setting that takes effect at
+    /// the next restart) or `rejected` (with the error).
+    pub(super) fn reload_by(&mut self, by: &str) -> anyhow::Result<String> {
+        let result = self.reload();
+        let (to, text) = match &result {
+            Ok(message) => {
+                let text = one_line(message);
+                if message.lines().count() > 1 {
+                    warn!(by, "reload applied, with notes: {text}");
+                } else {
+                    info!(by, "reload applied: {text}");
+                }
+                ("applied", text)
+            }
+            Err(e) => {
+                let text = one_line(&format!("{e:#}"));
+                error!(by, "reload rejected: {text}");
+                ("rejected", text)
+            }
+        };
+        let reason = format!("{by}: {text}");
+        self.event(EventKind::Reload, None, None, None, Some(to), reason, None);
+        result
+    }
+
     /// Re-reads the configuration and applies only what changed. An
     /// unchanged VIP is not touched at all: same table, same flows.
     pub fn reload(&mut self) -> anyhow::Result<String> {
@@ -84,15 +111,6 @@ impl Daemon {
         let summary = format!(
             "reloaded: {added} VIPs added, {changed} changed, {removed} removed, {} unchanged",
             self.vips.len() - added - changed
-        );
-        self.event(
-            EventKind::Reload,
-            None,
-            None,
-            None,
-            None,
-            summary.clone(),
-            None,
         );
         notes.insert(0, summary);
         Ok(notes.join("\n"))
@@ -421,6 +439,17 @@ pub(super) fn ids_needed(old: &Config, new: &Config) -> model::IdsNeeded {
         }
     }
     need
+}
+
+/// A multi-line message (a summary and its notes, or every problem of a
+/// rejected file) as one line for the log and the event log, whose readers
+/// take one line per entry.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Whether `a` and `b` differ in their guard at most: the VIP itself (its

@@ -323,3 +323,112 @@ fn a_large_vip_replaced_whole_and_a_failed_reload_changes_nothing() {
         .unwrap();
     });
 }
+
+/// The `reload` events, oldest first: (to, reason).
+fn reload_events(e: &Env) -> Vec<(String, String)> {
+    e.events()
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|ev| ev["kind"] == "reload")
+        .map(|ev| {
+            (
+                ev["to"].as_str().unwrap_or_default().to_string(),
+                ev["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every reload's outcome, asked over the socket or by SIGHUP, reaches the
+/// daemon's log and the event log: applied, applied with a note that only
+/// the CLI saw before, and rejected with the error.
+#[test]
+fn every_reload_outcome_is_logged_and_recorded() {
+    let _serial = serial();
+    let e = crate::up();
+    let original = std::fs::read_to_string(&e.config).unwrap();
+    step("xlb reload, applied: a log line and an event", || {
+        std::fs::write(&e.config, config_text(&e, 2, 251)).unwrap();
+        e.xlb(&["reload"]).unwrap();
+        let events = reload_events(&e);
+        let (to, reason) = events.last().unwrap();
+        assert_eq!(to, "applied", "{events:?}");
+        assert!(
+            reason.starts_with("xlb reload: reloaded: 0 VIPs added, 1 changed"),
+            "{reason}"
+        );
+        let log = e.log(1).unwrap();
+        assert!(
+            log.contains("reload applied: reloaded: 0 VIPs added, 1 changed"),
+            "{log}"
+        );
+    });
+    step(
+        "xlb reload with a restart-only change: the note is recorded",
+        || {
+            let text = original.replace("127.0.0.1:9813", "127.0.0.1:9814");
+            assert_ne!(text, original);
+            std::fs::write(&e.config, text).unwrap();
+            let out = e.xlb(&["reload"]).unwrap();
+            let note = "daemon.metrics_address changed: takes effect at the next restart";
+            assert!(out.contains(note), "{out}");
+            let events = reload_events(&e);
+            let (to, reason) = events.last().unwrap();
+            assert_eq!(to, "applied", "{events:?}");
+            assert!(reason.contains(note), "{reason}");
+            let log = e.log(1).unwrap();
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("reload applied, with notes") && l.contains(note)),
+                "{log}"
+            );
+        },
+    );
+    step(
+        "xlb reload of an invalid file: rejected, with the error",
+        || {
+            std::fs::write(&e.config, "[daemon]\ninterface = 7\n").unwrap();
+            let err = e.xlb(&["reload"]).unwrap_err().to_string();
+            let events = reload_events(&e);
+            let (to, reason) = events.last().unwrap();
+            assert_eq!(to, "rejected", "{events:?}");
+            assert!(reason.starts_with("xlb reload: "), "{reason}");
+            assert!(reason.contains("xlb.toml"), "names the file: {reason}");
+            assert!(
+                reason.contains("configuration rejected: still running the previous one"),
+                "{reason}"
+            );
+            assert!(!reason.contains('\n'), "one line: {reason}");
+            assert!(err.contains("xlb.toml"), "{err}");
+            let log = e.log(1).unwrap();
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("reload rejected") && l.contains("xlb.toml")),
+                "{log}"
+            );
+        },
+    );
+    step(
+        "SIGHUP with an invalid file: rejected, in the events too",
+        || {
+            let before = reload_events(&e).len();
+            let pid = e.daemon_pid().unwrap();
+            let killed = std::process::Command::new("kill")
+                .args(["-HUP", &pid.to_string()])
+                .status()
+                .unwrap();
+            assert!(killed.success());
+            wait_for(Duration::from_secs(5), "a reload event", || {
+                Ok(reload_events(&e).len() > before)
+            })
+            .unwrap();
+            let events = reload_events(&e);
+            let (to, reason) = events.last().unwrap();
+            assert_eq!(to, "rejected", "{events:?}");
+            assert!(reason.starts_with("SIGHUP: "), "{reason}");
+            std::fs::write(&e.config, &original).unwrap();
+        },
+    );
+}
