@@ -532,7 +532,12 @@ pub fn retire_orphans(dp: &mut Dataplane, ids: &mut Ids, vips: &[Vip]) -> anyhow
     }
     let owned_vips: HashSet<u32> = vips.iter().map(|v| v.id).collect();
     for id in 0..MAX_VIPS {
-        if !owned_vips.contains(&id) && dp.vip_info(id)?.mode != 0 {
+        if owned_vips.contains(&id) {
+            continue;
+        }
+        // Reserved at start while a pinned key or table might use it.
+        ids.free_vip(id);
+        if dp.vip_info(id)?.mode != 0 {
             dp.set_vip_info(&VipInfo {
                 vip_id: id,
                 ..VipInfo::default()
