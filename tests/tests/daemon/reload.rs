@@ -111,8 +111,11 @@ fn maps(e: &Env) -> Dataplane {
     .unwrap()
 }
 
+/// A VIP's address, live half, table size and both ring halves.
+type Table = (String, u32, u32, Vec<u32>, Vec<u32>);
+
 /// Each VIP's entry and both ring halves, as the data plane reads them.
-fn tables(dp: &Dataplane) -> Vec<(String, u32, u32, Vec<u32>, Vec<u32>)> {
+fn tables(dp: &Dataplane) -> Vec<Table> {
     [("10.100.0.1", 80), ("10.100.0.2", 80), (BIG_VIP, 8080)]
         .iter()
         .map(|(addr, port)| {

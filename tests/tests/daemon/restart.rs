@@ -439,7 +439,7 @@ fn restart_without_a_usable_state_file_adopts_from_the_pins() {
             }
         }
         assert_eq!(tables(&dp), before, "tables untouched");
-        assert_eq!(saved_ids(&e), ids, "ids kept");
+        assert_eq!(saved_ids(e), ids, "ids kept");
         let now: Vec<u32> = ids
             .values()
             .map(|id| dp.backend(*id).unwrap().generation)
