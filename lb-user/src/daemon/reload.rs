@@ -76,16 +76,21 @@ impl Daemon {
             anyhow::anyhow!("{e}\nconfiguration rejected: still running the previous one")
         })?;
         let mut notes = daemon_changes(&self.cfg.daemon, &new.daemon);
+        // The VIPs first, as one step: if one cannot be changed, those
+        // changed before it are put back, and nothing else is done.
+        self.release_moved_keys(&new)?;
+        let applied = self.add_or_change_vips(&new)?;
+        let (added, changed, guarded) = self.finish_vips(applied)?;
         if self.cfg.daemon.live != new.daemon.live {
             let mut d = new.daemon.clone();
             d.pinned = self.cfg.daemon.pinned.clone();
             super::start::write_globals(&mut self.dp, &d, &new.vips)?;
             notes.push("daemon settings updated".to_string());
         }
+        // Last: a VIP added in place of a removed one may have taken its
+        // key, which the removal then leaves alone.
         let removed = self.remove_vips_gone(&new)?;
-        self.release_moved_keys(&new)?;
         let guard_changed = self.cfg.guard != new.guard;
-        let (added, changed, guarded) = self.add_or_change_vips(&new)?;
         // Keep file order.
         let order: Vec<String> = new.vips.iter().map(|v| v.name.clone()).collect();
         self.vips
@@ -132,7 +137,15 @@ impl Daemon {
             for b in &v.backends {
                 self.forget_backend(b.id);
             }
-            model::remove_vip(&mut self.dp, &mut self.ids, &v)?;
+            if self.dp.vip(&v.key)?.map(|i| i.vip_id) != Some(v.id) {
+                // Its key went to a VIP this reload added or moved.
+                for b in &v.backends {
+                    model::retire_backend(&mut self.dp, &mut self.ids, b)?;
+                }
+                self.ids.free_vip(v.id);
+            } else {
+                model::remove_vip(&mut self.dp, &mut self.ids, &v)?;
+            }
             info!(vip = %v.cfg.name, "vip removed");
             removed += 1;
         }
@@ -154,62 +167,126 @@ impl Daemon {
     }
 
     /// Adds the VIPs `new` lists for the first time and applies the changed
-    /// ones; how many added, changed, and changed in `[vip.guard]` only
-    /// (applied by `reload_lists` without touching the VIP).
-    fn add_or_change_vips(&mut self, new: &Config) -> anyhow::Result<(usize, usize, usize)> {
-        let (mut added, mut changed, mut guarded) = (0, 0, 0);
+    /// ones, each live at once; if one fails, puts back every one applied
+    /// before it (tables flipped back, backends, entries) and fails. What
+    /// was applied, for [`Daemon::finish_vips`].
+    fn add_or_change_vips(&mut self, new: &Config) -> anyhow::Result<Vec<Applied>> {
+        let mut applied = Vec::new();
         for ncfg in new.vips.iter().cloned() {
-            match self.vips.iter().position(|v| v.cfg.name == ncfg.name) {
-                Some(vi) if self.vips[vi].cfg == ncfg => {} // untouched
+            let step = match self.vips.iter().position(|v| v.cfg.name == ncfg.name) {
+                Some(vi) if self.vips[vi].cfg == ncfg => continue, // untouched
                 Some(vi) if same_but_guard(&self.vips[vi].cfg, &ncfg) => {
-                    self.vips[vi].cfg.guard = ncfg.guard;
-                    guarded += 1;
+                    let old = std::mem::replace(&mut self.vips[vi].cfg.guard, ncfg.guard);
+                    Ok(Applied::Guard(vi, old))
                 }
-                Some(vi) => {
-                    let r = self.change_vip(vi, ncfg)?;
-                    self.table_event(vi, "vip changed by reload", r);
-                    changed += 1;
-                }
-                None => {
-                    self.add_vip(ncfg)?;
-                    added += 1;
+                Some(vi) => self
+                    .change_vip(vi, ncfg)
+                    .map(|u| Applied::Changed(Box::new(u))),
+                None => self.add_vip(ncfg).map(|(vi, r)| Applied::Added(vi, r)),
+            };
+            match step {
+                Ok(a) => applied.push(a),
+                Err(e) => {
+                    self.undo_vips(applied);
+                    return Err(e);
                 }
             }
+        }
+        Ok(applied)
+    }
+
+    /// Puts back, newest first, the VIP changes of a reload that failed
+    /// part-way, then rewrites every VIP's entry (a key released for a move
+    /// that did not happen comes back).
+    fn undo_vips(&mut self, applied: Vec<Applied>) {
+        for a in applied.into_iter().rev() {
+            match a {
+                Applied::Guard(vi, old) => self.vips[vi].cfg.guard = old,
+                Applied::Changed(u) => {
+                    let name = self.vips[u.vi].cfg.name.clone();
+                    warn!(vip = %name, "reload failed: putting the VIP back as it was");
+                    // `install_vip` in `restore_vip` flips back to this half.
+                    self.vips[u.vi].active = u.active;
+                    self.restore_vip(u.vi, (u.old_cfg, u.old_key), u.old, &u.origin);
+                }
+                Applied::Added(vi, _) => {
+                    let v = self.vips.remove(vi);
+                    warn!(vip = %v.cfg.name, "reload failed: removing the VIP it added");
+                    if let Err(e) = model::remove_vip(&mut self.dp, &mut self.ids, &v) {
+                        error!(vip = %v.cfg.name, "removing it: {e:#}");
+                    }
+                }
+            }
+        }
+        for v in &self.vips {
+            if let Err(e) = model::install_vip(&mut self.dp, v) {
+                error!(vip = %v.cfg.name, "rewriting the VIP's entry: {e:#}");
+            }
+        }
+    }
+
+    /// Once every VIP change is live: probes for the VIPs' backends, the
+    /// removed backends retired (the live tables no longer point at them),
+    /// one log line and one event per VIP. How many added, changed, and
+    /// changed in `[vip.guard]` only (applied by `reload_lists`).
+    fn finish_vips(&mut self, applied: Vec<Applied>) -> anyhow::Result<(usize, usize, usize)> {
+        let (mut added, mut changed, mut guarded) = (0, 0, 0);
+        for a in applied {
+            let (vi, why, r) = match a {
+                Applied::Guard(..) => {
+                    guarded += 1;
+                    continue;
+                }
+                Applied::Changed(u) => {
+                    for b in u.old.into_iter().flatten() {
+                        self.forget_backend(b.id);
+                        model::retire_backend(&mut self.dp, &mut self.ids, &b)?;
+                    }
+                    changed += 1;
+                    (u.vi, "vip changed by reload", u.rebuild)
+                }
+                Applied::Added(vi, r) => {
+                    added += 1;
+                    (vi, "vip added by reload", r)
+                }
+            };
+            if let Some(s) = self.sched.as_mut() {
+                let v = &self.vips[vi];
+                for b in &v.backends {
+                    // For a kept backend, a no-op unless the check or the
+                    // VIP's path to it changed.
+                    model::upsert_probe(
+                        s,
+                        &self.cfg.daemon.pinned.interface,
+                        &v.cfg,
+                        &v.auto_timeout,
+                        b,
+                    );
+                }
+            }
+            info!(vip = %self.vips[vi].cfg.name, rebuilt = r.is_some(), "{}", why.replace(" by reload", ""));
+            self.table_event(vi, why, r);
         }
         Ok((added, changed, guarded))
     }
 
-    /// A VIP the configuration did not have: new ids, its table, probes.
-    /// If its table cannot be written, it is removed again (ids freed).
-    fn add_vip(&mut self, cfg: VipConfig) -> anyhow::Result<()> {
+    /// A VIP the configuration did not have: new ids, its table (live at
+    /// once); its probes start in `finish_vips`. If its table cannot be
+    /// written, it is removed again (ids freed). Its index and rebuild.
+    fn add_vip(&mut self, cfg: VipConfig) -> anyhow::Result<(usize, Option<Rebuild>)> {
         let (vip, _) = model::adopt_or_create_vip(&mut self.dp, &mut self.ids, cfg, None)?;
         self.vips.push(vip);
         let vi = self.vips.len() - 1;
-        let r = match self.install(vi) {
-            Ok(r) => r,
+        match self.install(vi) {
+            Ok(r) => Ok((vi, r)),
             Err(e) => {
                 let v = self.vips.remove(vi);
                 if let Err(undo) = model::remove_vip(&mut self.dp, &mut self.ids, &v) {
                     error!(vip = %v.cfg.name, "removing a VIP that failed to go live: {undo:#}");
                 }
-                return Err(e.context(format!("vip {:?}: not added", v.cfg.name)));
-            }
-        };
-        if let Some(s) = self.sched.as_mut() {
-            let v = &self.vips[vi];
-            for b in &v.backends {
-                model::upsert_probe(
-                    s,
-                    &self.cfg.daemon.pinned.interface,
-                    &v.cfg,
-                    &v.auto_timeout,
-                    b,
-                );
+                Err(e.context(format!("vip {:?}: not added", v.cfg.name)))
             }
         }
-        info!(vip = %self.vips[vi].cfg.name, "vip added");
-        self.table_event(vi, "vip added by reload", r);
-        Ok(())
     }
 
     /// Stops probing a backend that leaves the configuration and forgets
@@ -240,13 +317,14 @@ impl Daemon {
         );
     }
 
-    /// Applies a changed VIP configuration: backends kept where address and
-    /// port are the same (with their health), others added or retired.
-    /// Staged: the added backends get their ids first, and the VIP is
-    /// changed only once they all have one; if writing its table then
-    /// fails, the VIP is put back as it was (backends, probes, table,
-    /// entry) and the added ids are retired.
-    fn change_vip(&mut self, vi: usize, ncfg: VipConfig) -> anyhow::Result<Option<Rebuild>> {
+    /// Applies a changed VIP configuration, live at once: backends kept
+    /// where address and port are the same (with their health), others
+    /// added; the removed ones are retired by `finish_vips`. Staged: the
+    /// added backends get their ids first, and the VIP is changed only once
+    /// they all have one; if writing its table then fails, the VIP is put
+    /// back as it was (backends, probes, table, entry) and the added ids
+    /// are retired.
+    fn change_vip(&mut self, vi: usize, ncfg: VipConfig) -> anyhow::Result<Undo> {
         let fresh = self.stage_new_backends(vi, &ncfg)?;
         let old_key = self.vips[vi].key;
         let new_key = model::vip_key(&ncfg);
@@ -257,6 +335,7 @@ impl Daemon {
             self.dp.remove_vip(&old_key)?;
         }
         let vip = &mut self.vips[vi];
+        let active = vip.active;
         let old_cfg = std::mem::replace(&mut vip.cfg, ncfg);
         let mut old: Vec<Option<Backend>> = std::mem::take(&mut vip.backends)
             .into_iter()
@@ -285,38 +364,25 @@ impl Daemon {
         // A new table size is handled by `rebuild`: the resized table goes
         // into the spare half, and one write switches size and half together.
         vip.key = new_key;
-        let r = match self.commit_vip(vi) {
-            Ok(r) => r,
+        match self.commit_vip(vi) {
+            Ok(rebuild) => Ok(Undo {
+                vi,
+                old_cfg,
+                old_key,
+                old,
+                origin,
+                active,
+                rebuild,
+            }),
             Err(e) => {
                 let name = self.vips[vi].cfg.name.clone();
                 self.restore_vip(vi, (old_cfg, old_key), old, &origin);
-                return Err(e.context(format!(
+                Err(e.context(format!(
                     "vip {name:?}: change not applied; it keeps its previous backends, \
                      probes and table"
-                )));
-            }
-        };
-        if let Some(s) = self.sched.as_mut() {
-            let v = &self.vips[vi];
-            for b in &v.backends {
-                // For a kept backend, a no-op unless the check or the VIP's
-                // path to it changed.
-                model::upsert_probe(
-                    s,
-                    &self.cfg.daemon.pinned.interface,
-                    &v.cfg,
-                    &v.auto_timeout,
-                    b,
-                );
+                )))
             }
         }
-        // Retired only once the live table no longer points at them.
-        for b in old.into_iter().flatten() {
-            self.forget_backend(b.id);
-            model::retire_backend(&mut self.dp, &mut self.ids, &b)?;
-        }
-        info!(vip = %self.vips[vi].cfg.name, rebuilt = r.is_some(), "vip changed");
-        Ok(r)
     }
 
     /// Gives each backend `ncfg` adds to VIP `vi` an id, in file order;
@@ -407,18 +473,12 @@ impl Daemon {
     }
 }
 
-/// The ids a reload from `old` to `new` takes and gives back: a VIP `new`
-/// adds takes a VIP id and one backend id per backend; a changed VIP one
-/// per backend it did not have (its removed backends keep theirs until the
-/// new table is live); a removed VIP gives its ids back first.
+/// The new ids a reload from `old` to `new` takes: a VIP `new` adds takes
+/// a VIP id and one backend id per backend; a changed VIP one per backend
+/// it did not have. Removed VIPs and backends keep theirs until the new
+/// tables are live (a reload removes VIPs last).
 pub(super) fn ids_needed(old: &Config, new: &Config) -> model::IdsNeeded {
     let mut need = model::IdsNeeded::default();
-    for v in &old.vips {
-        if new.vip(&v.name).is_none() {
-            need.vips_freed += 1;
-            need.backends_freed += v.backends.len();
-        }
-    }
     for n in &new.vips {
         match old.vip(&n.name) {
             None => {
@@ -450,6 +510,29 @@ fn one_line(text: &str) -> String {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// One VIP step of a reload, live but not final until every VIP's is.
+enum Applied {
+    /// `[vip.guard]` changed only: the guard it had.
+    Guard(usize, crate::config::VipGuardConfig),
+    Changed(Box<Undo>),
+    /// A VIP added (its index), and its table's build.
+    Added(usize, Option<Rebuild>),
+}
+
+/// What putting a changed VIP back needs: its configuration, key, previous
+/// live half, and its backends as they were (`old`: those the change
+/// dropped, still `Some`; `origin`: for each backend now, its index in
+/// `old`, or `None` if the change added it).
+struct Undo {
+    vi: usize,
+    old_cfg: VipConfig,
+    old_key: lb_common::VipKey,
+    old: Vec<Option<Backend>>,
+    origin: Vec<Option<usize>>,
+    active: u32,
+    rebuild: Option<Rebuild>,
 }
 
 /// Whether `a` and `b` differ in their guard at most: the VIP itself (its
@@ -518,22 +601,17 @@ mod tests {
             ("api", "10.100.0.1", &["10.0.0.1", "10.0.0.2"]),
             ("web", "10.100.0.2", &["10.0.0.3"]),
         ]);
-        let need = |vips, vips_freed, backends, backends_freed| model::IdsNeeded {
-            vips,
-            vips_freed,
-            backends,
-            backends_freed,
-        };
+        let need = |vips, backends| model::IdsNeeded { vips, backends };
         // (name, new configuration, ids needed)
         let cases = [
-            ("unchanged", old.clone(), need(0, 0, 0, 0)),
+            ("unchanged", old.clone(), need(0, 0)),
             (
                 "one backend replaced: the old id stays until the table is live",
                 config(&[
                     ("api", "10.100.0.1", &["10.0.0.1", "10.0.0.9"]),
                     ("web", "10.100.0.2", &["10.0.0.3"]),
                 ]),
-                need(0, 0, 1, 0),
+                need(0, 1),
             ),
             (
                 "every backend replaced",
@@ -541,15 +619,15 @@ mod tests {
                     ("api", "10.100.0.1", &["10.0.0.7", "10.0.0.8"]),
                     ("web", "10.100.0.2", &["10.0.0.9"]),
                 ]),
-                need(0, 0, 3, 0),
+                need(0, 3),
             ),
             (
-                "a VIP removed, one added with the same backends",
+                "a VIP removed, one added with the same backends: removed last",
                 config(&[
                     ("api", "10.100.0.1", &["10.0.0.1", "10.0.0.2"]),
                     ("new", "10.100.0.3", &["10.0.0.3"]),
                 ]),
-                need(1, 1, 1, 1),
+                need(1, 1),
             ),
         ];
         for (name, new, want) in cases {
@@ -563,17 +641,12 @@ mod tests {
         for id in 1..lb_common::BACKEND_IDS - 2 {
             ids.take_backend(id);
         }
-        let need = |backends, backends_freed| model::IdsNeeded {
-            backends,
-            backends_freed,
-            ..Default::default()
-        };
-        assert!(ids.check(&need(2, 0)).is_ok());
-        let err = ids.check(&need(3, 0)).unwrap_err().to_string();
+        let need = |backends| model::IdsNeeded { vips: 0, backends };
+        assert!(ids.check(&need(2)).is_ok());
+        let err = ids.check(&need(3)).unwrap_err().to_string();
         assert!(
             err.starts_with("3 new backend ids needed but 2 free of 8191"),
             "{err}"
         );
-        assert!(ids.check(&need(3, 1)).is_ok(), "ids given back first count");
     }
 }

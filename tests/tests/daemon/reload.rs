@@ -43,7 +43,13 @@ fn big_addr(first: usize, n: usize) -> String {
 /// "big" whose backends are the [`BIG`] addresses from `first` on, probed
 /// by TCP connect every second.
 fn config_with_big(e: &Env, first: usize) -> String {
-    let mut s = config_text(e, 1, 251).replace(
+    config_with_big_and_web(e, first, 1)
+}
+
+/// [`config_with_big`], with VIP web's backends of weight `web_weight`
+/// (web comes before big in the file).
+fn config_with_big_and_web(e: &Env, first: usize, web_weight: u32) -> String {
+    let mut s = config_text(e, web_weight, 251).replace(
         "max_table_size = 251",
         &format!("max_table_size = {STRIDE}"),
     );
@@ -239,9 +245,11 @@ fn freeze(pin: &Path) -> anyhow::Result<()> {
 }
 
 /// 2,100 backends replaced by 2,100 others in one reload: it succeeds, the
-/// new ones come up and fill the table, the old ids are retired. Then a
-/// reload whose table write fails (the ring frozen) is refused and leaves
-/// the status, every table and the probes as they were.
+/// new ones come up and fill the table, the old ids are retired; the same
+/// by a restart with an edited file. Then a reload changing web (live at
+/// once) and big, whose table write fails (the ring frozen), is refused
+/// and leaves the status, every table and the probes as they were: web is
+/// put back too.
 #[test]
 fn a_large_vip_replaced_whole_and_a_failed_reload_changes_nothing() {
     let _serial = serial();
@@ -299,7 +307,10 @@ fn a_large_vip_replaced_whole_and_a_failed_reload_changes_nothing() {
             .map(|b| b["last_probe"]["at_unix_ms"].as_u64().unwrap())
             .collect();
         freeze(&e.pins().join(lb_common::MAP_RING)).unwrap();
-        std::fs::write(&e.config, config_with_big(&e, 3 * BIG)).unwrap();
+        // Web changes too, before big in the file, and goes live (its
+        // doubled weights give the same table: no ring write); big's
+        // failure must put it back.
+        std::fs::write(&e.config, config_with_big_and_web(&e, 3 * BIG, 2)).unwrap();
         let err = e.xlb(&["reload"]).unwrap_err().to_string();
         assert_eq!(status_view(&e.status().unwrap()), status_before, "status");
         assert_eq!(tables(&dp), tables_before, "tables");
@@ -387,6 +398,34 @@ fn every_reload_outcome_is_logged_and_recorded() {
                     .any(|l| l.contains("reload applied, with notes") && l.contains(note)),
                 "{log}"
             );
+        },
+    );
+    step(
+        "web renamed www: added on web's key, web removed after",
+        || {
+            let text = original.replace("name = \"web\"", "name = \"www\"");
+            std::fs::write(&e.config, text).unwrap();
+            let out = e.xlb(&["reload"]).unwrap();
+            assert!(out.contains("1 VIPs added, 0 changed, 1 removed"), "{out}");
+            let dp = e.maps().unwrap();
+            let key = crate::vip_key("10.100.0.2");
+            assert!(dp.vip(&key).unwrap().is_some(), "www holds web's key");
+            // Its backends are new: out of its table until probed up.
+            wait_for(Duration::from_secs(5), "www's backends up", || {
+                Ok(["10.0.0.11:80", "10.0.0.12:80", "10.0.0.13:80"]
+                    .iter()
+                    .all(|b| e.backend_state("www", b).is_ok_and(|s| s == "up")))
+            })
+            .unwrap();
+            let info = dp.vip(&key).unwrap().expect("www holds web's key");
+            let live: BTreeSet<u32> = dp
+                .ring_half(info.vip_id, info.active, info.table_size)
+                .unwrap()
+                .into_iter()
+                .collect();
+            assert_eq!(live.len(), 3, "www's three backends in its table: {live:?}");
+            std::fs::write(&e.config, &original).unwrap();
+            e.xlb(&["reload"]).unwrap();
         },
     );
     step(

@@ -385,14 +385,12 @@ pub fn upsert_probe(
     );
 }
 
-/// Ids a change of configuration takes (`vips`, `backends`) and gives
-/// back before it takes any (`*_freed`).
+/// New ids a change of configuration takes. What it gives back (removed
+/// VIPs and backends) comes free only once it is live.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IdsNeeded {
     pub vips: usize,
-    pub vips_freed: usize,
     pub backends: usize,
-    pub backends_freed: usize,
 }
 
 /// Free-list allocation of VIP and backend ids.
@@ -421,7 +419,7 @@ impl Ids {
     /// Whether `need` fits in the ids free now; if not, what is short.
     pub fn check(&self, need: &IdsNeeded) -> anyhow::Result<()> {
         let backend_ids = BACKEND_IDS as usize - 1;
-        let free = backend_ids - self.used_backends.len() + need.backends_freed;
+        let free = backend_ids - self.used_backends.len();
         if need.backends > free {
             anyhow::bail!(
                 "{} new backend ids needed but {free} free of {backend_ids}: a changed VIP \
@@ -430,10 +428,12 @@ impl Ids {
                 need.backends
             );
         }
-        let free = MAX_VIPS as usize - self.used_vips.len() + need.vips_freed;
+        let free = MAX_VIPS as usize - self.used_vips.len();
         if need.vips > free {
             anyhow::bail!(
-                "{} new VIP ids needed but {free} free of {MAX_VIPS}",
+                "{} new VIP ids needed but {free} free of {MAX_VIPS}: a removed VIP gives \
+                 its id back only once the change is live; remove VIPs in one reload and \
+                 add the new ones in the next",
                 need.vips
             );
         }
