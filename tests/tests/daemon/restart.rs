@@ -319,7 +319,8 @@ impl Drop for DetachOnDrop {
 
 /// A start that fails after turning forwarding on (here: native XDP on
 /// `lo`, which has no driver support) puts the value back before it exits,
-/// and leaves no record of it.
+/// and leaves no record of it; nor has it written the hash key or the
+/// encapsulation source.
 #[test]
 fn a_failed_start_puts_forwarding_back() {
     let _serial = serial();
@@ -363,6 +364,21 @@ fn a_failed_start_puts_forwarding_back() {
             "{err}"
         );
     });
+    step(
+        "the hash key and encapsulation source were never written",
+        || {
+            // The start failed after building its model: the pinned globals
+            // are as it found them (a first start: no key, no source; lo's
+            // 127.0.0.1 would be the source had they been written).
+            let pins = std::path::Path::new(lb_user::daemon::persist::PIN_ROOT).join(&instance);
+            let data = aya::maps::MapData::from_pin(pins.join(lb_common::MAP_GLOBALS)).unwrap();
+            let globals: aya::maps::Array<_, lb_common::Globals> =
+                aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
+            let g = globals.get(&0, 0).unwrap();
+            assert_eq!(g.hash_key, [0, 0], "{g:?}");
+            assert_eq!(g.encap_src_v4, [0; 16], "{g:?}");
+        },
+    );
     step("forwarding is back at 0, and no record is left", || {
         assert_eq!(read(), "0");
         let saved =
