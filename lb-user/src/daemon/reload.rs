@@ -138,7 +138,12 @@ impl Daemon {
                 self.forget_backend(b.id);
             }
             if self.dp.vip(&v.key)?.map(|i| i.vip_id) != Some(v.id) {
-                // Its key went to a VIP this reload added or moved.
+                // Its key went to a VIP this reload added or moved: only
+                // its own id's entry goes.
+                self.dp.set_vip_info(&lb_common::VipInfo {
+                    vip_id: v.id,
+                    ..lb_common::VipInfo::default()
+                })?;
                 for b in &v.backends {
                     model::retire_backend(&mut self.dp, &mut self.ids, b)?;
                 }

@@ -403,13 +403,16 @@ fn every_reload_outcome_is_logged_and_recorded() {
     step(
         "web renamed www: added on web's key, web removed after",
         || {
+            let dp = e.maps().unwrap();
+            let key = crate::vip_key("10.100.0.2");
+            let web_id = dp.vip(&key).unwrap().unwrap().vip_id;
             let text = original.replace("name = \"web\"", "name = \"www\"");
             std::fs::write(&e.config, text).unwrap();
             let out = e.xlb(&["reload"]).unwrap();
             assert!(out.contains("1 VIPs added, 0 changed, 1 removed"), "{out}");
-            let dp = e.maps().unwrap();
-            let key = crate::vip_key("10.100.0.2");
-            assert!(dp.vip(&key).unwrap().is_some(), "www holds web's key");
+            let www = dp.vip(&key).unwrap().expect("www holds web's key");
+            assert_ne!(www.vip_id, web_id, "a new VIP id for www");
+            assert_eq!(dp.vip_info(web_id).unwrap().mode, 0, "web's id cleared");
             // Its backends are new: out of its table until probed up.
             wait_for(Duration::from_secs(5), "www's backends up", || {
                 Ok(["10.0.0.11:80", "10.0.0.12:80", "10.0.0.13:80"]
