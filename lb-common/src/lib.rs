@@ -22,7 +22,7 @@ pub use hash::{flow_hash, siphash13};
 
 /// Version of every pinned map layout below. Stored in [`Globals::layout_version`]
 /// and in the pin directory; a daemon refuses pinned state of another version.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Maximum number of VIPs. VIP ids index the Maglev ring array and the
 /// per-VIP counters; 64 VIPs × 2 halves × 65537 slots × 8 B (the kernel rounds
@@ -30,9 +30,18 @@ pub const LAYOUT_VERSION: u32 = 3;
 /// at the default table size (Katran's default is 512 VIPs).
 pub const MAX_VIPS: u32 = 64;
 
-/// Maximum number of backends across all VIPs; backend ids index `BACKENDS`
-/// and the per-backend counters. Id 0 is reserved as "no backend".
+/// Maximum number of backends across all VIPs, plus one: a configuration
+/// lists at most `MAX_BACKENDS - 1` (id 0 is reserved as "no backend").
 pub const MAX_BACKENDS: u32 = 4096;
+
+/// Size of the backend id space: backend ids index `XLB_BACKENDS`, the
+/// per-backend counters and next hops. Twice [`MAX_BACKENDS`] because a
+/// reload (or a start with an edited file) keeps a removed backend's id
+/// until the new table no longer points at it: replacing every backend of
+/// the largest configuration at once needs the old ids and the new ones
+/// side by side. 8,192 × 40 B of `BackendInfo` and next hop per CPU is a
+/// few hundred KiB. Layout version 4 (was `MAX_BACKENDS` ids in version 3).
+pub const BACKEND_IDS: u32 = 2 * MAX_BACKENDS;
 
 /// Default Maglev table size: a prime (Maglev needs a prime so every
 /// permutation visits every slot), and ≥ 100 × backends keeps the disruption
@@ -635,11 +644,11 @@ pub fn ring_index(vip_id: u32, half: u32, stride: u32, slot: u32) -> u32 {
 /// with such a mark to that backend exactly as `xlb_lb` would send a
 /// client's. The base is "XL" in the high 16 bits, far from the small marks
 /// firewalls and policy routing usually use; the low 16 bits hold the id
-/// ([`MAX_BACKENDS`] fits).
+/// ([`BACKEND_IDS`] fits).
 pub const HC_MARK_BASE: u32 = 0x584c_0000;
 /// Bits of a mark that must equal [`HC_MARK_BASE`] for `xlb_hc` to look at it.
 pub const HC_MARK_MASK: u32 = 0xffff_0000;
-const _: () = assert!(MAX_BACKENDS <= !HC_MARK_MASK + 1);
+const _: () = assert!(BACKEND_IDS <= !HC_MARK_MASK + 1);
 
 /// The mark of data-path probes to backend `id`.
 pub const fn hc_mark(id: u32) -> u32 {

@@ -52,11 +52,11 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use lb_common::{
-    BackendInfo, CtEntry, CtRate, DECAP_STATS_LEN, DEFAULT_CT_SIZE, DEFAULT_TABLE_SIZE,
-    DecapAddrKey, DecapSrcV4, DecapSrcV6, FlowKey, Globals, HC_STATS_LEN, HcReal, ListEntry,
-    ListV4, ListV6, MAX_BACKENDS, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES, MAX_LIST_RULES, MAX_SOURCES,
-    MAX_VIPS, NextHop, STATS_LEN, SourceKey, SourceState, TrafficStats, VipAddrKey, VipGuard,
-    VipInfo, VipKey,
+    BACKEND_IDS, BackendInfo, CtEntry, CtRate, DECAP_STATS_LEN, DEFAULT_CT_SIZE,
+    DEFAULT_TABLE_SIZE, DecapAddrKey, DecapSrcV4, DecapSrcV6, FlowKey, Globals, HC_STATS_LEN,
+    HcReal, ListEntry, ListV4, ListV6, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES, MAX_LIST_RULES,
+    MAX_SOURCES, MAX_VIPS, NextHop, STATS_LEN, SourceKey, SourceState, TrafficStats, VipAddrKey,
+    VipGuard, VipInfo, VipKey,
 };
 
 /// VIP services: (address, port, protocol) → VIP id.
@@ -89,7 +89,7 @@ static XLB_RING: Array<u32> = Array::with_max_entries(MAX_VIPS * 2 * DEFAULT_TAB
 
 /// Backends by id (0 = none): address, generation, state.
 #[map(name = "XLB_BACKENDS")]
-static XLB_BACKENDS: Array<BackendInfo> = Array::with_max_entries(MAX_BACKENDS, 0);
+static XLB_BACKENDS: Array<BackendInfo> = Array::with_max_entries(BACKEND_IDS, 0);
 
 /// Connection tracking: client 5-tuple → backend. Userspace sets the size.
 #[map(name = "XLB_CT")]
@@ -107,11 +107,11 @@ static XLB_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS_LEN, 0)
 static XLB_VIP_STATS: PerCpuArray<TrafficStats> = PerCpuArray::with_max_entries(MAX_VIPS, 0);
 
 #[map(name = "XLB_BE_STATS")]
-static XLB_BE_STATS: PerCpuArray<TrafficStats> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+static XLB_BE_STATS: PerCpuArray<TrafficStats> = PerCpuArray::with_max_entries(BACKEND_IDS, 0);
 
 /// Cached route/neighbour answers per backend (see `lb_common::NextHop`).
 #[map(name = "XLB_NEXTHOP")]
-static XLB_NEXTHOP: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(MAX_BACKENDS, 0);
+static XLB_NEXTHOP: PerCpuArray<NextHop> = PerCpuArray::with_max_entries(BACKEND_IDS, 0);
 
 /// Outer destinations the decapsulator accepts.
 #[map(name = "XLB_DECAP_ADDR")]
@@ -134,7 +134,7 @@ static XLB_DECAP_STAT: PerCpuArray<u64> = PerCpuArray::with_max_entries(DECAP_ST
 
 /// Data-path probes: socket mark → backend address, family and VIP mode.
 #[map(name = "XLB_HC_REALS")]
-static XLB_HC_REALS: HashMap<u32, HcReal> = HashMap::with_max_entries(MAX_BACKENDS, 0);
+static XLB_HC_REALS: HashMap<u32, HcReal> = HashMap::with_max_entries(BACKEND_IDS, 0);
 
 /// `xlb_hc` counters, indexed by `lb_common::HcStat`.
 #[map(name = "XLB_HC_STATS")]

@@ -578,6 +578,106 @@ fn restart_and_reload_lose_nothing() {
     teardown(run);
 }
 
+/// The state file lost (deleted, then unreadable) and the daemon killed
+/// with `kill -9` under 200 long-lived connections and 50 new connections a
+/// second, then started again each time: it adopts from the pinned maps by
+/// VIP key and backend address, so all 200 keep flowing without a stall,
+/// no new connection fails or waits on a SYN retransmit (the client's
+/// timeout is under the 1 s retransmit), and `drop_no_backend` does not
+/// move. Before, a start without the file adopted nothing: 1,016
+/// `drop_no_backend`, 16 new connections waited on a retransmit and every
+/// long connection stalled about 460 ms; an unreadable file stopped the
+/// start.
+#[test]
+fn restart_without_the_state_file_loses_nothing() {
+    let _serial = serial();
+    let p = prefix("nst");
+    let vip = api();
+    let mut run = up(&p, &config(&p, Health::default(), vec![vip.clone()]));
+    let state = lb_user::daemon::persist::state_path(run.instance());
+    assert!(state.exists(), "no state file at {}", state.display());
+    let client = run
+        .start_client(LoadOptions {
+            duration: Duration::from_secs(9),
+            rate: 50,
+            keepalive: 0,
+            long: 200,
+            stream_interval: Duration::from_millis(100),
+            stall_after: Duration::from_millis(400),
+            timeout: Duration::from_millis(900),
+            slice: Duration::from_millis(500),
+            ..LoadOptions::new(vip.target())
+        })
+        .unwrap();
+    wait_client_ms(&client, 2000);
+    let drops_before = run.counter("drop_no_backend").unwrap();
+    for (at_ms, what) in [(2000, "deleted"), (5000, "unreadable")] {
+        wait_client_ms(&client, at_ms);
+        run.kill9_daemon().unwrap();
+        if what == "deleted" {
+            std::fs::remove_file(&state).unwrap();
+        } else {
+            std::fs::write(&state, b"{\"layout_version\": 4, \"vips\"").unwrap();
+        }
+        run.start_daemon().unwrap();
+        let status = run.status().unwrap();
+        eprintln!(
+            "[{p}] state file {what}, kill -9 at {at_ms} ms, restarted answering at {} ms; adopted = {}",
+            client.elapsed().as_millis(),
+            status.adopted
+        );
+        for i in 1..=3 {
+            let b = status.backend("api", vip.backend_addr(i)).unwrap();
+            assert_eq!(
+                b.state,
+                "up",
+                "state file {what}: b{i}: {}",
+                status.summary()
+            );
+            assert!(b.in_table, "state file {what}: b{i}: {}", status.summary());
+        }
+    }
+    let report = client.join().unwrap();
+    let drops_after = run.counter("drop_no_backend").unwrap();
+    let longest = report
+        .long
+        .iter()
+        .map(|l| l.longest_gap_ms)
+        .max()
+        .unwrap_or(0);
+    eprintln!(
+        "[{p}] long connections: {} of {} kept flowing, longest gap {longest} ms; new \
+         connections {} ok, {} failed; drop_no_backend {drops_before} -> {drops_after}",
+        report.summary.long_total - report.summary.long_broken,
+        report.summary.long_total,
+        report.summary.counts.ok,
+        report.summary.failures
+    );
+    let state_dir = state.parent().unwrap().to_path_buf();
+    let aside = format!("{}.json.bad-", run.instance());
+    for entry in std::fs::read_dir(&state_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(&aside))
+        {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    assert_eq!(report.summary.long_total, 200);
+    let broken: Vec<_> = report.long.iter().filter(|l| !l.kept_flowing).collect();
+    assert!(
+        broken.is_empty(),
+        "connections broke or stalled: {broken:?}"
+    );
+    assert_eq!(report.summary.failures, 0, "{}", report.render_text());
+    assert_eq!(
+        drops_after, drops_before,
+        "SYNs dropped for want of a backend"
+    );
+    teardown(run);
+}
+
 /// Traffic to the LB host's own addresses passes while xlb is attached.
 #[test]
 fn lb_host_stays_reachable() {

@@ -81,7 +81,9 @@ impl Daemon {
             Request::Enable { vip, backend } => self
                 .set_drain(&vip, &backend, false, None)
                 .map(|m| Response::Ok { message: m }),
-            Request::Reload => self.reload().map(|m| Response::Ok { message: m }),
+            Request::Reload => self
+                .reload_by("xlb reload")
+                .map(|m| Response::Ok { message: m }),
             Request::Block {
                 list,
                 prefix,

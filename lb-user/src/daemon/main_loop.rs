@@ -61,8 +61,23 @@ impl Daemon {
     /// Attaches the programs (adopting pinned links), says so once, and
     /// starts probing.
     fn go_live(&mut self) -> anyhow::Result<()> {
-        let (link_id, adopted_link) = links::attach_lb(&mut self.dp, &self.cfg.daemon)?;
-        links::attach_hc(&mut self.dp, &self.cfg.daemon)?;
+        // The hash key and encapsulation sources change only now, with every
+        // table installed; a start that fails to attach puts them back.
+        let before = self.dp.globals()?;
+        self.dp.set_globals(&self.globals)?;
+        let attached = links::attach_lb(&mut self.dp, &self.cfg.daemon).and_then(|lb| {
+            links::attach_hc(&mut self.dp, &self.cfg.daemon)?;
+            Ok(lb)
+        });
+        let (link_id, adopted_link) = match attached {
+            Ok(lb) => lb,
+            Err(e) => {
+                if let Err(undo) = self.dp.set_globals(&before) {
+                    error!("putting back the hash key and encapsulation sources: {undo:#}");
+                }
+                return Err(e);
+            }
+        };
         self.link_id = link_id;
         self.adopted |= adopted_link;
         let vcount = self.vips.len();
@@ -113,10 +128,8 @@ impl Daemon {
                     let _ = reply.send(resp);
                 }
                 _ = hup.recv() => {
-                    match self.reload() {
-                        Ok(m) => info!("SIGHUP: {m}"),
-                        Err(e) => error!("SIGHUP: {e:#}"),
-                    }
+                    // Logged, and recorded as an event, by `reload_by`.
+                    let _ = self.reload_by("SIGHUP");
                 }
                 _ = tick.tick() => self.on_tick(),
                 _ = term.recv() => return Ok(()),

@@ -126,6 +126,9 @@ pub struct Daemon {
     forwarding: Vec<crate::host::SysctlChange>,
     /// Those this process changed: put back if it fails to go live.
     forwarding_changed: Vec<crate::host::SysctlChange>,
+    /// The globals (hash key, encapsulation sources) this start writes
+    /// when it goes live, not before (`go_live`).
+    globals: lb_common::Globals,
 }
 
 impl Daemon {
@@ -136,7 +139,17 @@ impl Daemon {
         mut dp: Dataplane,
         saved: Option<Saved>,
     ) -> anyhow::Result<Self> {
-        let saved = saved.filter(|s| s.layout_version == LAYOUT_VERSION);
+        let saved = saved.filter(|s| {
+            let ours = s.layout_version == LAYOUT_VERSION;
+            if !ours {
+                warn!(
+                    "the state file describes maps of layout version {}, these are version \
+                     {LAYOUT_VERSION}: ignoring it and adopting from the pinned maps alone",
+                    s.layout_version
+                );
+            }
+            ours
+        });
         let (ids, vips, adopted) = model::adopt_all(&mut dp, &cfg, saved.as_ref())?;
         let events_tx = broadcast::channel(256).0;
         let index = model::backend_index(&vips);
@@ -176,6 +189,7 @@ impl Daemon {
             purges: Arc::default(),
             forwarding: Vec::new(),
             forwarding_changed: Vec::new(),
+            globals: lb_common::Globals::default(),
         };
         // Guards and lists before the VIPs go live: a VIP's first packet
         // is judged by its configuration.

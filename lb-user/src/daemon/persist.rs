@@ -195,20 +195,48 @@ pub struct Saved {
 
 impl Saved {
     /// Reads the state file; `None` if there is none.
+    ///
+    /// # Errors
+    /// The file cannot be read, or is not a state file (see
+    /// [`Saved::load_or_set_aside`], which a start uses).
     pub fn load(path: &Path) -> anyhow::Result<Option<Self>> {
         match fs::read(path) {
             Ok(bytes) => {
-                let s = serde_json::from_slice(&bytes).with_context(|| {
-                    format!(
-                        "{}: unreadable state file; remove it (and run `xlb detach`) to start afresh",
-                        path.display()
-                    )
-                })?;
+                let s = serde_json::from_slice(&bytes)
+                    .with_context(|| format!("{}: unreadable state file", path.display()))?;
                 Ok(Some(s))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
         }
+    }
+
+    /// [`Saved::load`] for a start: a file that cannot be read or parsed
+    /// does not stop it (the daemon then adopts from the pinned maps
+    /// alone, see `model::adopt_all`); it is moved aside as
+    /// `<name>.bad-<UTC time>` for a post-mortem, with a warning, so the
+    /// next save does not overwrite it.
+    pub fn load_or_set_aside(path: &Path) -> Option<Self> {
+        let error = match Self::load(path) {
+            Ok(saved) => return saved,
+            Err(e) => e,
+        };
+        let stamp = crate::cli::format_utc(crate::ctl::now_unix_ms())
+            .replace(['-', ':'], "")
+            .replace(' ', "T");
+        let stamp = stamp.split('.').next().unwrap_or_default();
+        let aside = path.with_extension(format!("json.bad-{stamp}Z"));
+        let moved = match fs::rename(path, &aside) {
+            Ok(()) => format!("moved it to {}", aside.display()),
+            Err(e) => format!("could not move it aside ({e}); the next save replaces it"),
+        };
+        tracing::warn!(
+            "STATE FILE UNREADABLE: {error:#}; {moved}. Starting from the pinned maps alone: \
+             VIPs and backends are matched by VIP address and port and by backend address, \
+             backends keep the state the data plane has for them; admin drains, drain \
+             deadlines and runtime deny/allow entries recorded only in the file are lost"
+        );
+        None
     }
 
     /// Writes the state file atomically (temporary file, then rename), so a
@@ -362,6 +390,17 @@ mod tests {
         fs::write(&path, b"{not json").unwrap();
         let err = Saved::load(&path).unwrap_err().to_string();
         assert!(err.contains("unreadable state file"), "{err}");
+        // A start sets it aside and goes on.
+        assert_eq!(Saved::load_or_set_aside(&path), None);
+        assert!(!path.exists(), "moved aside");
+        let aside: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("t.json.bad-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        let kept = fs::read(dir.join(&aside[0])).unwrap();
+        assert_eq!(kept, b"{not json", "the bad file is kept as it was");
         fs::remove_dir_all(dir).unwrap();
     }
 

@@ -98,13 +98,26 @@ fn raise_nofile(cfg: &Config) {
     }
 }
 
-/// Writes `Globals`: keeps the pinned hash key unless the configuration sets
-/// one (so a restart never moves flows), else draws a random one.
+/// Writes `Globals` (see [`globals_for`]).
 pub(super) fn write_globals(
     dp: &mut Dataplane,
     d: &DaemonConfig,
     vips: &[VipConfig],
 ) -> anyhow::Result<()> {
+    let g = globals_for(dp, d, vips)?;
+    dp.set_globals(&g)?;
+    Ok(())
+}
+
+/// The `Globals` for `d`: keeps the pinned hash key unless the
+/// configuration sets one (so a restart never moves flows), else draws a
+/// random one; the encapsulation sources from the configuration or the
+/// interface. Writes nothing.
+pub(super) fn globals_for(
+    dp: &Dataplane,
+    d: &DaemonConfig,
+    vips: &[VipConfig],
+) -> anyhow::Result<Globals> {
     let mut g = dp.globals()?;
     let (v4, v6) = host::interface_source_addrs(&d.pinned.interface)?;
     let key = match d.live.hash_seed {
@@ -142,7 +155,6 @@ pub(super) fn write_globals(
         g.encap_src_v4 = addr16(pf.addr);
         g.encap_v4_host_bits = 32 - pf.len;
     }
-    dp.set_globals(&g)?;
     let ipip = |v6: bool| {
         vips.iter()
             .any(|v| v.mode == Mode::DsrIpip && v.addr.is_ipv6() == v6)
@@ -153,7 +165,7 @@ pub(super) fn write_globals(
     if src6.is_none() && ipip(true) {
         warn!(interface = %d.pinned.interface, "no global IPv6 address on the interface and no daemon.encap_source_v6: IPv6 dsr-ipip packets get source ::");
     }
-    Ok(())
+    Ok(g)
 }
 
 /// Removes maps pinned by a first start that never finished: their layout
@@ -222,7 +234,7 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
             );
         }
     }
-    let mut dp = Dataplane::load(&LoadOptions {
+    let dp = Dataplane::load(&LoadOptions {
         ct_size: d.pinned.conntrack_size,
         ring_stride: d.pinned.max_table_size,
         pin_dir: Some(pin_dir.clone()),
@@ -237,15 +249,19 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
             d.pinned.instance
         );
     }
-    write_globals(&mut dp, d, &cfg.vips)?;
+    // Computed now (a missing interface fails here), written only when the
+    // start is known to succeed (`go_live`): until then the data plane
+    // keeps the hash key and encapsulation sources it has.
+    let globals = globals_for(&dp, d, &cfg.vips)?;
     let iface = d.pinned.interface.clone();
     let v6 = cfg.vips.iter().any(|v| v.addr.is_ipv6());
-    let saved = persist::Saved::load(&persist::state_path(&d.pinned.instance))?;
+    let saved = persist::Saved::load_or_set_aside(&persist::state_path(&d.pinned.instance));
     let recorded = saved
         .as_ref()
         .map(|s| s.forwarding.clone())
         .unwrap_or_default();
     let mut daemon = Daemon::new(config_path, cfg, dp, saved)?;
+    daemon.globals = globals;
     // Last, so a start that fails before has changed nothing on the host.
     let changed = host::enable_forwarding(&iface, v6)?;
     daemon.record_forwarding(recorded, changed);

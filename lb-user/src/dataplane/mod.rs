@@ -588,7 +588,7 @@ impl Dataplane {
             backends: read(
                 &self.counter_maps.be_stats,
                 &self.be_stats,
-                backends.min(lb_common::MAX_BACKENDS),
+                backends.min(lb_common::BACKEND_IDS),
                 lb_common::MAP_BE_STATS,
             )?,
         })

@@ -26,6 +26,7 @@
 mod control;
 mod env;
 mod guard;
+mod reload;
 mod restart;
 mod sources;
 

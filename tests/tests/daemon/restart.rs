@@ -319,7 +319,8 @@ impl Drop for DetachOnDrop {
 
 /// A start that fails after turning forwarding on (here: native XDP on
 /// `lo`, which has no driver support) puts the value back before it exits,
-/// and leaves no record of it.
+/// and leaves no record of it; nor has it written the hash key or the
+/// encapsulation source.
 #[test]
 fn a_failed_start_puts_forwarding_back() {
     let _serial = serial();
@@ -363,6 +364,21 @@ fn a_failed_start_puts_forwarding_back() {
             "{err}"
         );
     });
+    step(
+        "the hash key and encapsulation source were never written",
+        || {
+            // The start failed after building its model: the pinned globals
+            // are as it found them (a first start: no key, no source; lo's
+            // 127.0.0.1 would be the source had they been written).
+            let pins = std::path::Path::new(lb_user::daemon::persist::PIN_ROOT).join(&instance);
+            let data = aya::maps::MapData::from_pin(pins.join(lb_common::MAP_GLOBALS)).unwrap();
+            let globals: aya::maps::Array<_, lb_common::Globals> =
+                aya::maps::Array::try_from(aya::maps::Map::Array(data)).unwrap();
+            let g = globals.get(&0, 0).unwrap();
+            assert_eq!(g.hash_key, [0, 0], "{g:?}");
+            assert_eq!(g.encap_src_v4, [0; 16], "{g:?}");
+        },
+    );
     step("forwarding is back at 0, and no record is left", || {
         assert_eq!(read(), "0");
         let saved =
@@ -370,4 +386,116 @@ fn a_failed_start_puts_forwarding_back() {
                 .unwrap();
         assert!(saved.is_none_or(|s| s.forwarding.is_empty()));
     });
+}
+
+/// Backend ids of every VIP in the state file: (VIP, address) → id.
+fn saved_ids(e: &Env) -> BTreeMap<(String, String), u32> {
+    lb_user::daemon::persist::Saved::load(&lb_user::daemon::persist::state_path(&e.instance))
+        .unwrap()
+        .unwrap()
+        .backends
+        .iter()
+        .map(|b| ((b.vip.clone(), b.addr.to_string()), b.id))
+        .collect()
+}
+
+/// Files moved aside next to the state file (`<instance>.json.bad-*`).
+fn set_aside(e: &Env) -> Vec<std::path::PathBuf> {
+    let path = lb_user::daemon::persist::state_path(&e.instance);
+    let prefix = format!("{}.json.bad-", e.instance);
+    std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .collect()
+}
+
+/// The state file deleted, then made unreadable, each time with `kill -9`
+/// and a start: the daemon adopts from the pinned maps by VIP key and
+/// backend address. Both tables stay byte for byte, backend ids and
+/// generations stay, backend 2 is down at once (as the data plane had
+/// it), the others up, the established flow's conntrack entry is kept. The
+/// unreadable file is moved aside with a warning instead of stopping the
+/// start.
+#[test]
+fn restart_without_a_usable_state_file_adopts_from_the_pins() {
+    let _serial = serial();
+    let mut e = up();
+    step("hang backend 2", || hang_backend_2(&e));
+    let mut dp = e.maps().unwrap();
+    let (flow, entry) = crate::insert_established_flow(&mut dp);
+    let tables = |dp: &Dataplane| {
+        (
+            crate::table(dp, "10.100.0.1").unwrap(),
+            crate::table(dp, WEB).unwrap(),
+        )
+    };
+    let before = tables(&dp);
+    let ids = saved_ids(&e);
+    let generations: Vec<u32> = ids
+        .values()
+        .map(|id| dp.backend(*id).unwrap().generation)
+        .collect();
+    let link_id = e.link_id().unwrap();
+    let state = lb_user::daemon::persist::state_path(&e.instance);
+    let check = |e: &Env, n: u32| {
+        let s = e.status().unwrap();
+        assert_eq!(s["adopted"], true, "{s}");
+        for vip in ["api", "web"] {
+            assert_eq!(
+                e.backend_state(vip, "10.0.0.12:80").unwrap(),
+                "down",
+                "{vip}"
+            );
+            for addr in ["10.0.0.11:80", "10.0.0.13:80"] {
+                assert_eq!(e.backend_state(vip, addr).unwrap(), "up", "{vip} {addr}");
+            }
+        }
+        assert_eq!(tables(&dp), before, "tables untouched");
+        assert_eq!(saved_ids(e), ids, "ids kept");
+        let now: Vec<u32> = ids
+            .values()
+            .map(|id| dp.backend(*id).unwrap().generation)
+            .collect();
+        assert_eq!(now, generations, "generations kept");
+        assert_eq!(dp.ct_get(&flow).unwrap(), Some(entry), "conntrack kept");
+        assert_eq!(e.link_id().unwrap(), link_id, "link adopted");
+        let log = e.log(n).unwrap();
+        assert!(
+            log.contains(
+                "no usable state file: adopted 2 VIPs and 6 backends from the pinned maps"
+            ),
+            "{log}"
+        );
+    };
+    step("kill -9, delete the state file, start again", || {
+        e.kill9().unwrap();
+        std::fs::remove_file(&state).unwrap();
+        std::fs::remove_file(&e.socket).ok();
+        e.start().unwrap();
+        check(&e, 2);
+    });
+    step("kill -9, an unreadable state file, start again", || {
+        e.kill9().unwrap();
+        std::fs::write(&state, b"{\"layout_version\": 4, \"vips\": {").unwrap();
+        std::fs::remove_file(&e.socket).ok();
+        e.start().unwrap();
+        check(&e, 3);
+        let aside = set_aside(&e);
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert_eq!(
+            std::fs::read(&aside[0]).unwrap(),
+            b"{\"layout_version\": 4, \"vips\": {",
+            "kept as it was"
+        );
+        let log = e.log(3).unwrap();
+        assert!(log.contains("STATE FILE UNREADABLE"), "{log}");
+        assert!(log.contains(&aside[0].display().to_string()), "{log}");
+    });
+    for p in set_aside(&e) {
+        std::fs::remove_file(p).unwrap();
+    }
 }

@@ -1,17 +1,21 @@
 //! Carrying on where the previous run stopped: the state file says which
 //! VIP and backend had which id, the pinned maps say whether each entry is
 //! still theirs; what both agree on is adopted (ids, generations, health,
-//! drains, the live table), so a restart moves no flow. [`to_saved`] writes
-//! the state file's side.
+//! drains, the live table), so a restart moves no flow. Without a usable
+//! state file, the pinned maps alone are read ([`plan_from_pins`]): VIPs by
+//! their key, backends by address. [`to_saved`] writes the state file's
+//! side.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, HashSet, VecDeque},
     time::{Duration, Instant, UNIX_EPOCH},
 };
 
-use lb_common::{BackendInfo, VipInfo, addr16};
+use anyhow::Context as _;
+use lb_common::{BACKEND_DOWN, BACKEND_UP, BackendInfo, MAX_VIPS, VipInfo, addr16};
+use tracing::{info, warn};
 
-use super::{Backend, Ids, Vip, new_backend, vip_key};
+use super::{Backend, Ids, IdsNeeded, Vip, new_backend, vip_key};
 use crate::{
     config::{BackendConfig, Config, VipConfig},
     daemon::persist::{Saved, SavedBackend, SavedHealth},
@@ -23,14 +27,24 @@ use crate::{
     },
 };
 
-/// What a restart adopts of one VIP: its pinned entry, if the state file
-/// gave it the id the entry still holds, and for each configured backend
-/// (in order) the previous run's record and pinned entry, or `None` for a
-/// backend that starts afresh.
+/// What a restart adopts of one VIP: its pinned entry, if it is still the
+/// VIP's, and for each configured backend (in order) the previous run's
+/// record of it and its pinned entry, or `None` for a backend that starts
+/// afresh.
 #[derive(Debug)]
-pub(super) struct Plan<'s> {
+pub(super) struct Plan {
     pub vip: Option<VipInfo>,
-    pub backends: Vec<Option<(&'s SavedBackend, BackendInfo)>>,
+    pub backends: Vec<Option<(SavedBackend, BackendInfo)>>,
+}
+
+impl Plan {
+    /// Nothing adopted: a new VIP with `n` new backends.
+    fn fresh(n: usize) -> Self {
+        Self {
+            vip: None,
+            backends: (0..n).map(|_| None).collect(),
+        }
+    }
 }
 
 /// Decides what a restart adopts of VIP `cfg` from the state file and the
@@ -40,12 +54,12 @@ pub(super) struct Plan<'s> {
 /// use at that address, is adopted: its id, generation and health. What
 /// else changed (table size, weights, backends added or removed, mode) is
 /// applied the way a reload applies it, by rebuilding the table only.
-pub(super) fn plan<'s>(
+pub(super) fn plan(
     cfg: &VipConfig,
-    saved: Option<&'s Saved>,
+    saved: Option<&Saved>,
     pinned_vip: Option<VipInfo>,
     mut pinned_backend: impl FnMut(u32) -> anyhow::Result<BackendInfo>,
-) -> anyhow::Result<Plan<'s>> {
+) -> anyhow::Result<Plan> {
     let saved_id = saved.and_then(|s| s.vips.get(&cfg.name));
     let vip = pinned_vip.filter(|info| Some(&info.vip_id) == saved_id);
     let mut backends = Vec::with_capacity(cfg.backends.len());
@@ -58,7 +72,7 @@ pub(super) fn plan<'s>(
         let adopt = match prev {
             Some(prev) => {
                 let info = pinned_backend(prev.id)?;
-                (info.addr == addr16(bcfg.addr) && info.state != 0).then_some((prev, info))
+                (info.addr == addr16(bcfg.addr) && info.state != 0).then(|| (prev.clone(), info))
             }
             None => None,
         };
@@ -67,50 +81,166 @@ pub(super) fn plan<'s>(
     Ok(Plan { vip, backends })
 }
 
-/// [`plan`] with the pinned entries read from `dp`.
-fn plan_from<'s>(
-    dp: &Dataplane,
+/// What the pinned maps hold, for a start without a usable state file.
+#[derive(Debug, Default)]
+pub(super) struct Pins {
+    /// Backend ids in use (state not 0) and their entries.
+    pub backends: BTreeMap<u32, BackendInfo>,
+    /// Every backend id some VIP's live table points at.
+    pub in_tables: HashSet<u32>,
+}
+
+impl Pins {
+    fn read(dp: &Dataplane) -> anyhow::Result<Self> {
+        let mut pins = Self::default();
+        for id in super::pinned_backend_ids(dp)? {
+            pins.backends.insert(id, dp.backend(id)?);
+        }
+        for (_, info) in dp.vip_entries()? {
+            pins.in_tables.extend(live_half(dp, &info)?);
+        }
+        Ok(pins)
+    }
+}
+
+/// The live half of the table of the pinned VIP entry `info`.
+fn live_half(dp: &Dataplane, info: &VipInfo) -> anyhow::Result<Vec<u32>> {
+    Ok(dp.ring_half(info.vip_id, info.active & 1, info.table_size)?)
+}
+
+/// Decides what a start without a usable state file adopts of VIP `cfg`
+/// from the pinned maps alone: the VIP entry at its key (`pinned_vip`,
+/// whose live table is `live`), and for each configured backend, in file
+/// order, an id in use at its address that no earlier backend `claimed`:
+/// first one that `live` points at (it was serving), then one no table
+/// points at (down or draining when the previous run stopped). The port is
+/// not in the pinned entry; two backends of one VIP at one address may
+/// swap ids, which moves no packet (the data plane forwards by address).
+/// Health is what the data plane had: `up` serving, `down` down, else
+/// `unknown` (no new flows until probed, established ones kept).
+pub(super) fn plan_from_pins(
     cfg: &VipConfig,
-    saved: Option<&'s Saved>,
-) -> anyhow::Result<Plan<'s>> {
-    let pinned_vip = match saved.and_then(|s| s.vips.get(&cfg.name)) {
-        Some(_) => dp.vip(&vip_key(cfg))?,
-        None => None,
+    pinned_vip: Option<VipInfo>,
+    live: &[u32],
+    pins: &Pins,
+    claimed: &mut HashSet<u32>,
+) -> Plan {
+    let Some(vip) = pinned_vip.filter(|info| info.mode != 0) else {
+        return Plan::fresh(cfg.backends.len());
     };
-    plan(cfg, saved, pinned_vip, |id| Ok(dp.backend(id)?))
+    let in_live: HashSet<u32> = live.iter().copied().collect();
+    let mut backends = Vec::with_capacity(cfg.backends.len());
+    for bcfg in &cfg.backends {
+        let addr = addr16(bcfg.addr);
+        let usable = |id: &u32, info: &BackendInfo| info.addr == addr && !claimed.contains(id);
+        let found = pins
+            .backends
+            .iter()
+            .find(|(id, info)| in_live.contains(id) && usable(id, info))
+            .or_else(|| {
+                pins.backends
+                    .iter()
+                    .find(|(id, info)| !pins.in_tables.contains(id) && usable(id, info))
+            });
+        backends.push(found.map(|(&id, &info)| {
+            claimed.insert(id);
+            let health = match info.state {
+                BACKEND_UP => SavedHealth::Up,
+                BACKEND_DOWN => SavedHealth::Down,
+                _ => SavedHealth::Unknown,
+            };
+            let prev = SavedBackend {
+                vip: cfg.name.clone(),
+                addr: bcfg.socket_addr(),
+                id,
+                health,
+                admin_drained: false,
+                drain_deadline_unix_ms: None,
+                drain_expired: false,
+            };
+            (prev, info)
+        }));
+    }
+    Plan {
+        vip: Some(vip),
+        backends,
+    }
 }
 
-/// What `adopt_or_create_vip` will adopt for `cfg`: its pinned VIP id (if the
-/// saved id still holds its key) and the saved backend ids whose pinned
-/// address still matches. Reserving all of these before any new id is handed
-/// out keeps a new VIP from taking an id a later VIP is about to adopt.
-fn reserve_adoptable(
-    dp: &Dataplane,
-    ids: &mut Ids,
-    cfg: &VipConfig,
-    saved: Option<&Saved>,
-) -> anyhow::Result<()> {
-    let plan = plan_from(dp, cfg, saved)?;
-    if let Some(info) = plan.vip {
-        ids.take_vip(info.vip_id);
-    }
-    for (prev, _) in plan.backends.into_iter().flatten() {
-        ids.take_backend(prev.id);
-    }
-    Ok(())
+/// What a start adopts of every configured VIP: from the state file if
+/// there is one, else from the pinned maps alone.
+fn plans(dp: &Dataplane, cfg: &Config, saved: Option<&Saved>) -> anyhow::Result<Vec<Plan>> {
+    let Some(saved) = saved else {
+        let pins = Pins::read(dp)?;
+        if pins.backends.is_empty() {
+            return Ok(cfg
+                .vips
+                .iter()
+                .map(|v| Plan::fresh(v.backends.len()))
+                .collect());
+        }
+        let mut claimed = HashSet::new();
+        let mut plans = Vec::new();
+        for vcfg in &cfg.vips {
+            let pinned = dp.vip(&vip_key(vcfg))?;
+            let live = match &pinned {
+                Some(info) => live_half(dp, info)?,
+                None => Vec::new(),
+            };
+            plans.push(plan_from_pins(vcfg, pinned, &live, &pins, &mut claimed));
+        }
+        let adopted = plans.iter().filter(|p| p.vip.is_some()).count();
+        let backends: usize = plans
+            .iter()
+            .map(|p| p.backends.iter().flatten().count())
+            .sum();
+        warn!(
+            "no usable state file: adopted {adopted} VIPs and {backends} backends from the \
+             pinned maps by VIP key and backend address"
+        );
+        return Ok(plans);
+    };
+    cfg.vips
+        .iter()
+        .map(|vcfg| {
+            let pinned_vip = match saved.vips.get(&vcfg.name) {
+                Some(_) => dp.vip(&vip_key(vcfg))?,
+                None => None,
+            };
+            plan(vcfg, Some(saved), pinned_vip, |id| Ok(dp.backend(id)?))
+        })
+        .collect()
 }
 
-/// Builds the VIP model from configuration, adopting ids, states and the
-/// live table from a previous run where `saved` and the maps have them.
-/// Returns whether the VIP was adopted.
+/// Builds the VIP model of `cfg` with nothing adopted: a new VIP id, new
+/// backends (a VIP a reload adds). Returns whether the VIP was adopted
+/// (always false; kept for the benchmarks' calls).
 pub fn adopt_or_create_vip(
     dp: &mut Dataplane,
     ids: &mut Ids,
     cfg: VipConfig,
     saved: Option<&Saved>,
 ) -> anyhow::Result<(Vip, bool)> {
+    let plan = match saved {
+        Some(saved) => {
+            let pinned = dp.vip(&vip_key(&cfg))?;
+            plan(&cfg, Some(saved), pinned, |id| Ok(dp.backend(id)?))?
+        }
+        None => Plan::fresh(cfg.backends.len()),
+    };
+    build_vip(dp, ids, cfg, plan)
+}
+
+/// Builds the VIP model from configuration, adopting ids, states and the
+/// live table where `plan` says. Returns whether the VIP was adopted. On
+/// failure, the ids it took are given back.
+fn build_vip(
+    dp: &mut Dataplane,
+    ids: &mut Ids,
+    cfg: VipConfig,
+    plan: Plan,
+) -> anyhow::Result<(Vip, bool)> {
     let key = vip_key(&cfg);
-    let plan = plan_from(dp, &cfg, saved)?;
     let (id, active, halves) = match plan.vip {
         Some(info) => {
             // Same VIP: the live half keeps serving; the wanted table (of
@@ -119,7 +249,7 @@ pub fn adopt_or_create_vip(
             ids.take_vip(info.vip_id);
             let live = info.active & 1;
             let mut halves = [None, None];
-            halves[live as usize] = Some(dp.ring_half(info.vip_id, live, info.table_size)?);
+            halves[live as usize] = Some(live_half(dp, &info)?);
             (info.vip_id, live, halves)
         }
         None => {
@@ -128,13 +258,27 @@ pub fn adopt_or_create_vip(
             (id, 0, [None, None])
         }
     };
+    let adopted_ids: Vec<u32> = plan.backends.iter().flatten().map(|(p, _)| p.id).collect();
     let mut backends = Vec::new();
     for (bcfg, adopt) in cfg.backends.clone().into_iter().zip(plan.backends) {
         let b = match adopt {
-            Some((prev, info)) => adopt_backend(dp, ids, bcfg, prev, &info)?,
-            None => new_backend(dp, ids, bcfg)?,
+            Some((prev, info)) => adopt_backend(dp, ids, bcfg, &prev, &info),
+            None => new_backend(dp, ids, bcfg),
         };
-        backends.push(b);
+        match b {
+            Ok(b) => backends.push(b),
+            Err(e) => {
+                // Nothing points at what was given so far: give it back.
+                // An adopted backend's entry stays as the last run left it.
+                for b in backends.iter().filter(|b| !adopted_ids.contains(&b.id)) {
+                    let _ = super::retire_backend(dp, ids, b);
+                }
+                if plan.vip.is_none() {
+                    ids.free_vip(id);
+                }
+                return Err(e.context(format!("vip {:?}", cfg.name)));
+            }
+        }
     }
     let adopted = plan.vip.is_some();
     let vip = Vip {
@@ -152,29 +296,55 @@ pub fn adopt_or_create_vip(
 }
 
 /// The model of every VIP of `cfg` at start, adopting what the previous
-/// run left (see [`plan`]); also whether anything was adopted. The tables
-/// are not written yet (`Daemon::install`), nor orphans retired
-/// (`retire_orphans`, after the tables).
+/// run left: from the state file (see [`plan`]), or without one from the
+/// pinned maps alone (see [`plan_from_pins`]); also whether anything was
+/// adopted. The tables are not written yet (`Daemon::install`), nor
+/// orphans retired (`retire_orphans`, after the tables).
 pub fn adopt_all(
     dp: &mut Dataplane,
     cfg: &Config,
     saved: Option<&Saved>,
 ) -> anyhow::Result<(Ids, Vec<Vip>, bool)> {
     let mut ids = Ids::default();
-    // Ids the pinned maps still use stay out of reach of new backends
-    // until the tables no longer point at them (`retire_orphans`, after
-    // `install`): a removed backend's id handed to an added one would
-    // send the removed one's table slots to a backend not yet probed.
+    // Ids the pinned maps still use stay out of reach of new backends and
+    // VIPs until the tables no longer point at them (`retire_orphans`,
+    // after `install`): a removed backend's id handed to an added one would
+    // send the removed one's table slots to a backend not yet probed, and a
+    // VIP id still behind a pinned key would put a new VIP's table in the
+    // ring that key's traffic reads.
     for id in super::pinned_backend_ids(dp)? {
         ids.take_backend(id);
     }
-    for vcfg in &cfg.vips {
-        reserve_adoptable(dp, &mut ids, vcfg, saved)?;
+    for id in 0..MAX_VIPS {
+        if dp.vip_info(id)?.mode != 0 {
+            ids.take_vip(id);
+        }
     }
+    for (_, info) in dp.vip_entries()? {
+        ids.take_vip(info.vip_id);
+    }
+    let plans = plans(dp, cfg, saved)?;
+    // Counted before any id is handed out: a start with an edited file
+    // keeps the previous run's ids until the new tables are live, so the
+    // ones it adds come on top of every pinned one.
+    let mut need = IdsNeeded::default();
+    for p in &plans {
+        if let Some(info) = p.vip {
+            ids.take_vip(info.vip_id);
+        } else {
+            need.vips += 1;
+        }
+        for (prev, _) in p.backends.iter().flatten() {
+            ids.take_backend(prev.id);
+        }
+        need.backends += p.backends.iter().filter(|b| b.is_none()).count();
+    }
+    ids.check(&need)
+        .context("configured VIPs and backends beside the ids the pinned maps still use")?;
     let mut vips = Vec::new();
     let mut adopted = false;
-    for vcfg in cfg.vips.clone() {
-        let (vip, a) = adopt_or_create_vip(dp, &mut ids, vcfg, saved)?;
+    for (vcfg, plan) in cfg.vips.clone().into_iter().zip(plans) {
+        let (vip, a) = build_vip(dp, &mut ids, vcfg, plan)?;
         adopted |= a;
         vips.push(vip);
     }
@@ -184,6 +354,10 @@ pub fn adopt_all(
     let keep: Vec<_> = vips.iter().map(|v| v.key).collect();
     for (key, _) in dp.vip_entries()? {
         if !keep.contains(&key) {
+            info!(
+                ?key,
+                "removing the pinned entry of a VIP no longer configured"
+            );
             dp.remove_vip(&key)?;
         }
     }
@@ -327,10 +501,10 @@ mod tests {
     }
 
     /// (id, generation) adopted for each configured backend; None = new.
-    fn adopted(plan: &Plan<'_>) -> Vec<Option<(u32, u32)>> {
+    fn adopted(plan: &Plan) -> Vec<Option<(u32, u32)>> {
         plan.backends
             .iter()
-            .map(|a| a.map(|(prev, info)| (prev.id, info.generation)))
+            .map(|a| a.as_ref().map(|(prev, info)| (prev.id, info.generation)))
             .collect()
     }
 
@@ -433,5 +607,84 @@ mod tests {
         other_port.backends[1].addr = "10.0.0.12:8080".parse().unwrap();
         let p = super::plan(&cfg, Some(&other_port), Some(pvip), read).unwrap();
         assert_eq!(adopted(&p), vec![Some((1, 7)), None, Some((3, 9))]);
+    }
+
+    /// The pinned maps of a previous run whose state file is gone: VIP api
+    /// (id 5) serving .11 (id 1) and .13 (id 3), .12 (id 2) down; VIP web
+    /// (id 6) with the same addresses under ids 4..=6, .12 (id 5) down.
+    fn pins() -> (VipInfo, VipInfo, Pins) {
+        let (api, mut backends) = pinned();
+        let web = VipInfo { vip_id: 6, ..api };
+        for id in 4..=6u32 {
+            let mut info = backends[&(id - 3)];
+            info.generation = 20 + id;
+            backends.insert(id, info);
+        }
+        let in_tables = [1, 3, 4, 6].into();
+        let pins = Pins {
+            backends: backends.into_iter().collect(),
+            in_tables,
+        };
+        (api, web, pins)
+    }
+
+    #[test]
+    fn without_a_state_file_backends_are_found_by_address_in_the_vips_table() {
+        let (api_info, web_info, pins) = pins();
+        let all = ["10.0.0.11", "10.0.0.12", "10.0.0.13"];
+        let api = vip(1009, &all, None);
+        let mut web = api.clone();
+        web.name = "web".into();
+        let mut claimed = HashSet::new();
+        // (name, configuration, pinned entry, its live table, adopted)
+        let cases = [
+            (
+                "api: .11 and .13 from its table, .12 (down) from no table",
+                api.clone(),
+                Some(api_info),
+                vec![1, 3, 1, 3],
+                vec![Some((1, 7)), Some((2, 8)), Some((3, 9))],
+            ),
+            (
+                "web, same addresses: its own ids, not api's",
+                web.clone(),
+                Some(web_info),
+                vec![4, 6],
+                vec![Some((4, 24)), Some((5, 25)), Some((6, 26))],
+            ),
+        ];
+        for (name, cfg, pinned, live, want) in cases {
+            let p = plan_from_pins(&cfg, pinned, &live, &pins, &mut claimed);
+            assert_eq!(p.vip.map(|v| v.vip_id), pinned.map(|v| v.vip_id), "{name}");
+            assert_eq!(adopted(&p), want, "{name}");
+            let health: Vec<_> = p.backends.iter().flatten().map(|(b, _)| b.health).collect();
+            assert_eq!(
+                health,
+                [SavedHealth::Up, SavedHealth::Down, SavedHealth::Up],
+                "{name}"
+            );
+        }
+        // A VIP with no pinned entry adopts nothing; nor does one whose
+        // addresses are all claimed already.
+        let mut other = api.clone();
+        other.name = "other".into();
+        let p = plan_from_pins(&other, None, &[], &pins, &mut claimed);
+        assert!(p.vip.is_none());
+        assert_eq!(adopted(&p), vec![None, None, None]);
+        let p = plan_from_pins(
+            &other,
+            Some(VipInfo {
+                vip_id: 7,
+                ..api_info
+            }),
+            &[1],
+            &pins,
+            &mut claimed,
+        );
+        assert_eq!(adopted(&p), vec![None, None, None]);
+        // A backend added while no daemon ran starts afresh.
+        let added = vip(1009, &["10.0.0.11", "10.0.0.14"], None);
+        let p = plan_from_pins(&added, Some(api_info), &[1, 3], &pins, &mut HashSet::new());
+        assert_eq!(adopted(&p), vec![Some((1, 7)), None]);
     }
 }

@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::Context as _;
 use lb_common::{
-    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP, BackendInfo, HcReal, MAX_BACKENDS, MAX_VIPS,
+    BACKEND_DOWN, BACKEND_DRAINING, BACKEND_IDS, BACKEND_UP, BackendInfo, HcReal, MAX_VIPS,
     VipInfo, VipKey, addr16, family_of,
 };
 use tracing::{info, warn};
@@ -385,6 +385,14 @@ pub fn upsert_probe(
     );
 }
 
+/// New ids a change of configuration takes. What it gives back (removed
+/// VIPs and backends) comes free only once it is live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdsNeeded {
+    pub vips: usize,
+    pub backends: usize,
+}
+
 /// Free-list allocation of VIP and backend ids.
 #[derive(Debug, Default)]
 pub struct Ids {
@@ -405,8 +413,31 @@ impl Ids {
     }
     /// Backend id 0 means "none" in the ring.
     pub fn alloc_backend(&mut self) -> anyhow::Result<u32> {
-        alloc(&mut self.used_backends, 1..MAX_BACKENDS)
-            .context("no free backend id: at most lb_common::MAX_BACKENDS - 1 backends")
+        alloc(&mut self.used_backends, 1..BACKEND_IDS)
+            .context("no free backend id: at most lb_common::BACKEND_IDS - 1 in use at once")
+    }
+    /// Whether `need` fits in the ids free now; if not, what is short.
+    pub fn check(&self, need: &IdsNeeded) -> anyhow::Result<()> {
+        let backend_ids = BACKEND_IDS as usize - 1;
+        let free = backend_ids - self.used_backends.len();
+        if need.backends > free {
+            anyhow::bail!(
+                "{} new backend ids needed but {free} free of {backend_ids}: a changed VIP \
+                 keeps the ids of the backends it drops until its new table is live, so \
+                 old and new ids are in use at once; apply the change in smaller steps",
+                need.backends
+            );
+        }
+        let free = MAX_VIPS as usize - self.used_vips.len();
+        if need.vips > free {
+            anyhow::bail!(
+                "{} new VIP ids needed but {free} free of {MAX_VIPS}: a removed VIP gives \
+                 its id back only once the change is live; remove VIPs in one reload and \
+                 add the new ones in the next",
+                need.vips
+            );
+        }
+        Ok(())
     }
     pub fn free_vip(&mut self, id: u32) {
         self.used_vips.remove(&id);
@@ -471,7 +502,7 @@ pub fn remove_vip(dp: &mut Dataplane, ids: &mut Ids, vip: &Vip) -> anyhow::Resul
 /// conntrack entries may point at them.
 pub fn pinned_backend_ids(dp: &Dataplane) -> anyhow::Result<Vec<u32>> {
     let mut out = Vec::new();
-    for id in 1..MAX_BACKENDS {
+    for id in 1..BACKEND_IDS {
         if dp.backend(id)?.state != 0 {
             out.push(id);
         }
@@ -488,7 +519,7 @@ pub fn retire_orphans(dp: &mut Dataplane, ids: &mut Ids, vips: &[Vip]) -> anyhow
         .iter()
         .flat_map(|v| v.backends.iter().map(|b| b.id))
         .collect();
-    for id in 1..MAX_BACKENDS {
+    for id in 1..BACKEND_IDS {
         if owned_backends.contains(&id) {
             continue;
         }
@@ -501,7 +532,12 @@ pub fn retire_orphans(dp: &mut Dataplane, ids: &mut Ids, vips: &[Vip]) -> anyhow
     }
     let owned_vips: HashSet<u32> = vips.iter().map(|v| v.id).collect();
     for id in 0..MAX_VIPS {
-        if !owned_vips.contains(&id) && dp.vip_info(id)?.mode != 0 {
+        if owned_vips.contains(&id) {
+            continue;
+        }
+        // Reserved at start while a pinned key or table might use it.
+        ids.free_vip(id);
+        if dp.vip_info(id)?.mode != 0 {
             dp.set_vip_info(&VipInfo {
                 vip_id: id,
                 ..VipInfo::default()
