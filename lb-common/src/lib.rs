@@ -22,7 +22,7 @@ pub use hash::{flow_hash, siphash13};
 
 /// Version of every pinned map layout below. Stored in [`Globals::layout_version`]
 /// and in the pin directory; a daemon refuses pinned state of another version.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Maximum number of VIPs. VIP ids index the Maglev ring array and the
 /// per-VIP counters; 64 VIPs × 2 halves × 65537 slots × 8 B (the kernel rounds
