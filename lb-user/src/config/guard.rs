@@ -51,6 +51,14 @@ const MAX_REASON: usize = 200;
 pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Longest `auto_block.for`.
 const MAX_SUSTAIN: Duration = Duration::from_secs(3600);
+/// Shortest `source_v4_prefix`: a /16 (65,536 addresses, a large
+/// provider's block) is the widest network one source may stand for. Wider,
+/// one client's flood, or forged SYNs anywhere in the network, would limit
+/// and block everyone in it.
+const MIN_SOURCE_V4_PREFIX: u8 = 16;
+/// Shortest `source_v6_prefix`: a /32 is a whole provider's allocation
+/// (RIR minimum), the widest that may still be one party.
+const MIN_SOURCE_V6_PREFIX: u8 = 32;
 /// Highest `ct_insert_cap` (inserts per CPU per second).
 const MAX_INSERT_CAP: f64 = 100_000_000.0;
 
@@ -226,10 +234,12 @@ fn apply_layer(raw: &RawGuard, ctx: &str, g: &mut VipGuardConfig, p: &mut Proble
     if let Some(b) = raw.track_sources {
         g.track_sources = b;
     }
-    if let Some(len) = source_prefix("source_v4_prefix", raw.source_v4_prefix, 32, ctx, p) {
+    let v4 = ("source_v4_prefix", MIN_SOURCE_V4_PREFIX, 32);
+    if let Some(len) = source_prefix(v4, raw.source_v4_prefix, ctx, p) {
         g.v4_prefix = len;
     }
-    if let Some(len) = source_prefix("source_v6_prefix", raw.source_v6_prefix, 128, ctx, p) {
+    let v6 = ("source_v6_prefix", MIN_SOURCE_V6_PREFIX, 128);
+    if let Some(len) = source_prefix(v6, raw.source_v6_prefix, ctx, p) {
         g.v6_prefix = len;
     }
     if let Some(raw) = &raw.new_flows_per_source {
@@ -265,21 +275,23 @@ fn check_needs_counts(g: &VipGuardConfig, ctx: &str, p: &mut Problems<'_>) {
     }
 }
 
+/// `field` = `value` within `min..=max`, or `None` after an error.
 fn source_prefix(
-    field: &str,
+    (field, min, max): (&str, u8, u8),
     value: Option<i64>,
-    max: u8,
     ctx: &str,
     p: &mut Problems<'_>,
 ) -> Option<u8> {
     let len = value?;
-    if (1..=i64::from(max)).contains(&len) {
+    if (i64::from(min)..=i64::from(max)).contains(&len) {
         return Some(len as u8);
     }
     p.error(
         ctx,
         format!(
-            "{field} {len} is out of range; use 1 to {max} (the leading bits that name a source)"
+            "{field} {len} is out of range; use {min} to {max} (the leading bits that name a \
+             source: a shorter prefix makes a whole network one source, one bucket and one \
+             block, which anyone in it, or forging an address in it, could exhaust or trigger)"
         ),
     );
     None
@@ -752,10 +764,16 @@ reason = "{}""#, "x".repeat(201)), "") => [
             r#"xlb.toml: guard: ct_insert_cap "30/min" is below 1/s; the cap counts each CPU's inserts per second, so use at least "1/s" (or remove it for no cap)"#,
         ];
         source_v4_prefix_over_32: config("source_v4_prefix = 33", "") => [
-            "xlb.toml: guard: source_v4_prefix 33 is out of range; use 1 to 32 (the leading bits that name a source)",
+            "xlb.toml: guard: source_v4_prefix 33 is out of range; use 16 to 32 (the leading bits that name a source: a shorter prefix makes a whole network one source, one bucket and one block, which anyone in it, or forging an address in it, could exhaust or trigger)",
+        ];
+        source_v4_prefix_below_16: config("source_v4_prefix = 15", "") => [
+            "xlb.toml: guard: source_v4_prefix 15 is out of range; use 16 to 32 (the leading bits that name a source: a shorter prefix makes a whole network one source, one bucket and one block, which anyone in it, or forging an address in it, could exhaust or trigger)",
+        ];
+        source_v6_prefix_below_32_in_a_vip: config("", "source_v6_prefix = 31") => [
+            r#"xlb.toml: vip "api": guard: source_v6_prefix 31 is out of range; use 32 to 128 (the leading bits that name a source: a shorter prefix makes a whole network one source, one bucket and one block, which anyone in it, or forging an address in it, could exhaust or trigger)"#,
         ];
         source_v6_prefix_zero_in_a_vip: config("", "source_v6_prefix = 0") => [
-            r#"xlb.toml: vip "api": guard: source_v6_prefix 0 is out of range; use 1 to 128 (the leading bits that name a source)"#,
+            r#"xlb.toml: vip "api": guard: source_v6_prefix 0 is out of range; use 32 to 128 (the leading bits that name a source: a shorter prefix makes a whole network one source, one bucket and one block, which anyone in it, or forging an address in it, could exhaust or trigger)"#,
         ];
         limit_rate_not_a_rate: config(r#"new_flows_per_source = { rate = "200" }"#, "") => [
             r#"xlb.toml: guard: new_flows_per_source.rate "200" is not a rate; write a number per second or per minute, e.g. "200/s", "30/min""#,
