@@ -28,7 +28,7 @@ use crate::{
     ctl::EventKind,
     guard::sources::{
         AlertChange, AlertRule, Alerts, CLEAR_FACTOR, CLEAR_SAMPLES, ClearedBy, SourceRate,
-        Sustain, SustainRule, TOP, VipSummary, key_prefix, key_text,
+        Sustain, SustainRule, TOP, VipSummary, key_prefix, key_text, metric_sources,
     },
     metrics::guard::{GuardExtra, ListCount, VipGuardExtra},
 };
@@ -44,8 +44,8 @@ fn origin_str(o: EntryOrigin) -> &'static str {
     }
 }
 
-/// Top sources per VIP in the metrics (`xlb_source_new_flows_per_second`):
-/// bounded label cardinality.
+/// Most sources per VIP in the metrics (`xlb_source_new_flows_per_second`),
+/// of those above `source_alert`: bounded label cardinality.
 pub(crate) const METRICS_TOP: usize = 10;
 
 /// What the daemon keeps between walks.
@@ -59,6 +59,8 @@ pub(super) struct Watch {
     summary: BTreeMap<u32, VipSummary>,
     /// The slowest walk so far (logged when it grows past 50 ms).
     slowest: Duration,
+    /// Per VIP id, the sources its metric shows ([`metric_sources`]).
+    shown: BTreeMap<u32, Vec<SourceRate>>,
     /// Saves of the state file made off the main loop ([`block`]).
     pub(super) saves: block::Saves,
 }
@@ -127,6 +129,7 @@ impl Daemon {
         let mut due = Vec::new();
         for vi in 0..self.vips.len() {
             self.judge_alerts(vi);
+            self.choose_shown(vi);
             let d = self.judge_auto_block(vi, &rates, (from, now), budget);
             budget -= d.len();
             if !d.is_empty() {
@@ -134,6 +137,22 @@ impl Daemon {
             }
         }
         self.auto_block(due);
+    }
+
+    /// The sources VIP `vi`'s metric shows from now on.
+    fn choose_shown(&mut self, vi: usize) {
+        let id = self.vips[vi].id;
+        let empty = VipSummary::default();
+        let summary = self.sources.summary.get(&id).unwrap_or(&empty);
+        let prev: Vec<_> = self
+            .sources
+            .shown
+            .get(&id)
+            .map(|v| v.iter().map(|r| r.key).collect())
+            .unwrap_or_default();
+        let alerts = &self.sources.alerts;
+        let shown = metric_sources(&prev, summary, |k| alerts.is_heavy(k), METRICS_TOP);
+        self.sources.shown.insert(id, shown);
     }
 
     /// VIP `vi`'s `source_alert`: one `source` event per source that went
@@ -253,7 +272,7 @@ impl Daemon {
     }
 
     /// What the metrics show of the sources: per VIP, how many are tracked
-    /// and heavy, and the [`METRICS_TOP`] heaviest.
+    /// and heavy, and at most [`METRICS_TOP`] heavy ones.
     pub(super) fn sources_metrics(&self) -> GuardExtra {
         let empty = VipSummary::default();
         let vips = self.vips.iter().map(|v| {
@@ -262,10 +281,17 @@ impl Daemon {
                 vip: v.cfg.name.clone(),
                 tracked: s.tracked,
                 heavy: self.sources.alerts.heavy_count(v.id),
-                top: s
-                    .top(METRICS_TOP)
-                    .map(|r| (key_text(&r.key), r.new_flows_per_s))
-                    .collect(),
+                top: self
+                    .sources
+                    .shown
+                    .get(&v.id)
+                    .map(|shown| {
+                        shown
+                            .iter()
+                            .map(|r| (key_text(&r.key), r.new_flows_per_s))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             }
         });
         GuardExtra {

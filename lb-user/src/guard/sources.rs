@@ -195,6 +195,39 @@ pub fn by_vip(
     out
 }
 
+/// The sources VIP `summary`'s per-source metric shows: only those `heavy`
+/// says are (above `source_alert`, with its hysteresis), at most `cap`, and
+/// those it showed last time (`prev`) first while they stay heavy; then the
+/// heaviest others. A flood from random sources then adds no label: its
+/// sources are each light, and the 10 heaviest of them were a new label set
+/// every second. Heaviest first.
+pub fn metric_sources(
+    prev: &[SourceKey],
+    summary: &VipSummary,
+    heavy: impl Fn(&SourceKey) -> bool,
+    cap: usize,
+) -> Vec<SourceRate> {
+    let candidates: Vec<&SourceRate> = summary.sources.iter().filter(|r| heavy(&r.key)).collect();
+    let kept: HashSet<SourceKey> = candidates
+        .iter()
+        .filter(|r| prev.contains(&r.key))
+        .take(cap)
+        .map(|r| r.key)
+        .collect();
+    let room = cap - kept.len();
+    let fresh: HashSet<SourceKey> = candidates
+        .iter()
+        .filter(|r| !kept.contains(&r.key))
+        .take(room)
+        .map(|r| r.key)
+        .collect();
+    candidates
+        .into_iter()
+        .filter(|r| kept.contains(&r.key) || fresh.contains(&r.key))
+        .copied()
+        .collect()
+}
+
 /// A VIP's `source_alert`: a source is heavy above `rate_per_s` new flows
 /// per second, or above `share` of the VIP's new flows while the VIP has at
 /// least `min_rate_per_s` (a VIP with three clients is not under attack
@@ -900,5 +933,44 @@ mod tests {
         );
         assert_eq!(fired[10], ["192.0.2.7/32"], "the third a tick later");
         assert!(fired[11].is_empty(), "each once");
+    }
+
+    #[test]
+    fn the_metric_shows_heavy_sources_only_at_most_cap_and_keeps_its_labels() {
+        let key = |i: u32| v4(1, (0x0a00_0000 | i).to_be_bytes());
+        let mut labels = HashSet::new();
+        let mut prev: Vec<SourceKey> = Vec::new();
+        // Ten seconds of a flood from 10,000 new random sources a second,
+        // each light, under 12 heavy sources whose order changes.
+        for t in 0..10u32 {
+            let mut rates: Vec<SourceRate> = (0..10_000)
+                .map(|i| rate(key(100 + t * 10_000 + i), 1.0 + f64::from(i % 7), 0.0))
+                .collect();
+            rates.extend((0..12).map(|i| rate(key(i), 500.0 + f64::from((i + t) % 12), 0.0)));
+            let s = summary(&rates);
+            let shown = metric_sources(&prev, &s, |k| k.addr[3] < 12 && k.addr[2] == 0, 10);
+            assert_eq!(shown.len(), 10, "at most the cap, at t = {t}");
+            assert!(
+                shown
+                    .windows(2)
+                    .all(|w| w[0].new_flows_per_s >= w[1].new_flows_per_s),
+                "heaviest first"
+            );
+            prev = shown.iter().map(|r| r.key).collect();
+            labels.extend(prev.iter().copied());
+        }
+        assert_eq!(
+            labels.len(),
+            10,
+            "the same 10 labels all along: {}",
+            labels.len()
+        );
+        // Without an alert nothing is heavy: no series at all.
+        let s = summary(&[rate(key(1), 900.0, 0.0)]);
+        assert!(metric_sources(&[], &s, |_| false, 10).is_empty());
+        // A shown source that is no longer heavy gives its place.
+        let s = summary(&[rate(key(1), 900.0, 0.0), rate(key(2), 800.0, 0.0)]);
+        let shown = metric_sources(&[key(1)], &s, |k| *k == key(2), 1);
+        assert_eq!(shown.iter().map(|r| r.key).collect::<Vec<_>>(), [key(2)]);
     }
 }
