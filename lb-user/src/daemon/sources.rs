@@ -12,7 +12,7 @@ mod walk;
 pub use walk::walk_sources;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     net::IpAddr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -26,6 +26,7 @@ use super::Daemon;
 use crate::{
     config::{AutoBlock, SourceAlert},
     ctl::EventKind,
+    guard::lists::Cover,
     guard::sources::{
         AlertChange, AlertRule, Alerts, CLEAR_FACTOR, CLEAR_SAMPLES, ClearedBy, SourceRate,
         Sustain, SustainRule, TOP, VipSummary, key_prefix, key_text, metric_sources,
@@ -61,6 +62,10 @@ pub(super) struct Watch {
     slowest: Duration,
     /// Per VIP id, the sources its metric shows ([`metric_sources`]).
     shown: BTreeMap<u32, Vec<SourceRate>>,
+    /// Per VIP name, its deny and allow entries indexed, and the lists'
+    /// [`changes`](crate::guard::lists::Lists::changes) they were built at:
+    /// rebuilt when the lists change, not every tick.
+    covers: HashMap<String, (u64, Cover, Cover)>,
     /// Saves of the state file made off the main loop ([`block`]).
     pub(super) saves: block::Saves,
 }
@@ -142,6 +147,11 @@ impl Daemon {
     /// The sources VIP `vi`'s metric shows from now on.
     fn choose_shown(&mut self, vi: usize) {
         let id = self.vips[vi].id;
+        if self.vips[vi].cfg.guard.alert.is_none() {
+            // Nothing is heavy without an alert: no scan of every source.
+            self.sources.shown.remove(&id);
+            return;
+        }
         let empty = VipSummary::default();
         let summary = self.sources.summary.get(&id).unwrap_or(&empty);
         let prev: Vec<_> = self
@@ -206,21 +216,25 @@ impl Daemon {
         let vip = &self.vips[vi];
         let vip_id = vip.id;
         let rule = vip.cfg.guard.auto_block.as_ref().map(sustain_rule);
-        let (deny, allow) = if rule.is_some() {
-            let name = &vip.cfg.name;
-            (
-                self.lists.cover(ListKind::Deny, name),
-                self.lists.cover(ListKind::Allow, name),
-            )
-        } else {
-            Default::default()
+        let Watch {
+            sustain, covers, ..
+        } = &mut self.sources;
+        let Some(rule) = rule else {
+            return sustain.update(vip_id, None, rates, interval, budget, |_| false);
         };
-        self.sources
-            .sustain
-            .update(vip_id, rule.as_ref(), rates, interval, budget, |k| {
-                let addr = key_prefix(k).0;
-                deny.covers(addr) || allow.covers(addr)
-            })
+        let changes = self.lists.changes();
+        let name = &vip.cfg.name;
+        let fresh = covers.get(name).is_some_and(|(at, ..)| *at == changes);
+        if !fresh {
+            let deny = self.lists.cover(ListKind::Deny, name);
+            let allow = self.lists.cover(ListKind::Allow, name);
+            covers.insert(name.clone(), (changes, deny, allow));
+        }
+        let (_, deny, allow) = &covers[name];
+        sustain.update(vip_id, Some(&rule), rates, interval, budget, |k| {
+            let addr = key_prefix(k).0;
+            deny.covers(addr) || allow.covers(addr)
+        })
     }
 
     /// `xlb sources`: the heaviest sources of one VIP or of every VIP.

@@ -173,6 +173,8 @@ pub struct Lists {
     /// Rule ids the tries held for entries at start: taken by the same
     /// entry if it is still wanted.
     hints: HashMap<EntryKey, u32>,
+    /// Changes to `entries` so far: what a [`Cover`] was built from.
+    changes: u64,
 }
 
 impl Default for Lists {
@@ -188,6 +190,7 @@ impl Lists {
             entries: HashMap::new(),
             ids: RuleIds::new(max),
             hints: HashMap::new(),
+            changes: 0,
         }
     }
 
@@ -255,6 +258,7 @@ impl Lists {
                 continue;
             }
             let rule = self.alloc(&key)?;
+            self.changes += 1;
             self.entries.insert(
                 key.clone(),
                 Entry {
@@ -292,6 +296,7 @@ impl Lists {
             expires_unix_ms: new.expires_unix_ms,
             rule,
         };
+        self.changes += 1;
         self.entries.insert(new.key, e.clone());
         Ok((e, fresh))
     }
@@ -304,6 +309,7 @@ impl Lists {
         }
         let rule = self.alloc(&e.key)?;
         let e = Entry { rule, ..e };
+        self.changes += 1;
         self.entries.insert(e.key.clone(), e.clone());
         Ok(Some(e))
     }
@@ -321,6 +327,7 @@ impl Lists {
 
     fn take(&mut self, key: &EntryKey) -> Option<Entry> {
         let e = self.entries.remove(key)?;
+        self.changes += 1;
         self.ids.release(e.rule);
         Some(e)
     }
@@ -367,6 +374,12 @@ impl Lists {
         let mut v: Vec<&Entry> = self.entries.values().collect();
         v.sort_by(|a, b| order(a, b));
         v
+    }
+
+    /// Changes to the entries so far (added, replaced or removed): a
+    /// [`Cover`] built at one count holds until it moves.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Every entry, in no particular order.
