@@ -17,7 +17,7 @@ use std::{
     },
 };
 
-use lb_ctl::{EntryOrigin, GuardAction, ListKind};
+use lb_ctl::{EntryOrigin, ListKind};
 use tracing::{error, info, warn};
 
 use super::{Daemon, per_s};
@@ -73,7 +73,9 @@ impl Daemon {
         }
         self.save_off_the_loop();
         let (what, vip) = match vips.as_slice() {
-            [one] if blocked == 1 => (targets[0].2.clone(), Some(one.clone())),
+            [one] if blocked == 1 && targets.len() == 1 => {
+                (targets[0].2.clone(), Some(one.clone()))
+            }
             [one] => (
                 format!("{blocked} automatic deny entries of vip {one:?}"),
                 Some(one.clone()),
@@ -175,7 +177,7 @@ impl Daemon {
                      auto_block: established flows above {} for at least {} s; the heaviest: \
                      {}{}; `xlb blocks` lists them all",
                     added.len(),
-                    action_text(auto.action),
+                    auto.action.as_str(),
                     crate::guard::short_duration(auto.ttl),
                     per_s(auto.above_per_s),
                     auto.sustained.as_secs_f64(),
@@ -199,10 +201,6 @@ impl Daemon {
             None,
         );
     }
-}
-
-fn action_text(a: GuardAction) -> &'static str {
-    a.as_str()
 }
 
 /// The reason an automatic entry records.
