@@ -20,17 +20,25 @@ pub enum DecapStat {
     /// Tunnel packet to us from an allowed source whose inner destination is
     /// not a VIP this backend serves (`--vip`): dropped.
     DropInnerDst = 4,
+    /// Tunnel packet to us of a shape the decapsulator does not check:
+    /// IPv4 with options or fragmented around IPIP, 6in4 (IPv4 protocol 41),
+    /// 4in6 (IPv6 next header 4), IPIP/IP6IP6 behind IPv6 extension headers
+    /// (or a chain too long to walk), or a tunnel inside the tunnel.
+    /// Dropped: passed up, a tunnel module (`ipip`, `sit`, `ip6_tunnel`)
+    /// would strip it without the `--allow-source` check.
+    DropUnchecked = 5,
 }
 pub const DECAP_STATS_LEN: u32 = DecapStat::ALL.len() as u32;
 
 impl DecapStat {
     /// Every counter, in index order.
-    pub const ALL: [DecapStat; 5] = [
+    pub const ALL: [DecapStat; 6] = [
         DecapStat::Decap,
         DecapStat::Pass,
         DecapStat::DropMalformed,
         DecapStat::DropSource,
         DecapStat::DropInnerDst,
+        DecapStat::DropUnchecked,
     ];
 
     /// The counter's name in logs and the README.
@@ -41,6 +49,7 @@ impl DecapStat {
             DecapStat::DropMalformed => "drop_malformed",
             DecapStat::DropSource => "drop_source",
             DecapStat::DropInnerDst => "drop_inner_dst",
+            DecapStat::DropUnchecked => "drop_unchecked",
         }
     }
 }

@@ -189,8 +189,23 @@ pub struct SourceState {
     /// Packets: new flows, misses, and established packets sampled one in
     /// [`SOURCE_SAMPLE`] (weighted).
     pub packets: u64,
+    /// Flows confirmed by the client: counted once per conntrack entry, at
+    /// the first packet that hits it and could only follow a handshake (see
+    /// [`CT_FLAG_ESTABLISHED`]). What `auto_block` judges: a flood of SYNs
+    /// with a forged source never counts here.
+    pub established: u64,
 }
-const _: () = assert!(core::mem::size_of::<SourceState>() == 32);
+const _: () = assert!(core::mem::size_of::<SourceState>() == 40);
+
+/// [`crate::CtEntry::flags`]: the flow was counted in its source's
+/// [`SourceState::established`]: the first packet to hit the entry was a
+/// TCP ACK without SYN, FIN or RST (the third packet of a handshake), or
+/// any UDP packet (a flow's second packet). Set once, so a flow counts
+/// once. Only the client's half of a DSR connection reaches the load
+/// balancer, so this is the cheapest sign of a handshake it can observe:
+/// a flood of bare SYNs never sets it, but a spoofer who sends, for each
+/// SYN, a blind ACK of the same 5-tuple does (README, security model).
+pub const CT_FLAG_ESTABLISHED: u32 = 2;
 
 /// Value of `XLB_CT_RATE` (per-CPU array of one): this CPU's conntrack
 /// inserts in the current one-second window.

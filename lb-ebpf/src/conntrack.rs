@@ -102,6 +102,7 @@ fn use_entry(pkt: &Packet, e: &mut CtEntry, g: &Globals, now: u64) -> Option<Tar
     if count_sampled(Stat::CtHit, SOURCE_SAMPLE) {
         crate::guard::sample(pkt, e.vip_id);
     }
+    crate::guard::confirm(pkt, e);
     if now.wrapping_sub(e.last_seen_ns) > CT_TOUCH_INTERVAL_NS {
         e.last_seen_ns = now;
     }

@@ -7,8 +7,12 @@
 //! `xlb decap --allow-source`) and the inner destination a VIP address this
 //! backend serves (`XLB_DECAP_VIP`, `--vip`). Anything else to our
 //! addresses is dropped and counted, never passed up: a forged inner
-//! source must not reach the stack. Traffic that is not a tunnel to us
-//! passes untouched.
+//! source must not reach the stack. So is every tunnel to us of a shape
+//! this program does not strip (IPv4 options or fragments, 6in4, 4in6,
+//! IPv6 extension headers before the tunnel, a tunnel inside the tunnel):
+//! passed up, the kernel's tunnel modules (`ipip`, `sit`, `ip6_tunnel`, whose
+//! fallback devices take any source) would strip it unchecked. Traffic
+//! that is not a tunnel to us passes untouched.
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use lb_common::{DecapAddrKey, DecapStat, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6};
@@ -41,13 +45,34 @@ fn drop(stat: DecapStat) -> u32 {
     xdp_action::XDP_DROP
 }
 
-/// A tunnel packet to one of our addresses, as its outer header says.
-struct Tunnel {
-    /// Length of the outer header (that of the inner one too: same family).
-    outer: usize,
-    /// The outer source is an allowed load balancer.
-    allowed: bool,
+/// What the outer header of a packet to one of our addresses says.
+enum Outer {
+    /// A tunnel this program strips.
+    Tunnel {
+        /// Length of the outer header (that of the inner one too: same
+        /// family).
+        outer: usize,
+        /// The outer source is an allowed load balancer.
+        allowed: bool,
+    },
+    /// A tunnel this program does not strip: dropped.
+    Unchecked,
 }
+
+/// IPv6 extension headers whose length is (byte 1 + 1) × 8 (RFC 8200 §4):
+/// hop-by-hop, routing, destination options, mobility, HIP, shim6.
+const IPV6_EXT_8: [u8; 6] = [0, 43, 60, 135, 139, 140];
+/// IPv6 authentication header: length (byte 1 + 2) × 4 (RFC 4302).
+const IPV6_AH: u8 = 51;
+/// IPv6 fragment header: 8 bytes.
+const IPV6_FRAGMENT: u8 = 44;
+/// Extension headers walked before the next header must be the payload's;
+/// more is no traffic of ours and is dropped (RFC 8200 §4.1 recommends at
+/// most one of each, in order: 6 or fewer).
+const MAX_IPV6_EXT: usize = 6;
+/// The furthest byte of a walked chain (past it: dropped); a bound the
+/// verifier can see on the walk's offset.
+const MAX_IPV6_CHAIN: usize = 512;
 
 pub(crate) fn run(ctx: &XdpContext) -> u32 {
     // Tagged or not, truncated or not: a frame with no IP header is not ours.
@@ -60,8 +85,10 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
         ETH_P_IPV6 => ip6ip6_to_us(ctx, l3off),
         _ => None,
     };
-    let Some(Tunnel { outer, allowed }) = tunnel else {
-        return pass();
+    let (outer, allowed) = match tunnel {
+        None => return pass(),
+        Some(Outer::Unchecked) => return drop(DecapStat::DropUnchecked),
+        Some(Outer::Tunnel { outer, allowed }) => (outer, allowed),
     };
     if !allowed {
         return drop(DecapStat::DropSource);
@@ -75,9 +102,14 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     } else {
         inner_dst6(ctx, l3off + IPV6_LEN, &mut key)
     };
-    let Some(inner) = inner else {
+    let Some((inner, nested)) = inner else {
         return drop(DecapStat::DropMalformed);
     };
+    // The stack would hand a tunnel inside the tunnel, addressed to a VIP
+    // (a local address), to a tunnel module: unchecked again.
+    if nested {
+        return drop(DecapStat::DropUnchecked);
+    }
     if XLB_DECAP_VIP.get_ptr(inner).is_none() {
         return drop(DecapStat::DropInnerDst);
     }
@@ -93,24 +125,26 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
-/// IPv4-in-IPv4 to one of our addresses. Only a plain 20-byte, unfragmented
-/// outer header is ours to strip.
+/// A tunnel in IPv4 to one of our addresses. Only IPv4-in-IPv4 with a
+/// plain 20-byte, unfragmented outer header is ours to strip; options or a
+/// fragment around it, or IPv6 inside (6in4), is unchecked.
 #[inline(always)]
-fn ipip4_to_us(ctx: &XdpContext, l3off: usize) -> Option<Tunnel> {
+fn ipip4_to_us(ctx: &XdpContext, l3off: usize) -> Option<Outer> {
     let ip = ptr_at::<Ipv4Hdr>(ctx, l3off)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
-    let ours = ip.protocol == PROTO_IPIP
-        && ip.version_ihl == IPV4_VERSION_IHL
-        && XLB_DECAP_ADDR
-            .get_ptr(addr_key::<DecapAddrKey>(
-                &mut WordKey::uninit(),
-                [word(&ip.daddr, 0), 0, 0, 0],
-                FAMILY_V4,
-            ))
-            .is_some()
-        && !ip.is_fragment();
-    ours.then(|| Tunnel {
+    if ip.protocol != PROTO_IPIP && ip.protocol != PROTO_IPV6 {
+        return None;
+    }
+    XLB_DECAP_ADDR.get_ptr(addr_key::<DecapAddrKey>(
+        &mut WordKey::uninit(),
+        [word(&ip.daddr, 0), 0, 0, 0],
+        FAMILY_V4,
+    ))?;
+    if ip.protocol == PROTO_IPV6 || ip.version_ihl != IPV4_VERSION_IHL || ip.is_fragment() {
+        return Some(Outer::Unchecked);
+    }
+    Some(Outer::Tunnel {
         outer: IPV4_LEN,
         allowed: XLB_DECAP_SRC4
             .get(
@@ -122,22 +156,33 @@ fn ipip4_to_us(ctx: &XdpContext, l3off: usize) -> Option<Tunnel> {
     })
 }
 
-/// IPv6-in-IPv6 to one of our addresses.
+/// A tunnel in IPv6 to one of our addresses. Only IPv6-in-IPv6 right after
+/// the fixed header is ours to strip; IPv4 inside (4in6), or either behind
+/// extension headers, is unchecked. A packet to us that is no tunnel (its
+/// extension headers lead to anything else) is `None`: passed.
 #[inline(always)]
-fn ip6ip6_to_us(ctx: &XdpContext, l3off: usize) -> Option<Tunnel> {
+fn ip6ip6_to_us(ctx: &XdpContext, l3off: usize) -> Option<Outer> {
     let ip = ptr_at::<Ipv6Hdr>(ctx, l3off)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
-    let ours = ip.nexthdr == PROTO_IPV6
-        && XLB_DECAP_ADDR
-            .get_ptr(addr_key::<DecapAddrKey>(
-                &mut WordKey::uninit(),
-                addr_words(&ip.daddr),
-                FAMILY_V6,
-            ))
-            .is_some();
+    let next = ip.nexthdr;
+    let ext = IPV6_EXT_8.contains(&next) || next == IPV6_AH || next == IPV6_FRAGMENT;
+    if next != PROTO_IPV6 && next != PROTO_IPIP && !ext {
+        return None;
+    }
+    XLB_DECAP_ADDR.get_ptr(addr_key::<DecapAddrKey>(
+        &mut WordKey::uninit(),
+        addr_words(&ip.daddr),
+        FAMILY_V6,
+    ))?;
+    if next == PROTO_IPIP || (ext && tunnel_behind_ext(ctx, l3off + IPV6_LEN, next)) {
+        return Some(Outer::Unchecked);
+    }
+    if ext {
+        return None;
+    }
     let [a, b, c, d] = addr_words(&ip.saddr);
-    ours.then(|| Tunnel {
+    Some(Outer::Tunnel {
         outer: IPV6_LEN,
         allowed: XLB_DECAP_SRC6
             .get(WordKey::<3>::uninit().fill([128, a, b, c, d]).as_trie_key())
@@ -145,36 +190,91 @@ fn ip6ip6_to_us(ctx: &XdpContext, l3off: usize) -> Option<Tunnel> {
     })
 }
 
-/// The destination of the IPv4 header at `off`, as a key written in `key`;
-/// `None` if it is truncated or not IPv4.
+/// Whether the IPv6 extension headers from `off` on (the first of type
+/// `next`) lead to an IPIP or IPv6 header, or are too many or too long to
+/// tell. A non-first fragment shows no header past its fragment header:
+/// the first fragment's is judged, and without it the kernel never
+/// reassembles the packet. A truncated chain is no tunnel (the kernel drops
+/// it).
+#[inline(always)]
+fn tunnel_behind_ext(ctx: &XdpContext, mut off: usize, mut next: u8) -> bool {
+    for _ in 0..MAX_IPV6_EXT {
+        if next == PROTO_IPIP || next == PROTO_IPV6 {
+            return true;
+        }
+        if off > MAX_IPV6_CHAIN {
+            return true;
+        }
+        let Some(h) = ptr_at::<[u8; 4]>(ctx, off) else {
+            return false;
+        };
+        // SAFETY: bounds checked by ptr_at.
+        let h = unsafe { &*h };
+        let len = if IPV6_EXT_8.contains(&next) {
+            (usize::from(h[1]) + 1) * 8
+        } else if next == IPV6_AH {
+            (usize::from(h[1]) + 2) * 4
+        } else if next == IPV6_FRAGMENT {
+            let offset = u16::from_be_bytes([h[2], h[3]]) & 0xfff8;
+            if offset != 0 {
+                return h[0] == PROTO_IPIP || h[0] == PROTO_IPV6;
+            }
+            8
+        } else {
+            // The payload's header: not a tunnel.
+            return false;
+        };
+        next = h[0];
+        off += len;
+    }
+    // Past the walk: a tunnel, or still an extension header, is dropped.
+    next == PROTO_IPIP
+        || next == PROTO_IPV6
+        || IPV6_EXT_8.contains(&next)
+        || next == IPV6_AH
+        || next == IPV6_FRAGMENT
+}
+
+/// The destination of the IPv4 header at `off`, as a key written in `key`,
+/// and whether it carries a tunnel; `None` if it is truncated or not IPv4.
 #[inline(always)]
 fn inner_dst4<'k>(
     ctx: &XdpContext,
     off: usize,
     key: &'k mut WordKey<3>,
-) -> Option<&'k DecapAddrKey> {
+) -> Option<(&'k DecapAddrKey, bool)> {
     let ip = ptr_at::<Ipv4Hdr>(ctx, off)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
     if ip.version_ihl >> 4 != 4 {
         return None;
     }
-    Some(addr_key(key, [word(&ip.daddr, 0), 0, 0, 0], FAMILY_V4))
+    let nested = ip.protocol == PROTO_IPIP || ip.protocol == PROTO_IPV6;
+    Some((
+        addr_key(key, [word(&ip.daddr, 0), 0, 0, 0], FAMILY_V4),
+        nested,
+    ))
 }
 
-/// The destination of the IPv6 header at `off`, as [`inner_dst4`]; `None`
-/// if it is truncated or not IPv6.
+/// The destination of the IPv6 header at `off` and whether it carries a
+/// tunnel (right after it or behind extension headers), as [`inner_dst4`];
+/// `None` if it is truncated or not IPv6.
 #[inline(always)]
 fn inner_dst6<'k>(
     ctx: &XdpContext,
     off: usize,
     key: &'k mut WordKey<3>,
-) -> Option<&'k DecapAddrKey> {
+) -> Option<(&'k DecapAddrKey, bool)> {
     let ip = ptr_at::<Ipv6Hdr>(ctx, off)?;
     // SAFETY: bounds checked by ptr_at.
     let ip = unsafe { &*ip };
     if ip.version_tc_flow[0] >> 4 != 6 {
         return None;
     }
-    Some(addr_key(key, addr_words(&ip.daddr), FAMILY_V6))
+    let next = ip.nexthdr;
+    let nested = next == PROTO_IPIP
+        || next == PROTO_IPV6
+        || ((IPV6_EXT_8.contains(&next) || next == IPV6_AH || next == IPV6_FRAGMENT)
+            && tunnel_behind_ext(ctx, off + IPV6_LEN, next));
+    Some((addr_key(key, addr_words(&ip.daddr), FAMILY_V6), nested))
 }

@@ -12,7 +12,10 @@
 //!   even when CPUs race; the only race left is the decision itself, which
 //!   can admit at most one flow per CPU over the burst at the instant the
 //!   bucket runs out. Accurate to the flow, with no lock.
-//! - Tracking: new flows and packets per source, for `xlb sources`.
+//! - Tracking: new flows and packets per source, for `xlb sources`; and,
+//!   from the conntrack hit path ([`confirm`]), flows the client carried on
+//!   past its SYN, the only count `auto_block` judges: a SYN's source can
+//!   be forged, so SYNs alone must not be able to aim a block at a victim.
 //! - Refused: `reset` answers a TCP SYN with a RST (`reset.rs`), everything
 //!   else is dropped.
 
@@ -20,13 +23,15 @@ use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::{maps::LpmTrie, programs::XdpContext};
 use lb_common::{
-    ACTION_RESET, FAMILY_V4, GUARD_LIMIT, GUARD_LISTS, GUARD_TRACK, LIST_SCOPE_BITS, ListEntry,
-    PROTO_TCP, SCOPE_GLOBAL, SOURCE_SAMPLE, SourceKey, SourceState, Stat, VipGuard,
+    ACTION_RESET, CT_FLAG_ESTABLISHED, CtEntry, FAMILY_V4, GUARD_LIMIT, GUARD_LISTS, GUARD_TRACK,
+    LIST_SCOPE_BITS, ListEntry, PROTO_TCP, PROTO_UDP, SCOPE_GLOBAL, SOURCE_SAMPLE, SourceKey,
+    SourceState, Stat, VipGuard,
 };
 
 use crate::{
     XLB_ALLOW_V4, XLB_ALLOW_V6, XLB_DENY_V4, XLB_DENY_V6, XLB_GUARD, XLB_LIST_HITS, XLB_SOURCES,
     key::{WordKey, Zeroed, addr_words, word},
+    packet::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     parse::Packet,
     reset,
     stats::{bump, count, drop_with},
@@ -104,6 +109,45 @@ pub(crate) fn sample(pkt: &Packet, vip_id: u32) {
     if let Some(s) = XLB_SOURCES.get_ptr_mut(&source_key(pkt, vip_id, g)) {
         // SAFETY: LRU values stay valid for the program's run (RCU).
         add(unsafe { &raw mut (*s).packets }, SOURCE_SAMPLE);
+    }
+}
+
+/// A packet that hit conntrack entry `e`: the first that confirms the flow
+/// (a TCP ACK without SYN, FIN or RST, the handshake's third packet; any
+/// UDP packet, a flow's second) marks the entry [`CT_FLAG_ESTABLISHED`]
+/// and counts one established flow on its source, which `auto_block`
+/// judges. Once per flow: later packets cost this one flag test.
+#[inline(always)]
+pub(crate) fn confirm(pkt: &Packet, e: &mut CtEntry) {
+    if e.flags & CT_FLAG_ESTABLISHED != 0 {
+        return;
+    }
+    let f = pkt.tcp_flags & (TCP_SYN | TCP_ACK | TCP_FIN | TCP_RST);
+    if pkt.flow.proto == PROTO_UDP || (pkt.flow.proto == PROTO_TCP && f == TCP_ACK) {
+        // A racing CPU's `CT_FLAG_CLOSING` could be lost by this plain
+        // read-modify-write; the flow's FIN or RST is not its first
+        // confirming packet, so the two are not written at the same time
+        // in practice, and a lost mark only delays a drain's count.
+        e.flags |= CT_FLAG_ESTABLISHED;
+        established(pkt, e.vip_id);
+    }
+}
+
+/// One confirmed flow of VIP `vip_id` ([`confirm`]): counted on its source,
+/// whose entry is made if the LRU lost it since the SYN (a random-source
+/// flood churns the map; a real client must still be counted).
+// verifier: as `judge`.
+#[inline(never)]
+fn established(pkt: &Packet, vip_id: u32) {
+    let Some(g) = XLB_GUARD.get(vip_id) else {
+        return;
+    };
+    if g.flags & (GUARD_LIMIT | GUARD_TRACK) == 0 {
+        return;
+    }
+    if let Some(s) = tracked(&source_key(pkt, vip_id, g)) {
+        // SAFETY: LRU values stay valid for the program's run (RCU).
+        add(unsafe { &raw mut (*s).established }, 1);
     }
 }
 

@@ -37,6 +37,15 @@ pub mod defaults {
     pub const AUTO_BLOCK_FOR: Duration = Duration::from_secs(10);
     /// `auto_block.ttl`.
     pub const AUTO_BLOCK_TTL: Duration = Duration::from_secs(15 * 60);
+    /// `guard.ct_insert_cap`: conntrack inserts per CPU per second, Katran's
+    /// default (`MAX_CONN_RATE`, 125,000 new flows/s per core). Far above
+    /// what one core forwards in new flows of real clients, so it never
+    /// touches them, and it bounds how fast a random-source flood turns the
+    /// conntrack LRU over: at the default `conntrack_size` (1,048,576) and 8
+    /// CPUs, a flood at the cap on every CPU replaces the table in about a
+    /// second, where an uncapped one (millions of SYNs a second per core in
+    /// XDP) does it many times a second. Sizing: README, `ct_insert_cap`.
+    pub const CT_INSERT_CAP: u64 = 125_000;
 }
 
 /// Lowest rate of a limit, an alert or an auto block (one per minute).
@@ -51,19 +60,38 @@ const MAX_REASON: usize = 200;
 pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Longest `auto_block.for`.
 const MAX_SUSTAIN: Duration = Duration::from_secs(3600);
+/// Shortest `source_v4_prefix`: a /16 (65,536 addresses, a large
+/// provider's block) is the widest network one source may stand for. Wider,
+/// one client's flood, or forged SYNs anywhere in the network, would limit
+/// and block everyone in it.
+const MIN_SOURCE_V4_PREFIX: u8 = 16;
+/// Shortest `source_v6_prefix`: a /32 is a whole provider's allocation
+/// (RIR minimum), the widest that may still be one party.
+const MIN_SOURCE_V6_PREFIX: u8 = 32;
 /// Highest `ct_insert_cap` (inserts per CPU per second).
 const MAX_INSERT_CAP: f64 = 100_000_000.0;
 
 /// The daemon-wide part of `[guard]`: what is not merged into the VIPs.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GuardConfig {
     /// Conntrack inserts per CPU per second above which new flows are
-    /// forwarded but not tracked; `None` = no cap.
+    /// forwarded but not tracked ([`defaults::CT_INSERT_CAP`] unless set);
+    /// `None` = no cap (`ct_insert_cap = "off"`).
     pub ct_insert_cap: Option<u64>,
     /// `[[guard.deny]]`: refused at every VIP, in file order.
     pub deny: Vec<ListRule>,
     /// `[[guard.allow]]`: never refused by a deny entry, at every VIP.
     pub allow: Vec<ListRule>,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        GuardConfig {
+            ct_insert_cap: Some(defaults::CT_INSERT_CAP),
+            deny: Vec::new(),
+            allow: Vec::new(),
+        }
+    }
 }
 
 /// One VIP's guard: `[guard]` merged under `[vip.guard]` key by key, and
@@ -226,10 +254,12 @@ fn apply_layer(raw: &RawGuard, ctx: &str, g: &mut VipGuardConfig, p: &mut Proble
     if let Some(b) = raw.track_sources {
         g.track_sources = b;
     }
-    if let Some(len) = source_prefix("source_v4_prefix", raw.source_v4_prefix, 32, ctx, p) {
+    let v4 = ("source_v4_prefix", MIN_SOURCE_V4_PREFIX, 32);
+    if let Some(len) = source_prefix(v4, raw.source_v4_prefix, ctx, p) {
         g.v4_prefix = len;
     }
-    if let Some(len) = source_prefix("source_v6_prefix", raw.source_v6_prefix, 128, ctx, p) {
+    let v6 = ("source_v6_prefix", MIN_SOURCE_V6_PREFIX, 128);
+    if let Some(len) = source_prefix(v6, raw.source_v6_prefix, ctx, p) {
         g.v6_prefix = len;
     }
     if let Some(raw) = &raw.new_flows_per_source {
@@ -265,21 +295,23 @@ fn check_needs_counts(g: &VipGuardConfig, ctx: &str, p: &mut Problems<'_>) {
     }
 }
 
+/// `field` = `value` within `min..=max`, or `None` after an error.
 fn source_prefix(
-    field: &str,
+    (field, min, max): (&str, u8, u8),
     value: Option<i64>,
-    max: u8,
     ctx: &str,
     p: &mut Problems<'_>,
 ) -> Option<u8> {
     let len = value?;
-    if (1..=i64::from(max)).contains(&len) {
+    if (i64::from(min)..=i64::from(max)).contains(&len) {
         return Some(len as u8);
     }
     p.error(
         ctx,
         format!(
-            "{field} {len} is out of range; use 1 to {max} (the leading bits that name a source)"
+            "{field} {len} is out of range; use {min} to {max} (the leading bits that name a \
+             source: a shorter prefix makes a whole network one source, one bucket and one \
+             block, which anyone in it, or forging an address in it, could exhaust or trigger)"
         ),
     );
     None
@@ -431,15 +463,21 @@ fn bounded_duration(
     Some(d)
 }
 
+/// `ct_insert_cap`: the default when absent, `None` for `"off"`.
 fn insert_cap(text: Option<&str>, ctx: &str, p: &mut Problems<'_>) -> Option<u64> {
-    let text = text?;
+    let Some(text) = text else {
+        return Some(defaults::CT_INSERT_CAP);
+    };
+    if text.trim() == "off" {
+        return None;
+    }
     let r = rate("ct_insert_cap", text, MAX_INSERT_CAP, ctx, p)?;
     if r < 1.0 {
         p.error(
             ctx,
             format!(
                 "ct_insert_cap {text:?} is below 1/s; the cap counts each CPU's inserts per \
-                 second, so use at least \"1/s\" (or remove it for no cap)"
+                 second, so use at least \"1/s\" (or \"off\" for no cap)"
             ),
         );
         return None;
@@ -560,6 +598,19 @@ address = "10.0.0.11"
             prefix: prefix.parse().unwrap(),
             action,
             reason: reason.to_owned(),
+        }
+    }
+
+    #[test]
+    fn ct_insert_cap_defaults_to_katrans_and_may_be_turned_off() {
+        let cases = [
+            ("no [guard] at all", "", Some(125_000)),
+            ("[guard] without it", "track_sources = true", Some(125_000)),
+            ("set", r#"ct_insert_cap = "250000/s""#, Some(250_000)),
+            ("off", r#"ct_insert_cap = "off""#, None),
+        ];
+        for (name, global, want) in cases {
+            assert_eq!(parse(global, "").guard.ct_insert_cap, want, "{name}");
         }
     }
 
@@ -749,13 +800,19 @@ reason = "{}""#, "x".repeat(201)), "") => [
             r#"xlb.toml: vip "api": guard: ct_insert_cap is a daemon-wide setting (each CPU's conntrack inserts per second, all VIPs together); set it in [guard]"#,
         ];
         ct_insert_cap_below_one_per_second: config(r#"ct_insert_cap = "30/min""#, "") => [
-            r#"xlb.toml: guard: ct_insert_cap "30/min" is below 1/s; the cap counts each CPU's inserts per second, so use at least "1/s" (or remove it for no cap)"#,
+            r#"xlb.toml: guard: ct_insert_cap "30/min" is below 1/s; the cap counts each CPU's inserts per second, so use at least "1/s" (or "off" for no cap)"#,
         ];
         source_v4_prefix_over_32: config("source_v4_prefix = 33", "") => [
-            "xlb.toml: guard: source_v4_prefix 33 is out of range; use 1 to 32 (the leading bits that name a source)",
+            "xlb.toml: guard: source_v4_prefix 33 is out of range; use 16 to 32 (the leading bits that name a source: a shorter prefix makes a whole network one source, one bucket and one block, which anyone in it, or forging an address in it, could exhaust or trigger)",
+        ];
+        source_v4_prefix_below_16: config("source_v4_prefix = 15", "") => [
+            "xlb.toml: guard: source_v4_prefix 15 is out of range; use 16 to 32 (the leading bits that name a source: a shorter prefix makes a whole network one source, one bucket and one block, which anyone in it, or forging an address in it, could exhaust or trigger)",
+        ];
+        source_v6_prefix_below_32_in_a_vip: config("", "source_v6_prefix = 31") => [
+            r#"xlb.toml: vip "api": guard: source_v6_prefix 31 is out of range; use 32 to 128 (the leading bits that name a source: a shorter prefix makes a whole network one source, one bucket and one block, which anyone in it, or forging an address in it, could exhaust or trigger)"#,
         ];
         source_v6_prefix_zero_in_a_vip: config("", "source_v6_prefix = 0") => [
-            r#"xlb.toml: vip "api": guard: source_v6_prefix 0 is out of range; use 1 to 128 (the leading bits that name a source)"#,
+            r#"xlb.toml: vip "api": guard: source_v6_prefix 0 is out of range; use 32 to 128 (the leading bits that name a source: a shorter prefix makes a whole network one source, one bucket and one block, which anyone in it, or forging an address in it, could exhaust or trigger)"#,
         ];
         limit_rate_not_a_rate: config(r#"new_flows_per_source = { rate = "200" }"#, "") => [
             r#"xlb.toml: guard: new_flows_per_source.rate "200" is not a rate; write a number per second or per minute, e.g. "200/s", "30/min""#,

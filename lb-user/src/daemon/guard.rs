@@ -39,7 +39,7 @@ use crate::{
 
 /// Deny prefixes whose flows a purge thread cuts: the prefix and the VIP id
 /// it applies to (`None` = every VIP).
-type PurgeTargets = Vec<(Prefix, Option<u32>, String)>;
+pub(super) type PurgeTargets = Vec<(Prefix, Option<u32>, String)>;
 
 /// What purge threads found, for the tick to turn into events.
 #[derive(Debug, Default)]
@@ -539,7 +539,7 @@ impl Daemon {
             .collect()
     }
 
-    fn write_entry(&mut self, e: &Entry, fresh: bool) -> anyhow::Result<()> {
+    pub(super) fn write_entry(&mut self, e: &Entry, fresh: bool) -> anyhow::Result<()> {
         let Some(key) = lists::list_key(&e.key, |n| self.vip_id_of(n)) else {
             bail!("no VIP named {:?}", e.key.scope.vip().unwrap_or_default());
         };
@@ -561,7 +561,7 @@ impl Daemon {
         Ok(())
     }
 
-    fn purge_targets(&self, entries: &[Entry]) -> PurgeTargets {
+    pub(super) fn purge_targets(&self, entries: &[Entry]) -> PurgeTargets {
         entries
             .iter()
             .filter(|e| e.key.list == ListKind::Deny)
@@ -577,6 +577,17 @@ impl Daemon {
 
     /// Cuts the flows of `targets` on a thread; whether one was started.
     fn spawn_purge(&self, targets: PurgeTargets) -> bool {
+        self.spawn_purge_as(targets, None)
+    }
+
+    /// As [`Daemon::spawn_purge`]; with `summary` (what, VIP name), one
+    /// report for all the targets (a batch of automatic entries), not one
+    /// each.
+    pub(super) fn spawn_purge_as(
+        &self,
+        targets: PurgeTargets,
+        summary: Option<(String, Option<String>)>,
+    ) -> bool {
         if targets.is_empty() {
             return false;
         }
@@ -599,6 +610,12 @@ impl Daemon {
                     .done
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some((what, vip)) = summary {
+                    let total = cut.iter().try_fold(0, |n, c| c.as_ref().map(|c| n + c));
+                    let cut = total.map_err(Clone::clone);
+                    done.push(Purged { what, vip, cut });
+                    return;
+                }
                 for ((_, vip, what), cut) in targets.into_iter().zip(cut) {
                     done.push(Purged {
                         what,
@@ -624,7 +641,7 @@ fn list_entry(slot: Slot) -> ListEntry {
 }
 
 /// `runtime deny 192.0.2.7/32 (all VIPs)`.
-fn describe_entry(e: &Entry) -> String {
+pub(super) fn describe_entry(e: &Entry) -> String {
     let origin = match e.origin {
         EntryOrigin::Config => "config",
         EntryOrigin::Runtime => "runtime",
@@ -634,7 +651,7 @@ fn describe_entry(e: &Entry) -> String {
 }
 
 /// `reset, expires in 1h: seed 001`.
-fn entry_detail(e: &Entry, now: u64) -> String {
+pub(super) fn entry_detail(e: &Entry, now: u64) -> String {
     let mut s = String::new();
     if e.key.list == ListKind::Deny {
         s.push_str(e.action.as_str());
@@ -648,12 +665,44 @@ fn entry_detail(e: &Entry, now: u64) -> String {
     s
 }
 
-/// Whether flow `k` (of VIP `e.vip_id`) comes from `prefix` and goes to
-/// `vip` (`None` = any VIP).
-fn flow_matches(k: &FlowKey, e: &CtEntry, prefix: &Prefix, vip: Option<u32>) -> bool {
-    k.family == lb_common::family_of(prefix.addr)
-        && lb_common::mask_addr(&k.src, prefix.len) == lb_common::addr16(prefix.addr)
-        && vip.is_none_or(|id| e.vip_id == id)
+/// Purge targets by (family, prefix length, masked source, VIP id or
+/// `None`): one walk of a million flows against thousands of targets (a
+/// batch of automatic entries) costs a few lookups a flow, not one test a
+/// target.
+struct TargetIndex {
+    /// The distinct (family, prefix length) of the targets.
+    shapes: Vec<(u8, u8)>,
+    by_key: HashMap<(u8, u8, lb_common::Addr, Option<u32>), usize>,
+}
+
+impl TargetIndex {
+    fn new(targets: &PurgeTargets) -> Self {
+        let mut shapes = Vec::new();
+        let mut by_key = HashMap::new();
+        for (i, (p, vip, _)) in targets.iter().enumerate() {
+            let family = lb_common::family_of(p.addr);
+            if !shapes.contains(&(family, p.len)) {
+                shapes.push((family, p.len));
+            }
+            let addr = lb_common::addr16(p.addr);
+            by_key.entry((family, p.len, addr, *vip)).or_insert(i);
+        }
+        TargetIndex { shapes, by_key }
+    }
+
+    /// The first target (in `targets` order) that flow `k` of entry `e` matches.
+    fn find(&self, k: &FlowKey, e: &CtEntry) -> Option<usize> {
+        self.shapes
+            .iter()
+            .filter(|(family, _)| *family == k.family)
+            .flat_map(|&(family, len)| {
+                let masked = lb_common::mask_addr(&k.src, len);
+                [Some(e.vip_id), None]
+                    .map(|vip| self.by_key.get(&(family, len, masked, vip)).copied())
+            })
+            .flatten()
+            .min()
+    }
 }
 
 /// Walks the pinned conntrack at `pin` once (reading at most `limit`
@@ -668,10 +717,9 @@ fn purge(pin: &std::path::Path, targets: &PurgeTargets, limit: usize) -> Vec<Res
     let mut hit: Vec<Vec<FlowKey>> = vec![Vec::new(); targets.len()];
     let mut seen = HashSet::new();
     let mut read = 0usize;
+    let index = TargetIndex::new(targets);
     let mut visit = |k: &FlowKey, e: &CtEntry| {
-        if let Some(i) = targets
-            .iter()
-            .position(|(p, vip, _)| flow_matches(k, e, p, *vip))
+        if let Some(i) = index.find(k, e)
             && seen.insert(*k)
         {
             hit[i].push(*k);
@@ -714,7 +762,7 @@ pub(super) fn parse_prefix(text: &str) -> anyhow::Result<Prefix> {
 }
 
 impl SavedListEntry {
-    fn from_entry(e: &Entry) -> Self {
+    pub(super) fn from_entry(e: &Entry) -> Self {
         SavedListEntry {
             list: e.key.list,
             vip: e.key.scope.vip().map(str::to_owned),
@@ -751,6 +799,55 @@ impl SavedListEntry {
 mod tests {
     use super::*;
     use crate::config::SourceLimit;
+
+    /// Whether flow `k` (of VIP `e.vip_id`) comes from `prefix` and goes to
+    /// `vip` (`None` = any VIP).
+    fn flow_matches(k: &FlowKey, e: &CtEntry, prefix: &Prefix, vip: Option<u32>) -> bool {
+        k.family == lb_common::family_of(prefix.addr)
+            && lb_common::mask_addr(&k.src, prefix.len) == lb_common::addr16(prefix.addr)
+            && vip.is_none_or(|id| e.vip_id == id)
+    }
+
+    #[test]
+    fn the_target_index_finds_what_a_scan_finds() {
+        let p = |s: &str| s.parse::<Prefix>().unwrap();
+        let targets: PurgeTargets = [
+            (p("192.0.2.0/24"), Some(3)),
+            (p("192.0.2.7"), None),
+            (p("198.51.100.7"), Some(4)),
+            (p("2001:db8:1:2::/64"), None),
+            (p("0.0.0.0/0"), Some(9)),
+        ]
+        .into_iter()
+        .map(|(p, v)| (p, v, String::new()))
+        .collect();
+        let index = TargetIndex::new(&targets);
+        for src in [
+            "192.0.2.7",
+            "192.0.2.8",
+            "198.51.100.7",
+            "2001:db8:1:2::9",
+            "::1",
+            "10.0.0.1",
+        ] {
+            let a: IpAddr = src.parse().unwrap();
+            let k = FlowKey {
+                src: lb_common::addr16(a),
+                family: lb_common::family_of(a),
+                ..FlowKey::default()
+            };
+            for vip_id in [3, 4, 9, 10] {
+                let e = CtEntry {
+                    vip_id,
+                    ..CtEntry::default()
+                };
+                let scan = targets
+                    .iter()
+                    .position(|(p, vip, _)| flow_matches(&k, &e, p, *vip));
+                assert_eq!(index.find(&k, &e), scan, "{src} at VIP {vip_id}");
+            }
+        }
+    }
 
     #[test]
     fn vip_guard_cases() {

@@ -48,7 +48,6 @@ use std::{
 
 use lb_common::LAYOUT_VERSION;
 use tokio::sync::{broadcast, mpsc};
-use tracing::warn;
 
 use self::{
     model::{Ids, Rebuild, Vip},
@@ -292,12 +291,17 @@ impl Daemon {
 
     fn save(&self) {
         let path = persist::state_path(&self.cfg.daemon.pinned.instance);
-        let mut saved = model::to_saved(&self.vips);
+        let mut saved = self.state_but_lists();
         saved.lists = self.saved_lists();
+        // In order with the saves made off the loop (`sources::block`).
+        self.sources.saves.store_now(&saved, &path);
+    }
+
+    /// What the state file holds, but the list entries (empty).
+    fn state_but_lists(&self) -> persist::Saved {
+        let mut saved = model::to_saved(&self.vips);
         saved.forwarding = self.forwarding.clone();
-        if let Err(e) = saved.store(&path) {
-            warn!("{e:#}");
-        }
+        saved
     }
 
     /// The link id of the attached program.

@@ -3,33 +3,33 @@
 //! pure model (`guard::sources`): rates per source, the heaviest sources per
 //! VIP (`xlb sources`, metrics), `source` events when a source goes above
 //! or back below its VIP's `source_alert`, and the VIP's deny list gets an
-//! `Auto` entry when a source stays above `auto_block` for its `for`.
+//! `Auto` entry when a source's established flows stay above `auto_block`
+//! for its `for` (in batches: [`block`]).
 
+mod block;
 mod walk;
 
 pub use walk::walk_sources;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     net::IpAddr,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::bail;
 use lb_ctl::{EntryOrigin, ListKind, SourceRow, SourceVerdict, VipSources};
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use super::Daemon;
 use crate::{
     config::{AutoBlock, SourceAlert},
     ctl::EventKind,
-    guard::{
-        Prefix,
-        sources::{
-            AlertChange, AlertRule, Alerts, CLEAR_FACTOR, CLEAR_SAMPLES, ClearedBy, Rates,
-            SourceRate, Sustain, SustainRule, TOP, VipSummary, by_vip, key_prefix, key_text,
-        },
+    guard::lists::Cover,
+    guard::sources::{
+        AlertChange, AlertRule, Alerts, CLEAR_FACTOR, CLEAR_SAMPLES, ClearedBy, SourceRate,
+        Sustain, SustainRule, TOP, VipSummary, key_prefix, key_text, metric_sources,
     },
     metrics::guard::{GuardExtra, ListCount, VipGuardExtra},
 };
@@ -45,38 +45,29 @@ fn origin_str(o: EntryOrigin) -> &'static str {
     }
 }
 
-/// Top sources per VIP in the metrics (`xlb_source_new_flows_per_second`):
-/// bounded label cardinality.
+/// Most sources per VIP in the metrics (`xlb_source_new_flows_per_second`),
+/// of those above `source_alert`: bounded label cardinality.
 pub(crate) const METRICS_TOP: usize = 10;
 
 /// What the daemon keeps between walks.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Watch {
-    /// The clock of the pure model: walks are timed from here.
-    epoch: Instant,
     /// The walking thread's latest walk; `None` until it is started.
     latest: Option<walk::Latest>,
-    rates: Rates,
     alerts: Alerts,
     sustain: Sustain,
     /// The latest summary per VIP id.
     summary: BTreeMap<u32, VipSummary>,
     /// The slowest walk so far (logged when it grows past 50 ms).
     slowest: Duration,
-}
-
-impl Default for Watch {
-    fn default() -> Self {
-        Watch {
-            epoch: Instant::now(),
-            latest: None,
-            rates: Rates::default(),
-            alerts: Alerts::default(),
-            sustain: Sustain::default(),
-            summary: BTreeMap::new(),
-            slowest: Duration::ZERO,
-        }
-    }
+    /// Per VIP id, the sources its metric shows ([`metric_sources`]).
+    shown: BTreeMap<u32, Vec<SourceRate>>,
+    /// Per VIP name, its deny and allow entries indexed, and the lists'
+    /// [`changes`](crate::guard::lists::Lists::changes) they were built at:
+    /// rebuilt when the lists change, not every tick.
+    covers: HashMap<String, (u64, Cover, Cover)>,
+    /// Saves of the state file made off the main loop ([`block`]).
+    pub(super) saves: block::Saves,
 }
 
 fn alert_rule(a: &SourceAlert) -> AlertRule {
@@ -122,34 +113,56 @@ impl Daemon {
         let Some(w) = latest.lock().ok().and_then(|mut l| l.take()) else {
             return;
         };
-        let Some(at) = w.at else { return };
         if w.took > self.sources.slowest && w.took > Duration::from_millis(50) {
             self.sources.slowest = w.took;
             info!(
                 "walking the sources map took {} ms for {} entries (its own thread)",
                 w.took.as_millis(),
-                w.entries.len()
+                w.entries
             );
         }
-        let now = at.saturating_duration_since(self.sources.epoch);
-        let from = self.sources.rates.last_walk();
-        let rates = self.sources.rates.update(&w.entries, now);
-        let (Some(rates), Some(from)) = (rates, from) else {
-            // The first walk: sources tracked, no rates yet. (A walk too
-            // close to the last one keeps the last summary.)
-            if from.is_none() {
-                self.sources.summary = by_vip(&w.entries, &[]);
-            }
+        if let Some(summary) = w.summary {
+            self.sources.summary = summary;
+        }
+        let Some(((from, now), rates)) = w.rated else {
             return;
         };
-        self.sources.summary = by_vip(&w.entries, &rates);
         let ids: Vec<u32> = self.vips.iter().map(|v| v.id).collect();
         self.sources.alerts.retain_vips(&ids);
         self.sources.sustain.retain_vips(&ids);
+        let mut budget = block::MAX_PER_TICK;
+        let mut due = Vec::new();
         for vi in 0..self.vips.len() {
             self.judge_alerts(vi);
-            self.judge_auto_block(vi, &rates, (from, now));
+            self.choose_shown(vi);
+            let d = self.judge_auto_block(vi, &rates, (from, now), budget);
+            budget -= d.len();
+            if !d.is_empty() {
+                due.push((vi, d));
+            }
         }
+        self.auto_block(due);
+    }
+
+    /// The sources VIP `vi`'s metric shows from now on.
+    fn choose_shown(&mut self, vi: usize) {
+        let id = self.vips[vi].id;
+        if self.vips[vi].cfg.guard.alert.is_none() {
+            // Nothing is heavy without an alert: no scan of every source.
+            self.sources.shown.remove(&id);
+            return;
+        }
+        let empty = VipSummary::default();
+        let summary = self.sources.summary.get(&id).unwrap_or(&empty);
+        let prev: Vec<_> = self
+            .sources
+            .shown
+            .get(&id)
+            .map(|v| v.iter().map(|r| r.key).collect())
+            .unwrap_or_default();
+        let alerts = &self.sources.alerts;
+        let shown = metric_sources(&prev, summary, |k| alerts.is_heavy(k), METRICS_TOP);
+        self.sources.shown.insert(id, shown);
     }
 
     /// VIP `vi`'s `source_alert`: one `source` event per source that went
@@ -189,45 +202,39 @@ impl Daemon {
         }
     }
 
-    /// VIP `vi`'s `auto_block`: sources above its rate for its `for` get an
-    /// `Auto` deny entry (which records the one `block` event).
+    /// VIP `vi`'s `auto_block`: its sources whose established flows stayed
+    /// above its rate for its `for`, at most `budget` of them (the rest
+    /// stay due for the next ticks). A source an allow entry covers is
+    /// never due, nor one a deny entry already covers.
     fn judge_auto_block(
         &mut self,
         vi: usize,
         rates: &[SourceRate],
         interval: (Duration, Duration),
-    ) {
+        budget: usize,
+    ) -> Vec<SourceRate> {
         let vip = &self.vips[vi];
-        let (vip_id, name) = (vip.id, vip.cfg.name.clone());
-        let auto = vip.cfg.guard.auto_block.clone();
-        let rule = auto.as_ref().map(sustain_rule);
-        let mut sustain = std::mem::take(&mut self.sources.sustain);
-        let due = sustain.update(vip_id, rule.as_ref(), rates, interval, |k| {
-            self.list_covers(ListKind::Deny, vip_id, key_prefix(k).0)
-        });
-        self.sources.sustain = sustain;
-        let Some(auto) = auto else { return };
-        for r in due {
-            let (addr, len) = key_prefix(&r.key);
-            let reason = format!(
-                "auto_block: {} new flows for at least {} s (above {})",
-                per_s(r.new_flows_per_s),
-                auto.sustained.as_secs_f64(),
-                per_s(auto.above_per_s)
-            );
-            let prefix = Prefix::of(addr, len);
-            if let Err(e) = self.add_list_entry(
-                ListKind::Deny,
-                Some(&name),
-                prefix,
-                auto.action,
-                EntryOrigin::Auto,
-                Some(auto.ttl),
-                reason,
-            ) {
-                error!("auto_block of {prefix} at VIP {name}: {e:#}");
-            }
+        let vip_id = vip.id;
+        let rule = vip.cfg.guard.auto_block.as_ref().map(sustain_rule);
+        let Watch {
+            sustain, covers, ..
+        } = &mut self.sources;
+        let Some(rule) = rule else {
+            return sustain.update(vip_id, None, rates, interval, budget, |_| false);
+        };
+        let changes = self.lists.changes();
+        let name = &vip.cfg.name;
+        let fresh = covers.get(name).is_some_and(|(at, ..)| *at == changes);
+        if !fresh {
+            let deny = self.lists.cover(ListKind::Deny, name);
+            let allow = self.lists.cover(ListKind::Allow, name);
+            covers.insert(name.clone(), (changes, deny, allow));
         }
+        let (_, deny, allow) = &covers[name];
+        sustain.update(vip_id, Some(&rule), rates, interval, budget, |k| {
+            let addr = key_prefix(k).0;
+            deny.covers(addr) || allow.covers(addr)
+        })
     }
 
     /// `xlb sources`: the heaviest sources of one VIP or of every VIP.
@@ -279,7 +286,7 @@ impl Daemon {
     }
 
     /// What the metrics show of the sources: per VIP, how many are tracked
-    /// and heavy, and the [`METRICS_TOP`] heaviest.
+    /// and heavy, and at most [`METRICS_TOP`] heavy ones.
     pub(super) fn sources_metrics(&self) -> GuardExtra {
         let empty = VipSummary::default();
         let vips = self.vips.iter().map(|v| {
@@ -288,10 +295,17 @@ impl Daemon {
                 vip: v.cfg.name.clone(),
                 tracked: s.tracked,
                 heavy: self.sources.alerts.heavy_count(v.id),
-                top: s
-                    .top(METRICS_TOP)
-                    .map(|r| (key_text(&r.key), r.new_flows_per_s))
-                    .collect(),
+                top: self
+                    .sources
+                    .shown
+                    .get(&v.id)
+                    .map(|shown| {
+                        shown
+                            .iter()
+                            .map(|r| (key_text(&r.key), r.new_flows_per_s))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             }
         });
         GuardExtra {
@@ -309,7 +323,7 @@ impl Daemon {
                 counts.insert((list.as_str(), origin_str(origin)), 0);
             }
         }
-        for e in self.lists.sorted() {
+        for e in self.lists.iter() {
             *counts
                 .entry((e.key.list.as_str(), origin_str(e.origin)))
                 .or_default() += 1;

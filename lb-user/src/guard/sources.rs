@@ -78,11 +78,18 @@ pub struct SourceRate {
     pub packets_per_s: f64,
     /// New flows per second refused by the rate limit.
     pub limited_per_s: f64,
+    /// Flows per second the client confirmed past its SYN (an ACK or a
+    /// second UDP packet hit their conntrack entry): what `auto_block`
+    /// judges, since a SYN's source may be forged.
+    pub established_per_s: f64,
 }
 
 impl SourceRate {
     fn is_idle(&self) -> bool {
-        self.new_flows_per_s == 0.0 && self.packets_per_s == 0.0 && self.limited_per_s == 0.0
+        self.new_flows_per_s == 0.0
+            && self.packets_per_s == 0.0
+            && self.limited_per_s == 0.0
+            && self.established_per_s == 0.0
     }
 }
 
@@ -117,6 +124,7 @@ impl Rates {
                         new_flows_per_s: per_s(p.new_flows, s.new_flows),
                         packets_per_s: per_s(p.packets, s.packets),
                         limited_per_s: per_s(p.limited, s.limited),
+                        established_per_s: per_s(p.established, s.established),
                     }
                 });
                 Some(rates.collect())
@@ -185,6 +193,39 @@ pub fn by_vip(
         });
     }
     out
+}
+
+/// The sources VIP `summary`'s per-source metric shows: only those `heavy`
+/// says are (above `source_alert`, with its hysteresis), at most `cap`, and
+/// those it showed last time (`prev`) first while they stay heavy; then the
+/// heaviest others. A flood from random sources then adds no label: its
+/// sources are each light, and the 10 heaviest of them were a new label set
+/// every second. Heaviest first.
+pub fn metric_sources(
+    prev: &[SourceKey],
+    summary: &VipSummary,
+    heavy: impl Fn(&SourceKey) -> bool,
+    cap: usize,
+) -> Vec<SourceRate> {
+    let candidates: Vec<&SourceRate> = summary.sources.iter().filter(|r| heavy(&r.key)).collect();
+    let kept: HashSet<SourceKey> = candidates
+        .iter()
+        .filter(|r| prev.contains(&r.key))
+        .take(cap)
+        .map(|r| r.key)
+        .collect();
+    let room = cap - kept.len();
+    let fresh: HashSet<SourceKey> = candidates
+        .iter()
+        .filter(|r| !kept.contains(&r.key))
+        .take(room)
+        .map(|r| r.key)
+        .collect();
+    candidates
+        .into_iter()
+        .filter(|r| kept.contains(&r.key) || fresh.contains(&r.key))
+        .copied()
+        .collect()
 }
 
 /// A VIP's `source_alert`: a source is heavy above `rate_per_s` new flows
@@ -337,8 +378,9 @@ fn gone_change(key: SourceKey, by: ClearedBy) -> AlertChange {
     }
 }
 
-/// A VIP's `auto_block`: block a source above `above_per_s` new flows per
-/// second for `sustained` without a break.
+/// A VIP's `auto_block`: block a source above `above_per_s` established
+/// flows per second ([`SourceRate::established_per_s`]) for `sustained`
+/// without a break.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SustainRule {
     pub above_per_s: f64,
@@ -348,65 +390,92 @@ pub struct SustainRule {
 /// Sources above their VIP's `auto_block` rate, and since when.
 #[derive(Debug, Default)]
 pub struct Sustain {
-    /// Source → the start of the first interval of its current run above.
-    above_since: HashMap<SourceKey, Duration>,
-    /// Sources blocked in their current run: blocked once, not again until
-    /// they drop below the rate (or their block ends and they go on).
-    fired: HashSet<SourceKey>,
+    /// Source → its current run above the rate.
+    runs: HashMap<SourceKey, Run>,
+    /// Updates so far: a run not seen in the latest update of its VIP ends.
+    updates: u64,
+}
+
+/// One source's run above its VIP's `auto_block` rate.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    /// The start of the run's first interval.
+    since: Duration,
+    /// Blocked in this run: blocked once, not again until it drops below
+    /// the rate (or its block ends and it goes on).
+    fired: bool,
+    /// The update that last saw it above.
+    seen: u64,
 }
 
 impl Sustain {
     /// Feeds VIP `vip_id`'s rates over the interval (`from`, `now`]: the
-    /// sources to block now. `blocked` says whether a deny entry covers a
-    /// source already (its flows are refused before they are counted, so
-    /// it starts over when the entry goes).
+    /// sources to block now, at most `limit` of them, the heaviest first
+    /// (the others stay due and come out at a later call). `covered` says
+    /// whether a list entry covers a source already: a deny entry (its
+    /// flows are refused before they are counted, so it starts over when
+    /// the entry goes) or an allow entry (never blocked).
     pub fn update(
         &mut self,
         vip_id: u32,
         rule: Option<&SustainRule>,
         rates: &[SourceRate],
         (from, now): (Duration, Duration),
-        blocked: impl Fn(&SourceKey) -> bool,
+        limit: usize,
+        covered: impl Fn(&SourceKey) -> bool,
     ) -> Vec<SourceRate> {
         let Some(rule) = rule else {
-            self.forget(|k| k.vip_id != vip_id);
+            self.runs.retain(|k, _| k.vip_id != vip_id);
             return Vec::new();
         };
-        let mut present = HashSet::new();
-        let mut out = Vec::new();
+        self.updates += 1;
+        let seen = self.updates;
+        let mut due = Vec::new();
+        // One hash lookup per source above the rate (10,000 of them in a
+        // flood from many clients), none for the others.
         for r in rates.iter().filter(|r| r.key.vip_id == vip_id) {
-            present.insert(r.key);
-            if r.new_flows_per_s <= rule.above_per_s || blocked(&r.key) {
-                self.above_since.remove(&r.key);
-                self.fired.remove(&r.key);
+            if r.established_per_s <= rule.above_per_s || covered(&r.key) {
                 continue;
             }
-            let since = *self.above_since.entry(r.key).or_insert(from);
-            let held = now.saturating_sub(since) + SUSTAIN_SLACK;
-            if held >= rule.sustained && self.fired.insert(r.key) {
-                out.push(*r);
+            let run = self.runs.entry(r.key).or_insert(Run {
+                since: from,
+                fired: false,
+                seen,
+            });
+            run.seen = seen;
+            let held = now.saturating_sub(run.since) + SUSTAIN_SLACK;
+            if held >= rule.sustained && !run.fired {
+                due.push(*r);
             }
         }
-        self.forget(|k| k.vip_id != vip_id || present.contains(k));
-        out
-    }
-
-    /// Keeps only the sources `keep` says yes to.
-    fn forget(&mut self, keep: impl Fn(&SourceKey) -> bool) {
-        self.above_since.retain(|k, _| keep(k));
-        self.fired.retain(|k| keep(k));
+        self.runs
+            .retain(|k, run| k.vip_id != vip_id || run.seen == seen);
+        if due.len() > limit {
+            due.sort_by(|a, b| {
+                b.established_per_s
+                    .total_cmp(&a.established_per_s)
+                    .then_with(|| key_prefix(&a.key).cmp(&key_prefix(&b.key)))
+            });
+            due.truncate(limit);
+        }
+        for r in &due {
+            if let Some(run) = self.runs.get_mut(&r.key) {
+                run.fired = true;
+            }
+        }
+        due
     }
 
     /// Forgets VIPs not in `vip_ids`.
     pub fn retain_vips(&mut self, vip_ids: &[u32]) {
-        self.forget(|k| vip_ids.contains(&k.vip_id));
+        self.runs.retain(|k, _| vip_ids.contains(&k.vip_id));
     }
 
     /// How long `key` has been above its VIP's rate (0 if it is not).
     pub fn above_for(&self, key: &SourceKey, now: Duration) -> Duration {
-        self.above_since
+        self.runs
             .get(key)
-            .map_or(Duration::ZERO, |since| now.saturating_sub(*since))
+            .map_or(Duration::ZERO, |run| now.saturating_sub(run.since))
     }
 }
 
@@ -444,6 +513,7 @@ mod tests {
             new_flows,
             limited,
             packets,
+            established: 0,
         }
     }
 
@@ -493,13 +563,15 @@ mod tests {
                     key: v4(1, A),
                     new_flows_per_s: 100.0,
                     packets_per_s: 200.0,
-                    limited_per_s: 25.0
+                    limited_per_s: 25.0,
+                    established_per_s: 0.0,
                 },
                 SourceRate {
                     key: v4(1, B),
                     new_flows_per_s: 15.0,
                     packets_per_s: 15.0,
-                    limited_per_s: 0.0
+                    limited_per_s: 0.0,
+                    established_per_s: 0.0,
                 },
             ]
         );
@@ -534,6 +606,16 @@ mod tests {
             new_flows_per_s: nf,
             packets_per_s: pk,
             limited_per_s: 0.0,
+            established_per_s: 0.0,
+        }
+    }
+
+    /// A source whose `n` new flows a second are all confirmed (a real
+    /// client's, or a flood that completes its handshakes).
+    fn confirmed(key: SourceKey, n: f64) -> SourceRate {
+        SourceRate {
+            established_per_s: n,
+            ..rate(key, n, n)
         }
     }
 
@@ -716,9 +798,14 @@ mod tests {
         let mut fired = Vec::new();
         for (i, &r) in rates.iter().enumerate() {
             let (from, now) = (secs(i as f64), secs(i as f64 + 1.0));
-            let out = s.update(1, Some(&BLOCK), &[rate(key, r, 0.0)], (from, now), |_| {
-                blocked(now.as_secs_f64())
-            });
+            let out = s.update(
+                1,
+                Some(&BLOCK),
+                &[confirmed(key, r)],
+                (from, now),
+                9,
+                |_| blocked(now.as_secs_f64()),
+            );
             if !out.is_empty() {
                 fired.push(now.as_secs());
             }
@@ -772,8 +859,9 @@ mod tests {
                 .update(
                     1,
                     Some(&BLOCK),
-                    &[rate(key, 5000.0, 0.0)],
+                    &[confirmed(key, 5000.0)],
                     (from, now),
+                    9,
                     |_| false,
                 )
                 .is_empty()
@@ -787,22 +875,102 @@ mod tests {
         let out = s.update(
             1,
             Some(&BLOCK),
-            &[rate(key, 5000.0, 0.0)],
+            &[confirmed(key, 5000.0)],
             (secs(0.0), secs(12.0)),
+            9,
             |_| false,
         );
         assert_eq!(out.len(), 1);
         // A source that vanishes starts over when it comes back.
         let mut s = Sustain::default();
         let _ = sustain_run(&mut s, key, &[2000.0; 5], |_| false);
-        let _ = s.update(1, Some(&BLOCK), &[], (secs(5.0), secs(6.0)), |_| false);
+        let _ = s.update(1, Some(&BLOCK), &[], (secs(5.0), secs(6.0)), 9, |_| false);
         assert_eq!(s.above_for(&key, secs(6.0)), Duration::ZERO);
         // Other VIPs' sources are left alone by VIP 2's update.
         let _ = sustain_run(&mut s, key, &[2000.0; 3], |_| false);
-        let _ = s.update(2, Some(&BLOCK), &[], (secs(3.0), secs(4.0)), |_| false);
+        let _ = s.update(2, Some(&BLOCK), &[], (secs(3.0), secs(4.0)), 9, |_| false);
         assert_eq!(s.above_for(&key, secs(4.0)), secs(4.0));
         // No rule: the VIP's runs are forgotten.
-        let _ = s.update(1, None, &[], (secs(4.0), secs(5.0)), |_| false);
+        let _ = s.update(1, None, &[], (secs(4.0), secs(5.0)), 9, |_| false);
         assert_eq!(s.above_for(&key, secs(5.0)), Duration::ZERO);
+    }
+
+    #[test]
+    fn auto_block_judges_confirmed_flows_not_syns() {
+        // 5,000 SYNs a second naming A, none followed by the client's ACK:
+        // what a flood with a forged source looks like. Never blocked.
+        let mut s = Sustain::default();
+        let key = v4(1, A);
+        for i in 0..20 {
+            let (from, now) = (secs(f64::from(i)), secs(f64::from(i + 1)));
+            let spoofed = rate(key, 5000.0, 5000.0);
+            let out = s.update(1, Some(&BLOCK), &[spoofed], (from, now), 9, |_| false);
+            assert!(out.is_empty(), "blocked at {now:?} on SYNs alone");
+        }
+        assert_eq!(s.above_for(&key, secs(20.0)), Duration::ZERO);
+    }
+
+    #[test]
+    fn auto_block_fires_at_most_limit_per_call_heaviest_first_the_rest_later() {
+        let mut s = Sustain::default();
+        let keys = [v4(1, A), v4(1, B), v4(1, [203, 0, 113, 9])];
+        let rates = [
+            confirmed(keys[0], 2000.0),
+            confirmed(keys[1], 4000.0),
+            confirmed(keys[2], 3000.0),
+        ];
+        let mut fired = Vec::new();
+        for i in 0..12 {
+            let (from, now) = (secs(f64::from(i)), secs(f64::from(i + 1)));
+            let out = s.update(1, Some(&BLOCK), &rates, (from, now), 2, |_| false);
+            fired.push(out.iter().map(|r| key_text(&r.key)).collect::<Vec<_>>());
+        }
+        assert!(fired[..9].iter().all(Vec::is_empty), "{fired:?}");
+        assert_eq!(
+            fired[9],
+            ["198.51.100.1/32", "203.0.113.9/32"],
+            "heaviest two"
+        );
+        assert_eq!(fired[10], ["192.0.2.7/32"], "the third a tick later");
+        assert!(fired[11].is_empty(), "each once");
+    }
+
+    #[test]
+    fn the_metric_shows_heavy_sources_only_at_most_cap_and_keeps_its_labels() {
+        let key = |i: u32| v4(1, (0x0a00_0000 | i).to_be_bytes());
+        let mut labels = HashSet::new();
+        let mut prev: Vec<SourceKey> = Vec::new();
+        // Ten seconds of a flood from 10,000 new random sources a second,
+        // each light, under 12 heavy sources whose order changes.
+        for t in 0..10u32 {
+            let mut rates: Vec<SourceRate> = (0..10_000)
+                .map(|i| rate(key(100 + t * 10_000 + i), 1.0 + f64::from(i % 7), 0.0))
+                .collect();
+            rates.extend((0..12).map(|i| rate(key(i), 500.0 + f64::from((i + t) % 12), 0.0)));
+            let s = summary(&rates);
+            let shown = metric_sources(&prev, &s, |k| k.addr[3] < 12 && k.addr[2] == 0, 10);
+            assert_eq!(shown.len(), 10, "at most the cap, at t = {t}");
+            assert!(
+                shown
+                    .windows(2)
+                    .all(|w| w[0].new_flows_per_s >= w[1].new_flows_per_s),
+                "heaviest first"
+            );
+            prev = shown.iter().map(|r| r.key).collect();
+            labels.extend(prev.iter().copied());
+        }
+        assert_eq!(
+            labels.len(),
+            10,
+            "the same 10 labels all along: {}",
+            labels.len()
+        );
+        // Without an alert nothing is heavy: no series at all.
+        let s = summary(&[rate(key(1), 900.0, 0.0)]);
+        assert!(metric_sources(&[], &s, |_| false, 10).is_empty());
+        // A shown source that is no longer heavy gives its place.
+        let s = summary(&[rate(key(1), 900.0, 0.0), rate(key(2), 800.0, 0.0)]);
+        let shown = metric_sources(&[key(1)], &s, |k| *k == key(2), 1);
+        assert_eq!(shown.iter().map(|r| r.key).collect::<Vec<_>>(), [key(2)]);
     }
 }

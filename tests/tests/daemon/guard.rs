@@ -383,7 +383,8 @@ track_sources = false
         assert!(trie(&dp, ListKind::Deny).is_empty());
         let g = dp.guard(api).unwrap();
         assert_eq!(g.flags, lb_common::GUARD_TRACK, "api: defaults: {g:?}");
-        assert_eq!(g.ct_insert_cap, 0);
+        // No ct_insert_cap in the file: Katran's 125,000 per CPU, not off.
+        assert_eq!(g.ct_insert_cap, 125_000);
         let g = dp.guard(web).unwrap();
         assert_eq!(
             g.flags,
