@@ -22,7 +22,7 @@ pub use hash::{flow_hash, siphash13};
 
 /// Version of every pinned map layout below. Stored in [`Globals::layout_version`]
 /// and in the pin directory; a daemon refuses pinned state of another version.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Maximum number of VIPs. VIP ids index the Maglev ring array and the
 /// per-VIP counters; 64 VIPs × 2 halves × 65537 slots × 8 B (the kernel rounds
@@ -97,6 +97,7 @@ pub const MAP_VIP_INFO: &str = "XLB_VIP_INFO";
 pub const MAP_VIP_PORTS: &str = "XLB_VIP_PORTS";
 pub const MAP_VIP_INDEX: &str = "XLB_VIP_INDEX";
 pub const MAP_VIP_ADDRS: &str = "XLB_VIP_ADDRS";
+pub const MAP_VIP_ADDR_INDEX: &str = "XLB_VIP_AINDEX";
 pub const MAP_RING: &str = "XLB_RING";
 pub const MAP_BACKENDS: &str = "XLB_BACKENDS";
 pub const MAP_CT: &str = "XLB_CT";
@@ -128,6 +129,7 @@ const _: () = {
         MAP_VIP_PORTS,
         MAP_VIP_INDEX,
         MAP_VIP_ADDRS,
+        MAP_VIP_ADDR_INDEX,
         MAP_RING,
         MAP_BACKENDS,
         MAP_CT,
@@ -210,7 +212,12 @@ pub struct VipInfo {
     pub mode: u8,
     /// [`DOWN_POLICY_REHASH`] or [`DOWN_POLICY_KEEP`].
     pub down_policy: u8,
-    pub _pad: [u8; 2],
+    /// 1 = the operator runs host services on this VIP's address
+    /// (`host_services = true`): packets to the address that no VIP
+    /// balances go to the host's stack. 0 = they are dropped
+    /// ([`VIP_ADDR_HOST_SERVICES`]). Was padding before layout 4.
+    pub host_services: u8,
+    pub _pad: [u8; 1],
     /// The VIP's own key: the data plane takes an `XLB_VIP_INDEX`
     /// candidate only if the packet is addressed to exactly this.
     pub key: VipKey,
@@ -245,7 +252,8 @@ pub fn vip_index_slot(addr: &Addr, port: u16, proto: u8) -> u32 {
 const _: () = assert!(VIP_INDEX_LEN.is_power_of_two() && VIP_INDEX_LEN >= 64 * MAX_VIPS);
 
 /// Key of `XLB_VIP_ADDRS`: every address that carries at least one VIP, so a
-/// malformed packet to a VIP address can be told from traffic that is not ours.
+/// malformed or unbalanced packet to a VIP address can be told from traffic
+/// that is not ours. The value holds `VIP_ADDR_*` bits.
 // Aligned so building one on the BPF stack is a few word stores, not a
 // byte-wise memset call.
 #[repr(C, align(4))]
@@ -258,6 +266,35 @@ pub struct VipAddrKey {
     pub _pad: [u8; 3],
 }
 const _: () = assert!(core::mem::size_of::<VipAddrKey>() == 20);
+
+/// `XLB_VIP_ADDRS` value bit: some VIP has this address (always set).
+pub const VIP_ADDR_BALANCED: u32 = 1;
+/// `XLB_VIP_ADDRS` value bit: some VIP at this address sets
+/// `host_services` ([`VipInfo::host_services`]), so packets to it that no
+/// VIP balances are passed to the host. Without it they are dropped
+/// (`drop_vip_unbalanced`): the host does not hold a VIP address, and with
+/// forwarding on (which `bpf_fib_lookup` needs) it would route them back
+/// to the router they came from, which sends them here again until their
+/// TTL runs out.
+pub const VIP_ADDR_HOST_SERVICES: u32 = 2;
+
+/// Entries of `XLB_VIP_AINDEX`: a direct-mapped filter of the VIP
+/// addresses (a power of two, ≥ 16 × [`MAX_VIPS`] so that few share a
+/// slot), which the data plane reads before the `XLB_VIP_ADDRS` hash
+/// lookup. It spares the host's own traffic (to no VIP address) that
+/// lookup: an array read, which the kernel inlines, and a multiply.
+pub const VIP_ADDR_INDEX_LEN: u32 = 1024;
+const _: () = assert!(VIP_ADDR_INDEX_LEN.is_power_of_two() && VIP_ADDR_INDEX_LEN >= 16 * MAX_VIPS);
+
+/// The `XLB_VIP_AINDEX` slot of an address: an unkeyed multiplicative
+/// hash, as [`vip_index_slot`]'s. Two VIP addresses in one slot, or a
+/// client's packet to another address in a VIP address's slot, only cost
+/// the hash lookup that decides.
+#[inline(always)]
+pub fn vip_addr_slot(addr: &Addr) -> u32 {
+    let x = addr_fold(addr);
+    (x ^ (x >> 16)).wrapping_mul(0x9e37_79b1) >> (32 - VIP_ADDR_INDEX_LEN.trailing_zeros())
+}
 
 /// Value of `XLB_BACKENDS`, indexed by backend id (0 = none).
 #[repr(C)]
@@ -496,7 +533,7 @@ stats! {
     DownKeep = "down_keep",
     /// Not IPv4/IPv6 (ARP, LLDP, ...): passed.
     PassNotIp = "pass_not_ip",
-    /// IP but not to a VIP address/port/protocol: passed.
+    /// IP, not to a VIP address: passed.
     PassNotVip = "pass_not_vip",
     /// Frame ends inside the Ethernet/VLAN header: passed (not provably ours).
     PassTruncatedL2 = "pass_truncated_l2",
@@ -504,9 +541,18 @@ stats! {
     PassTruncatedL3 = "pass_truncated_l3",
     /// More than one VLAN tag (QinQ): passed, unsupported.
     PassQinQ = "pass_qinq",
-    /// IPv6 with an extension header before TCP/UDP, to a VIP address: passed
-    /// to the host stack, as Katran does.
+    /// IPv6 with an extension header before TCP/UDP, to a VIP address whose
+    /// VIPs set `host_services`: passed to the host stack, as Katran does
+    /// (without `host_services` it is `drop_vip_unbalanced`).
     PassIpv6Ext = "pass_ipv6_ext",
+    /// To a VIP address, but no VIP balances it (another port or protocol,
+    /// ICMP xlb does not answer, IPv6 extension headers), and no VIP at the
+    /// address sets `host_services`: dropped, since the host would route it
+    /// back to the router it came from (a loop until its TTL runs out).
+    DropVipUnbalanced = "drop_vip_unbalanced",
+    /// To a VIP address whose VIPs set `host_services`, but no VIP balances
+    /// it: passed to the host's own services.
+    PassVipHost = "pass_vip_host",
     /// To a VIP address: IPv4 header length field < 5, or version mismatch.
     DropBadIhl = "drop_bad_ihl",
     /// To a VIP address: IP total/payload length disagrees with the frame.
@@ -553,8 +599,9 @@ stats! {
     IcmpQuoted = "icmp_quoted",
     /// An echo request to a VIP address answered (`XDP_TX`).
     IcmpEchoReply = "icmp_echo_reply",
-    /// ICMP to a VIP address that xlb does not handle, or whose quoted
-    /// header is not a VIP flow: passed to the host's stack.
+    /// ICMP to a VIP address whose VIPs set `host_services`, of a kind xlb
+    /// does not handle or whose quoted header is not a VIP flow: passed to
+    /// the host's stack (without `host_services`: `drop_vip_unbalanced`).
     PassIcmp = "pass_icmp",
     /// A client packet too big to encapsulate answered with "fragmentation
     /// needed" / "packet too big" carrying the MTU that fits.

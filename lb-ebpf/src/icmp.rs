@@ -10,8 +10,11 @@
 //!   packets. Never inserted, never judged by the guard.
 //! - echo requests to a VIP address are answered here (`XDP_TX`), so a
 //!   VIP answers ping wherever its address is configured.
-//! - any other ICMP to a VIP address (neighbour discovery, redirects, ...)
-//!   goes to the host's stack (`pass_icmp`).
+//! - any other ICMP to a VIP address (neighbour discovery, redirects, an
+//!   error about no VIP flow, ...) is unbalanced: dropped
+//!   (`drop_vip_unbalanced`), since the host would route it back to the
+//!   router, or passed to the host's stack (`pass_icmp`) where a VIP at the
+//!   address sets `host_services`.
 //! - a client packet too large to encapsulate is answered with
 //!   "fragmentation needed" (IPv4 with DF) or "packet too big" (IPv6)
 //!   carrying the largest inner packet that fits, so the client's path-MTU
@@ -32,8 +35,8 @@ use crate::{
         ICMP6_PACKET_TOO_BIG, ICMP6_TIME_EXCEEDED, IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, IcmpHdr,
         Ipv4Hdr, Ipv6Hdr, VLAN_LEN, copy_l2, len, ptr_at, swap_macs,
     },
-    parse::Packet,
-    select::is_vip_addr,
+    parse::{Packet, unbalanced, unbalanced_at},
+    select::vip_addr,
     stats::{count, drop_with, pass},
 };
 
@@ -61,26 +64,27 @@ pub(crate) const QUOTED: u32 = u32::MAX;
 pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     let l4off = pkt.l3off + IPV4_LEN;
     let end = pkt.l3off + pkt.ip_len;
-    let Some(kind) = kind_at(ctx, l4off, end) else {
+    let kind = kind_at(ctx, l4off, end);
+    let handled = kind == Some(ICMP_ECHO)
+        || kind == Some(ICMP_DEST_UNREACH)
+        || kind == Some(ICMP_TIME_EXCEEDED);
+    if !handled {
+        return unbalanced(&pkt.flow.dst, FAMILY_V4, Stat::PassIcmp);
+    }
+    let Some(bits) = vip_addr(&pkt.flow.dst, FAMILY_V4) else {
         return pass(Stat::PassNotVip);
     };
-    if kind != ICMP_ECHO && kind != ICMP_DEST_UNREACH && kind != ICMP_TIME_EXCEEDED {
-        return pass(Stat::PassNotVip);
-    }
-    if !is_vip_addr(&pkt.flow.dst, FAMILY_V4) {
-        return pass(Stat::PassNotVip);
-    }
-    if kind == ICMP_ECHO {
+    if kind == Some(ICMP_ECHO) {
         return echo4(ctx, pkt.l3off, l4off);
     }
     if l4off + ICMP_LEN + IPV4_LEN + 4 > end {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     }
     let Some(q) = ptr_at::<Ipv4Hdr>(ctx, l4off + ICMP_LEN) else {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     };
     let Some(ports) = ptr_at::<[[u8; 2]; 2]>(ctx, l4off + ICMP_LEN + IPV4_LEN) else {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     };
     // SAFETY: bounds checked by ptr_at.
     let (q, ports) = unsafe { (&*q, &*ports) };
@@ -89,7 +93,7 @@ pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
         || (proto != PROTO_TCP && proto != PROTO_UDP)
         || q.saddr != pkt.flow.dst[..4]
     {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     }
     pkt.flow.src[..4].copy_from_slice(&q.daddr);
     quoted(pkt, proto, ports)
@@ -100,34 +104,34 @@ pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
 pub(crate) fn v6(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     let l4off = pkt.l3off + IPV6_LEN;
     let end = pkt.l3off + pkt.ip_len;
-    let Some(kind) = kind_at(ctx, l4off, end) else {
+    let kind = kind_at(ctx, l4off, end);
+    let handled = kind == Some(ICMP6_DEST_UNREACH)
+        || kind == Some(ICMP6_PACKET_TOO_BIG)
+        || kind == Some(ICMP6_TIME_EXCEEDED)
+        || kind == Some(ICMP6_ECHO_REQUEST);
+    if !handled {
+        return unbalanced(&pkt.flow.dst, FAMILY_V6, Stat::PassIcmp);
+    }
+    let Some(bits) = vip_addr(&pkt.flow.dst, FAMILY_V6) else {
         return pass(Stat::PassNotVip);
     };
-    let error =
-        kind == ICMP6_DEST_UNREACH || kind == ICMP6_PACKET_TOO_BIG || kind == ICMP6_TIME_EXCEEDED;
-    if !error && kind != ICMP6_ECHO_REQUEST {
-        return pass(Stat::PassNotVip);
-    }
-    if !is_vip_addr(&pkt.flow.dst, FAMILY_V6) {
-        return pass(Stat::PassNotVip);
-    }
-    if kind == ICMP6_ECHO_REQUEST {
+    if kind == Some(ICMP6_ECHO_REQUEST) {
         return echo6(ctx, pkt.l3off, l4off);
     }
     if l4off + ICMP_LEN + IPV6_LEN + 4 > end {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     }
     let Some(q) = ptr_at::<Ipv6Hdr>(ctx, l4off + ICMP_LEN) else {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     };
     let Some(ports) = ptr_at::<[[u8; 2]; 2]>(ctx, l4off + ICMP_LEN + IPV6_LEN) else {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     };
     // SAFETY: bounds checked by ptr_at.
     let (q, ports) = unsafe { (&*q, &*ports) };
     let proto = q.nexthdr;
     if (proto != PROTO_TCP && proto != PROTO_UDP) || q.saddr != pkt.flow.dst {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     }
     pkt.flow.src = q.daddr;
     quoted(pkt, proto, ports)

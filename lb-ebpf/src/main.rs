@@ -77,10 +77,16 @@ static XLB_VIP_PORTS: Array<u32> = Array::with_max_entries(lb_common::PORT_INDEX
 #[map(name = "XLB_VIP_INDEX")]
 static XLB_VIP_INDEX: Array<u32> = Array::with_max_entries(lb_common::VIP_INDEX_LEN, 0);
 
-/// Every address that carries a VIP: tells a malformed packet to a VIP
-/// (dropped) from traffic that is not ours (passed).
+/// Every address that carries a VIP, with its `lb_common::VIP_ADDR_*`
+/// bits: tells a malformed or unbalanced packet to a VIP address (dropped,
+/// or passed to the host's services) from traffic that is not ours (passed).
 #[map(name = "XLB_VIP_ADDRS")]
 static XLB_VIP_ADDRS: HashMap<VipAddrKey, u32> = HashMap::with_max_entries(MAX_VIPS, 0);
+
+/// VIP addresses per `lb_common::vip_addr_slot`: a filter read before
+/// `XLB_VIP_ADDRS`, so that traffic to no VIP address skips the hash lookup.
+#[map(name = "XLB_VIP_AINDEX")]
+static XLB_VIP_AINDEX: Array<u32> = Array::with_max_entries(lb_common::VIP_ADDR_INDEX_LEN, 0);
 
 /// Maglev rings, double-buffered per VIP: `ring_index(vip, half, stride, slot)`.
 /// Userspace sets the size to `MAX_VIPS × 2 × stride` at load.

@@ -398,7 +398,8 @@ impl World {
                 active: 0,
                 mode,
                 down_policy,
-                _pad: [0; 2],
+                host_services: 0,
+                _pad: [0; 1],
                 key,
             },
         )?;

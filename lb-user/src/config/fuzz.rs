@@ -79,6 +79,7 @@ fn key() -> impl Strategy<Value = &'static str> {
         "mode",
         "down_policy",
         "table_size",
+        "host_services",
         "weight",
         "health_port",
         "max_flows",

@@ -495,6 +495,7 @@ port = 80
                 mode: Mode::DsrIpip,
                 down_policy: DownPolicy::Rehash,
                 table_size: 65_537,
+                host_services: false,
                 protection: Policy::default(),
                 guard: VipGuardConfig::default(),
                 backends: vec![BackendConfig {
@@ -642,6 +643,7 @@ port = 80
                 mode: Mode::DsrL2,
                 down_policy: DownPolicy::Keep,
                 table_size: 131_071,
+                host_services: false,
                 protection: Policy::default(),
                 guard: VipGuardConfig::default(),
                 backends: vec![

@@ -58,6 +58,7 @@ pub(super) struct RawVip {
     pub(super) mode: Option<Mode>,
     pub(super) down_policy: Option<DownPolicy>,
     pub(super) table_size: Option<u32>,
+    pub(super) host_services: Option<bool>,
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
     pub(super) guard: Option<RawGuard>,
