@@ -563,6 +563,10 @@ stats! {
     DropFragment = "drop_fragment",
     /// To a VIP address: TCP/UDP header truncated or TCP data offset invalid.
     DropBadL4 = "drop_bad_l4",
+    /// To a VIP address: TCP SYN with RST or FIN set, which no TCP sends
+    /// (RFC 9293); such a packet would replace or close a flow's conntrack
+    /// entry.
+    DropBadTcpFlags = "drop_bad_tcp_flags",
     /// To a VIP: no backend is up (empty table).
     DropNoBackend = "drop_no_backend",
     /// To a VIP: the backend has no route or neighbour (`bpf_fib_lookup`

@@ -283,6 +283,13 @@ fn l4(
         if doff < core::mem::size_of::<TcpHdr>() || doff > l4_len {
             return Err(bad(dst, family, Stat::DropBadL4));
         }
+        // SYN+RST and SYN+FIN start and end a connection at once: no TCP
+        // sends them, and taken as a SYN they would replace the flow's
+        // conntrack entry (a new backend mid-connection), taken as a FIN
+        // or RST they would mark it closing.
+        if tcp.flags & TCP_SYN != 0 && tcp.flags & (TCP_FIN | TCP_RST) != 0 {
+            return Err(bad(dst, family, Stat::DropBadTcpFlags));
+        }
         Ok((
             u16::from_ne_bytes(tcp.source),
             u16::from_ne_bytes(tcp.dest),

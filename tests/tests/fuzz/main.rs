@@ -75,6 +75,7 @@ const VERDICT_STATS: &[Stat] = &[
     Stat::DropIpOptions,
     Stat::DropFragment,
     Stat::DropBadL4,
+    Stat::DropBadTcpFlags,
     Stat::DropNoBackend,
     Stat::DropNoRoute,
     Stat::DropTooBig,
