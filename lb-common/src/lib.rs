@@ -121,6 +121,7 @@ pub const MAP_ALLOW_V6: &str = "XLB_ALLOW_V6";
 pub const MAP_LIST_HITS: &str = "XLB_LIST_HITS";
 pub const MAP_SOURCES: &str = "XLB_SOURCES";
 pub const MAP_CT_RATE: &str = "XLB_CT_RATE";
+pub const MAP_REPLY_RATE: &str = "XLB_REPLY_RATE";
 
 const _: () = {
     let names = [
@@ -153,6 +154,7 @@ const _: () = {
         MAP_LIST_HITS,
         MAP_SOURCES,
         MAP_CT_RATE,
+        MAP_REPLY_RATE,
     ];
     let mut i = 0;
     while i < names.len() {
@@ -397,8 +399,47 @@ pub struct Globals {
     /// outer source for every flow.
     pub encap_v4_host_bits: u8,
     pub _pad: [u8; 7],
+    /// Replies the data plane generates (RSTs to refused SYNs, echo replies,
+    /// "fragmentation needed" / "packet too big"), per CPU: ns between two
+    /// of them at the sustained rate (`1e9 / daemon.reply_rate`). 0 = no
+    /// limit. See [`reply_limit`].
+    pub reply_interval_ns: u64,
+    /// How far ahead of now a CPU's reply budget may be spent: (burst − 1)
+    /// × `reply_interval_ns`.
+    pub reply_tolerance_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Globals>() == 72);
+const _: () = assert!(core::mem::size_of::<Globals>() == 88);
+
+/// Default `daemon.reply_rate`: generated replies per second and CPU.
+/// Linux answers ICMP at 1000 per second (`net.ipv4.icmp_msgs_per_sec`)
+/// for the whole host; per CPU it is the same order for a small LB, and a
+/// flood that triggers replies (SYNs from denied sources under `reset`,
+/// pings, oversized packets) then costs the uplink at most this many
+/// small frames per second and CPU, instead of one per packet received.
+pub const DEFAULT_REPLY_RATE: u32 = 1000;
+
+/// The [`Globals::reply_interval_ns`] and [`Globals::reply_tolerance_ns`] of
+/// `rate` replies per second and CPU (0 = no limit), with a burst of a tenth
+/// of a second's worth (at least 1).
+pub fn reply_limit(rate: u32) -> (u64, u64) {
+    if rate == 0 {
+        return (0, 0);
+    }
+    let interval = 1_000_000_000 / u64::from(rate);
+    let burst = u64::from(rate / 10).max(1);
+    (interval.max(1), (burst - 1) * interval.max(1))
+}
+
+/// Value of `XLB_REPLY_RATE` (per-CPU array of one): this CPU's budget of
+/// generated replies, a GCRA as the per-source limit's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplyRate {
+    /// Theoretical arrival time of the next reply: `bpf_ktime_get_coarse_ns`
+    /// clock (CLOCK_MONOTONIC_COARSE, ns).
+    pub tat_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<ReplyRate>() == 8);
 
 /// Most host bits of the IPv4 outer source that come from the flow.
 pub const MAX_ENCAP_HOST_BITS: u8 = 16;
@@ -582,7 +623,8 @@ stats! {
     /// `bpf_xdp_adjust_head` failed (no headroom).
     DropNoHeadroom = "drop_no_headroom",
     /// Not a conntrack hit, source on a deny list with action `drop` (or
-    /// `reset` but not a TCP SYN): dropped.
+    /// `reset` but not a TCP SYN): dropped. Also an echo request to a VIP
+    /// address from a source on the global deny list.
     DropDenied = "drop_denied",
     /// TCP SYN from a source on a deny list with action `reset`: answered
     /// with a RST (`XDP_TX`).
@@ -610,6 +652,10 @@ stats! {
     /// A client packet too big to encapsulate answered with "fragmentation
     /// needed" / "packet too big" carrying the MTU that fits.
     IcmpTooBig = "icmp_too_big",
+    /// A reply the data plane would generate (a RST to a refused SYN, an
+    /// echo reply, "fragmentation needed" / "packet too big") over this
+    /// CPU's `daemon.reply_rate`: dropped instead.
+    DropReplyLimited = "drop_reply_limited",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
 }
@@ -767,6 +813,7 @@ mod pod {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for CtEntry {}
     unsafe impl aya::Pod for Globals {}
+    unsafe impl aya::Pod for ReplyRate {}
     unsafe impl aya::Pod for TrafficStats {}
     unsafe impl aya::Pod for NextHop {}
     unsafe impl aya::Pod for HcReal {}

@@ -9,7 +9,9 @@
 //!   table, and the ICMP message goes to that backend like the flow's own
 //!   packets. Never inserted, never judged by the guard.
 //! - echo requests to a VIP address are answered here (`XDP_TX`), so a
-//!   VIP answers ping wherever its address is configured.
+//!   VIP answers ping wherever its address is configured; unless their
+//!   source is on the global deny list, or this CPU's reply budget is spent
+//!   (`reply.rs`, which also bounds "fragmentation needed").
 //! - any other ICMP to a VIP address (neighbour discovery, redirects, an
 //!   error about no VIP flow, ...) is unbalanced: dropped
 //!   (`drop_vip_unbalanced`), since the host would route it back to the
@@ -25,10 +27,10 @@ use aya_ebpf::{
     helpers::{bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
     programs::XdpContext,
 };
-use lb_common::{ENCAP_TTL, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, Stat};
+use lb_common::{ENCAP_TTL, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, SCOPE_GLOBAL, Stat};
 
 use crate::{
-    checksum,
+    checksum, guard,
     packet::{
         ETH_LEN, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_REPLY, ICMP_FRAG_NEEDED, ICMP_LEN,
         ICMP_TIME_EXCEEDED, ICMP6_DEST_UNREACH, ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST,
@@ -36,6 +38,7 @@ use crate::{
         Ipv4Hdr, Ipv6Hdr, VLAN_LEN, copy_l2, len, ptr_at, swap_macs,
     },
     parse::{Packet, unbalanced, unbalanced_at},
+    reply,
     select::vip_addr,
     stats::{count, drop_with, pass},
 };
@@ -75,7 +78,7 @@ pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
         return pass(Stat::PassNotVip);
     };
     if kind == Some(ICMP_ECHO) {
-        return echo4(ctx, pkt.l3off, l4off);
+        return echo4(ctx, pkt, l4off);
     }
     if l4off + ICMP_LEN + IPV4_LEN + 4 > end {
         return unbalanced_at(bits, Stat::PassIcmp);
@@ -116,7 +119,7 @@ pub(crate) fn v6(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
         return pass(Stat::PassNotVip);
     };
     if kind == Some(ICMP6_ECHO_REQUEST) {
-        return echo6(ctx, pkt.l3off, l4off);
+        return echo6(ctx, pkt, l4off);
     }
     if l4off + ICMP_LEN + IPV6_LEN + 4 > end {
         return unbalanced_at(bits, Stat::PassIcmp);
@@ -163,14 +166,37 @@ fn quoted(pkt: &mut Packet, proto: u8, ports: &[[u8; 2]; 2]) -> u32 {
     QUOTED
 }
 
+/// Whether the echo request `pkt` (its source set) may be answered: not
+/// from a source on the global deny list (unless allowed), and within this
+/// CPU's reply budget. `None`: yes; else the verdict, counted. The VIP
+/// lists are not consulted: an echo request is to the address, which
+/// several VIPs (each with its own list) may share.
+#[inline(always)]
+fn echo_refused(pkt: &Packet) -> Option<u32> {
+    if guard::denied(pkt, SCOPE_GLOBAL).is_some() {
+        return Some(drop_with(Stat::DropDenied));
+    }
+    if !reply::allowed() {
+        return Some(reply::limited());
+    }
+    None
+}
+
 /// Answers the IPv4 echo request at `l4off` in place.
 #[inline(always)]
-fn echo4(ctx: &XdpContext, l3off: usize, l4off: usize) -> u32 {
-    let (Some(ip), Some(h)) = (ptr_at::<Ipv4Hdr>(ctx, l3off), ptr_at::<IcmpHdr>(ctx, l4off)) else {
+fn echo4(ctx: &XdpContext, pkt: &mut Packet, l4off: usize) -> u32 {
+    let (Some(ip), Some(h)) = (
+        ptr_at::<Ipv4Hdr>(ctx, pkt.l3off),
+        ptr_at::<IcmpHdr>(ctx, l4off),
+    ) else {
         return drop_with(Stat::DropBadL4);
     };
     // SAFETY: bounds checked by ptr_at; the headers do not overlap.
     let (ip, h) = unsafe { (&mut *ip, &mut *h) };
+    pkt.flow.src[..4].copy_from_slice(&ip.saddr);
+    if let Some(v) = echo_refused(pkt) {
+        return v;
+    }
     core::mem::swap(&mut ip.saddr, &mut ip.daddr);
     ip.ttl = ENCAP_TTL;
     ip.check = [0; 2];
@@ -185,12 +211,19 @@ fn echo4(ctx: &XdpContext, l3off: usize, l4off: usize) -> u32 {
 /// Answers the ICMPv6 echo request at `l4off` in place (the pseudo-header's
 /// addresses only trade places: the checksum changes with the type alone).
 #[inline(always)]
-fn echo6(ctx: &XdpContext, l3off: usize, l4off: usize) -> u32 {
-    let (Some(ip), Some(h)) = (ptr_at::<Ipv6Hdr>(ctx, l3off), ptr_at::<IcmpHdr>(ctx, l4off)) else {
+fn echo6(ctx: &XdpContext, pkt: &mut Packet, l4off: usize) -> u32 {
+    let (Some(ip), Some(h)) = (
+        ptr_at::<Ipv6Hdr>(ctx, pkt.l3off),
+        ptr_at::<IcmpHdr>(ctx, l4off),
+    ) else {
         return drop_with(Stat::DropBadL4);
     };
     // SAFETY: bounds checked by ptr_at; the headers do not overlap.
     let (ip, h) = unsafe { (&mut *ip, &mut *h) };
+    pkt.flow.src = ip.saddr;
+    if let Some(v) = echo_refused(pkt) {
+        return v;
+    }
     core::mem::swap(&mut ip.saddr, &mut ip.daddr);
     ip.hop_limit = ENCAP_TTL;
     let old = u16::from_be_bytes([h.kind, h.code]);
@@ -227,6 +260,9 @@ pub(crate) fn too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> u32 {
         if !df {
             return drop_with(Stat::DropTooBig);
         }
+    }
+    if !reply::allowed() {
+        return reply::limited();
     }
     // Room for the new IP and ICMP headers in front of the offending
     // packet, the L2 header moved to the new front, the rest trimmed to

@@ -41,6 +41,7 @@ mod key;
 mod lb;
 mod packet;
 mod parse;
+mod reply;
 mod reset;
 mod select;
 mod stats;
@@ -55,8 +56,8 @@ use lb_common::{
     BackendInfo, CtEntry, CtRate, DECAP_STATS_LEN, DEFAULT_CT_SIZE, DEFAULT_TABLE_SIZE,
     DecapAddrKey, DecapSrcV4, DecapSrcV6, FlowKey, Globals, HC_STATS_LEN, HcReal, ListEntry,
     ListV4, ListV6, MAX_BACKENDS, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES, MAX_LIST_RULES, MAX_SOURCES,
-    MAX_VIPS, NextHop, STATS_LEN, SourceKey, SourceState, TrafficStats, VipAddrKey, VipGuard,
-    VipInfo, VipKey,
+    MAX_VIPS, NextHop, ReplyRate, STATS_LEN, SourceKey, SourceState, TrafficStats, VipAddrKey,
+    VipGuard, VipInfo, VipKey,
 };
 
 /// VIP services: (address, port, protocol) → VIP id.
@@ -179,6 +180,10 @@ static XLB_CLOCK: PerCpuArray<clock::ClockCache> = PerCpuArray::with_max_entries
 /// This CPU's conntrack inserts in the current second (the insert cap).
 #[map(name = "XLB_CT_RATE")]
 static XLB_CT_RATE: PerCpuArray<CtRate> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's budget of generated replies (`reply.rs`).
+#[map(name = "XLB_REPLY_RATE")]
+static XLB_REPLY_RATE: PerCpuArray<ReplyRate> = PerCpuArray::with_max_entries(1, 0);
 
 #[xdp]
 pub(crate) fn xlb_lb(ctx: XdpContext) -> u32 {

@@ -72,6 +72,7 @@ fn key() -> impl Strategy<Value = &'static str> {
         "max_table_size",
         "xdp_mode",
         "probe_concurrency",
+        "reply_rate",
         "name",
         "address",
         "port",

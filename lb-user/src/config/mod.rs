@@ -99,6 +99,8 @@ pub mod defaults {
     pub const MAX_TABLE_SIZE: u32 = lb_common::DEFAULT_TABLE_SIZE;
     /// `daemon.probe_concurrency`: health probes in flight at once.
     pub const PROBE_CONCURRENCY: u32 = 256;
+    /// `daemon.reply_rate`: generated replies per second and CPU.
+    pub const REPLY_RATE: u32 = lb_common::DEFAULT_REPLY_RATE;
     /// `vip.protocol`.
     pub const PROTOCOL: Protocol = Protocol::Tcp;
     /// `vip.mode`.
@@ -485,6 +487,7 @@ port = 80
                     encap_source_v4: None,
                     encap_source_v6: None,
                     encap_source_v4_prefix: None,
+                    reply_rate: 1000,
                 },
             },
             vips: vec![VipConfig {
@@ -633,6 +636,7 @@ port = 80
                     encap_source_v4: Some(Ipv4Addr::new(10, 0, 0, 2)),
                     encap_source_v6: Some("fd00::2".parse().unwrap()),
                     encap_source_v4_prefix: None,
+                    reply_rate: 1000,
                 },
             },
             vips: vec![VipConfig {

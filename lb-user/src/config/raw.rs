@@ -46,6 +46,7 @@ pub(super) struct RawDaemon {
     pub(super) encap_source_v6: Option<Ipv6Addr>,
     pub(super) encap_source_v4_prefix: Option<String>,
     pub(super) probe_concurrency: Option<u32>,
+    pub(super) reply_rate: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -5,6 +5,7 @@
 pub mod batch;
 mod decap;
 mod guard;
+mod reply;
 mod vip_addr;
 
 pub use guard::{ListKey, source_key};
@@ -133,6 +134,7 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_LIST_HITS,
     lb_common::MAP_SOURCES,
     lb_common::MAP_CT_RATE,
+    lb_common::MAP_REPLY_RATE,
 ];
 
 /// `XLB_VIP_INDEX` for the VIPs `entries` (key, id): each slot 0, the id
@@ -183,6 +185,7 @@ pub struct Dataplane {
     list_hits: PerCpuArray<MapData, u64>,
     sources: HashMap<MapData, SourceKey, SourceState>,
     ct_rate: PerCpuArray<MapData, CtRate>,
+    reply_rate: PerCpuArray<MapData, lb_common::ReplyRate>,
     ring_stride: u32,
 }
 
@@ -317,6 +320,7 @@ impl Dataplane {
             list_hits: typed!(lb_common::MAP_LIST_HITS),
             sources: typed!(lb_common::MAP_SOURCES),
             ct_rate: typed!(lb_common::MAP_CT_RATE),
+            reply_rate: typed!(lb_common::MAP_REPLY_RATE),
             ebpf,
             ring_stride,
         })
