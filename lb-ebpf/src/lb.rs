@@ -81,6 +81,13 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     if !select::port_has_vip(&pkt.flow) {
         return unbalanced(pkt);
     }
+    // SYN+RST and SYN+FIN: no TCP sends them, and taken as a SYN they
+    // would replace the flow's conntrack entry (a new backend mid-
+    // connection), taken as a FIN or RST mark it closing. Checked past the
+    // port filter: the host's own traffic does not pay for it.
+    if pkt.syn_fin_or_rst() {
+        return parse::bad(&pkt.flow.dst, pkt.flow.family, Stat::DropBadTcpFlags);
+    }
     let Some(g) = XLB_GLOBALS.get(0) else {
         return aborted();
     };

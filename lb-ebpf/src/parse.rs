@@ -117,6 +117,12 @@ impl Packet {
         self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
     }
 
+    /// TCP SYN with FIN or RST: starts and ends a connection at once.
+    #[inline(always)]
+    pub(crate) fn syn_fin_or_rst(&self) -> bool {
+        self.tcp_flags & TCP_SYN != 0 && self.tcp_flags & (TCP_FIN | TCP_RST) != 0
+    }
+
     /// TCP FIN or RST: the client is closing the flow.
     #[inline(always)]
     pub(crate) fn closing(&self) -> bool {
@@ -128,7 +134,7 @@ impl Packet {
 /// it is addressed to a VIP address, passed untouched otherwise. The address
 /// set is consulted only here, off the well-formed fast path.
 #[inline(always)]
-fn bad(dst: &[u8; 16], family: u8, why: Stat) -> u32 {
+pub(crate) fn bad(dst: &[u8; 16], family: u8, why: Stat) -> u32 {
     if is_vip_addr(dst, family) {
         drop_with(why)
     } else {
@@ -282,13 +288,6 @@ fn l4(
         let doff = tcp.header_len();
         if doff < core::mem::size_of::<TcpHdr>() || doff > l4_len {
             return Err(bad(dst, family, Stat::DropBadL4));
-        }
-        // SYN+RST and SYN+FIN start and end a connection at once: no TCP
-        // sends them, and taken as a SYN they would replace the flow's
-        // conntrack entry (a new backend mid-connection), taken as a FIN
-        // or RST they would mark it closing.
-        if tcp.flags & TCP_SYN != 0 && tcp.flags & (TCP_FIN | TCP_RST) != 0 {
-            return Err(bad(dst, family, Stat::DropBadTcpFlags));
         }
         Ok((
             u16::from_ne_bytes(tcp.source),

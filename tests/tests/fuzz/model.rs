@@ -209,8 +209,11 @@ fn l4(pkt: &[u8], l3: usize, hl: usize, proto: u8, v6: bool, df: bool) -> Expect
     if !ok {
         return bad(dst, Stat::DropBadL4);
     }
-    // SYN with FIN or RST.
-    if proto == 6 && seg[13] & 0x02 != 0 && seg[13] & 0x05 != 0 {
+    // SYN with FIN or RST, on a port some VIP uses.
+    let port_has_vip = VIPS
+        .iter()
+        .any(|v| v.port == be16(seg, 2) as u16 && v.proto == proto);
+    if proto == 6 && seg[13] & 0x02 != 0 && seg[13] & 0x05 != 0 && port_has_vip {
         return bad(dst, Stat::DropBadTcpFlags);
     }
     match vip(dst, be16(seg, 2) as u16, proto) {
