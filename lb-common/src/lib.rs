@@ -12,6 +12,8 @@ pub mod bench;
 mod decap;
 pub mod guard;
 pub mod hash;
+mod reply;
+mod vip_addr;
 
 pub use decap::{
     DECAP_STATS_LEN, DecapAddrKey, DecapSrcV4, DecapSrcV6, DecapStat, MAX_DECAP_ADDRS,
@@ -19,6 +21,8 @@ pub use decap::{
 };
 pub use guard::*;
 pub use hash::{flow_hash, siphash13};
+pub use reply::{DEFAULT_REPLY_RATE, ReplyRate, reply_limit};
+pub use vip_addr::{VIP_ADDR_BALANCED, VIP_ADDR_HOST_SERVICES, VIP_ADDR_INDEX_LEN, vip_addr_slot};
 
 /// Version of every pinned map layout below. Stored in [`Globals::layout_version`]
 /// and in the pin directory; a daemon refuses pinned state of another version.
@@ -106,6 +110,7 @@ pub const MAP_VIP_INFO: &str = "XLB_VIP_INFO";
 pub const MAP_VIP_PORTS: &str = "XLB_VIP_PORTS";
 pub const MAP_VIP_INDEX: &str = "XLB_VIP_INDEX";
 pub const MAP_VIP_ADDRS: &str = "XLB_VIP_ADDRS";
+pub const MAP_VIP_ADDR_INDEX: &str = "XLB_VIP_AINDEX";
 pub const MAP_RING: &str = "XLB_RING";
 pub const MAP_BACKENDS: &str = "XLB_BACKENDS";
 pub const MAP_CT: &str = "XLB_CT";
@@ -129,6 +134,7 @@ pub const MAP_ALLOW_V6: &str = "XLB_ALLOW_V6";
 pub const MAP_LIST_HITS: &str = "XLB_LIST_HITS";
 pub const MAP_SOURCES: &str = "XLB_SOURCES";
 pub const MAP_CT_RATE: &str = "XLB_CT_RATE";
+pub const MAP_REPLY_RATE: &str = "XLB_REPLY_RATE";
 
 const _: () = {
     let names = [
@@ -137,6 +143,7 @@ const _: () = {
         MAP_VIP_PORTS,
         MAP_VIP_INDEX,
         MAP_VIP_ADDRS,
+        MAP_VIP_ADDR_INDEX,
         MAP_RING,
         MAP_BACKENDS,
         MAP_CT,
@@ -160,6 +167,7 @@ const _: () = {
         MAP_LIST_HITS,
         MAP_SOURCES,
         MAP_CT_RATE,
+        MAP_REPLY_RATE,
     ];
     let mut i = 0;
     while i < names.len() {
@@ -219,7 +227,12 @@ pub struct VipInfo {
     pub mode: u8,
     /// [`DOWN_POLICY_REHASH`] or [`DOWN_POLICY_KEEP`].
     pub down_policy: u8,
-    pub _pad: [u8; 2],
+    /// 1 = the operator runs host services on this VIP's address
+    /// (`host_services = true`): packets to the address that no VIP
+    /// balances go to the host's stack. 0 = they are dropped
+    /// ([`VIP_ADDR_HOST_SERVICES`]). Was padding before layout 4.
+    pub host_services: u8,
+    pub _pad: [u8; 1],
     /// The VIP's own key: the data plane takes an `XLB_VIP_INDEX`
     /// candidate only if the packet is addressed to exactly this.
     pub key: VipKey,
@@ -254,7 +267,8 @@ pub fn vip_index_slot(addr: &Addr, port: u16, proto: u8) -> u32 {
 const _: () = assert!(VIP_INDEX_LEN.is_power_of_two() && VIP_INDEX_LEN >= 64 * MAX_VIPS);
 
 /// Key of `XLB_VIP_ADDRS`: every address that carries at least one VIP, so a
-/// malformed packet to a VIP address can be told from traffic that is not ours.
+/// malformed or unbalanced packet to a VIP address can be told from traffic
+/// that is not ours. The value holds `VIP_ADDR_*` bits.
 // Aligned so building one on the BPF stack is a few word stores, not a
 // byte-wise memset call.
 #[repr(C, align(4))]
@@ -369,8 +383,16 @@ pub struct Globals {
     /// outer source for every flow.
     pub encap_v4_host_bits: u8,
     pub _pad: [u8; 7],
+    /// Replies the data plane generates (RSTs to refused SYNs, echo replies,
+    /// "fragmentation needed" / "packet too big"), per CPU: ns between two
+    /// of them at the sustained rate (`1e9 / daemon.reply_rate`). 0 = no
+    /// limit. See [`reply_limit`].
+    pub reply_interval_ns: u64,
+    /// How far ahead of now a CPU's reply budget may be spent: (burst − 1)
+    /// × `reply_interval_ns`.
+    pub reply_tolerance_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Globals>() == 72);
+const _: () = assert!(core::mem::size_of::<Globals>() == 88);
 
 /// Most host bits of the IPv4 outer source that come from the flow.
 pub const MAX_ENCAP_HOST_BITS: u8 = 16;
@@ -505,7 +527,7 @@ stats! {
     DownKeep = "down_keep",
     /// Not IPv4/IPv6 (ARP, LLDP, ...): passed.
     PassNotIp = "pass_not_ip",
-    /// IP but not to a VIP address/port/protocol: passed.
+    /// IP, not to a VIP address: passed.
     PassNotVip = "pass_not_vip",
     /// Frame ends inside the Ethernet/VLAN header: passed (not provably ours).
     PassTruncatedL2 = "pass_truncated_l2",
@@ -513,9 +535,18 @@ stats! {
     PassTruncatedL3 = "pass_truncated_l3",
     /// More than one VLAN tag (QinQ): passed, unsupported.
     PassQinQ = "pass_qinq",
-    /// IPv6 with an extension header before TCP/UDP, to a VIP address: passed
-    /// to the host stack, as Katran does.
+    /// IPv6 with an extension header before TCP/UDP, to a VIP address whose
+    /// VIPs set `host_services`: passed to the host stack, as Katran does
+    /// (without `host_services` it is `drop_vip_unbalanced`).
     PassIpv6Ext = "pass_ipv6_ext",
+    /// To a VIP address, but no VIP balances it (another port or protocol,
+    /// ICMP xlb does not answer, IPv6 extension headers), and no VIP at the
+    /// address sets `host_services`: dropped, since the host would route it
+    /// back to the router it came from (a loop until its TTL runs out).
+    DropVipUnbalanced = "drop_vip_unbalanced",
+    /// To a VIP address whose VIPs set `host_services`, but no VIP balances
+    /// it: passed to the host's own services.
+    PassVipHost = "pass_vip_host",
     /// To a VIP address: IPv4 header length field < 5, or version mismatch.
     DropBadIhl = "drop_bad_ihl",
     /// To a VIP address: IP total/payload length disagrees with the frame.
@@ -526,6 +557,10 @@ stats! {
     DropFragment = "drop_fragment",
     /// To a VIP address: TCP/UDP header truncated or TCP data offset invalid.
     DropBadL4 = "drop_bad_l4",
+    /// To a VIP address: TCP SYN with RST or FIN set, which no TCP sends
+    /// (RFC 9293); such a packet would replace or close a flow's conntrack
+    /// entry.
+    DropBadTcpFlags = "drop_bad_tcp_flags",
     /// To a VIP: no backend is up (empty table).
     DropNoBackend = "drop_no_backend",
     /// To a VIP: the backend has no route or neighbour (`bpf_fib_lookup`
@@ -541,7 +576,8 @@ stats! {
     /// `bpf_xdp_adjust_head` failed (no headroom).
     DropNoHeadroom = "drop_no_headroom",
     /// Not a conntrack hit, source on a deny list with action `drop` (or
-    /// `reset` but not a TCP SYN): dropped.
+    /// `reset` but not a TCP SYN): dropped. Also an echo request to a VIP
+    /// address from a source on the global deny list.
     DropDenied = "drop_denied",
     /// TCP SYN from a source on a deny list with action `reset`: answered
     /// with a RST (`XDP_TX`).
@@ -562,12 +598,17 @@ stats! {
     IcmpQuoted = "icmp_quoted",
     /// An echo request to a VIP address answered (`XDP_TX`).
     IcmpEchoReply = "icmp_echo_reply",
-    /// ICMP to a VIP address that xlb does not handle, or whose quoted
-    /// header is not a VIP flow: passed to the host's stack.
+    /// ICMP to a VIP address whose VIPs set `host_services`, of a kind xlb
+    /// does not handle or whose quoted header is not a VIP flow: passed to
+    /// the host's stack (without `host_services`: `drop_vip_unbalanced`).
     PassIcmp = "pass_icmp",
     /// A client packet too big to encapsulate answered with "fragmentation
     /// needed" / "packet too big" carrying the MTU that fits.
     IcmpTooBig = "icmp_too_big",
+    /// A reply the data plane would generate (a RST to a refused SYN, an
+    /// echo reply, "fragmentation needed" / "packet too big") over this
+    /// CPU's `daemon.reply_rate`: dropped instead.
+    DropReplyLimited = "drop_reply_limited",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
 }
@@ -725,6 +766,7 @@ mod pod {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for CtEntry {}
     unsafe impl aya::Pod for Globals {}
+    unsafe impl aya::Pod for ReplyRate {}
     unsafe impl aya::Pod for TrafficStats {}
     unsafe impl aya::Pod for NextHop {}
     unsafe impl aya::Pod for HcReal {}

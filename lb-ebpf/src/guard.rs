@@ -203,7 +203,7 @@ fn source_key(pkt: &Packet, vip_id: u32, g: &VipGuard) -> SourceKey {
 /// The action of the deny entry covering the source, unless an allow entry
 /// covers it too; hits counted on the rule that decided.
 #[inline(always)]
-fn denied(pkt: &Packet, vip_id: u32) -> Option<u8> {
+pub(crate) fn denied(pkt: &Packet, vip_id: u32) -> Option<u8> {
     let v4 = pkt.flow.family == FAMILY_V4;
     let deny = if v4 {
         lookup_v4(Trie::Deny, pkt, vip_id)

@@ -9,9 +9,14 @@
 //!   table, and the ICMP message goes to that backend like the flow's own
 //!   packets. Never inserted, never judged by the guard.
 //! - echo requests to a VIP address are answered here (`XDP_TX`), so a
-//!   VIP answers ping wherever its address is configured.
-//! - any other ICMP to a VIP address (neighbour discovery, redirects, ...)
-//!   goes to the host's stack (`pass_icmp`).
+//!   VIP answers ping wherever its address is configured; unless their
+//!   source is on the global deny list, or this CPU's reply budget is spent
+//!   (`reply.rs`, which also bounds "fragmentation needed").
+//! - any other ICMP to a VIP address (neighbour discovery, redirects, an
+//!   error about no VIP flow, ...) is unbalanced: dropped
+//!   (`drop_vip_unbalanced`), since the host would route it back to the
+//!   router, or passed to the host's stack (`pass_icmp`) where a VIP at the
+//!   address sets `host_services`.
 //! - a client packet too large to encapsulate is answered with
 //!   "fragmentation needed" (IPv4 with DF) or "packet too big" (IPv6)
 //!   carrying the largest inner packet that fits, so the client's path-MTU
@@ -22,18 +27,19 @@ use aya_ebpf::{
     helpers::{bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
     programs::XdpContext,
 };
-use lb_common::{ENCAP_TTL, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, Stat};
+use lb_common::{ENCAP_TTL, FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP, SCOPE_GLOBAL, Stat};
 
 use crate::{
-    checksum,
+    checksum, guard,
     packet::{
         ETH_LEN, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_REPLY, ICMP_FRAG_NEEDED, ICMP_LEN,
         ICMP_TIME_EXCEEDED, ICMP6_DEST_UNREACH, ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST,
         ICMP6_PACKET_TOO_BIG, ICMP6_TIME_EXCEEDED, IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, IcmpHdr,
         Ipv4Hdr, Ipv6Hdr, VLAN_LEN, copy_l2, len, ptr_at, swap_macs,
     },
-    parse::Packet,
-    select::is_vip_addr,
+    parse::{Packet, unbalanced, unbalanced_at},
+    reply,
+    select::vip_addr,
     stats::{count, drop_with, pass},
 };
 
@@ -61,26 +67,27 @@ pub(crate) const QUOTED: u32 = u32::MAX;
 pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     let l4off = pkt.l3off + IPV4_LEN;
     let end = pkt.l3off + pkt.ip_len;
-    let Some(kind) = kind_at(ctx, l4off, end) else {
+    let kind = kind_at(ctx, l4off, end);
+    let handled = kind == Some(ICMP_ECHO)
+        || kind == Some(ICMP_DEST_UNREACH)
+        || kind == Some(ICMP_TIME_EXCEEDED);
+    if !handled {
+        return unbalanced(&pkt.flow.dst, FAMILY_V4, Stat::PassIcmp);
+    }
+    let Some(bits) = vip_addr(&pkt.flow.dst, FAMILY_V4) else {
         return pass(Stat::PassNotVip);
     };
-    if kind != ICMP_ECHO && kind != ICMP_DEST_UNREACH && kind != ICMP_TIME_EXCEEDED {
-        return pass(Stat::PassNotVip);
-    }
-    if !is_vip_addr(&pkt.flow.dst, FAMILY_V4) {
-        return pass(Stat::PassNotVip);
-    }
-    if kind == ICMP_ECHO {
-        return echo4(ctx, pkt.l3off, l4off);
+    if kind == Some(ICMP_ECHO) {
+        return echo4(ctx, pkt, l4off);
     }
     if l4off + ICMP_LEN + IPV4_LEN + 4 > end {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     }
     let Some(q) = ptr_at::<Ipv4Hdr>(ctx, l4off + ICMP_LEN) else {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     };
     let Some(ports) = ptr_at::<[[u8; 2]; 2]>(ctx, l4off + ICMP_LEN + IPV4_LEN) else {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     };
     // SAFETY: bounds checked by ptr_at.
     let (q, ports) = unsafe { (&*q, &*ports) };
@@ -89,7 +96,7 @@ pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
         || (proto != PROTO_TCP && proto != PROTO_UDP)
         || q.saddr != pkt.flow.dst[..4]
     {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     }
     pkt.flow.src[..4].copy_from_slice(&q.daddr);
     quoted(pkt, proto, ports)
@@ -100,34 +107,34 @@ pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
 pub(crate) fn v6(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     let l4off = pkt.l3off + IPV6_LEN;
     let end = pkt.l3off + pkt.ip_len;
-    let Some(kind) = kind_at(ctx, l4off, end) else {
+    let kind = kind_at(ctx, l4off, end);
+    let handled = kind == Some(ICMP6_DEST_UNREACH)
+        || kind == Some(ICMP6_PACKET_TOO_BIG)
+        || kind == Some(ICMP6_TIME_EXCEEDED)
+        || kind == Some(ICMP6_ECHO_REQUEST);
+    if !handled {
+        return unbalanced(&pkt.flow.dst, FAMILY_V6, Stat::PassIcmp);
+    }
+    let Some(bits) = vip_addr(&pkt.flow.dst, FAMILY_V6) else {
         return pass(Stat::PassNotVip);
     };
-    let error =
-        kind == ICMP6_DEST_UNREACH || kind == ICMP6_PACKET_TOO_BIG || kind == ICMP6_TIME_EXCEEDED;
-    if !error && kind != ICMP6_ECHO_REQUEST {
-        return pass(Stat::PassNotVip);
-    }
-    if !is_vip_addr(&pkt.flow.dst, FAMILY_V6) {
-        return pass(Stat::PassNotVip);
-    }
-    if kind == ICMP6_ECHO_REQUEST {
-        return echo6(ctx, pkt.l3off, l4off);
+    if kind == Some(ICMP6_ECHO_REQUEST) {
+        return echo6(ctx, pkt, l4off);
     }
     if l4off + ICMP_LEN + IPV6_LEN + 4 > end {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     }
     let Some(q) = ptr_at::<Ipv6Hdr>(ctx, l4off + ICMP_LEN) else {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     };
     let Some(ports) = ptr_at::<[[u8; 2]; 2]>(ctx, l4off + ICMP_LEN + IPV6_LEN) else {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     };
     // SAFETY: bounds checked by ptr_at.
     let (q, ports) = unsafe { (&*q, &*ports) };
     let proto = q.nexthdr;
     if (proto != PROTO_TCP && proto != PROTO_UDP) || q.saddr != pkt.flow.dst {
-        return pass(Stat::PassIcmp);
+        return unbalanced_at(bits, Stat::PassIcmp);
     }
     pkt.flow.src = q.daddr;
     quoted(pkt, proto, ports)
@@ -159,14 +166,37 @@ fn quoted(pkt: &mut Packet, proto: u8, ports: &[[u8; 2]; 2]) -> u32 {
     QUOTED
 }
 
+/// Whether the echo request `pkt` (its source set) may be answered: not
+/// from a source on the global deny list (unless allowed), and within this
+/// CPU's reply budget. `None`: yes; else the verdict, counted. The VIP
+/// lists are not consulted: an echo request is to the address, which
+/// several VIPs (each with its own list) may share.
+#[inline(always)]
+fn echo_refused(pkt: &Packet) -> Option<u32> {
+    if guard::denied(pkt, SCOPE_GLOBAL).is_some() {
+        return Some(drop_with(Stat::DropDenied));
+    }
+    if !reply::allowed() {
+        return Some(reply::limited());
+    }
+    None
+}
+
 /// Answers the IPv4 echo request at `l4off` in place.
 #[inline(always)]
-fn echo4(ctx: &XdpContext, l3off: usize, l4off: usize) -> u32 {
-    let (Some(ip), Some(h)) = (ptr_at::<Ipv4Hdr>(ctx, l3off), ptr_at::<IcmpHdr>(ctx, l4off)) else {
+fn echo4(ctx: &XdpContext, pkt: &mut Packet, l4off: usize) -> u32 {
+    let (Some(ip), Some(h)) = (
+        ptr_at::<Ipv4Hdr>(ctx, pkt.l3off),
+        ptr_at::<IcmpHdr>(ctx, l4off),
+    ) else {
         return drop_with(Stat::DropBadL4);
     };
     // SAFETY: bounds checked by ptr_at; the headers do not overlap.
     let (ip, h) = unsafe { (&mut *ip, &mut *h) };
+    pkt.flow.src[..4].copy_from_slice(&ip.saddr);
+    if let Some(v) = echo_refused(pkt) {
+        return v;
+    }
     core::mem::swap(&mut ip.saddr, &mut ip.daddr);
     ip.ttl = ENCAP_TTL;
     ip.check = [0; 2];
@@ -181,12 +211,19 @@ fn echo4(ctx: &XdpContext, l3off: usize, l4off: usize) -> u32 {
 /// Answers the ICMPv6 echo request at `l4off` in place (the pseudo-header's
 /// addresses only trade places: the checksum changes with the type alone).
 #[inline(always)]
-fn echo6(ctx: &XdpContext, l3off: usize, l4off: usize) -> u32 {
-    let (Some(ip), Some(h)) = (ptr_at::<Ipv6Hdr>(ctx, l3off), ptr_at::<IcmpHdr>(ctx, l4off)) else {
+fn echo6(ctx: &XdpContext, pkt: &mut Packet, l4off: usize) -> u32 {
+    let (Some(ip), Some(h)) = (
+        ptr_at::<Ipv6Hdr>(ctx, pkt.l3off),
+        ptr_at::<IcmpHdr>(ctx, l4off),
+    ) else {
         return drop_with(Stat::DropBadL4);
     };
     // SAFETY: bounds checked by ptr_at; the headers do not overlap.
     let (ip, h) = unsafe { (&mut *ip, &mut *h) };
+    pkt.flow.src = ip.saddr;
+    if let Some(v) = echo_refused(pkt) {
+        return v;
+    }
     core::mem::swap(&mut ip.saddr, &mut ip.daddr);
     ip.hop_limit = ENCAP_TTL;
     let old = u16::from_be_bytes([h.kind, h.code]);
@@ -223,6 +260,9 @@ pub(crate) fn too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> u32 {
         if !df {
             return drop_with(Stat::DropTooBig);
         }
+    }
+    if !reply::allowed() {
+        return reply::limited();
     }
     // Room for the new IP and ICMP headers in front of the offending
     // packet, the L2 header moved to the new front, the rest trimmed to

@@ -3,8 +3,15 @@
 //! `conntrack`, `select`, `forward` (with `encap` and `checksum`).
 //!
 //! Verdict policy (documented in the README, tested by the fixtures):
-//! - not IPv4/IPv6, or not to a VIP (address, port, protocol): `XDP_PASS`,
-//!   untouched. The host keeps working (SSH, ARP, its own services).
+//! - not IPv4/IPv6, or not to a VIP address: `XDP_PASS`, untouched. The
+//!   host keeps working (SSH, ARP, its own services).
+//! - to a VIP address but for no VIP (another port or protocol, ICMP xlb
+//!   does not answer, IPv6 extension headers): `XDP_DROP`
+//!   (`drop_vip_unbalanced`). The host does not hold VIP addresses (they
+//!   are routed to it), and forwarding is on for `bpf_fib_lookup`, so the
+//!   kernel would send the packet back to the router, which sends it here
+//!   again until its TTL runs out. A VIP with `host_services = true` opts
+//!   its address out: such packets go to the host's stack (`XDP_PASS`).
 //! - truncated before the IP destination is known: `XDP_PASS` (nothing proves
 //!   it is ours; the kernel drops junk itself).
 //! - to a VIP *address* but malformed (bad IHL/version, bad length, truncated
@@ -18,16 +25,17 @@
 //!   backend; forwarding the first alone would leave the backend a packet it
 //!   can never reassemble. Katran does the same.
 //! - IPv6 extension headers (hop-by-hop, routing, destination options, AH,
-//!   mobility, HIP, shim6) before TCP/UDP to a VIP address: `XDP_PASS` to the
-//!   host stack, as Katran does: rare, legitimate, and the kernel knows how to
-//!   parse or reject them. ESP and unknown next headers are not a VIP
-//!   protocol: passed as not ours.
+//!   mobility, HIP, shim6) before TCP/UDP to a VIP address: not balanced
+//!   (xlb does not walk them), so dropped like any unbalanced packet, or
+//!   passed to the host stack (Katran's choice) where the address has
+//!   `host_services`: only a host that holds the address can take them
+//!   without routing them back. ESP and unknown next headers likewise.
 //! - conntrack: a TCP SYN or a UDP packet that misses inserts an entry; a TCP
 //!   packet without SYN that misses follows the table and inserts nothing.
 //! - ICMP to a VIP address (`icmp.rs`): errors about a VIP flow go where
 //!   the flow's packets go (conntrack, else the table), never inserting and
-//!   never judged; echo requests are answered; the rest is passed to the
-//!   host.
+//!   never judged; echo requests are answered; the rest is unbalanced
+//!   (dropped, or passed with `host_services`).
 //! - guard: what is not a conntrack hit is judged by the VIP's deny/allow
 //!   lists and its per-source rate before it may take a backend
 //!   (`guard.rs`): refused packets are dropped, or a SYN is answered with a
@@ -67,8 +75,18 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     if let Err(verdict) = parsed {
         return verdict;
     }
+    // No VIP on this port: the host's own traffic, unless it is to a VIP
+    // address (checked after the port filter, so the host's traffic pays
+    // one array read for it).
     if !select::port_has_vip(&pkt.flow) {
-        return pass(Stat::PassNotVip);
+        return unbalanced(pkt);
+    }
+    // SYN+RST and SYN+FIN: no TCP sends them, and taken as a SYN they
+    // would replace the flow's conntrack entry (a new backend mid-
+    // connection), taken as a FIN or RST mark it closing. Checked past the
+    // port filter: the host's own traffic does not pay for it.
+    if pkt.syn_fin_or_rst() {
+        return parse::bad(&pkt.flow.dst, pkt.flow.family, Stat::DropBadTcpFlags);
     }
     let Some(g) = XLB_GLOBALS.get(0) else {
         return aborted();
@@ -88,7 +106,7 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
         }
     }
     let Some((vip_id, vip)) = select::vip(&pkt.flow) else {
-        return pass(Stat::PassNotVip);
+        return unbalanced(pkt);
     };
     if missed {
         count(Stat::CtMiss);
@@ -119,4 +137,17 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
         conntrack::record(pkt, vip_id, &t, now, guard.ct_insert_cap);
     }
     forward(ctx, pkt, &t, g, now, !pkt.icmp)
+}
+
+/// A TCP/UDP packet (or an ICMP error about one) that no VIP balances:
+/// passed if not to a VIP address, else dropped unless the address has
+/// host services (`parse::unbalanced`).
+#[inline(always)]
+fn unbalanced(pkt: &Packet) -> u32 {
+    let host = if pkt.icmp {
+        Stat::PassIcmp
+    } else {
+        Stat::PassVipHost
+    };
+    parse::unbalanced(&pkt.flow.dst, pkt.flow.family, host)
 }

@@ -41,6 +41,7 @@ mod key;
 mod lb;
 mod packet;
 mod parse;
+mod reply;
 mod reset;
 mod select;
 mod stats;
@@ -55,7 +56,8 @@ use lb_common::{
     BACKEND_IDS, BackendInfo, CtEntry, CtRate, DECAP_STATS_LEN, DEFAULT_CT_SIZE,
     DEFAULT_TABLE_SIZE, DecapAddrKey, DecapSrcV4, DecapSrcV6, FlowKey, Globals, HC_STATS_LEN,
     HcReal, ListEntry, ListV4, ListV6, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES, MAX_LIST_RULES,
-    MAX_SOURCES, MAX_VIPS, NextHop, STATS_LEN, SourceKey, SourceState, TrafficStats, VipAddrKey,
+    MAX_SOURCES, MAX_VIPS, NextHop, ReplyRate, STATS_LEN, SourceKey, SourceState, TrafficStats,
+    VipAddrKey,
     VipGuard, VipInfo, VipKey,
 };
 
@@ -77,10 +79,16 @@ static XLB_VIP_PORTS: Array<u32> = Array::with_max_entries(lb_common::PORT_INDEX
 #[map(name = "XLB_VIP_INDEX")]
 static XLB_VIP_INDEX: Array<u32> = Array::with_max_entries(lb_common::VIP_INDEX_LEN, 0);
 
-/// Every address that carries a VIP: tells a malformed packet to a VIP
-/// (dropped) from traffic that is not ours (passed).
+/// Every address that carries a VIP, with its `lb_common::VIP_ADDR_*`
+/// bits: tells a malformed or unbalanced packet to a VIP address (dropped,
+/// or passed to the host's services) from traffic that is not ours (passed).
 #[map(name = "XLB_VIP_ADDRS")]
 static XLB_VIP_ADDRS: HashMap<VipAddrKey, u32> = HashMap::with_max_entries(MAX_VIPS, 0);
+
+/// VIP addresses per `lb_common::vip_addr_slot`: a filter read before
+/// `XLB_VIP_ADDRS`, so that traffic to no VIP address skips the hash lookup.
+#[map(name = "XLB_VIP_AINDEX")]
+static XLB_VIP_AINDEX: Array<u32> = Array::with_max_entries(lb_common::VIP_ADDR_INDEX_LEN, 0);
 
 /// Maglev rings, double-buffered per VIP: `ring_index(vip, half, stride, slot)`.
 /// Userspace sets the size to `MAX_VIPS × 2 × stride` at load.
@@ -173,6 +181,10 @@ static XLB_CLOCK: PerCpuArray<clock::ClockCache> = PerCpuArray::with_max_entries
 /// This CPU's conntrack inserts in the current second (the insert cap).
 #[map(name = "XLB_CT_RATE")]
 static XLB_CT_RATE: PerCpuArray<CtRate> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's budget of generated replies (`reply.rs`).
+#[map(name = "XLB_REPLY_RATE")]
+static XLB_REPLY_RATE: PerCpuArray<ReplyRate> = PerCpuArray::with_max_entries(1, 0);
 
 #[xdp]
 pub(crate) fn xlb_lb(ctx: XdpContext) -> u32 {

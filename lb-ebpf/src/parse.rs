@@ -5,7 +5,9 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::{FAMILY_V4, FAMILY_V6, FlowKey, PROTO_TCP, PROTO_UDP, Stat};
+use lb_common::{
+    FAMILY_V4, FAMILY_V6, FlowKey, PROTO_TCP, PROTO_UDP, Stat, VIP_ADDR_HOST_SERVICES,
+};
 
 use crate::{
     icmp,
@@ -13,11 +15,12 @@ use crate::{
         ETH_LEN, ETH_P_8021AD, ETH_P_8021Q, EthHdr, IPV4_LEN, IPV6_LEN, Ipv4Hdr, Ipv6Hdr, TCP_ACK,
         TCP_FIN, TCP_RST, TCP_SYN, TcpHdr, UdpHdr, VLAN_LEN, VlanHdr, len, ptr_at,
     },
-    select::is_vip_addr,
+    select::{is_vip_addr, vip_addr},
     stats::{drop_with, pass},
 };
 
-/// IPv6 next-header values of extension headers passed to the host.
+/// IPv6 next-header values of extension headers, which xlb does not walk:
+/// to a VIP address they are unbalanced (`unbalanced`).
 const IPV6_EXT_HEADERS: [u8; 7] = [0, 43, 60, 51, 135, 139, 140];
 const IPV6_FRAGMENT: u8 = 44;
 
@@ -114,6 +117,12 @@ impl Packet {
         self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
     }
 
+    /// TCP SYN with FIN or RST: starts and ends a connection at once.
+    #[inline(always)]
+    pub(crate) fn syn_fin_or_rst(&self) -> bool {
+        self.tcp_flags & TCP_SYN != 0 && self.tcp_flags & (TCP_FIN | TCP_RST) != 0
+    }
+
     /// TCP FIN or RST: the client is closing the flow.
     #[inline(always)]
     pub(crate) fn closing(&self) -> bool {
@@ -125,11 +134,38 @@ impl Packet {
 /// it is addressed to a VIP address, passed untouched otherwise. The address
 /// set is consulted only here, off the well-formed fast path.
 #[inline(always)]
-fn bad(dst: &[u8; 16], family: u8, why: Stat) -> u32 {
+pub(crate) fn bad(dst: &[u8; 16], family: u8, why: Stat) -> u32 {
     if is_vip_addr(dst, family) {
         drop_with(why)
     } else {
         pass(Stat::PassNotVip)
+    }
+}
+
+/// Verdict for a packet to `dst` that no VIP balances (another port or
+/// protocol, ICMP xlb does not answer, IPv6 extension headers): passed if
+/// `dst` carries no VIP (not ours), else as [`unbalanced_at`] says.
+#[inline(always)]
+pub(crate) fn unbalanced(dst: &[u8; 16], family: u8, host: Stat) -> u32 {
+    match vip_addr(dst, family) {
+        None => pass(Stat::PassNotVip),
+        Some(bits) => unbalanced_at(bits, host),
+    }
+}
+
+/// Verdict for a packet that no VIP balances to a VIP address with
+/// `XLB_VIP_ADDRS` bits `bits`: passed to the host (counted `host`) if a
+/// VIP there sets `host_services`, else dropped. The host does not hold a
+/// VIP address, and forwarding is on (`bpf_fib_lookup` needs it), so the
+/// kernel would route the packet back to the router that sent it here,
+/// which sends it back again until its TTL runs out: one packet from any
+/// client would cross the uplink a hundred times.
+#[inline(always)]
+pub(crate) fn unbalanced_at(bits: u32, host: Stat) -> u32 {
+    if bits & VIP_ADDR_HOST_SERVICES != 0 {
+        pass(host)
+    } else {
+        drop_with(Stat::DropVipUnbalanced)
     }
 }
 
@@ -171,7 +207,7 @@ pub(crate) fn ipv4(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
         return if v == icmp::QUOTED { Ok(()) } else { Err(v) };
     }
     if proto != PROTO_TCP && proto != PROTO_UDP {
-        return Err(pass(Stat::PassNotVip));
+        return Err(unbalanced(dst, FAMILY_V4, Stat::PassVipHost));
     }
     let l4_len = tot_len - IPV4_LEN;
     let (sport, dport, tcp_flags) = l4(ctx, l3off + IPV4_LEN, l4_len, proto, dst, FAMILY_V4)?;
@@ -212,12 +248,7 @@ pub(crate) fn ipv6(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
         return Err(bad(dst, FAMILY_V6, Stat::DropFragment));
     }
     if IPV6_EXT_HEADERS.contains(&next) {
-        let why = if is_vip_addr(dst, FAMILY_V6) {
-            Stat::PassIpv6Ext
-        } else {
-            Stat::PassNotVip
-        };
-        return Err(pass(why));
+        return Err(unbalanced(dst, FAMILY_V6, Stat::PassIpv6Ext));
     }
     if next == icmp::PROTO_ICMP6 {
         pkt.ip_len = IPV6_LEN + payload_len;
@@ -225,7 +256,7 @@ pub(crate) fn ipv6(ctx: &XdpContext, pkt: &mut Packet) -> Result<(), u32> {
         return if v == icmp::QUOTED { Ok(()) } else { Err(v) };
     }
     if next != PROTO_TCP && next != PROTO_UDP {
-        return Err(pass(Stat::PassNotVip));
+        return Err(unbalanced(dst, FAMILY_V6, Stat::PassVipHost));
     }
     let (sport, dport, tcp_flags) = l4(ctx, l3off + IPV6_LEN, payload_len, next, dst, FAMILY_V6)?;
     let flow = &mut pkt.flow;

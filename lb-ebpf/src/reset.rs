@@ -24,9 +24,13 @@ use crate::{
 const TCP_LEN: usize = core::mem::size_of::<TcpHdr>();
 
 /// Turns the SYN `pkt` into its RST and returns `XDP_TX` (counted as
-/// `sent`); drops it (counted as `dropped`) if the frame cannot be trimmed.
+/// `sent`); drops it (counted as `dropped`) if the frame cannot be trimmed,
+/// or (`drop_reply_limited`) if this CPU's reply budget is spent.
 #[inline(always)]
 pub(crate) fn reply(ctx: &XdpContext, pkt: &Packet, sent: Stat, dropped: Stat) -> u32 {
+    if !crate::reply::allowed() {
+        return crate::reply::limited();
+    }
     let v4 = pkt.flow.family == FAMILY_V4;
     let ip_hdr = if v4 { IPV4_LEN } else { IPV6_LEN };
     let l4off = pkt.l3off + ip_hdr;

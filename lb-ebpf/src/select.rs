@@ -7,7 +7,8 @@ use lb_common::{
 };
 
 use crate::{
-    XLB_BACKENDS, XLB_RING, XLB_VIP_ADDRS, XLB_VIP_INDEX, XLB_VIP_INFO, XLB_VIP_PORTS, XLB_VIPS,
+    XLB_BACKENDS, XLB_RING, XLB_VIP_ADDRS, XLB_VIP_AINDEX, XLB_VIP_INDEX, XLB_VIP_INFO,
+    XLB_VIP_PORTS, XLB_VIPS,
     key::{WordKey, addr_eq, addr_key, addr_words},
 };
 
@@ -80,9 +81,22 @@ fn is_key(key: &VipKey, flow: &FlowKey) -> bool {
 /// traffic that is not ours.
 #[inline(always)]
 pub(crate) fn is_vip_addr(addr: &[u8; 16], family: u8) -> bool {
+    vip_addr(addr, family).is_some()
+}
+
+/// The `lb_common::VIP_ADDR_*` bits of `addr` if it carries any VIP. An
+/// address in no VIP address's `XLB_VIP_AINDEX` slot (the host's own
+/// traffic) is answered by the array alone, without the hash lookup.
+#[inline(always)]
+pub(crate) fn vip_addr(addr: &[u8; 16], family: u8) -> Option<u32> {
+    let slot = lb_common::vip_addr_slot(addr);
+    if XLB_VIP_AINDEX.get(slot).is_none_or(|n| *n == 0) {
+        return None;
+    }
     let mut key = WordKey::uninit();
     let key: &VipAddrKey = addr_key(&mut key, addr_words(addr), family);
-    XLB_VIP_ADDRS.get_ptr(key).is_some()
+    // SAFETY: a u32 copied out at once.
+    unsafe { XLB_VIP_ADDRS.get(key) }.copied()
 }
 
 /// The backend in the flow's slot of the VIP's live table: its id and

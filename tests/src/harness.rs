@@ -363,6 +363,9 @@ impl World {
             encap_src_v6: addr16(LB_V6.parse().unwrap()),
             encap_v4_host_bits: 0,
             _pad: [0; 7],
+            // No reply budget: a fixture that tests it sets one.
+            reply_interval_ns: 0,
+            reply_tolerance_ns: 0,
         };
         self.dp.set_globals(&g)?;
         Ok(())
@@ -398,7 +401,8 @@ impl World {
                 active: 0,
                 mode,
                 down_policy,
-                _pad: [0; 2],
+                host_services: 0,
+                _pad: [0; 1],
                 key,
             },
         )?;

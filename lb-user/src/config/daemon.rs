@@ -127,6 +127,11 @@ pub struct LiveSettings {
     /// taken from each flow, so a backend NIC's RSS spreads one LB's flows
     /// over its queues (as Katran does); replaces `encap_source_v4`.
     pub encap_source_v4_prefix: Option<Prefix>,
+    /// Replies the data plane generates itself (RSTs to refused SYNs, echo
+    /// replies, "fragmentation needed" / "packet too big"), per second and
+    /// CPU; above it the packet is dropped (`drop_reply_limited`). Default
+    /// [`lb_common::DEFAULT_REPLY_RATE`].
+    pub reply_rate: u32,
 }
 
 /// Checks every setting and resolves its default. Settings are checked in
@@ -146,6 +151,7 @@ pub(super) fn validate(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
     let encap_source_v6 = encap_source_v6(raw, p);
     let encap_source_v4_prefix = encap_source_v4_prefix(raw, p);
     let probe_concurrency = probe_concurrency(raw, p);
+    let reply_rate = reply_rate(raw, p);
     DaemonConfig {
         pinned: PinnedSettings {
             interface,
@@ -166,6 +172,7 @@ pub(super) fn validate(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
             encap_source_v4,
             encap_source_v6,
             encap_source_v4_prefix,
+            reply_rate,
         },
     }
 }
@@ -500,10 +507,60 @@ fn probe_concurrency(raw: &RawDaemon, p: &mut Problems<'_>) -> u32 {
     probe_concurrency
 }
 
+/// Largest `daemon.reply_rate`, per second and CPU: far above any useful
+/// budget, and its interval (100 ns) still a whole number of ns.
+const MAX_REPLY_RATE: u32 = 10_000_000;
+
+/// `daemon.reply_rate`: a rate (`"1000/s"`, `"600/min"`) of at least one
+/// reply per second, whole replies per second.
+fn reply_rate(raw: &RawDaemon, p: &mut Problems<'_>) -> u32 {
+    let Some(text) = raw.reply_rate.as_deref() else {
+        return defaults::REPLY_RATE;
+    };
+    match super::guard::parse_rate(text) {
+        Ok(r) if (1.0..=f64::from(MAX_REPLY_RATE)).contains(&r) => r.round() as u32,
+        Ok(_) => {
+            p.error(
+                CTX,
+                format!(
+                    "reply_rate {text:?} is out of range; use \"1/s\" to \"{MAX_REPLY_RATE}/s\" \
+                     (replies each CPU may generate per second; default \"{}/s\")",
+                    defaults::REPLY_RATE
+                ),
+            );
+            defaults::REPLY_RATE
+        }
+        Err(e) => {
+            p.error(CTX, format!("reply_rate {e}"));
+            defaults::REPLY_RATE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::tests::{DAEMON, ONE_BACKEND, ok};
+
+    #[test]
+    fn reply_rate_is_per_second_and_defaults_to_1000() {
+        let rate = |extra: &str| {
+            ok("reply_rate", &format!("{DAEMON}{extra}\n{}", api()))
+                .daemon
+                .live
+                .reply_rate
+        };
+        assert_eq!(rate(""), 1000);
+        assert_eq!(rate(r#"reply_rate = "250/s""#), 250);
+        assert_eq!(rate(r#"reply_rate = "600/min""#), 10);
+        assert_eq!(lb_common::reply_limit(1000), (1_000_000, 99_000_000));
+        assert_eq!(lb_common::reply_limit(5), (200_000_000, 0));
+    }
+
+    /// A VIP, so that a configuration with only `[daemon]` settings is whole.
+    fn api() -> String {
+        format!("[[vip]]\nname = \"api\"\naddress = \"10.100.0.1\"\nport = 80\n{ONE_BACKEND}")
+    }
 
     rejects! {
         /// Every setting wrong at once: one error each, in documentation order.
@@ -534,6 +591,15 @@ probe_concurrency = 0
             r"xlb.toml: daemon: encap_source_v4 0.0.0.0 cannot be a packet's source; use an address of this host that backends can reach, or remove it to use the interface's address",
             r"xlb.toml: daemon: encap_source_v6 ::1 cannot be a packet's source; use an address of this host that backends can reach, or remove it to use the interface's address",
             r"xlb.toml: daemon: probe_concurrency 0 is out of range; use 1 to 4096 (default 256)",
+        ];
+        reply_rate_zero: format!(r#"{DAEMON}reply_rate = "0/s""#) => [
+            r#"xlb.toml: daemon: reply_rate "0/s" is out of range; use "1/s" to "10000000/s" (replies each CPU may generate per second; default "1000/s")"#,
+        ];
+        reply_rate_not_a_rate: format!(r#"{DAEMON}reply_rate = 1000"#) => [
+            "xlb.toml: TOML parse error at line 4, column 14\n  |\n4 | reply_rate = 1000\n  |              ^^^^\ninvalid type: integer `1000`, expected a string",
+        ];
+        reply_rate_without_a_unit: format!(r#"{DAEMON}reply_rate = "1000""#) => [
+            r#"xlb.toml: daemon: reply_rate "1000" is not a rate; write a number per second or per minute, e.g. "200/s", "30/min""#,
         ];
         udp_timeout_shorter_than_the_conntrack_refresh: format!(r#"{DAEMON}udp_timeout = "500ms""#) => [
             r"xlb.toml: daemon: udp_timeout 500ms is too short: conntrack refreshes a flow's last-seen time once a second, so use 0 (never expire) or at least 2s",

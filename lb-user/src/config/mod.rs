@@ -100,6 +100,8 @@ pub mod defaults {
     pub const MAX_TABLE_SIZE: u32 = lb_common::DEFAULT_TABLE_SIZE;
     /// `daemon.probe_concurrency`: health probes in flight at once.
     pub const PROBE_CONCURRENCY: u32 = 256;
+    /// `daemon.reply_rate`: generated replies per second and CPU.
+    pub const REPLY_RATE: u32 = lb_common::DEFAULT_REPLY_RATE;
     /// `vip.protocol`.
     pub const PROTOCOL: Protocol = Protocol::Tcp;
     /// `vip.mode`.
@@ -612,6 +614,7 @@ reason = "\u001b[2J"
                     encap_source_v4: None,
                     encap_source_v6: None,
                     encap_source_v4_prefix: None,
+                    reply_rate: 1000,
                 },
             },
             vips: vec![VipConfig {
@@ -622,6 +625,7 @@ reason = "\u001b[2J"
                 mode: Mode::DsrIpip,
                 down_policy: DownPolicy::Rehash,
                 table_size: 65_537,
+                host_services: false,
                 protection: Policy::default(),
                 guard: VipGuardConfig::default(),
                 backends: vec![BackendConfig {
@@ -759,6 +763,7 @@ reason = "\u001b[2J"
                     encap_source_v4: Some(Ipv4Addr::new(10, 0, 0, 2)),
                     encap_source_v6: Some("fd00::2".parse().unwrap()),
                     encap_source_v4_prefix: None,
+                    reply_rate: 1000,
                 },
             },
             vips: vec![VipConfig {
@@ -769,6 +774,7 @@ reason = "\u001b[2J"
                 mode: Mode::DsrL2,
                 down_policy: DownPolicy::Keep,
                 table_size: 131_071,
+                host_services: false,
                 protection: Policy::default(),
                 guard: VipGuardConfig::default(),
                 backends: vec![

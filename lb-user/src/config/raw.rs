@@ -46,6 +46,7 @@ pub(super) struct RawDaemon {
     pub(super) encap_source_v6: Option<Ipv6Addr>,
     pub(super) encap_source_v4_prefix: Option<String>,
     pub(super) probe_concurrency: Option<u32>,
+    pub(super) reply_rate: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -58,6 +59,7 @@ pub(super) struct RawVip {
     pub(super) mode: Option<Mode>,
     pub(super) down_policy: Option<DownPolicy>,
     pub(super) table_size: Option<u32>,
+    pub(super) host_services: Option<bool>,
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
     pub(super) guard: Option<RawGuard>,

@@ -95,6 +95,11 @@ pub struct VipConfig {
     /// Maglev table size, a prime ≤ `daemon.max_table_size`. Default 65537
     /// (or `max_table_size` if that is smaller).
     pub table_size: u32,
+    /// `host_services = true`: the host runs services of its own on this
+    /// VIP's address (which it then holds), so packets to the address that
+    /// no VIP balances go to its stack instead of being dropped. It applies
+    /// to the address: every VIP there must say the same. Default false.
+    pub host_services: bool,
     /// What the VIP does when backends are slow or failing: `[protection]`
     /// merged with `[vip.protection]`.
     #[serde(serialize_with = "protection::ser_policy")]
@@ -143,6 +148,8 @@ pub(super) struct Globals<'a> {
 struct Seen<'a> {
     names: HashSet<&'a str>,
     services: HashMap<(IpAddr, u16, Protocol), &'a str>,
+    /// Per VIP address: the first VIP's `host_services` and its name.
+    host_services: HashMap<IpAddr, (bool, &'a str)>,
 }
 
 /// Every VIP, in file order.
@@ -175,6 +182,7 @@ fn validate<'a>(
     check_address(raw, &ctx, p);
     let protocol = raw.protocol.unwrap_or(defaults::PROTOCOL);
     check_unique_service(raw, protocol, seen, p);
+    let host_services = check_host_services(raw, seen, p);
     let table_size = table_size(raw, daemon, &ctx, p);
 
     let vip_hctx = format!("{ctx}: health_check");
@@ -199,6 +207,7 @@ fn validate<'a>(
         mode: raw.mode.unwrap_or(defaults::MODE),
         down_policy: raw.down_policy.unwrap_or(defaults::DOWN_POLICY),
         table_size,
+        host_services,
         protection: protection::resolve(
             &[
                 (globals.protection, "protection"),
@@ -265,6 +274,29 @@ fn check_unique_service<'a>(
             format!("vip {name:?} address {service}/{protocol} is also used by vip {other:?}"),
         );
     }
+}
+
+/// `host_services`, the same on every VIP of one address: the data plane
+/// applies it to the address (what no VIP there balances), so VIPs that
+/// disagreed would leave the outcome to the order of the file.
+fn check_host_services<'a>(raw: &'a RawVip, seen: &mut Seen<'a>, p: &mut Problems<'_>) -> bool {
+    let this = raw.host_services.unwrap_or(false);
+    let (first, other) = *seen
+        .host_services
+        .entry(raw.address)
+        .or_insert((this, &raw.name));
+    if first != this {
+        p.error(
+            &format!("vip {:?}", raw.name),
+            format!(
+                "host_services = {this}, but vip {other:?} at the same address {} has \
+                 host_services = {first}; it applies to the whole address (what no VIP there \
+                 balances goes to the host, or is dropped), so set it alike on every VIP at {}",
+                raw.address, raw.address
+            ),
+        );
+    }
+    this
 }
 
 /// A prime (Maglev), within the ring stride, and large enough for the
@@ -519,6 +551,32 @@ max_flows = 200
         assert_eq!(config.vips[0].backends[0].max_flows, None);
     }
 
+    #[test]
+    fn host_services_is_off_unless_set_and_per_vip_address() {
+        assert!(!ok("default", &api_with_backend("")).vips[0].host_services);
+        let config = ok(
+            "host_services on two VIPs of one address, not a third",
+            &format!(
+                r#"{}
+[[vip]]
+name = "dns"
+address = "10.100.0.1"
+port = 53
+protocol = "udp"
+host_services = true
+{ONE_BACKEND}
+[[vip]]
+name = "web"
+address = "10.100.0.2"
+port = 80
+{ONE_BACKEND}"#,
+                api_with_backend("host_services = true")
+            ),
+        );
+        let set: Vec<bool> = config.vips.iter().map(|v| v.host_services).collect();
+        assert_eq!(set, [true, true, false]);
+    }
+
     rejects! {
         max_flows_zero: api_vip(r#"
 [[vip.backend]]
@@ -568,6 +626,18 @@ address = "10.100.0.1"
 port = 80
 {ONE_BACKEND}"#, api_vip(ONE_BACKEND)) => [
             r#"xlb.toml: vip "web" address 10.100.0.1:80/tcp is also used by vip "api""#,
+        ];
+        host_services_differ_on_one_address: format!(r#"{}
+[[vip]]
+name = "dns"
+address = "10.100.0.1"
+port = 53
+protocol = "udp"
+{ONE_BACKEND}"#, api_with_backend("host_services = true")) => [
+            r#"xlb.toml: vip "dns": host_services = false, but vip "api" at the same address 10.100.0.1 has host_services = true; it applies to the whole address (what no VIP there balances goes to the host, or is dropped), so set it alike on every VIP at 10.100.0.1"#,
+        ];
+        host_services_not_a_bool: api_with_backend(r#"host_services = "yes""#) => [
+            "xlb.toml: TOML parse error at line 9, column 17\n  |\n9 | host_services = \"yes\"\n  |                 ^^^^^\ninvalid type: string \"yes\", expected a boolean",
         ];
         vip_name_reused: format!(r#"{}
 [[vip]]

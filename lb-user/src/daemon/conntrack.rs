@@ -32,7 +32,8 @@ pub(super) const PERIOD_IDLE: Duration = Duration::from_secs(10);
 pub(super) const PERIOD_DRAINING: Duration = Duration::from_secs(2);
 
 /// A TCP entry counts as an established flow if it carried a packet within
-/// this long and its client has not sent FIN or RST (`CT_FLAG_CLOSING`).
+/// this long (within [`CLOSE_GRACE`] once its client sent FIN or RST,
+/// `CT_FLAG_CLOSING`).
 /// The data plane keeps no other TCP state (it sees only the client's half
 /// of a DSR connection, and removes nothing), so an entry outlives its
 /// connection until the LRU evicts it; a client that vanished without FIN
@@ -42,6 +43,19 @@ pub(super) const PERIOD_DRAINING: Duration = Duration::from_secs(2);
 /// connection idle for longer is not counted (but its packets still reach
 /// the backend while it drains).
 pub(super) const ACTIVE_WINDOW: Duration = Duration::from_secs(30);
+
+/// A TCP entry whose client sent FIN or RST (`CT_FLAG_CLOSING`) still
+/// counts as an established flow while it carried a packet within this
+/// long. A FIN or RST is not authenticated: anyone who knows a flow's
+/// addresses and ports can send one, and the mark alone would end the
+/// flow's count (and a `drain --wait`) while the connection carries on.
+/// A connection that really ended sends nothing more after its RST, and
+/// only its last ACKs after its FIN; one that carries on refreshes
+/// `last_seen_ns` (at most every `CT_TOUCH_INTERVAL_NS`, 1 s). So a
+/// spoofed FIN or RST ends the count only of a flow that then stays silent
+/// for 3 s, which a connection between requests may be; a real close is
+/// counted 3 s late.
+pub(super) const CLOSE_GRACE: Duration = Duration::from_secs(3);
 
 /// A walk older than this is not reported (the walk keeps failing): better
 /// "not counted" than a count that no longer moves.
@@ -130,9 +144,14 @@ impl Counter {
         } else {
             self.window.tcp_ns
         };
-        // The client sent FIN or RST: the connection is ending.
-        let closing = e.flags & lb_common::CT_FLAG_CLOSING != 0;
-        if idle <= window && !closing {
+        // The client sent FIN or RST: the connection is ending, once it
+        // falls silent (`CLOSE_GRACE`: the FIN or RST may be spoofed).
+        let window = if e.flags & lb_common::CT_FLAG_CLOSING != 0 {
+            window.min(CLOSE_GRACE.as_nanos() as u64)
+        } else {
+            window
+        };
+        if idle <= window {
             *self
                 .counts
                 .per_backend
@@ -393,6 +412,14 @@ mod tests {
         (key, e)
     }
 
+    /// A TCP entry of backend 1 (generation 1) marked closing, last seen
+    /// at `last_seen_ns`.
+    fn closing(client_port: u16, last_seen_ns: u64) -> (FlowKey, CtEntry) {
+        let (k, mut e) = entry(client_port, PROTO_TCP, 1, 1, last_seen_ns);
+        e.flags = lb_common::CT_FLAG_CLOSING;
+        (k, e)
+    }
+
     #[test]
     fn counts_established_flows_per_backend_and_generation() {
         let now = 1000 * S;
@@ -432,14 +459,17 @@ mod tests {
                 false,
             ),
             (
-                "a flow whose client sent FIN or RST has ended",
-                vec![entry(1, PROTO_TCP, 1, 1, now), {
-                    let (k, mut e) = entry(2, PROTO_TCP, 1, 1, now);
-                    e.flags = lb_common::CT_FLAG_CLOSING;
-                    (k, e)
-                }],
+                "a flow whose client sent FIN or RST has ended once silent for 3 s",
+                vec![entry(1, PROTO_TCP, 1, 1, now), closing(2, now - 3 * S - 1)],
                 10,
                 vec![((1, 1), 1)],
+                false,
+            ),
+            (
+                "a closing flow that still carries packets counts (the FIN or RST may be spoofed)",
+                vec![closing(1, now), closing(2, now - 3 * S)],
+                10,
+                vec![((1, 1), 2)],
                 false,
             ),
             (

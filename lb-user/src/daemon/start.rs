@@ -141,6 +141,7 @@ pub(super) fn globals_for(
         }))
         .or(v4);
     let src6 = d.live.encap_source_v6.or(v6);
+    let (reply_interval_ns, reply_tolerance_ns) = lb_common::reply_limit(d.live.reply_rate);
     g = Globals {
         layout_version: LAYOUT_VERSION,
         ring_stride: dp.ring_stride(),
@@ -150,6 +151,8 @@ pub(super) fn globals_for(
         encap_src_v6: src6.map(|a| addr16(IpAddr::V6(a))).unwrap_or_default(),
         encap_v4_host_bits: 0,
         _pad: [0; 7],
+        reply_interval_ns,
+        reply_tolerance_ns,
     };
     if let Some(pf) = d.live.encap_source_v4_prefix {
         g.encap_src_v4 = addr16(pf.addr);

@@ -5,6 +5,8 @@
 pub mod batch;
 mod decap;
 mod guard;
+mod reply;
+mod vip_addr;
 
 pub use guard::{ListKey, source_key};
 
@@ -108,6 +110,7 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_VIP_PORTS,
     lb_common::MAP_VIP_INDEX,
     lb_common::MAP_VIP_ADDRS,
+    lb_common::MAP_VIP_ADDR_INDEX,
     lb_common::MAP_RING,
     lb_common::MAP_BACKENDS,
     lb_common::MAP_CT,
@@ -131,6 +134,7 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_LIST_HITS,
     lb_common::MAP_SOURCES,
     lb_common::MAP_CT_RATE,
+    lb_common::MAP_REPLY_RATE,
 ];
 
 /// `XLB_VIP_INDEX` for the VIPs `entries` (key, id): each slot 0, the id
@@ -155,6 +159,7 @@ pub struct Dataplane {
     /// slots are written): a load that changes no VIP never reads it.
     vip_index_now: Option<Vec<u32>>,
     vip_addrs: HashMap<MapData, VipAddrKey, u32>,
+    vip_addr_index: Array<MapData, u32>,
     ring: Array<MapData, u32>,
     backends: Array<MapData, BackendInfo>,
     ct: HashMap<MapData, FlowKey, CtEntry>,
@@ -180,6 +185,7 @@ pub struct Dataplane {
     list_hits: PerCpuArray<MapData, u64>,
     sources: HashMap<MapData, SourceKey, SourceState>,
     ct_rate: PerCpuArray<MapData, CtRate>,
+    reply_rate: PerCpuArray<MapData, lb_common::ReplyRate>,
     ring_stride: u32,
 }
 
@@ -290,6 +296,7 @@ impl Dataplane {
             vip_info: typed!(lb_common::MAP_VIP_INFO),
             vip_ports: typed!(lb_common::MAP_VIP_PORTS),
             vip_addrs: typed!(lb_common::MAP_VIP_ADDRS),
+            vip_addr_index: typed!(lb_common::MAP_VIP_ADDR_INDEX),
             ring: typed!(lb_common::MAP_RING),
             backends: typed!(lb_common::MAP_BACKENDS),
             ct: typed!(lb_common::MAP_CT),
@@ -313,6 +320,7 @@ impl Dataplane {
             list_hits: typed!(lb_common::MAP_LIST_HITS),
             sources: typed!(lb_common::MAP_SOURCES),
             ct_rate: typed!(lb_common::MAP_CT_RATE),
+            reply_rate: typed!(lb_common::MAP_REPLY_RATE),
             ebpf,
             ring_stride,
         })
@@ -396,18 +404,11 @@ impl Dataplane {
     /// id, its address and port, and its slot in the index.
     pub fn set_vip(&mut self, key: &VipKey, info: &VipInfo) -> Result<()> {
         self.set_vip_info(&VipInfo { key: *key, ..*info })?;
-        let addr = VipAddrKey {
-            addr: key.addr,
-            family: key.family,
-            _pad: [0; 3],
-        };
-        self.vip_addrs
-            .insert(addr, 1, 0)
-            .map_err(map_err(lb_common::MAP_VIP_ADDRS))?;
         let new = matches!(self.vips.get(key, 0), Err(MapError::KeyNotFound));
         self.vips
             .insert(key, info.vip_id, 0)
             .map_err(map_err(lb_common::MAP_VIPS))?;
+        self.sync_vip_addr(key)?;
         if new {
             self.bump_port(key, 1)?;
         }
@@ -468,21 +469,7 @@ impl Dataplane {
             ..VipInfo::default()
         })?;
         self.bump_port(key, -1)?;
-        let still_used = self
-            .vip_entries()?
-            .iter()
-            .any(|(k, _)| k.addr == key.addr && k.family == key.family);
-        if !still_used {
-            let addr = VipAddrKey {
-                addr: key.addr,
-                family: key.family,
-                _pad: [0; 3],
-            };
-            match self.vip_addrs.remove(&addr) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(map_err(lb_common::MAP_VIP_ADDRS)(e)),
-            }
-        }
+        self.sync_vip_addr(key)?;
         self.sync_vip_index()
     }
 

@@ -292,6 +292,7 @@ fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
         mode: Mode::DsrL2,
         down_policy: DownPolicy::Rehash,
         table_size: lb_common::DEFAULT_TABLE_SIZE,
+        host_services: false,
         protection: Default::default(),
         guard: Default::default(),
         backends: (0..n)

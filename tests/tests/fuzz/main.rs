@@ -68,11 +68,14 @@ const VERDICT_STATS: &[Stat] = &[
     Stat::PassTruncatedL3,
     Stat::PassQinQ,
     Stat::PassIpv6Ext,
+    Stat::DropVipUnbalanced,
+    Stat::PassVipHost,
     Stat::DropBadIhl,
     Stat::DropBadLength,
     Stat::DropIpOptions,
     Stat::DropFragment,
     Stat::DropBadL4,
+    Stat::DropBadTcpFlags,
     Stat::DropNoBackend,
     Stat::DropNoRoute,
     Stat::DropTooBig,
@@ -143,9 +146,19 @@ fn violation(seed: u64, index: u64, frame: &[u8], what: &str) -> String {
     format!("seed {seed}, frame {index}: {what}\n  frame {}", hex(frame))
 }
 
+/// The fixtures' base state, with `host_services` on the VIPs of
+/// [`model::HOST_SERVICES`], so that the passes it allows are reached.
+fn fuzz_base(w: &mut World) -> anyhow::Result<()> {
+    base(w)?;
+    for addr in [world::VIP4_NONEIGH, world::VIP6_L2] {
+        world::host_services(w, addr)?;
+    }
+    Ok(())
+}
+
 /// Sends `n` frames from `seed` through `xlb_lb` in the base state.
 fn fuzz(w: &mut World, seed: u64, n: u64) -> anyhow::Result<Report> {
-    base(w)?;
+    fuzz_base(w)?;
     let be = backends(w);
     let first = w.stats()?;
     let lookup = |id: u32| be.get(&id).cloned().unwrap_or_default();
@@ -331,7 +344,7 @@ fn xdp_corpus() {
     assert!(!frames.is_empty(), "{path}: no frames");
     let failures = world()
         .run(|w| {
-            base(w)?;
+            fuzz_base(w)?;
             let be = backends(w);
             let lookup = |id: u32| be.get(&id).cloned().unwrap_or_default();
             let mut failures = Vec::new();

@@ -97,6 +97,23 @@ fn bad(dst: &[u8], why: Stat) -> Expect {
     }
 }
 
+/// The VIP addresses whose VIPs the fuzzer gives `host_services`
+/// (`main.rs`): what no VIP balances there goes to the host.
+pub(crate) const HOST_SERVICES: [&[u8]; 2] = [VIP4_NONEIGH, VIP6_L2];
+
+/// Not balanced: passed if to no VIP address (not ours), passed as `host`
+/// to an address with host services, else dropped: the host would route it
+/// back to the router.
+fn unbalanced(dst: &[u8], host: Stat) -> Expect {
+    if !is_vip_addr(dst) {
+        Expect::Pass(Stat::PassNotVip)
+    } else if HOST_SERVICES.contains(&dst) {
+        Expect::Pass(host)
+    } else {
+        Expect::Drop(Stat::DropVipUnbalanced)
+    }
+}
+
 /// The policy's verdict for `f`.
 pub(crate) fn expect(f: &[u8]) -> Expect {
     let Some(mut et) = (f.len() >= 14).then(|| be16(f, 12)) else {
@@ -148,7 +165,7 @@ fn ipv4(f: &[u8], l3: usize) -> Expect {
     match proto {
         1 => icmp(pkt, l3, false, df),
         6 | 17 => l4(pkt, l3, 20, proto, false, df),
-        _ => Expect::Pass(Stat::PassNotVip),
+        _ => unbalanced(dst, Stat::PassVipHost),
     }
 }
 
@@ -168,10 +185,11 @@ fn ipv6(f: &[u8], l3: usize) -> Expect {
     let pkt = &f[l3..l3 + tot];
     match next {
         44 => bad(dst, Stat::DropFragment),
-        0 | 43 | 60 | 51 | 135 | 139 | 140 if is_vip_addr(dst) => Expect::Pass(Stat::PassIpv6Ext),
         58 => icmp(pkt, l3, true, false),
         6 | 17 => l4(pkt, l3, 40, next, true, false),
-        _ => Expect::Pass(Stat::PassNotVip),
+        0 | 43 | 60 | 51 | 135 | 139 | 140 => unbalanced(dst, Stat::PassIpv6Ext),
+        // ESP, anything else.
+        _ => unbalanced(dst, Stat::PassVipHost),
     }
 }
 
@@ -191,6 +209,13 @@ fn l4(pkt: &[u8], l3: usize, hl: usize, proto: u8, v6: bool, df: bool) -> Expect
     if !ok {
         return bad(dst, Stat::DropBadL4);
     }
+    // SYN with FIN or RST, on a port some VIP uses.
+    let port_has_vip = VIPS
+        .iter()
+        .any(|v| v.port == be16(seg, 2) as u16 && v.proto == proto);
+    if proto == 6 && seg[13] & 0x02 != 0 && seg[13] & 0x05 != 0 && port_has_vip {
+        return bad(dst, Stat::DropBadTcpFlags);
+    }
     match vip(dst, be16(seg, 2) as u16, proto) {
         Some(vip) => Expect::Balanced(Flow {
             vip,
@@ -199,19 +224,22 @@ fn l4(pkt: &[u8], l3: usize, hl: usize, proto: u8, v6: bool, df: bool) -> Expect
             v6,
             df,
         }),
-        None => Expect::Pass(Stat::PassNotVip),
+        None => unbalanced(dst, Stat::PassVipHost),
     }
 }
 
 /// ICMP to a VIP address: echo answered; an error quoting a packet sent
 /// from that address to a VIP port goes where the flow goes; the rest is
-/// the host's. The message and its quote must lie inside the IP packet.
+/// unbalanced. The message and its quote must lie inside the IP packet.
 fn icmp(pkt: &[u8], l3: usize, v6: bool, df: bool) -> Expect {
     let dst = dst_of(pkt, v6);
     let hl = if v6 { 40 } else { 20 };
     let m = &pkt[hl..];
     let (echo, errors): (u8, &[u8]) = if v6 { (128, &[1, 2, 3]) } else { (8, &[3, 11]) };
-    if m.len() < 8 || !is_vip_addr(dst) || (m[0] != echo && !errors.contains(&m[0])) {
+    if m.len() < 8 || (m[0] != echo && !errors.contains(&m[0])) {
+        return unbalanced(dst, Stat::PassIcmp);
+    }
+    if !is_vip_addr(dst) {
         return Expect::Pass(Stat::PassNotVip);
     }
     if m[0] == echo {
@@ -219,7 +247,7 @@ fn icmp(pkt: &[u8], l3: usize, v6: bool, df: bool) -> Expect {
     }
     let q = &m[8..];
     if q.len() < hl + 4 {
-        return Expect::Pass(Stat::PassIcmp);
+        return unbalanced(dst, Stat::PassIcmp);
     }
     let (qproto, qsrc, qok) = if v6 {
         (q[6], &q[8..24], true)
@@ -227,7 +255,7 @@ fn icmp(pkt: &[u8], l3: usize, v6: bool, df: bool) -> Expect {
         (q[9], &q[12..16], q[0] == 0x45)
     };
     if !qok || !(qproto == 6 || qproto == 17) || qsrc != dst {
-        return Expect::Pass(Stat::PassIcmp);
+        return unbalanced(dst, Stat::PassIcmp);
     }
     // The quoted packet's source port is the flow's VIP port.
     match vip(dst, be16(q, hl) as u16, qproto) {
@@ -238,7 +266,7 @@ fn icmp(pkt: &[u8], l3: usize, v6: bool, df: bool) -> Expect {
             v6,
             df,
         }),
-        None => Expect::Pass(Stat::PassNotVip),
+        None => unbalanced(dst, Stat::PassIcmp),
     }
 }
 

@@ -197,7 +197,8 @@ impl Vip {
             vip_id: self.id,
             mode: self.cfg.mode.as_raw(),
             down_policy: self.cfg.down_policy.as_raw(),
-            _pad: [0; 2],
+            host_services: u8::from(self.cfg.host_services),
+            _pad: [0; 1],
             key: self.key,
         }
     }
