@@ -48,6 +48,7 @@ use std::{
 
 use lb_common::LAYOUT_VERSION;
 use tokio::sync::{broadcast, mpsc};
+use tracing::warn;
 
 use self::{
     model::{Ids, Rebuild, Vip},
