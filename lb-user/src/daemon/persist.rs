@@ -89,21 +89,6 @@ impl InstanceLock {
             .with_context(|| format!("writing our pid to {}", path.display()))?;
         Ok(Self { _file: file })
     }
-
-    /// Removes the lock file at `path` unless a daemon holds it (`xlb
-    /// detach`); whether it was removed.
-    pub fn remove_if_free(path: &Path) -> anyhow::Result<bool> {
-        let file = match fs::File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
-        };
-        if file.try_lock().is_err() {
-            return Ok(false);
-        }
-        fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
-        Ok(true)
-    }
 }
 
 /// Health of a backend as remembered between runs.
