@@ -45,6 +45,12 @@ const BUILD_PACKAGES: &[&str] = &[
 const TEST_PACKAGES: &[&str] = &[
     // `ip netns`, `ip link add type veth`: each test's own network namespaces.
     "iproute2",
+    // Real servers behind the probe kinds' lab tests (issue 25): DNS
+    // (`dnsmasq`, from dnsmasq-base without its system service), Redis for
+    // send/expect, `openssl s_server` and the lab certificates for TLS;
+    // `dnsperf` replays the DNS incident and `dig` is the DNS probe's
+    // reference in the benchmark.
+    "dnsmasq-base", "redis-server", "openssl", "dnsperf", "bind9-dnsutils",
 ];
 
 /// Debian packages for the lab (`xlb-lab`) and the benchmarks.
