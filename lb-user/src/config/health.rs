@@ -335,6 +335,7 @@ pub(super) fn resolve(layers: &[Layer<'_>], port: u16, p: &mut Problems<'_>) -> 
             .unwrap_or(spec::defaults::JITTER),
         via: pick(layers, |l| &l.via).0.unwrap_or(spec::defaults::VIA),
         auto_timeout,
+        agent: None,
     }
 }
 

@@ -92,6 +92,8 @@ impl Daemon {
         // the way (a task restarted while its report waited for room in the
         // channel) is caught up by the next report.
         let hard_changed = r.snapshot.state != b.health;
+        // What the agent says is the policy's to judge (`policy::agent`).
+        let agent_changed = b.snapshot.as_ref().map(|s| &s.agent) != Some(&r.snapshot.agent);
         b.health = r.snapshot.state;
         b.snapshot = Some(r.snapshot);
         // A fast answer from a serving backend of a calm VIP changes nothing:
@@ -99,6 +101,7 @@ impl Daemon {
         let v = &self.vips[vi];
         let b = &v.backends[bi];
         let calm = !hard_changed
+            && !agent_changed
             && b.policy.placement == policy::Placement::Serving
             && b.snapshot.as_ref().is_none_or(|s| s.consecutive_slow == 0)
             && v.policy.panic.is_none()
@@ -106,6 +109,7 @@ impl Daemon {
         // Nor does another failure of a backend already out for failing
         // (during a mass outage, thousands a second).
         let still_down = !hard_changed
+            && !agent_changed
             && b.health == HealthState::Down
             && b.policy.placement == policy::Placement::Down;
         (!calm && !still_down).then_some(vi)
