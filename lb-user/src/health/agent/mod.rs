@@ -357,10 +357,10 @@ impl AgentStatus {
 
     /// What the agent says, for reasons: `agent says "drain" (deploy)`.
     pub fn says(&self) -> String {
-        let word = self.word.map_or("", AgentWord::as_str);
-        match &self.text {
-            Some(text) => format!("agent says {word:?} ({text})"),
-            None => format!("agent says {word:?}"),
+        match (self.word, &self.text) {
+            (Some(word), Some(text)) => format!("agent says \"{}\" ({text})", word.as_str()),
+            (Some(word), None) => format!("agent says \"{}\"", word.as_str()),
+            (None, _) => format!("agent says \"{}%\"", self.weight_percent),
         }
     }
 }

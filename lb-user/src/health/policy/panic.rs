@@ -57,7 +57,8 @@ pub(super) fn panic(
 
 /// The members panic may put back, least bad first: slow outliers (fastest
 /// first), then flapping ones that pass probes, then those failing only by
-/// timeouts (fewest failures first). Within a class, the ones panic already
+/// timeouts (fewest failures first), then those their agent drains, then
+/// those their agent says are down. Within a class, the ones panic already
 /// keeps come first, so panic does not swap backends back and forth as
 /// failure counts move.
 fn panic_candidates(
@@ -83,6 +84,10 @@ fn panic_candidates(
             Placement::Down if timeouts_only => {
                 candidates.push((2, kept, u128::from(m.consecutive_fail), i));
             }
+            // Last: the application itself asked out; but an agent saying
+            // `down` (or `drain`) on every backend must not empty the VIP.
+            Placement::AgentDrain | Placement::AgentMaint => candidates.push((3, kept, 0, i)),
+            Placement::AgentDown => candidates.push((4, kept, 0, i)),
             _ => {}
         }
     }
