@@ -217,6 +217,10 @@ pub struct BackendStatus {
     /// epoch: then it becomes `down` and its remaining flows follow the
     /// VIP's `down_policy`. `null` = not draining, or no deadline.
     pub drain_deadline_unix_ms: Option<u64>,
+    /// What its agent says (`agent_port`); `null` without one, or before
+    /// its first poll.
+    #[serde(default)]
+    pub agent: Option<crate::AgentStatus>,
 }
 
 /// The outcome of one health probe.

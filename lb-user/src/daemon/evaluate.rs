@@ -93,9 +93,36 @@ impl Daemon {
         // channel) is caught up by the next report.
         let hard_changed = r.snapshot.state != b.health;
         // What the agent says is the policy's to judge (`policy::agent`).
-        let agent_changed = b.snapshot.as_ref().map(|s| &s.agent) != Some(&r.snapshot.agent);
+        let old_agent = b.snapshot.as_ref().and_then(|s| s.agent.as_ref());
+        let agent_changed = match (old_agent, &r.snapshot.agent) {
+            (Some(old), Some(new)) => !old.says_same(new),
+            (old, new) => old.is_some() != new.is_some(),
+        };
+        let agent_event = r
+            .snapshot
+            .agent
+            .as_ref()
+            .filter(|_| agent_changed)
+            .map(|a| {
+                let from = old_agent.map_or("none", |o| o.condition.as_str());
+                (from, a.condition.as_str(), a.change_text())
+            });
         b.health = r.snapshot.state;
         b.snapshot = Some(r.snapshot);
+        if let Some((from, to, text)) = agent_event {
+            let addr = b.cfg.socket_addr();
+            let vip = self.vips[vi].cfg.name.clone();
+            info!(vip = %vip, backend = %addr, "{text}");
+            self.event(
+                EventKind::Agent,
+                Some(&vip),
+                Some(addr.to_string()),
+                Some(from),
+                Some(to),
+                text,
+                None,
+            );
+        }
         // A fast answer from a serving backend of a calm VIP changes nothing:
         // skip the evaluation (the 1 s tick still runs it for every VIP).
         let v = &self.vips[vi];

@@ -319,12 +319,7 @@ impl AgentStatus {
     /// sees changed (condition, weight, the words, or the error's kind), so
     /// that only changes are reported.
     pub fn record(&mut self, poll: Result<AgentReply, AgentError>, now: Instant) -> bool {
-        let before = (
-            self.condition,
-            self.weight_percent,
-            self.line.clone(),
-            self.error.as_ref().map(AgentError::code),
-        );
+        let before = self.clone();
         self.polls = self.polls.saturating_add(1);
         match poll {
             Ok(reply) => {
@@ -346,13 +341,55 @@ impl AgentStatus {
                 self.error = Some(e);
             }
         }
-        let after = (
-            self.condition,
-            self.weight_percent,
-            self.line.clone(),
-            self.error.as_ref().map(AgentError::code),
-        );
-        before != after
+        !self.says_same(&before)
+    }
+
+    /// Whether `other` says the same: condition, weight, words and the
+    /// kind of error (not the counters nor the times, which change with
+    /// every poll).
+    pub fn says_same(&self, other: &Self) -> bool {
+        let key = |s: &Self| {
+            (
+                s.condition,
+                s.weight_percent,
+                s.line.clone(),
+                s.error.as_ref().map(AgentError::code),
+            )
+        };
+        key(self) == key(other)
+    }
+
+    /// For `xlb status`; `unix_ms` turns an instant into wall-clock ms.
+    pub fn to_ctl(&self, unix_ms: impl Fn(Instant) -> u64) -> crate::ctl::AgentStatus {
+        crate::ctl::AgentStatus {
+            state: self.condition.as_str().to_owned(),
+            word: self.word.map(|w| w.as_str().to_owned()),
+            text: self.text.clone(),
+            weight_percent: self.weight_percent,
+            line: self.line.clone(),
+            ignored: self.ignored.clone(),
+            error: self.error.as_ref().map(ToString::to_string),
+            error_code: self.error.as_ref().map(|e| e.code().to_owned()),
+            answered_unix_ms: self.answered_at.map(unix_ms),
+            polls: self.polls,
+            errors: self.errors,
+        }
+    }
+
+    /// The text of an `agent` event about this status:
+    /// the words, weight and error now.
+    pub fn change_text(&self) -> String {
+        let mut text = match &self.line {
+            Some(line) => format!("agent says \"{line}\""),
+            None => "agent has not answered yet".to_owned(),
+        };
+        if self.weight_percent != 100 {
+            text.push_str(&format!("; weight {}%", self.weight_percent));
+        }
+        if let Some(e) = &self.error {
+            text.push_str(&format!("; last poll: {e} (its last words stand)"));
+        }
+        text
     }
 
     /// What the agent says, for reasons: `agent says "drain" (deploy)`.

@@ -255,3 +255,25 @@ async fn poll_reads_one_line_sends_first_and_is_bounded() {
     drop(free);
     assert_eq!(poll_port(port, b"").await, Err(AgentError::Refused));
 }
+
+#[test]
+fn status_for_the_cli_and_events() {
+    let t = Instant::now();
+    let mut s = AgentStatus::new();
+    s.record(parse(b"75% drain #deploy\x1b[0m"), t);
+    s.record(Err(AgentError::Refused), t);
+    let c = s.to_ctl(|_| 42);
+    assert_eq!(c.state, "drain");
+    assert_eq!(c.word.as_deref(), Some("drain"));
+    assert_eq!(c.text.as_deref(), Some("deploy\\u{1b}[0m"));
+    assert_eq!(c.weight_percent, 75);
+    assert_eq!(c.error_code.as_deref(), Some("agent_refused"));
+    assert_eq!((c.answered_unix_ms, c.polls, c.errors), (Some(42), 2, 1));
+    assert_eq!(
+        s.change_text(),
+        "agent says \"75% drain #deploy\\u{1b}[0m\"; weight 75%; last poll: unreachable \
+         (connection refused): is the agent running? (its last words stand)"
+    );
+    let json = serde_json::to_string(&c).unwrap();
+    assert!(!json.contains('\x1b'), "{json}");
+}
