@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Serialize, Serializer};
 
+mod agent;
+
 use super::raw::{KindName, RawHealth, RawJitter, RawStatus, ViaName};
 use super::{Problems, duration_setting, parse_percent, ser_duration};
 use crate::health::spec::{self, CheckKind, CheckSpec, HttpCheck};
@@ -40,6 +42,7 @@ pub(super) struct HealthLayer {
     via: Option<spec::Via>,
     reuse_connection: Option<bool>,
     reopen_every: Option<u32>,
+    agent: agent::AgentLayer,
 }
 
 /// A layer and its place in the file (the context of its messages).
@@ -99,6 +102,7 @@ pub(super) fn parse(
             ViaName::Direct => spec::Via::Direct,
             ViaName::Vip => spec::Via::Vip,
         }),
+        agent: agent::parse(raw, ctx, p),
         ..http
     }
 }
@@ -335,7 +339,7 @@ pub(super) fn resolve(layers: &[Layer<'_>], port: u16, p: &mut Problems<'_>) -> 
             .unwrap_or(spec::defaults::JITTER),
         via: pick(layers, |l| &l.via).0.unwrap_or(spec::defaults::VIA),
         auto_timeout,
-        agent: None,
+        agent: agent::resolve(layers, port, interval, timeout, p),
     }
 }
 
@@ -524,7 +528,16 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         jitter: f64,
         via: &'static str,
         auto_timeout: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        agent_port: Option<u16>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        agent_interval: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        agent_timeout: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        agent_send: Option<String>,
     }
+    let agent = spec.agent.as_ref();
     let http = match &spec.kind {
         CheckKind::Http(h) => Some(h),
         CheckKind::Tcp => None,
@@ -549,6 +562,12 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         jitter: spec.jitter,
         via: spec.via.as_str(),
         auto_timeout: spec.auto_timeout,
+        agent_port: agent.map(|a| a.port),
+        agent_interval: agent.map(|a| format!("{:?}", a.interval)),
+        agent_timeout: agent.map(|a| format!("{:?}", a.timeout)),
+        agent_send: agent
+            .filter(|a| !a.send.is_empty())
+            .map(|a| agent::show_send(&a.send)),
     }
     .serialize(s)
 }
