@@ -32,3 +32,18 @@ pub struct AgentStatus {
     pub polls: u64,
     pub errors: u64,
 }
+
+impl AgentStatus {
+    /// What `xlb status` adds to a backend's notes (its words are in the
+    /// placement's reason): a weight it set, the error of its last poll.
+    pub fn note(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.weight_percent != 100 {
+            parts.push(format!("agent weight {}%", self.weight_percent));
+        }
+        if let Some(e) = &self.error {
+            parts.push(format!("agent: {e}"));
+        }
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+}

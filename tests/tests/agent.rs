@@ -93,7 +93,7 @@ fn say(run: &LabRun, i: usize, line: &[u8]) {
     std::fs::rename(&tmp, &file).unwrap();
 }
 
-fn backend<'a>(s: &'a Status, i: usize) -> &'a BackendStatus {
+fn backend(s: &Status, i: usize) -> &BackendStatus {
     &s.vips[0].backends[i - 1]
 }
 

@@ -595,19 +595,6 @@ fn state_label(b: &BackendStatus) -> &str {
     }
 }
 
-/// The agent's part of a backend's notes (its words are in the placement
-/// reason): a weight it set, an error of its last poll.
-fn agent_note(a: &crate::ctl::AgentStatus) -> Option<String> {
-    let mut parts = Vec::new();
-    if a.weight_percent != 100 {
-        parts.push(format!("agent weight {}%", a.weight_percent));
-    }
-    if let Some(e) = &a.error {
-        parts.push(format!("agent: {e}"));
-    }
-    (!parts.is_empty()).then(|| parts.join(", "))
-}
-
 fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
     let since = if b.since_unix_ms == 0 {
         "-".to_owned()
@@ -643,7 +630,7 @@ fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
         _ if b.weight != 1 => notes.push(format!("weight {}", b.weight)),
         _ => {}
     }
-    notes.extend(b.agent.as_ref().and_then(agent_note));
+    notes.extend(b.agent.as_ref().and_then(crate::ctl::AgentStatus::note));
     if !notes.is_empty() {
         let _ = write!(probe, "  ({})", notes.join(", "));
     }

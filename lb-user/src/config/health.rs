@@ -528,16 +528,9 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         jitter: f64,
         via: &'static str,
         auto_timeout: bool,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        agent_port: Option<u16>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        agent_interval: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        agent_timeout: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        agent_send: Option<String>,
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        agent: Option<agent::AgentView>,
     }
-    let agent = spec.agent.as_ref();
     let http = match &spec.kind {
         CheckKind::Http(h) => Some(h),
         CheckKind::Tcp => None,
@@ -562,12 +555,7 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         jitter: spec.jitter,
         via: spec.via.as_str(),
         auto_timeout: spec.auto_timeout,
-        agent_port: agent.map(|a| a.port),
-        agent_interval: agent.map(|a| format!("{:?}", a.interval)),
-        agent_timeout: agent.map(|a| format!("{:?}", a.timeout)),
-        agent_send: agent
-            .filter(|a| !a.send.is_empty())
-            .map(|a| agent::show_send(&a.send)),
+        agent: spec.agent.as_ref().map(agent::AgentView::of),
     }
     .serialize(s)
 }

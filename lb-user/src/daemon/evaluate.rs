@@ -11,6 +11,7 @@ use super::{
     model::{self, Rebuild},
 };
 use crate::health::{
+    agent::AgentChange,
     machine::HealthState,
     policy::{self, Change},
     probe::{FailReason, ProbeClass},
@@ -94,34 +95,12 @@ impl Daemon {
         let hard_changed = r.snapshot.state != b.health;
         // What the agent says is the policy's to judge (`policy::agent`).
         let old_agent = b.snapshot.as_ref().and_then(|s| s.agent.as_ref());
-        let agent_changed = match (old_agent, &r.snapshot.agent) {
-            (Some(old), Some(new)) => !old.says_same(new),
-            (old, new) => old.is_some() != new.is_some(),
-        };
-        let agent_event = r
-            .snapshot
-            .agent
-            .as_ref()
-            .filter(|_| agent_changed)
-            .map(|a| {
-                let from = old_agent.map_or("none", |o| o.condition.as_str());
-                (from, a.condition.as_str(), a.change_text())
-            });
+        let agent_change = AgentChange::between(old_agent, r.snapshot.agent.as_ref());
         b.health = r.snapshot.state;
         b.snapshot = Some(r.snapshot);
-        if let Some((from, to, text)) = agent_event {
-            let addr = b.cfg.socket_addr();
-            let vip = self.vips[vi].cfg.name.clone();
-            info!(vip = %vip, backend = %addr, "{text}");
-            self.event(
-                EventKind::Agent,
-                Some(&vip),
-                Some(addr.to_string()),
-                Some(from),
-                Some(to),
-                text,
-                None,
-            );
+        let agent_changed = agent_change.is_some();
+        if let Some(change) = agent_change {
+            self.tell_agent(vi, bi, change);
         }
         // A fast answer from a serving backend of a calm VIP changes nothing:
         // skip the evaluation (the 1 s tick still runs it for every VIP).
@@ -140,6 +119,22 @@ impl Daemon {
             && b.health == HealthState::Down
             && b.policy.placement == policy::Placement::Down;
         (!calm && !still_down).then_some(vi)
+    }
+
+    /// Logs and records a change of what backend `bi`'s agent says.
+    fn tell_agent(&mut self, vi: usize, bi: usize, change: AgentChange) {
+        let addr = self.vips[vi].backends[bi].cfg.socket_addr();
+        let vip = self.vips[vi].cfg.name.clone();
+        info!(vip = %vip, backend = %addr, "{}", change.text);
+        self.event(
+            EventKind::Agent,
+            Some(&vip),
+            Some(addr.to_string()),
+            Some(change.from),
+            Some(change.to),
+            change.text,
+            None,
+        );
     }
 
     /// A probe failed for the load balancer's own reason (out of

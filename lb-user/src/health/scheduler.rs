@@ -298,9 +298,6 @@ impl Scheduler {
                         // The old task's lingering probes die with it.
                         entry.machine.clear_late_pending();
                     }
-                    if spec.agent.is_none() {
-                        *entry.machine.agent_mut() = None;
-                    }
                 }
                 None => {
                     map.insert(
@@ -326,19 +323,7 @@ impl Scheduler {
             conn: ConnSlot::default(),
             epoch: self.epoch,
         }));
-        let agent = spec.agent.clone().map(|agent| {
-            self.runtime
-                .spawn(agent_task::run_agent(agent_task::AgentTask {
-                    id,
-                    generation,
-                    addr,
-                    agent,
-                    jitter: spec.jitter,
-                    shared: Arc::clone(&self.shared),
-                    semaphore: Arc::clone(&self.semaphore),
-                    reports: Arc::clone(&self.reports),
-                }))
-        });
+        let agent = self.start_agent(id, generation, addr, &spec);
         self.tasks.insert(
             id,
             Task {

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use super::{Layer, Problems, RawHealth, duration, pick, place};
+use serde::Serialize;
+
+use super::{Layer, Problems, RawHealth, duration, pick, place, ser_duration};
 use crate::health::agent::{AgentCheck, MAX_SEND};
 
 /// The agent fields of one table, values parsed.
@@ -73,8 +75,31 @@ fn unescape(text: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// The agent fields of a check as `ser_check_spec` shows them.
+#[derive(Serialize)]
+pub(super) struct AgentView {
+    agent_port: u16,
+    #[serde(serialize_with = "ser_duration")]
+    agent_interval: Duration,
+    #[serde(serialize_with = "ser_duration")]
+    agent_timeout: Duration,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent_send: Option<String>,
+}
+
+impl AgentView {
+    pub(super) fn of(a: &AgentCheck) -> Self {
+        Self {
+            agent_port: a.port,
+            agent_interval: a.interval,
+            agent_timeout: a.timeout,
+            agent_send: (!a.send.is_empty()).then(|| show_send(&a.send)),
+        }
+    }
+}
+
 /// `send` written back as the file would write it.
-pub(super) fn show_send(send: &[u8]) -> String {
+fn show_send(send: &[u8]) -> String {
     let mut out = String::new();
     for chunk in send.utf8_chunks() {
         for c in chunk.valid().chars() {

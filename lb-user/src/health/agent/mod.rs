@@ -283,8 +283,38 @@ fn weight_percent(w: &str) -> Option<u32> {
     )
 }
 
+/// A change of what an agent says, as the daemon tells it (an `agent`
+/// event): its condition before (`none` without an agent) and now, and
+/// its words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentChange {
+    pub from: &'static str,
+    pub to: &'static str,
+    pub text: String,
+}
+
+impl AgentChange {
+    /// The change from `old` to `new`, if what the agent says changed
+    /// (not its counters); `to` = `none` when the agent was removed.
+    pub fn between(old: Option<&AgentStatus>, new: Option<&AgentStatus>) -> Option<Self> {
+        let name = |a: Option<&AgentStatus>| a.map_or("none", |a| a.condition.as_str());
+        let changed = match (old, new) {
+            (Some(old), Some(new)) => !old.says_same(new),
+            (old, new) => old.is_some() != new.is_some(),
+        };
+        changed.then(|| Self {
+            from: name(old),
+            to: name(new),
+            text: new.map_or_else(
+                || "agent check removed".to_owned(),
+                AgentStatus::change_text,
+            ),
+        })
+    }
+}
+
 /// What the scheduler keeps of a backend's agent, and what status shows.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentStatus {
     /// What the agent asked for last (sticky).
     pub condition: AgentCondition,
@@ -306,15 +336,25 @@ pub struct AgentStatus {
     pub errors: u64,
 }
 
-impl AgentStatus {
+impl Default for AgentStatus {
     /// Before any answer: nothing asked, full weight.
-    pub fn new() -> Self {
+    fn default() -> Self {
         Self {
+            condition: AgentCondition::Normal,
+            word: None,
+            text: None,
             weight_percent: 100,
-            ..Self::default()
+            line: None,
+            ignored: Vec::new(),
+            error: None,
+            answered_at: None,
+            polls: 0,
+            errors: 0,
         }
     }
+}
 
+impl AgentStatus {
     /// Records one poll. Returns whether what the policy or an operator
     /// sees changed (condition, weight, the words, or the error's kind), so
     /// that only changes are reported.

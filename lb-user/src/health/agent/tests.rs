@@ -123,7 +123,7 @@ fn hostile_bytes_are_escaped_never_passed_raw() {
 #[test]
 fn status_is_sticky_and_reports_only_changes() {
     let t = Instant::now();
-    let mut s = AgentStatus::new();
+    let mut s = AgentStatus::default();
     assert_eq!(s.weight_percent, 100);
     assert!(s.record(parse(b"drain #deploy"), t));
     assert_eq!(s.condition, AgentCondition::Drain);
@@ -259,7 +259,7 @@ async fn poll_reads_one_line_sends_first_and_is_bounded() {
 #[test]
 fn status_for_the_cli_and_events() {
     let t = Instant::now();
-    let mut s = AgentStatus::new();
+    let mut s = AgentStatus::default();
     s.record(parse(b"75% drain #deploy\x1b[0m"), t);
     s.record(Err(AgentError::Refused), t);
     let c = s.to_ctl(|_| 42);
@@ -276,4 +276,25 @@ fn status_for_the_cli_and_events() {
     );
     let json = serde_json::to_string(&c).unwrap();
     assert!(!json.contains('\x1b'), "{json}");
+}
+
+#[test]
+fn changes_are_what_the_agent_says_not_its_counters() {
+    let t = Instant::now();
+    let mut a = AgentStatus::default();
+    a.record(parse(b"up"), t);
+    let mut b = a.clone();
+    b.record(parse(b"up"), t);
+    assert_eq!(b.polls, 2);
+    assert_eq!(AgentChange::between(Some(&a), Some(&b)), None);
+    b.record(parse(b"maint #disk"), t);
+    let c = AgentChange::between(Some(&a), Some(&b)).unwrap();
+    assert_eq!((c.from, c.to), ("normal", "maint"));
+    assert_eq!(c.text, "agent says \"maint #disk\"");
+    let gone = AgentChange::between(Some(&b), None).unwrap();
+    assert_eq!(
+        (gone.from, gone.to, gone.text.as_str()),
+        ("maint", "none", "agent check removed")
+    );
+    assert_eq!(AgentChange::between(None, None), None);
 }

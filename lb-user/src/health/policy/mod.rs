@@ -1378,7 +1378,7 @@ mod tests {
 
     /// `m` with an agent that last answered `line`.
     fn agent_says(mut m: Member, line: &[u8]) -> Member {
-        let mut a = m.agent.take().unwrap_or_else(AgentStatus::new);
+        let mut a = m.agent.take().unwrap_or_default();
         a.record(crate::health::agent::parse(line), Instant::now());
         m.agent = Some(a);
         m

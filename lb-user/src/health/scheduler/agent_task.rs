@@ -9,26 +9,57 @@ use std::time::Instant;
 
 use rand::Rng as _;
 use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
 
 use super::{Batcher, Report, Shared, lock};
-use crate::health::agent::{AgentCheck, AgentStatus, poll::poll};
+use crate::health::agent::{AgentCheck, poll::poll};
 use crate::health::machine::jittered;
 use crate::health::probe::ProbeClass;
+use crate::health::spec::CheckSpec;
 
-pub(super) struct AgentTask {
-    pub id: u64,
-    pub generation: u64,
-    /// The backend (its address; the port is `agent.port`).
-    pub addr: SocketAddr,
-    pub agent: AgentCheck,
-    /// The check's jitter, which the agent's period shares.
-    pub jitter: f64,
-    pub shared: Shared,
-    pub semaphore: Arc<Semaphore>,
-    pub reports: Arc<Batcher>,
+impl super::Scheduler {
+    /// Starts polling backend `id`'s agent if `spec` has one (the task of
+    /// `generation`); without one, forgets what an earlier agent said.
+    pub(super) fn start_agent(
+        &self,
+        id: u64,
+        generation: u64,
+        addr: SocketAddr,
+        spec: &CheckSpec,
+    ) -> Option<JoinHandle<()>> {
+        let Some(agent) = spec.agent.clone() else {
+            if let Some(entry) = lock(&self.shared).get_mut(&id) {
+                *entry.machine.agent_mut() = None;
+            }
+            return None;
+        };
+        Some(self.runtime.spawn(run_agent(AgentTask {
+            id,
+            generation,
+            addr,
+            agent,
+            jitter: spec.jitter,
+            shared: Arc::clone(&self.shared),
+            semaphore: Arc::clone(&self.semaphore),
+            reports: Arc::clone(&self.reports),
+        })))
+    }
 }
 
-pub(super) async fn run_agent(task: AgentTask) {
+struct AgentTask {
+    id: u64,
+    generation: u64,
+    /// The backend (its address; the port is `agent.port`).
+    addr: SocketAddr,
+    agent: AgentCheck,
+    /// The check's jitter, which the agent's period shares.
+    jitter: f64,
+    shared: Shared,
+    semaphore: Arc<Semaphore>,
+    reports: Arc<Batcher>,
+}
+
+async fn run_agent(task: AgentTask) {
     let target = SocketAddr::new(task.addr.ip(), task.agent.port);
     // Spread like the probes' first round: agents of backends added
     // together are not polled in lockstep.
@@ -51,10 +82,7 @@ pub(super) async fn run_agent(task: AgentTask) {
                 // Removed or restarted while this poll ran.
                 return;
             };
-            let status = entry
-                .machine
-                .agent_mut()
-                .get_or_insert_with(AgentStatus::new);
+            let status = entry.machine.agent_mut().get_or_insert_default();
             let changed = status.record(result, Instant::now());
             changed.then(|| entry.machine.snapshot())
         };
