@@ -146,7 +146,8 @@ mod tests {
                 "fleet_slow",
                 "alarm",
                 "block",
-                "source"
+                "source",
+                "agent"
             ]
         );
         for kind in EventKind::ALL {
