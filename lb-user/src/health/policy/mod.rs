@@ -1530,6 +1530,12 @@ mod tests {
         );
         assert_eq!(placements.iter().filter(|p| **p == AgentDown).count(), 2);
         assert!(vip.weights().iter().sum::<u32>() > 0, "the VIP serves");
+        let text = vip.vip.panic.clone().unwrap();
+        assert!(
+            text.contains("agent says \"down\" (rollout)")
+                && text.ends_with("; agents that take every backend out are overruled"),
+            "{text}"
+        );
 
         // Others first: a hung (timeouts only) backend is put back before
         // an agent-drained one, which goes before an agent-down one.

@@ -32,10 +32,12 @@ pub(super) fn panic(
         return;
     }
     let mut kept = Vec::new();
+    let mut agent_kept = false;
     for i in panic_candidates(members, states, next)
         .into_iter()
         .take(min - healthy)
     {
+        agent_kept |= super::agent::is_agent(next[i].0);
         let why = next[i].1.clone().unwrap_or_default();
         kept.push(format!("{} ({why})", members[i].name));
         next[i] = (
@@ -46,7 +48,10 @@ pub(super) fn panic(
             )),
         );
     }
-    let text = panic_text(policy, healthy, members, next, &kept);
+    let mut text = panic_text(policy, healthy, members, next, &kept);
+    if agent_kept {
+        text.push_str("; agents that take every backend out are overruled");
+    }
     if vip.panic.as_deref() != Some(text.as_str()) {
         if vip.panic.is_none() {
             changes.push(Change::PanicEnter(text.clone()));
