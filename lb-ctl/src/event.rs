@@ -38,11 +38,15 @@ pub enum EventKind {
     /// A source went above (`to` = `heavy`) or back below (`to` = `normal`)
     /// its VIP's `source_alert`.
     Source,
+    /// A backend's agent (`agent_port`) changed what it says: `from` and
+    /// `to` are its states (`normal`, `drain`, `maint`, `down`), `reason`
+    /// its words (escaped), its weight and any error.
+    Agent,
 }
 
 impl EventKind {
     /// Every kind, in the order of the declaration.
-    pub const ALL: [EventKind; 11] = [
+    pub const ALL: [EventKind; 12] = [
         EventKind::Transition,
         EventKind::Table,
         EventKind::Admin,
@@ -54,6 +58,7 @@ impl EventKind {
         EventKind::Alarm,
         EventKind::Block,
         EventKind::Source,
+        EventKind::Agent,
     ];
 
     /// The kind as spelled in JSON, e.g. `"fleet_slow"`.
@@ -70,6 +75,7 @@ impl EventKind {
             EventKind::Alarm => "alarm",
             EventKind::Block => "block",
             EventKind::Source => "source",
+            EventKind::Agent => "agent",
         }
     }
 }
@@ -140,7 +146,8 @@ mod tests {
                 "fleet_slow",
                 "alarm",
                 "block",
-                "source"
+                "source",
+                "agent"
             ]
         );
         for kind in EventKind::ALL {

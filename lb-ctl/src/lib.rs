@@ -24,6 +24,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+mod agent;
 mod event;
 mod explain;
 mod guard;
@@ -32,6 +33,7 @@ mod response;
 mod status;
 mod wire;
 
+pub use agent::AgentStatus;
 pub use event::{Event, EventKind};
 pub use explain::{ExplainReport, VIA};
 pub use guard::{

@@ -120,8 +120,12 @@ pub struct VipStatus {
 /// - `held_down`: out, passing probes but flapping (flows continue);
 /// - `panic_restored`: in the table although failing, kept by panic;
 /// - `draining`: out, drained by an operator;
-/// - `unknown`: not probed yet.
-pub const PLACEMENTS: [&str; 8] = [
+/// - `unknown`: not probed yet;
+/// - `agent_down`: out, its agent says `down`/`fail`/`stopped` (flows
+///   follow `down_policy`);
+/// - `agent_drain`: out, its agent says `drain` or 0 % (flows continue);
+/// - `agent_maint`: out, its agent says `maint` (flows continue).
+pub const PLACEMENTS: [&str; 11] = [
     "serving",
     "ramping",
     "ejected_slow",
@@ -130,6 +134,9 @@ pub const PLACEMENTS: [&str; 8] = [
     "panic_restored",
     "draining",
     "unknown",
+    "agent_down",
+    "agent_drain",
+    "agent_maint",
 ];
 
 /// Every value of [`BackendStatus::state`], as spelled in JSON:
@@ -210,6 +217,10 @@ pub struct BackendStatus {
     /// epoch: then it becomes `down` and its remaining flows follow the
     /// VIP's `down_policy`. `null` = not draining, or no deadline.
     pub drain_deadline_unix_ms: Option<u64>,
+    /// What its agent says (`agent_port`); `null` without one, or before
+    /// its first poll.
+    #[serde(default)]
+    pub agent: Option<crate::AgentStatus>,
 }
 
 /// The outcome of one health probe.

@@ -390,8 +390,9 @@ fn paint(text: &str, style: Style, color: bool) -> String {
 fn state_style(state: &str) -> Style {
     match state {
         "up" | "ramping" => Style::Green,
-        "down" => Style::Red,
-        "draining" | "ejected_slow" | "held_down" | "panic_restored" => Style::Yellow,
+        "down" | "agent_down" => Style::Red,
+        "draining" | "ejected_slow" | "held_down" | "panic_restored" | "agent_drain"
+        | "agent_maint" => Style::Yellow,
         _ => Style::Dim,
     }
 }
@@ -588,7 +589,8 @@ fn vip_line(vip: &VipStatus, color: bool) -> String {
 /// it says more (a slow outlier, a held-down flapper, a ramp, panic).
 fn state_label(b: &BackendStatus) -> &str {
     match b.placement.as_str() {
-        p @ ("ramping" | "ejected_slow" | "held_down" | "panic_restored") => p,
+        p @ ("ramping" | "ejected_slow" | "held_down" | "panic_restored" | "agent_down"
+        | "agent_drain" | "agent_maint") => p,
         _ => &b.state,
     }
 }
@@ -621,12 +623,14 @@ fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
             "slow start: weight {:.1} of {}",
             b.effective_weight, b.weight
         )),
-        "ejected_slow" | "held_down" | "panic_restored" => {
+        "ejected_slow" | "held_down" | "panic_restored" | "agent_down" | "agent_drain"
+        | "agent_maint" => {
             notes.extend(b.placement_reason.clone());
         }
         _ if b.weight != 1 => notes.push(format!("weight {}", b.weight)),
         _ => {}
     }
+    notes.extend(b.agent.as_ref().and_then(crate::ctl::AgentStatus::note));
     if !notes.is_empty() {
         let _ = write!(probe, "  ({})", notes.join(", "));
     }
@@ -1220,6 +1224,29 @@ VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
 "
         .replace("{}", &dropped.join(", "));
         assert_eq!(text, want, "got:\n{text}");
+    }
+
+    #[test]
+    fn status_text_shows_the_agent() {
+        let mut report = sample_report();
+        let vip = &mut report.vips[0];
+        vip.backends[0].placement = "agent_drain".to_owned();
+        vip.backends[0].state = "draining".to_owned();
+        vip.backends[0].placement_reason = Some("agent says \"drain\" (deploy)".to_owned());
+        if let Some(a) = vip.backends[0].agent.as_mut() {
+            a.weight_percent = 50;
+            a.error = Some("unreachable (connection refused): is the agent running?".to_owned());
+        }
+        let text = render_status(&report, SAMPLE_NOW_MS, false);
+        let row = text.lines().find(|l| l.contains("10.99.0.11:80")).unwrap();
+        for want in [
+            "agent_drain",
+            "agent says \"drain\" (deploy)",
+            "agent weight 50%",
+            "agent: unreachable (connection refused)",
+        ] {
+            assert!(row.contains(want), "{want:?} in {row}");
+        }
     }
 
     #[test]

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Serialize, Serializer};
 
+mod agent;
+
 use super::raw::{KindName, RawHealth, RawJitter, RawStatus, ViaName};
 use super::{Problems, duration_setting, parse_percent, ser_duration};
 use crate::health::spec::{self, CheckKind, CheckSpec, HttpCheck};
@@ -40,6 +42,7 @@ pub(super) struct HealthLayer {
     via: Option<spec::Via>,
     reuse_connection: Option<bool>,
     reopen_every: Option<u32>,
+    agent: agent::AgentLayer,
 }
 
 /// A layer and its place in the file (the context of its messages).
@@ -99,6 +102,7 @@ pub(super) fn parse(
             ViaName::Direct => spec::Via::Direct,
             ViaName::Vip => spec::Via::Vip,
         }),
+        agent: agent::parse(raw, ctx, p),
         ..http
     }
 }
@@ -335,6 +339,7 @@ pub(super) fn resolve(layers: &[Layer<'_>], port: u16, p: &mut Problems<'_>) -> 
             .unwrap_or(spec::defaults::JITTER),
         via: pick(layers, |l| &l.via).0.unwrap_or(spec::defaults::VIA),
         auto_timeout,
+        agent: agent::resolve(layers, port, interval, timeout, p),
     }
 }
 
@@ -523,6 +528,8 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         jitter: f64,
         via: &'static str,
         auto_timeout: bool,
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        agent: Option<agent::AgentView>,
     }
     let http = match &spec.kind {
         CheckKind::Http(h) => Some(h),
@@ -548,6 +555,7 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         jitter: spec.jitter,
         via: spec.via.as_str(),
         auto_timeout: spec.auto_timeout,
+        agent: spec.agent.as_ref().map(agent::AgentView::of),
     }
     .serialize(s)
 }

@@ -504,6 +504,7 @@ port = 80
             jitter: spec::defaults::JITTER,
             via: spec::defaults::VIA,
             auto_timeout: false,
+            agent: None,
         }
     }
 
@@ -741,6 +742,7 @@ reason = "\u001b[2J"
             jitter: 0.25,
             via: spec::defaults::VIA,
             auto_timeout: false,
+            agent: None,
         };
         let want = Config {
             daemon: DaemonConfig {

@@ -117,6 +117,12 @@ pub(super) struct RawHealth {
     pub(super) via: Option<ViaName>,
     pub(super) reuse_connection: Option<bool>,
     pub(super) reopen_every: Option<u32>,
+    /// The agent check (`config::health::agent`); a port as i64, so that
+    /// 0 or 70000 gets a message of ours.
+    pub(super) agent_port: Option<i64>,
+    pub(super) agent_interval: Option<String>,
+    pub(super) agent_timeout: Option<String>,
+    pub(super) agent_send: Option<String>,
     /// Accepted by the parser only to answer with a useful message: the
     /// probed port belongs to each backend (`health_port`).
     pub(super) port: Option<toml::Value>,

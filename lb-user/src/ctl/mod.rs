@@ -135,6 +135,14 @@ pub(crate) mod tests {
                 packets: 600_000,
                 bytes: 500_000_000,
                 new_flows: 30_000,
+                agent: Some(crate::ctl::AgentStatus {
+                    state: "normal".to_owned(),
+                    word: Some("up".to_owned()),
+                    weight_percent: 100,
+                    line: Some("up".to_owned()),
+                    polls: 40,
+                    ..crate::ctl::AgentStatus::default()
+                }),
                 ..backend("10.99.0.11:80", "up", "up", false, true)
             },
             BackendStatus {
@@ -372,6 +380,7 @@ pub(crate) mod tests {
             [
                 "address",
                 "admin_drained",
+                "agent",
                 "bytes",
                 "consecutive_fail",
                 "consecutive_ok",

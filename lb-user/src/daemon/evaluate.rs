@@ -11,6 +11,7 @@ use super::{
     model::{self, Rebuild},
 };
 use crate::health::{
+    agent::AgentChange,
     machine::HealthState,
     policy::{self, Change},
     probe::{FailReason, ProbeClass},
@@ -92,13 +93,21 @@ impl Daemon {
         // the way (a task restarted while its report waited for room in the
         // channel) is caught up by the next report.
         let hard_changed = r.snapshot.state != b.health;
+        // What the agent says is the policy's to judge (`policy::agent`).
+        let old_agent = b.snapshot.as_ref().and_then(|s| s.agent.as_ref());
+        let agent_change = AgentChange::between(old_agent, r.snapshot.agent.as_ref());
         b.health = r.snapshot.state;
         b.snapshot = Some(r.snapshot);
+        let agent_changed = agent_change.is_some();
+        if let Some(change) = agent_change {
+            self.tell_agent(vi, bi, change);
+        }
         // A fast answer from a serving backend of a calm VIP changes nothing:
         // skip the evaluation (the 1 s tick still runs it for every VIP).
         let v = &self.vips[vi];
         let b = &v.backends[bi];
         let calm = !hard_changed
+            && !agent_changed
             && b.policy.placement == policy::Placement::Serving
             && b.snapshot.as_ref().is_none_or(|s| s.consecutive_slow == 0)
             && v.policy.panic.is_none()
@@ -106,9 +115,26 @@ impl Daemon {
         // Nor does another failure of a backend already out for failing
         // (during a mass outage, thousands a second).
         let still_down = !hard_changed
+            && !agent_changed
             && b.health == HealthState::Down
             && b.policy.placement == policy::Placement::Down;
         (!calm && !still_down).then_some(vi)
+    }
+
+    /// Logs and records a change of what backend `bi`'s agent says.
+    fn tell_agent(&mut self, vi: usize, bi: usize, change: AgentChange) {
+        let addr = self.vips[vi].backends[bi].cfg.socket_addr();
+        let vip = self.vips[vi].cfg.name.clone();
+        info!(vip = %vip, backend = %addr, "{}", change.text);
+        self.event(
+            EventKind::Agent,
+            Some(&vip),
+            Some(addr.to_string()),
+            Some(change.from),
+            Some(change.to),
+            change.text,
+            None,
+        );
     }
 
     /// A probe failed for the load balancer's own reason (out of

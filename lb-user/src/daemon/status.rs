@@ -260,6 +260,7 @@ impl Daemon {
                 .drain_deadline
                 .filter(|_| b.admin_drained)
                 .map(ctl::unix_ms),
+            agent: snap.and_then(|s| s.agent.as_ref().map(|a| a.to_ctl(instant_ms))),
         }
     }
 }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
+use super::agent::AgentStatus;
 use super::probe::{FailReason, ProbeClass, ProbeResult};
 use super::spec::CheckSpec;
 
@@ -108,6 +109,9 @@ pub struct HealthSnapshot {
     /// Probes past `timeout` still waiting for an answer (at most
     /// `CheckSpec::max_in_flight`).
     pub late_pending: u32,
+    /// What the backend's agent says (`agent_port`); `None` without one or
+    /// before its first poll.
+    pub agent: Option<AgentStatus>,
 }
 
 impl HealthSnapshot {
@@ -166,6 +170,7 @@ pub struct HealthMachine {
     local_errors: u64,
     last_local_error: Option<String>,
     late_pending: u32,
+    agent: Option<AgentStatus>,
 }
 
 impl HealthMachine {
@@ -201,6 +206,7 @@ impl HealthMachine {
             local_errors: 0,
             last_local_error: None,
             late_pending: 0,
+            agent: None,
         }
     }
 
@@ -351,6 +357,12 @@ impl HealthMachine {
         std::mem::replace(&mut self.admin_drained, drained) != drained
     }
 
+    /// The agent's status, kept here so that it is in every snapshot and
+    /// goes with the backend's address (a new address starts without it).
+    pub fn agent_mut(&mut self) -> &mut Option<AgentStatus> {
+        &mut self.agent
+    }
+
     pub fn state(&self) -> HealthState {
         self.state
     }
@@ -403,6 +415,7 @@ impl HealthMachine {
             local_errors: self.local_errors,
             last_local_error: self.last_local_error.clone(),
             late_pending: self.late_pending,
+            agent: self.agent.clone(),
         }
     }
 
@@ -489,6 +502,7 @@ mod tests {
             jitter: 0.1,
             via: crate::health::spec::Via::Direct,
             auto_timeout: false,
+            agent: None,
         }
     }
 

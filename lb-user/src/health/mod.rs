@@ -1,8 +1,10 @@
 //! Health checking: probes (`probe`, through the data path: `datapath`),
+//! the application's own word on it (`agent`),
 //! the per-backend state machine (`machine`), the scheduler that runs
 //! probes with bounded concurrency (`scheduler`), and the VIP policy that
 //! decides what the table does with backends' health (`policy`); its
 //! reports reach the daemon in batches (`batch`).
+pub mod agent;
 pub mod batch;
 pub mod datapath;
 pub mod machine;

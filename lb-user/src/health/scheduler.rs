@@ -38,6 +38,8 @@ use super::machine::{HealthMachine, HealthSnapshot, HealthState, Transition, ini
 use super::probe::{ConnSlot, ProbeClass, ProbeResult, probe_reusing};
 use super::spec::CheckSpec;
 
+mod agent_task;
+
 /// Probes in flight at once unless configured otherwise: enough for 1,000
 /// backends at a 2 s interval even if all of them hang for a 1 s timeout.
 pub const DEFAULT_MAX_CONCURRENT: usize = 256;
@@ -77,7 +79,8 @@ pub struct Report {
     /// What this report says about the backend: log `Slow` answers, raise
     /// an alarm on `Local` errors.
     pub class: ProbeClass,
-    /// The probe's final result; `None` in an interim `Late` report.
+    /// The probe's final result; `None` in an interim `Late` report, and in
+    /// an agent's report (`class` `Ok`: only the snapshot's agent changed).
     pub result: Option<ProbeResult>,
     /// Set when this probe changed the health state. Log it and update the
     /// data plane; nothing else is needed.
@@ -130,6 +133,17 @@ struct Task {
     path: Option<DatapathTarget>,
     auto: Option<AutoTimeout>,
     handle: JoinHandle<()>,
+    /// The agent's poller, if the spec has one.
+    agent: Option<JoinHandle<()>>,
+}
+
+impl Task {
+    fn abort(&self) {
+        self.handle.abort();
+        if let Some(agent) = &self.agent {
+            agent.abort();
+        }
+    }
 }
 
 /// The deadline a probe of `spec` uses now: its `timeout`, or for
@@ -264,7 +278,7 @@ impl Scheduler {
                 return;
             }
             addr_changed = task.addr != addr;
-            task.handle.abort();
+            task.abort();
         }
         self.next_generation += 1;
         let generation = self.next_generation;
@@ -309,6 +323,7 @@ impl Scheduler {
             conn: ConnSlot::default(),
             epoch: self.epoch,
         }));
+        let agent = self.start_agent(id, generation, addr, &spec);
         self.tasks.insert(
             id,
             Task {
@@ -317,6 +332,7 @@ impl Scheduler {
                 path,
                 auto,
                 handle,
+                agent,
             },
         );
     }
@@ -325,7 +341,7 @@ impl Scheduler {
     /// probe that was finishing may still arrive; ignore unknown ids.
     pub fn remove(&mut self, id: u64) {
         if let Some(task) = self.tasks.remove(&id) {
-            task.handle.abort();
+            task.abort();
         }
         lock(&self.shared).remove(&id);
     }
@@ -360,7 +376,7 @@ impl Scheduler {
 impl Drop for Scheduler {
     fn drop(&mut self) {
         for task in self.tasks.values() {
-            task.handle.abort();
+            task.abort();
         }
         self.flusher.abort();
     }

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+pub use super::agent::AgentCheck;
+
 /// How a backend is probed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CheckKind {
@@ -187,6 +189,9 @@ pub struct CheckSpec {
     /// ([`auto_timeout`]), so nobody has to guess one that will be wrong at
     /// peak.
     pub auto_timeout: bool,
+    /// The agent check (`agent_port`), polled alongside the probe; `None`
+    /// without one. See `health::agent`.
+    pub agent: Option<AgentCheck>,
 }
 
 /// Latency percentile `timeout = "auto"` follows.
@@ -378,6 +383,7 @@ mod tests {
             jitter: 0.0,
             via: crate::health::spec::Via::Direct,
             auto_timeout: false,
+            agent: None,
         };
         let cases = [
             ("defaults", spec(ms(2000), ms(500), ms(5000), ms(3000)), 7),

@@ -44,6 +44,7 @@ pub(super) fn http_spec_hang(port: u16, timeout: Duration, hang_timeout: Duratio
         jitter: defaults::JITTER,
         via: crate::health::spec::Via::Direct,
         auto_timeout: false,
+        agent: None,
     }
 }
 

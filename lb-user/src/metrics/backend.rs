@@ -41,7 +41,28 @@ pub(super) fn views(status: &StatusReport, extra: &MetricsExtra) -> Vec<BackendV
     views.collect()
 }
 
-pub(super) const FAMILIES: [Family<BackendView>; 14] = [
+/// Every value of `xlb_backend_agent_state`'s `state` label.
+const AGENT_STATES: [&str; 4] = ["normal", "drain", "maint", "down"];
+
+pub(super) const FAMILIES: [Family<BackendView>; 16] = [
+    Family {
+        name: "xlb_backend_agent_state",
+        kind: Kind::Gauge,
+        help: "1 for what the backend's agent (agent_port) last asked for (normal, drain, maint, down), 0 for the others; absent without an agent.",
+        value: |b| match &b.status.agent {
+            Some(a) => Value::one_of("state", &AGENT_STATES, &a.state),
+            None => Value::Absent,
+        },
+    },
+    Family {
+        name: "xlb_backend_agent_weight_percent",
+        kind: Kind::Gauge,
+        help: "Weight the backend's agent (agent_port) set, as a percentage of the configured one; absent without an agent.",
+        value: |b| match &b.status.agent {
+            Some(a) => Value::Int(u64::from(a.weight_percent)),
+            None => Value::Absent,
+        },
+    },
     Family {
         name: "xlb_backend_up",
         kind: Kind::Gauge,
@@ -57,7 +78,7 @@ pub(super) const FAMILIES: [Family<BackendView>; 14] = [
     Family {
         name: "xlb_backend_placement",
         kind: Kind::Gauge,
-        help: "1 for what the VIP's health policy does with the backend now (serving, ramping, ejected_slow, down, held_down, panic_restored, draining, unknown), 0 for the others.",
+        help: "1 for what the VIP's health policy does with the backend now (serving, ramping, ejected_slow, down, held_down, panic_restored, draining, unknown, agent_down, agent_drain, agent_maint), 0 for the others.",
         value: |b| Value::one_of("placement", &PLACEMENTS, &b.status.placement),
     },
     Family {

@@ -283,6 +283,7 @@ fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
         jitter: 0.1,
         via: lb_user::health::spec::Via::Direct,
         auto_timeout: false,
+        agent: None,
     };
     Ok(VipConfig {
         name: format!("v{n}"),

@@ -86,13 +86,17 @@ impl Backend {
     pub fn dp_state(&self) -> u8 {
         match self.policy.placement {
             Placement::Serving | Placement::Ramping | Placement::PanicRestored => BACKEND_UP,
-            Placement::Down => BACKEND_DOWN,
+            // The application said so: as a failed check.
+            Placement::Down | Placement::AgentDown => BACKEND_DOWN,
             // A drain whose deadline passed: its flows follow down_policy.
             Placement::Draining if self.drain_expired => BACKEND_DOWN,
             // Never probed: no new flows, and no flows to move either.
             Placement::EjectedSlow
             | Placement::HeldDown
             | Placement::Draining
+            // The agent drains as an admin drain does.
+            | Placement::AgentDrain
+            | Placement::AgentMaint
             | Placement::Unknown => BACKEND_DRAINING,
         }
     }

@@ -28,10 +28,12 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use super::agent::AgentStatus;
 use super::machine::{HealthSnapshot, HealthState};
 use super::probe::Compact;
 use super::spec::CheckSpec;
 
+mod agent;
 mod panic;
 mod path;
 mod slowness;
@@ -161,6 +163,13 @@ pub enum Placement {
     Draining,
     /// Out: not probed yet.
     Unknown,
+    /// Out: its agent says `down`, `fail` or `stopped`.
+    AgentDown,
+    /// Out for new flows, established ones continue: its agent says
+    /// `drain` (or a weight of 0 %).
+    AgentDrain,
+    /// As `AgentDrain`: its agent says `maint`.
+    AgentMaint,
 }
 
 impl Placement {
@@ -174,6 +183,9 @@ impl Placement {
             Self::PanicRestored => "panic_restored",
             Self::Draining => "draining",
             Self::Unknown => "unknown",
+            Self::AgentDown => "agent_down",
+            Self::AgentDrain => "agent_drain",
+            Self::AgentMaint => "agent_maint",
         }
     }
 
@@ -229,6 +241,8 @@ pub struct Member {
     /// `no_answer_via_vip` (the direct probe passed) and it is failing now
     /// or still down for it. See `policy::path`.
     pub via_vip_only: bool,
+    /// What its agent says (`agent_port`); `None` without one.
+    pub agent: Option<AgentStatus>,
 }
 
 impl Member {
@@ -277,6 +291,7 @@ impl Member {
                 s.last_fail_code == Some("no_answer_via_vip")
                     && (s.consecutive_fail > 0 || health == HealthState::Down)
             }),
+            agent: snap.and_then(|s| s.agent.clone()),
         }
     }
 }
@@ -300,6 +315,9 @@ pub struct MemberState {
     /// [`Self::table_weight`] as of the last evaluation (`u32::MAX` before
     /// the first), so a ramp step taken between evaluations is seen.
     pub last_weight: u32,
+    /// The agent's weight percentage as of the last evaluation (100
+    /// without an agent).
+    pub agent_percent: u32,
 }
 
 impl MemberState {
@@ -316,22 +334,29 @@ impl MemberState {
             exits: VecDeque::new(),
             held: false,
             last_weight: u32::MAX,
+            agent_percent: 100,
         }
     }
 
     /// The Maglev weight: `weight × RAMP_STEPS` when serving, the ramp's
     /// step when ramping, 0 when out. Every member of a VIP uses the same
     /// scale, so shares are as configured (Maglev uses weight ratios).
+    /// An agent's weight percentage scales it (`policy::agent::scale`).
     pub fn table_weight(&self, policy: &Policy, weight: u32, now: Instant) -> u32 {
-        match self.placement {
+        let w = match self.placement {
             Placement::Serving | Placement::PanicRestored => weight * RAMP_STEPS,
             Placement::Ramping => weight * ramp_step(policy, self.ramp_start, now),
             _ => 0,
-        }
+        };
+        agent::scale(w, self.agent_percent)
     }
 
     /// The weight as a fraction of the configured one (1.0 when serving).
     pub fn weight_fraction(&self, policy: &Policy, now: Instant) -> f64 {
+        f64::from(self.agent_percent) / 100.0 * self.ramp_fraction(policy, now)
+    }
+
+    fn ramp_fraction(&self, policy: &Policy, now: Instant) -> f64 {
         match self.placement {
             Placement::Serving | Placement::PanicRestored => 1.0,
             Placement::Ramping => {
@@ -471,8 +496,11 @@ fn base_placement(
                 |(_, text)| text.clone(),
             )),
         ),
-        _ if s.held => (Placement::HeldDown, Some(held_text(policy, s, now))),
-        p => (p, None),
+        p => match agent::placement(m) {
+            Some((placement, why)) => (placement, Some(why)),
+            None if s.held => (Placement::HeldDown, Some(held_text(policy, s, now))),
+            None => (p, None),
+        },
     }
 }
 
@@ -547,6 +575,7 @@ fn apply(
         }
         s.placement = to;
         s.reason = reason;
+        s.agent_percent = agent::percent(m.agent.as_ref());
     }
 }
 
@@ -580,7 +609,7 @@ fn slow_start(
 /// penalty has forgotten.
 fn count_exit(policy: &Policy, s: &mut MemberState, from: Placement, to: Placement, now: Instant) {
     if matches!(from, Placement::Serving | Placement::Ramping)
-        && matches!(to, Placement::Down | Placement::EjectedSlow)
+        && (matches!(to, Placement::Down | Placement::EjectedSlow) || agent::is_agent(to))
     {
         s.exits.push_back(now);
         while s.exits.len() > EXITS_KEPT {
@@ -613,6 +642,7 @@ fn return_text(from: Placement, m: &Member) -> String {
         Placement::HeldDown => "flap penalty decayed".to_owned(),
         Placement::PanicRestored => "panic over".to_owned(),
         Placement::Draining => "admin enable".to_owned(),
+        p if agent::is_agent(p) => agent::return_text(m),
         _ => {
             let n = m.consecutive_ok;
             format!(
@@ -648,6 +678,7 @@ mod tests {
             answered: true,
             last_fail: None,
             via_vip_only: false,
+            agent: None,
         }
     }
 
@@ -1348,5 +1379,190 @@ mod tests {
         vip.members[1] = slow(member(1), ms(2000));
         vip.at(1.0);
         assert_eq!(vip.placements(), vec![Serving, Serving, Serving]);
+    }
+
+    /// `m` with an agent that last answered `line`.
+    fn agent_says(mut m: Member, line: &[u8]) -> Member {
+        let mut a = m.agent.take().unwrap_or_default();
+        a.record(crate::health::agent::parse(line), Instant::now());
+        m.agent = Some(a);
+        m
+    }
+
+    use Placement::{AgentDown, AgentDrain, AgentMaint};
+
+    #[test]
+    fn agent_words_place_the_backend() {
+        let cases: [(&[u8], Placement, Option<&str>); 8] = [
+            (b"up", Serving, None),
+            (b"ready 100%", Serving, None),
+            (
+                b"down#disk full",
+                AgentDown,
+                Some("agent says \"down\" (disk full)"),
+            ),
+            (b"FAIL", AgentDown, Some("agent says \"fail\"")),
+            (b"stopped", AgentDown, Some("agent says \"stopped\"")),
+            (
+                b"75%, drain #deploy",
+                AgentDrain,
+                Some("agent says \"drain\" (deploy)"),
+            ),
+            (b"maint", AgentMaint, Some("agent says \"maint\"")),
+            (b"0%", AgentDrain, Some("agent set weight 0%")),
+        ];
+        for (line, want, reason) in cases {
+            let mut vip = Vip::new(Policy::default(), 3);
+            vip.members[0] = agent_says(member(0), line);
+            let out = vip.at(1.0);
+            let shown = String::from_utf8_lossy(line);
+            assert_eq!(vip.placements(), vec![want, Serving, Serving], "{shown}");
+            assert_eq!(vip.states[0].reason.as_deref(), reason, "{shown}");
+            assert_eq!(out.changes.is_empty(), want == Serving, "{shown}");
+            assert_eq!(want.in_table(), want == Serving, "{shown}");
+        }
+    }
+
+    #[test]
+    fn agent_weight_scales_the_table_weight() {
+        let mut vip = Vip::new(Policy::default(), 3);
+        vip.members[0].weight = 3;
+        vip.members[0] = agent_says(vip.members[0].clone(), b"50%");
+        vip.members[1] = agent_says(member(1), b"1%");
+        vip.members[2] = agent_says(member(2), b"999%");
+        let out = vip.at(1.0);
+        assert!(out.weights_changed);
+        assert_eq!(vip.placements(), vec![Serving, Serving, Serving]);
+        // 3 × 10 × 50 % = 15; 10 × 1 % = 0.1, kept at 1; capped at 256 %.
+        assert_eq!(vip.weights(), vec![15, 1, 26]);
+        assert!((vip.states[0].weight_fraction(&vip.policy, vip.now) - 0.5).abs() < 1e-9);
+        // Back to 100 %: the weight changes, nothing else.
+        vip.members[0] = agent_says(vip.members[0].clone(), b"up 100%");
+        let out = vip.at(2.0);
+        assert!(out.weights_changed && out.changes.is_empty());
+        assert_eq!(vip.weights()[0], 30);
+        assert_eq!(agent::scale(10, 33), 3);
+        assert_eq!(agent::scale(10, 35), 4, "rounded");
+        assert_eq!(agent::scale(0, 50), 0);
+    }
+
+    #[test]
+    fn agent_drain_is_undone_by_ready_and_ramps_back() {
+        let policy = Policy {
+            slow_start: Duration::from_secs(10),
+            ..Policy::default()
+        };
+        let mut vip = Vip::new(policy, 3);
+        vip.at(0.0);
+        vip.members[2] = agent_says(member(2), b"drain #deploy");
+        vip.at(3.0);
+        assert_eq!(vip.placements()[2], AgentDrain);
+        assert_eq!(vip.weights(), vec![10, 10, 0]);
+        // A weight alone does not undo the drain (the word is sticky).
+        vip.members[2] = agent_says(vip.members[2].clone(), b"80%");
+        vip.at(4.0);
+        assert_eq!(vip.placements()[2], AgentDrain);
+        vip.members[2] = agent_says(vip.members[2].clone(), b"ready");
+        let out = vip.at(5.0);
+        assert_eq!(vip.placements()[2], Ramping);
+        assert_eq!(vip.weights()[2], 1, "first step of 10, at 80 %: 0.8 → 1");
+        assert!(out.changes.iter().any(|c| matches!(
+            c,
+            Change::Placement {
+                member: 2,
+                from: AgentDrain,
+                to: Ramping,
+                ..
+            }
+        )));
+        vip.at(15.0);
+        assert_eq!(vip.placements()[2], Serving);
+        assert_eq!(vip.weights()[2], 8);
+    }
+
+    #[test]
+    fn agent_return_says_its_words() {
+        let mut vip = Vip::new(Policy::default(), 2);
+        vip.members[1] = agent_says(member(1), b"maint");
+        vip.at(1.0);
+        vip.members[1] = agent_says(vip.members[1].clone(), b"UP #done");
+        let out = vip.at(2.0);
+        assert_eq!(
+            out.changes,
+            vec![Change::Placement {
+                member: 1,
+                from: AgentMaint,
+                to: Serving,
+                reason: "agent says \"up\" (done)".to_owned(),
+            }]
+        );
+    }
+
+    #[test]
+    fn agent_exits_count_toward_flap_damping() {
+        let mut vip = Vip::new(Policy::default(), 3);
+        let mut t = 0.0;
+        // The penalty decays meanwhile: 5 exits reach the limit of 4.
+        for _ in 0..5 {
+            vip.members[0] = agent_says(member(0), b"down");
+            t += 1.0;
+            vip.at(t);
+            assert_eq!(vip.placements()[0], AgentDown);
+            vip.members[0] = agent_says(member(0), b"up");
+            t += 1.0;
+            vip.at(t);
+        }
+        assert_eq!(vip.placements()[0], HeldDown, "5 exits in 10 s");
+    }
+
+    #[test]
+    fn panic_puts_agent_down_back_last() {
+        // All three say down: panic keeps one rather than empty the VIP.
+        let mut vip = Vip::new(Policy::default(), 3);
+        for i in 0..3 {
+            vip.members[i] = agent_says(member(i), b"down #rollout");
+        }
+        let out = vip.at(1.0);
+        assert!(
+            out.changes
+                .iter()
+                .any(|c| matches!(c, Change::PanicEnter(_)))
+        );
+        let placements = vip.placements();
+        assert_eq!(
+            placements.iter().filter(|p| **p == PanicRestored).count(),
+            1
+        );
+        assert_eq!(placements.iter().filter(|p| **p == AgentDown).count(), 2);
+        assert!(vip.weights().iter().sum::<u32>() > 0, "the VIP serves");
+        let text = vip.vip.panic.clone().unwrap();
+        assert!(
+            text.contains("agent says \"down\" (rollout)")
+                && text.ends_with("; agents that take every backend out are overruled"),
+            "{text}"
+        );
+
+        // Others first: a hung (timeouts only) backend is put back before
+        // an agent-drained one, which goes before an agent-down one.
+        let mut vip = Vip::new(Policy::default(), 3);
+        vip.members[0] = agent_says(member(0), b"down");
+        vip.members[1] = hung(member(1));
+        vip.members[2] = agent_says(member(2), b"drain");
+        vip.at(1.0);
+        assert_eq!(vip.placements(), vec![AgentDown, PanicRestored, AgentDrain]);
+        let mut vip = Vip::new(Policy::default(), 2);
+        vip.members[0] = agent_says(member(0), b"down");
+        vip.members[1] = agent_says(member(1), b"maint");
+        vip.at(1.0);
+        assert_eq!(vip.placements(), vec![AgentDown, PanicRestored]);
+    }
+
+    #[test]
+    fn a_failing_probe_outranks_the_agent() {
+        let mut vip = Vip::new(Policy::default(), 3);
+        vip.members[0] = agent_says(refused(member(0)), b"up");
+        vip.members[1] = agent_says(refused(member(1)), b"drain");
+        vip.at(1.0);
+        assert_eq!(vip.placements(), vec![PDown, PDown, Serving]);
     }
 }

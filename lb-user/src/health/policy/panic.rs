@@ -32,10 +32,12 @@ pub(super) fn panic(
         return;
     }
     let mut kept = Vec::new();
+    let mut agent_kept = false;
     for i in panic_candidates(members, states, next)
         .into_iter()
         .take(min - healthy)
     {
+        agent_kept |= super::agent::is_agent(next[i].0);
         let why = next[i].1.clone().unwrap_or_default();
         kept.push(format!("{} ({why})", members[i].name));
         next[i] = (
@@ -46,7 +48,10 @@ pub(super) fn panic(
             )),
         );
     }
-    let text = panic_text(policy, healthy, members, next, &kept);
+    let mut text = panic_text(policy, healthy, members, next, &kept);
+    if agent_kept {
+        text.push_str("; agents that take every backend out are overruled");
+    }
     if vip.panic.as_deref() != Some(text.as_str()) {
         if vip.panic.is_none() {
             changes.push(Change::PanicEnter(text.clone()));
@@ -57,7 +62,8 @@ pub(super) fn panic(
 
 /// The members panic may put back, least bad first: slow outliers (fastest
 /// first), then flapping ones that pass probes, then those failing only by
-/// timeouts (fewest failures first). Within a class, the ones panic already
+/// timeouts (fewest failures first), then those their agent drains, then
+/// those their agent says are down. Within a class, the ones panic already
 /// keeps come first, so panic does not swap backends back and forth as
 /// failure counts move.
 fn panic_candidates(
@@ -83,6 +89,10 @@ fn panic_candidates(
             Placement::Down if timeouts_only => {
                 candidates.push((2, kept, u128::from(m.consecutive_fail), i));
             }
+            // Last: the application itself asked out; but an agent saying
+            // `down` (or `drain`) on every backend must not empty the VIP.
+            Placement::AgentDrain | Placement::AgentMaint => candidates.push((3, kept, 0, i)),
+            Placement::AgentDown => candidates.push((4, kept, 0, i)),
             _ => {}
         }
     }

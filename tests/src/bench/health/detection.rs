@@ -68,6 +68,7 @@ pub(super) fn http_spec(f: impl FnOnce(&mut CheckSpec)) -> CheckSpec {
         jitter: defaults::JITTER,
         via: lb_user::health::spec::Via::Direct,
         auto_timeout: false,
+        agent: None,
     };
     f(&mut spec);
     spec
