@@ -58,6 +58,7 @@ macro_rules! rejects {
 
 mod address;
 mod daemon;
+mod dns;
 mod guard;
 mod health;
 mod protection;

@@ -17,6 +17,7 @@
 //! connection of `reuse_connection`, and what it does not check, in
 //! [`reuse`].
 
+mod dns;
 mod outcome;
 mod response;
 mod reuse;
@@ -34,6 +35,7 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout_at};
 
+pub use self::dns::DnsFail;
 pub use self::outcome::{Compact, FailReason, ProbeClass, ProbeOk, ProbeResult};
 pub use self::response::{BODY_LIMIT, HEADER_LIMIT};
 use self::response::{Reader, read_body, read_final_head};
@@ -327,6 +329,7 @@ async fn probe_to(
             };
             http_probe(&to, http, slot).await
         }
+        CheckKind::Dns(dns) => dns::dns_probe(addr, path, dns, by.deadline, by.limit).await,
     };
     ProbeResult {
         outcome,

@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+pub mod dns;
+pub use self::dns::DnsCheck;
+
 /// How a backend is probed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CheckKind {
@@ -11,6 +14,8 @@ pub enum CheckKind {
     /// TCP connect only: proves the kernel accepts, not that the application
     /// answers. For non-HTTP services and for comparison.
     Tcp,
+    /// One DNS query over UDP; the server must answer it (see `probe::dns`).
+    Dns(DnsCheck),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,6 +6,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::dns::DnsFail;
+
 /// A probe that passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeOk {
@@ -172,6 +174,9 @@ pub enum FailReason {
     /// after 3s); direct probe ok`.
     #[error("{text}")]
     NoAnswerViaVip { text: String },
+    /// A DNS answer that fails the check (`kind = "dns"`).
+    #[error("{0}")]
+    Dns(DnsFail),
 }
 
 fn closed_text(received: usize) -> String {
@@ -199,6 +204,7 @@ impl FailReason {
             Self::Io { .. } => "io_error",
             Self::Local { .. } => "local_error",
             Self::NoAnswerViaVip { .. } => "no_answer_via_vip",
+            Self::Dns(fail) => fail.code(),
         }
     }
 
