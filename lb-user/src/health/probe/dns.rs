@@ -416,4 +416,48 @@ mod tests {
         let (_, wire) = query(&check).unwrap();
         assert_eq!(&wire[12..], &bytes("034c616204546573740000100001")[..]);
     }
+
+    /// A server on a loopback socket that answers each query with `answer`
+    /// (the recorded `lab.test A` answer) carrying the query's id plus
+    /// `id_offset`.
+    async fn server(answer: Vec<u8>, id_offset: u16) -> SocketAddr {
+        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = socket.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0; 512];
+            while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+                let mut reply = answer.clone();
+                if n >= 2 {
+                    let id = u16::from_be_bytes([buf[0], buf[1]]).wrapping_add(id_offset);
+                    reply[..2].copy_from_slice(&id.to_be_bytes());
+                }
+                let _ = socket.send_to(&reply, from).await;
+            }
+        });
+        addr
+    }
+
+    async fn ask(addr: SocketAddr) -> Result<ProbeOk, FailReason> {
+        let limit = Duration::from_millis(200);
+        dns_probe(addr, None, &check("lab.test", "A"), Instant::now() + limit, limit).await
+    }
+
+    #[tokio::test]
+    async fn over_a_socket() {
+        let good = server(bytes(A_LAB), 0).await;
+        assert_eq!(ask(good).await, Ok(ProbeOk { status: None }));
+        let stale = server(bytes(A_LAB), 1).await;
+        let fail = ask(stale).await.unwrap_err();
+        assert_eq!(fail.code(), "dns_id_mismatch", "{fail}");
+        // Bound and silent: a hung server.
+        let silent = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let fail = ask(silent.local_addr().unwrap()).await.unwrap_err();
+        assert_eq!(fail.to_string(), "no answer within 200ms");
+        assert_eq!(fail.code(), "no_answer");
+        // Nothing listens: ICMP port unreachable.
+        let port = silent.local_addr().unwrap();
+        drop(silent);
+        let fail = ask(port).await.unwrap_err();
+        assert_eq!(fail, FailReason::PortUnreachable);
+    }
 }
