@@ -141,20 +141,37 @@ fn up(p: &str, config: &str, vip_only: bool) -> DnsLab {
             "--bind-interfaces".to_string(),
             format!("--listen-address={listen}"),
             format!("--address=/{NAME}/10.0.0.{i}"),
-            format!("--pid-file={}", dir.join(format!("dnsmasq-b{i}.pid")).display()),
-            format!("--dhcp-leasefile={}", dir.join(format!("dnsmasq-b{i}.leases")).display()),
-            format!("--log-facility={}", dir.join(format!("dnsmasq-b{i}.syslog")).display()),
+            format!(
+                "--pid-file={}",
+                dir.join(format!("dnsmasq-b{i}.pid")).display()
+            ),
+            format!(
+                "--dhcp-leasefile={}",
+                dir.join(format!("dnsmasq-b{i}.leases")).display()
+            ),
+            format!(
+                "--log-facility={}",
+                dir.join(format!("dnsmasq-b{i}.syslog")).display()
+            ),
         ]
         .into();
         let pid = run
-            .spawn_in(&format!("dnsmasq-b{i}"), &ns, "/usr/sbin/dnsmasq".as_ref(), &args)
+            .spawn_in(
+                &format!("dnsmasq-b{i}"),
+                &ns,
+                "/usr/sbin/dnsmasq".as_ref(),
+                &args,
+            )
             .unwrap_or_else(|e| panic!("dnsmasq on b{i}: {e}"));
         pids.push(pid);
     }
-    run.start_daemon().unwrap_or_else(|e| panic!("xlb run: {e}"));
+    run.start_daemon()
+        .unwrap_or_else(|e| panic!("xlb run: {e}"));
     let (_, took) = run
         .wait_until("every backend up", Duration::from_secs(20), |s| {
-            s.vips.iter().all(|v| v.backends.iter().all(|b| b.state == "up"))
+            s.vips
+                .iter()
+                .all(|v| v.backends.iter().all(|b| b.state == "up"))
         })
         .unwrap_or_else(|e| panic!("[{p}] the dnsmasq backends did not come up: {e}"));
     eprintln!("[{p}] three dnsmasq up in {} ms", took.as_millis());
@@ -183,7 +200,10 @@ fn hang_and_back(tag: &str, via: &str) {
         .unwrap_or_else(|e| panic!("[{p}] stopped dnsmasq not taken out: {e}"));
     let b = status.backend("dns", b2).unwrap();
     let reason = b.last_transition_reason.clone().unwrap_or_default();
-    eprintln!("[{p}] via {via}: b2 down after {} ms: {reason}", took.as_millis());
+    eprintln!(
+        "[{p}] via {via}: b2 down after {} ms: {reason}",
+        took.as_millis()
+    );
     assert!(
         reason.contains("no answer within 300ms"),
         "[{p}] b2 down for another reason: {reason}"
@@ -194,14 +214,20 @@ fn hang_and_back(tag: &str, via: &str) {
         .find(|e| e.at_unix_ms >= stopped)
         .unwrap_or_else(|| panic!("[{p}] no transition of b2: {events:?}"));
     let detection = Duration::from_millis(out.at_unix_ms - stopped);
-    assert!(detection <= bound, "[{p}] b2 out after {detection:?}, bound {bound:?}");
+    assert!(
+        detection <= bound,
+        "[{p}] b2 out after {detection:?}, bound {bound:?}"
+    );
     let others_up = status
         .vips
         .iter()
         .flat_map(|v| &v.backends)
         .filter(|b| b.state == "up")
         .count();
-    assert_eq!(others_up, 2, "[{p}] the running dnsmasq stay up: {status:?}");
+    assert_eq!(
+        others_up, 2,
+        "[{p}] the running dnsmasq stay up: {status:?}"
+    );
     signal(lab.pids[1], Signal::SIGCONT);
     lab.run
         .wait_backend_state("dns", b2, "up", Duration::from_secs(10))
@@ -290,7 +316,10 @@ fn slow_dns_fleet_stays_in() {
         // out at most `max_ejected` (10 %, at least 1) at once.
         let out = backends.iter().filter(|b| !b.in_table).count();
         most_out = most_out.max(out);
-        assert!(out <= 1, "[{p}] {out} slow backends out of the table: {backends:?}");
+        assert!(
+            out <= 1,
+            "[{p}] {out} slow backends out of the table: {backends:?}"
+        );
         thread::sleep(Duration::from_millis(100));
     }
     stop.store(true, Ordering::Relaxed);
@@ -301,8 +330,14 @@ fn slow_dns_fleet_stays_in() {
         .filter(|e| e.at_unix_ms >= started && e.to.as_deref() == Some("down"))
         .collect();
     eprintln!("[{p}] slow probes seen {slow_seen} times; at most {most_out} out at once");
-    assert!(downs.is_empty(), "[{p}] a slow backend went down: {downs:?}");
-    assert!(slow_seen > 0, "[{p}] no probe was slow: did the slowdown take?");
+    assert!(
+        downs.is_empty(),
+        "[{p}] a slow backend went down: {downs:?}"
+    );
+    assert!(
+        slow_seen > 0,
+        "[{p}] no probe was slow: did the slowdown take?"
+    );
     teardown(lab.run);
 }
 
@@ -341,7 +376,9 @@ fn dnsperf(run: &LabRun, target: IpAddr, qps: u32, secs: u32) -> thread::JoinHan
         .args(["-c", "20", "-q", "2000", "-t", "1"])
         .stdin(std::process::Stdio::null());
     thread::spawn(move || {
-        let out = cmd.output().expect("dnsperf runs (apt-get install dnsperf)");
+        let out = cmd
+            .output()
+            .expect("dnsperf runs (apt-get install dnsperf)");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let parsed = figure(&text, "Queries sent:").zip(figure(&text, "Queries lost:"));
         let (sent, lost) = parsed.unwrap_or_else(|| {
@@ -370,7 +407,12 @@ fn replay(tag: &str, kind: &str) -> Perf {
     signal(lab.pids[1], Signal::SIGSTOP);
     let perf = perf.join().unwrap();
     let b2 = dns_vip().backend_addr(2);
-    let state = lab.run.status().unwrap().backend("dns", b2).map(|b| b.state.clone());
+    let state = lab
+        .run
+        .status()
+        .unwrap()
+        .backend("dns", b2)
+        .map(|b| b.state.clone());
     signal(lab.pids[1], Signal::SIGCONT);
     eprintln!(
         "[{p}] kind = {kind}: {} of {} queries lost ({:.2} %); b2 {state:?} at the end",

@@ -35,7 +35,11 @@ impl DnsLayer {
 
 /// The DNS fields of `raw` (the table at `ctx`), each checked on its own,
 /// with the names of the fields it sets (for [`check_no_dns_fields`]).
-pub(super) fn parse(raw: &RawHealth, ctx: &str, p: &mut Problems<'_>) -> (DnsLayer, Vec<&'static str>) {
+pub(super) fn parse(
+    raw: &RawHealth,
+    ctx: &str,
+    p: &mut Problems<'_>,
+) -> (DnsLayer, Vec<&'static str>) {
     let name = raw.dns_name.as_deref().and_then(|text| {
         rules::parse_name(text)
             .map_err(|e| {
@@ -102,7 +106,8 @@ fn rcodes(items: &[String], ctx: &str, p: &mut Problems<'_>) -> Option<Vec<Respo
 /// The merged DNS check of `layers` (least specific first): each field
 /// from the most specific table that sets it, else its default.
 pub(super) fn resolve(layers: &[Layer<'_>]) -> DnsCheck {
-    let pick = |field: fn(&DnsLayer) -> bool| layers.iter().rev().map(|l| &l.0.dns).find(|d| field(d));
+    let pick =
+        |field: fn(&DnsLayer) -> bool| layers.iter().rev().map(|l| &l.0.dns).find(|d| field(d));
     let defaults = DnsCheck::default();
     DnsCheck {
         name: pick(|d| d.name.is_some())
@@ -204,7 +209,11 @@ address = "10.0.0.21"
         // A VIP that sets another kind inherits the DNS fields unused.
         let config = ok(
             "inherited",
-            &dns_vip("kind = \"dns\"\ndns_name = \"example.com\"", r#"kind = "tcp""#, ""),
+            &dns_vip(
+                "kind = \"dns\"\ndns_name = \"example.com\"",
+                r#"kind = "tcp""#,
+                "",
+            ),
         );
         assert_eq!(config.vips[0].backends[0].health.kind, CheckKind::Tcp);
     }
@@ -225,7 +234,10 @@ address = "10.0.0.21"
         assert_eq!(health["kind"], "dns");
         assert_eq!(health["dns_name"], "Lab.Test.");
         assert_eq!(health["dns_type"], "AAAA");
-        assert_eq!(health["dns_rcodes"], serde_json::json!(["NOERROR", "SERVFAIL"]));
+        assert_eq!(
+            health["dns_rcodes"],
+            serde_json::json!(["NOERROR", "SERVFAIL"])
+        );
         assert_eq!(health["port"], 53);
         assert_eq!(health["hang_timeout"], "900ms");
         assert!(health.get("path").is_none(), "{health}");

@@ -234,27 +234,43 @@ mod tests {
         let (_, wire) = query(&root).unwrap();
         assert_eq!(&wire[12..], &[0, 0, 2, 0, 1]);
         // 16 random ids all equal: 2^-240.
-        let ids: std::collections::HashSet<u16> =
-            (0..16).map(|_| query(&lab).unwrap().0).collect();
+        let ids: std::collections::HashSet<u16> = (0..16).map(|_| query(&lab).unwrap().0).collect();
         assert!(ids.len() > 1, "ids repeat: {ids:?}");
     }
 
     #[test]
     fn recorded_answers() {
-        assert_eq!(judge(&check("lab.test", "A"), 0x1234, &bytes(A_LAB), false), Ok(()));
-        assert_eq!(judge(&check("nx.test", "A"), 0x2345, &bytes(NX), false), Ok(()));
+        assert_eq!(
+            judge(&check("lab.test", "A"), 0x1234, &bytes(A_LAB), false),
+            Ok(())
+        );
+        assert_eq!(
+            judge(&check("nx.test", "A"), 0x2345, &bytes(NX), false),
+            Ok(())
+        );
         let refused = judge(&check(".", "NS"), 0x3456, &bytes(REFUSED_ROOT), false).unwrap_err();
-        assert_eq!(refused.to_string(), "DNS answer REFUSED (Query Refused), not in dns_rcodes");
+        assert_eq!(
+            refused.to_string(),
+            "DNS answer REFUSED (Query Refused), not in dns_rcodes"
+        );
         assert_eq!(refused.code(), "dns_rcode");
         let fwd = judge(&check("sf.test", "A"), 0x4567, &bytes(REFUSED_FWD), false);
-        assert_eq!(fwd, Err(DnsFail::Rcode { rcode: ResponseCode::Refused }));
+        assert_eq!(
+            fwd,
+            Err(DnsFail::Rcode {
+                rcode: ResponseCode::Refused
+            })
+        );
         // NXDOMAIN fails once only NOERROR is accepted.
         let strict = DnsCheck {
             rcodes: vec![ResponseCode::NoError],
             ..check("nx.test", "A")
         };
         let nx = judge(&strict, 0x2345, &bytes(NX), false).unwrap_err();
-        assert_eq!(nx.to_string(), "DNS answer NXDOMAIN (Non-Existent Domain), not in dns_rcodes");
+        assert_eq!(
+            nx.to_string(),
+            "DNS answer NXDOMAIN (Non-Existent Domain), not in dns_rcodes"
+        );
         // REFUSED passes when accepted.
         let lenient = DnsCheck {
             rcodes: vec![parse_rcode("refused").unwrap()],
@@ -269,7 +285,10 @@ mod tests {
             (1, "DNS answer FORMERR (Form Error), not in dns_rcodes"),
             (2, "DNS answer SERVFAIL (Server Failure), not in dns_rcodes"),
             (4, "DNS answer NOTIMP (Not Implemented), not in dns_rcodes"),
-            (12, "DNS answer RCODE12 (Unknown response code), not in dns_rcodes"),
+            (
+                12,
+                "DNS answer RCODE12 (Unknown response code), not in dns_rcodes",
+            ),
         ] {
             // The recorded REFUSED answer with its rcode nibble replaced.
             let mut answer = bytes(REFUSED_ROOT);
@@ -281,13 +300,21 @@ mod tests {
         // A SERVFAIL with no question is judged by its rcode.
         let bare = bytes("345681820000000000000000");
         let fail = judge(&check(".", "NS"), 0x3456, &bare, false).unwrap_err();
-        assert_eq!(fail, DnsFail::Rcode { rcode: ResponseCode::ServFail });
+        assert_eq!(
+            fail,
+            DnsFail::Rcode {
+                rcode: ResponseCode::ServFail
+            }
+        );
     }
 
     #[test]
     fn wrong_id() {
         let fail = judge(&check("lab.test", "A"), 0xabcd, &bytes(A_LAB), false).unwrap_err();
-        assert_eq!(fail.to_string(), "DNS answer has id 0x1234, the query had 0xabcd");
+        assert_eq!(
+            fail.to_string(),
+            "DNS answer has id 0x1234, the query had 0xabcd"
+        );
         assert_eq!(fail.code(), "dns_id_mismatch");
     }
 
@@ -307,13 +334,19 @@ mod tests {
         let mut chaos = lab.clone();
         chaos[25] = 3;
         let fail = judge(&check("lab.test", "A"), 0x1234, &chaos, false).unwrap_err();
-        assert!(fail.to_string().ends_with("answered \"lab.test.\" A CH"), "{fail}");
+        assert!(
+            fail.to_string().ends_with("answered \"lab.test.\" A CH"),
+            "{fail}"
+        );
         // DNS 0x20: the name echoed in the case the server chose.
         let mut mixed = lab.clone();
         mixed[13] = b'L';
         mixed[15] = b'B';
         mixed[18] = b'E';
-        assert_eq!(judge(&check("lab.test", "A"), 0x1234, &mixed, false), Ok(()));
+        assert_eq!(
+            judge(&check("lab.test", "A"), 0x1234, &mixed, false),
+            Ok(())
+        );
         // An accepted rcode with no question: not an answer to ours.
         let bare = &bytes(REFUSED_ROOT)[..12];
         let mut bare = bare.to_vec();
@@ -328,7 +361,10 @@ mod tests {
         let mut q = bytes(A_LAB);
         q[2] &= 0x7f;
         let fail = judge(&check("lab.test", "A"), 0x1234, &q, false).unwrap_err();
-        assert_eq!(fail.to_string(), "DNS packet with QR clear: a query, not an answer");
+        assert_eq!(
+            fail.to_string(),
+            "DNS packet with QR clear: a query, not an answer"
+        );
         assert_eq!(fail.code(), "dns_not_response");
     }
 
@@ -353,9 +389,16 @@ mod tests {
         // A header cut short.
         let fail = judge(&lab, 0x1234, &bytes(A_LAB)[..5], false).unwrap_err();
         assert_eq!(fail.code(), "dns_malformed");
-        assert!(fail.to_string().starts_with("malformed DNS answer: "), "{fail}");
+        assert!(
+            fail.to_string().starts_with("malformed DNS answer: "),
+            "{fail}"
+        );
         // The question's name a compression pointer to itself.
-        let looped = bytes("12348180000100000000000 0c00c00010001".replace(' ', "").as_str());
+        let looped = bytes(
+            "12348180000100000000000 0c00c00010001"
+                .replace(' ', "")
+                .as_str(),
+        );
         let fail = judge(&lab, 0x1234, &looped, false).unwrap_err();
         assert_eq!(fail.code(), "dns_malformed", "{fail}");
         // An answer record's name pointing forward into itself.
@@ -439,7 +482,14 @@ mod tests {
 
     async fn ask(addr: SocketAddr) -> Result<ProbeOk, FailReason> {
         let limit = Duration::from_millis(200);
-        dns_probe(addr, None, &check("lab.test", "A"), Instant::now() + limit, limit).await
+        dns_probe(
+            addr,
+            None,
+            &check("lab.test", "A"),
+            Instant::now() + limit,
+            limit,
+        )
+        .await
     }
 
     #[tokio::test]

@@ -109,10 +109,10 @@ pub fn parse_rcode(text: &str) -> Option<ResponseCode> {
 
 /// The `dig` name of `rcode` (`SERVFAIL`), or `RCODE12` for one without.
 pub fn rcode_name(rcode: ResponseCode) -> String {
-    RCODE_NAMES
-        .iter()
-        .find(|&&(_, c)| c == rcode)
-        .map_or_else(|| format!("RCODE{}", u16::from(rcode)), |(n, _)| (*n).to_owned())
+    RCODE_NAMES.iter().find(|&&(_, c)| c == rcode).map_or_else(
+        || format!("RCODE{}", u16::from(rcode)),
+        |(n, _)| (*n).to_owned(),
+    )
 }
 
 #[cfg(test)]
@@ -121,7 +121,10 @@ mod tests {
 
     #[test]
     fn names_are_fully_qualified() {
-        assert_eq!(parse_name("lab.test").unwrap(), parse_name("lab.test.").unwrap());
+        assert_eq!(
+            parse_name("lab.test").unwrap(),
+            parse_name("lab.test.").unwrap()
+        );
         assert!(parse_name("lab.test").unwrap().is_fqdn());
         assert!(parse_name(".").unwrap().is_root());
         assert_eq!(parse_name("").unwrap_err(), "the name is empty");
@@ -136,7 +139,10 @@ mod tests {
         assert_eq!(parse_type("AAAA").unwrap(), RecordType::AAAA);
         assert_eq!(parse_type("soa").unwrap(), RecordType::SOA);
         assert_eq!(parse_type("Txt").unwrap(), RecordType::TXT);
-        assert_eq!(parse_type("AXFR").unwrap_err(), "AXFR cannot be asked over UDP");
+        assert_eq!(
+            parse_type("AXFR").unwrap_err(),
+            "AXFR cannot be asked over UDP"
+        );
         assert_eq!(parse_type("B").unwrap_err(), "unknown record type \"B\"");
     }
 

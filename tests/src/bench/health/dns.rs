@@ -66,7 +66,9 @@ impl Servers {
         };
         for i in 1..=3 {
             // A port free now for UDP; dnsmasq binds it (and TCP) at once.
-            let port = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port();
+            let port = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))?
+                .local_addr()?
+                .port();
             let file = |ext: &str| servers.dir.join(format!("dnsmasq-{i}.{ext}"));
             let child = Command::new("dnsmasq")
                 .args([
@@ -86,7 +88,9 @@ impl Servers {
                 .spawn()
                 .context("starting dnsmasq (apt-get install dnsmasq-base)")?;
             servers.children.push(child);
-            servers.addrs.push(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+            servers
+                .addrs
+                .push(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
         }
         servers.wait_answering()?;
         Ok(servers)
@@ -97,7 +101,10 @@ impl Servers {
         let deadline = Instant::now() + Duration::from_secs(5);
         for &addr in &self.addrs {
             while !dig(addr)?.success() {
-                ensure!(Instant::now() < deadline, "dnsmasq on {addr} does not answer");
+                ensure!(
+                    Instant::now() < deadline,
+                    "dnsmasq on {addr} does not answer"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -139,7 +146,11 @@ fn children_cpu() -> Result<Duration> {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `usage` is a valid, writable rusage for the duration of the call.
     let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
-    ensure!(rc == 0, "getrusage(RUSAGE_CHILDREN): {}", std::io::Error::last_os_error());
+    ensure!(
+        rc == 0,
+        "getrusage(RUSAGE_CHILDREN): {}",
+        std::io::Error::last_os_error()
+    );
     let tv = |t: libc::timeval| {
         Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
     };
@@ -173,7 +184,10 @@ pub(super) async fn dns(quick: bool) -> Result<Vec<Row>> {
             .arg("--version")
             .output()
             .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).lines().next().map(str::to_owned))
+            .and_then(|o| String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(str::to_owned))
             .unwrap_or_default(),
         servers.addrs
     );
@@ -197,8 +211,19 @@ async fn cost(servers: &Servers, quick: bool) -> Result<Vec<Row>> {
     let before = cpu_time()?;
     for i in 0..checks {
         let addr = servers.addrs[i % servers.addrs.len()];
-        let result = probe(addr, &CheckSpec { port: addr.port(), ..spec.clone() }).await;
-        ensure!(result.is_ok(), "xlb's DNS check of {addr} failed: {:?}", result.outcome);
+        let result = probe(
+            addr,
+            &CheckSpec {
+                port: addr.port(),
+                ..spec.clone()
+            },
+        )
+        .await;
+        ensure!(
+            result.is_ok(),
+            "xlb's DNS check of {addr} failed: {:?}",
+            result.outcome
+        );
     }
     let xlb = (cpu_time()? - before).total() / checks as u32;
     let before = children_cpu()?;
@@ -249,7 +274,11 @@ async fn detection(servers: &Servers, name: &str, spec: &CheckSpec, reps: usize)
         // Whatever happened, the server runs again for the next repetition.
         servers.signal(2, Signal::SIGCONT)?;
         let took = took.with_context(|| format!("profile {name}, repetition {}", rep + 1))?;
-        println!("  detection, {name}: rep {}/{reps}: down after {}", rep + 1, Secs(took));
+        println!(
+            "  detection, {name}: rep {}/{reps}: down after {}",
+            rep + 1,
+            Secs(took)
+        );
         times.push(took);
     }
     let max = times.iter().max().copied().context("no repetitions")?;
@@ -274,7 +303,10 @@ async fn detection(servers: &Servers, name: &str, spec: &CheckSpec, reps: usize)
 async fn detect_once(servers: &Servers, spec: &CheckSpec) -> Result<Duration> {
     let (mut scheduler, mut rx) = Scheduler::new(DEFAULT_MAX_CONCURRENT);
     for (id, &addr) in (0u64..).zip(&servers.addrs) {
-        let spec = CheckSpec { port: addr.port(), ..spec.clone() };
+        let spec = CheckSpec {
+            port: addr.port(),
+            ..spec.clone()
+        };
         scheduler.upsert(id, addr, spec, HealthState::Unknown);
     }
     let limit = spec.interval * (spec.rise + 1) + spec.hang_timeout + Duration::from_secs(5);
@@ -288,7 +320,9 @@ async fn detect_once(servers: &Servers, spec: &CheckSpec) -> Result<Duration> {
             .with_context(|| format!("the three were not up within {}", Secs(limit)))?;
         up[report.id as usize] = report.snapshot.state == HealthState::Up;
     }
-    let phase = spec.interval.mul_f64(rand::thread_rng().gen_range(0.0..1.0));
+    let phase = spec
+        .interval
+        .mul_f64(rand::thread_rng().gen_range(0.0..1.0));
     tokio::time::sleep(phase).await;
     servers.signal(2, Signal::SIGSTOP)?;
     let t0 = Instant::now();
