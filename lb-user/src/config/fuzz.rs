@@ -102,6 +102,9 @@ fn key() -> impl Strategy<Value = &'static str> {
         "host",
         "reuse_connection",
         "reopen_every",
+        "dns_name",
+        "dns_type",
+        "dns_rcodes",
         "unknown",
     ])
 }
@@ -124,6 +127,8 @@ fn value() -> impl Strategy<Value = String> {
             "\"tcp\"",
             "\"udp\"",
             "\"http\"",
+            "\"dns\"",
+            "[\"NOERROR\", \"servfail\"]",
             "\"dsr-ipip\"",
             "\"dsr-l2\"",
             "\"keep\"",

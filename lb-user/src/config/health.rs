@@ -43,6 +43,9 @@ pub(super) struct HealthLayer {
     reuse_connection: Option<bool>,
     reopen_every: Option<u32>,
     agent: agent::AgentLayer,
+    /// `kind = "dns"` fields, and the names of those the table sets.
+    pub(super) dns: super::dns::DnsLayer,
+    pub(super) dns_set: Vec<&'static str>,
 }
 
 /// A layer and its place in the file (the context of its messages).
@@ -88,7 +91,10 @@ pub(super) fn parse(
     let fall = at_least_one("fall", raw.fall, ctx, p);
     let jitter = jitter(raw.jitter.as_ref(), ctx, p);
     let http = http_fields(raw, ctx, p);
+    let (dns, dns_set) = super::dns::parse(raw, ctx, p);
     HealthLayer {
+        dns,
+        dns_set,
         interval,
         timeout,
         timeout_auto,
@@ -401,22 +407,31 @@ fn hang_timeout(layers: &[Layer<'_>], timeout: Duration, p: &mut Problems<'_>) -
     }
 }
 
-/// HTTP (the default) with its merged request, or TCP.
+/// HTTP (the default) with its merged request, TCP, or DNS.
 fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
     let (kind, kind_src) = pick(layers, |l| &l.kind);
+    let below = &layers[kind_src.unwrap_or(0)..];
     match kind.unwrap_or(KindName::Http) {
         KindName::Tcp => {
-            check_no_http_fields(&layers[kind_src.unwrap_or(0)..], p);
+            check_no_http_fields(below, "tcp", p);
+            super::dns::check_no_dns_fields(below, "tcp", p);
             CheckKind::Tcp
         }
-        KindName::Http => CheckKind::Http(http_check(layers, p)),
+        KindName::Http => {
+            super::dns::check_no_dns_fields(below, "http", p);
+            CheckKind::Http(http_check(layers, p))
+        }
+        KindName::Dns => {
+            check_no_http_fields(below, "dns", p);
+            CheckKind::Dns(super::dns::resolve(layers))
+        }
     }
 }
 
 /// HTTP settings inherited from a less specific layer than `kind = "tcp"`
-/// are simply not used; ones set alongside or below it (`layers`) are a
-/// mistake.
-fn check_no_http_fields(layers: &[Layer<'_>], p: &mut Problems<'_>) {
+/// (or another non-HTTP `kind`) are simply not used; ones set alongside or
+/// below it (`layers`) are a mistake.
+fn check_no_http_fields(layers: &[Layer<'_>], kind: &str, p: &mut Problems<'_>) {
     for (layer, ctx) in layers {
         let http_fields = [
             ("method", layer.method.is_some()),
@@ -433,7 +448,7 @@ fn check_no_http_fields(layers: &[Layer<'_>], p: &mut Problems<'_>) {
                     ctx,
                     format!(
                         "{field} applies only to kind = \"http\", but this check's kind is \
-                         \"tcp\"; remove {field} or set kind = \"http\""
+                         \"{kind}\"; remove {field} or set kind = \"http\""
                     ),
                 );
             }
@@ -512,6 +527,12 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         reuse_connection: Option<bool>,
         #[serde(skip_serializing_if = "Option::is_none")]
         reopen_every: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        dns_name: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        dns_type: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        dns_rcodes: Option<Vec<String>>,
         port: u16,
         #[serde(serialize_with = "ser_duration")]
         interval: Duration,
@@ -533,10 +554,18 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
     }
     let http = match &spec.kind {
         CheckKind::Http(h) => Some(h),
-        CheckKind::Tcp => None,
+        CheckKind::Tcp | CheckKind::Dns(_) => None,
+    };
+    let dns = match &spec.kind {
+        CheckKind::Dns(d) => Some(d),
+        _ => None,
     };
     View {
-        kind: if http.is_some() { "http" } else { "tcp" },
+        kind: match &spec.kind {
+            CheckKind::Http(_) => "http",
+            CheckKind::Tcp => "tcp",
+            CheckKind::Dns(_) => "dns",
+        },
         method: http.map(|h| h.method.as_str()),
         path: http.map(|h| h.path.as_str()),
         host: http.and_then(|h| h.host.as_deref()),
@@ -544,6 +573,9 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         body_contains: http.and_then(|h| h.body_contains.as_deref()),
         reuse_connection: http.map(|h| h.reuse_connection.is_some()),
         reopen_every: http.and_then(|h| h.reuse_connection),
+        dns_name: dns.map(|d| d.name.to_ascii()),
+        dns_type: dns.map(|d| d.record_type.to_string()),
+        dns_rcodes: dns.map(|d| d.rcodes.iter().map(|&r| spec::dns::rcode_name(r)).collect()),
         port: spec.port,
         interval: spec.interval,
         timeout: spec.timeout,
@@ -903,7 +935,7 @@ hang_timeout = "8s"
             let config = ok(name, &layered(daemon, vip_layer, backend));
             let got = match &config.vips[0].backends[0].health.kind {
                 CheckKind::Http(h) => h.reuse_connection,
-                CheckKind::Tcp => panic!("{name}: not HTTP"),
+                CheckKind::Tcp | CheckKind::Dns(_) => panic!("{name}: not HTTP"),
             };
             assert_eq!(got, want, "{name}");
         }

@@ -58,6 +58,7 @@ macro_rules! rejects {
 
 mod address;
 mod daemon;
+mod dns;
 mod guard;
 mod health;
 mod protection;
@@ -968,10 +969,10 @@ address = "10.0.0.11"
         assert_eq!(api.backends[1].weight, 2);
         assert_eq!(api.backends[1].health.timeout, Duration::from_millis(1500));
         assert_eq!(api.backends[0].health.port, 8080);
-        assert_eq!(
+        assert!(matches!(
             config.vip("dns").unwrap().backends[0].health.kind,
-            CheckKind::Tcp
-        );
+            CheckKind::Dns(_)
+        ));
         assert_eq!(config.guard.deny.len(), 1);
         assert_eq!(config.guard.allow.len(), 1);
         let guard = &api.guard;

@@ -79,12 +79,13 @@ pub(super) struct RawBackend {
     pub(super) max_flows: Option<u64>,
 }
 
-/// `kind = "http"` or `kind = "tcp"`.
+/// `kind = "http"`, `kind = "tcp"` or `kind = "dns"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum KindName {
     Http,
     Tcp,
+    Dns,
 }
 
 /// `via = "vip"` or `via = "direct"`.
@@ -123,6 +124,9 @@ pub(super) struct RawHealth {
     pub(super) agent_interval: Option<String>,
     pub(super) agent_timeout: Option<String>,
     pub(super) agent_send: Option<String>,
+    pub(super) dns_name: Option<String>,
+    pub(super) dns_type: Option<String>,
+    pub(super) dns_rcodes: Option<Vec<String>>,
     /// Accepted by the parser only to answer with a useful message: the
     /// probed port belongs to each backend (`health_port`).
     pub(super) port: Option<toml::Value>,

@@ -17,6 +17,7 @@
 //! connection of `reuse_connection`, and what it does not check, in
 //! [`reuse`].
 
+mod dns;
 mod outcome;
 mod response;
 mod reuse;
@@ -35,6 +36,7 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout_at};
 
+pub use self::dns::DnsFail;
 pub use self::outcome::{Compact, FailReason, ProbeClass, ProbeOk, ProbeResult};
 pub use self::response::{BODY_LIMIT, HEADER_LIMIT};
 use self::response::{Reader, read_body, read_final_head};
@@ -118,6 +120,12 @@ pub async fn probe_reusing(
         (Err(fail), Ok(_)) => Err(FailReason::NoAnswerViaVip {
             text: path.failure_reason(&fail.to_string(), Some(true)),
         }),
+        // A datagram service bound to the VIP alone (usual with DSR) has
+        // nothing on the backend's own address: the direct probe's "port
+        // unreachable" would hide that the service itself is silent.
+        (Err(via @ FailReason::NoDatagram { .. }), Err(FailReason::PortUnreachable)) => {
+            Err(via.clone())
+        }
         (_, direct) => direct,
     };
     ProbeResult {
@@ -331,6 +339,7 @@ async fn probe_to(
             };
             http_probe(&to, http, slot).await
         }
+        CheckKind::Dns(dns) => dns::dns_probe(addr, path, dns, by.deadline, by.limit).await,
     };
     ProbeResult {
         outcome,
@@ -1211,11 +1220,19 @@ mod tests {
     /// side by side under the same deadline; the lab tests exercise it.)
     #[tokio::test]
     async fn datapath_probe_and_its_fallback_share_one_deadline() {
-        let backend = std::net::TcpListener::bind("127.0.0.2:0").expect("bind 127.0.0.2");
-        let port = backend.local_addr().expect("local_addr").port();
-        let vip = TcpSocket::new_v4().expect("socket");
-        vip.bind(SocketAddr::from(([127, 0, 0, 1], port)))
-            .expect("bind the VIP's port on 127.0.0.1");
+        // The same port on both addresses: a port the kernel gave on
+        // 127.0.0.2 may be taken on 127.0.0.1 by a test running alongside,
+        // so try a few.
+        let (backend, port, vip) = (0..50)
+            .find_map(|_| {
+                let backend = std::net::TcpListener::bind("127.0.0.2:0").expect("bind 127.0.0.2");
+                let port = backend.local_addr().expect("local_addr").port();
+                let vip = TcpSocket::new_v4().expect("socket");
+                vip.bind(SocketAddr::from(([127, 0, 0, 1], port)))
+                    .ok()
+                    .map(|()| (backend, port, vip))
+            })
+            .expect("no port free on both 127.0.0.1 and 127.0.0.2 in 50 tries");
         let vip_addr = vip.local_addr().expect("local_addr");
         let _vip = vip.listen(1).expect("listen");
         let mut fillers = Vec::new();

@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 pub use super::agent::AgentCheck;
+pub mod dns;
+pub use self::dns::DnsCheck;
 
 /// How a backend is probed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,6 +15,8 @@ pub enum CheckKind {
     /// TCP connect only: proves the kernel accepts, not that the application
     /// answers. For non-HTTP services and for comparison.
     Tcp,
+    /// One DNS query over UDP; the server must answer it (see `probe::dns`).
+    Dns(DnsCheck),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

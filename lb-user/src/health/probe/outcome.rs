@@ -6,6 +6,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::dns::DnsFail;
+
 /// A probe that passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeOk {
@@ -181,6 +183,9 @@ pub enum FailReason {
     /// listens on the port (UDP's "connection refused").
     #[error("port unreachable (nothing listens on the port)")]
     PortUnreachable,
+    /// A DNS answer that fails the check (`kind = "dns"`).
+    #[error("{0}")]
+    Dns(DnsFail),
 }
 
 fn closed_text(received: usize) -> String {
@@ -210,6 +215,7 @@ impl FailReason {
             Self::NoAnswerViaVip { .. } => "no_answer_via_vip",
             Self::NoDatagram { .. } => "no_answer",
             Self::PortUnreachable => "port_unreachable",
+            Self::Dns(fail) => fail.code(),
         }
     }
 

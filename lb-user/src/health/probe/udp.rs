@@ -13,13 +13,6 @@
 //! `fall` consecutive failures (not one) take a backend out, as for TCP
 //! probes that meet a lost SYN after the kernel's retries.
 
-// Until the first datagram kind lands: whoever uses it deletes this line
-// (the expectation then fails the build, so it cannot be forgotten).
-#![cfg_attr(
-    not(test),
-    expect(dead_code, reason = "the dns and udp probe kinds land next")
-)]
-
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;

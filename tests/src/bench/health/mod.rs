@@ -4,6 +4,7 @@
 
 mod cost;
 mod detection;
+mod dns;
 mod hang;
 mod haproxy;
 mod lab_cost;
@@ -25,8 +26,9 @@ const USAGE: &str =
   --only FIGURE     run one figure: detection (hung application), cost (CPU of
                     probing 1,000 backends every second: both of the next two),
                     cost-loopback (the prober in this process, direct probes
-                    to listeners on 127.0.0.1) or cost-lab (the daemon in a lab,
-                    through the data path and direct; needs root)
+                    to listeners on 127.0.0.1), cost-lab (the daemon in a lab,
+                    through the data path and direct; needs root) or dns (CPU
+                    per DNS check against dig, detection of a hung dnsmasq)
   --case CASE       one case of a cost figure only (to profile it): default (a
                     new connection per probe), reuse or haproxy (HAProxy's own
                     checks of the same listeners) for the loopback figure;
@@ -45,6 +47,8 @@ enum Figure {
     Cost,
     CostLoopback,
     CostLab,
+    /// The DNS check's cost and detection (issue 25).
+    Dns,
 }
 
 impl Figure {
@@ -94,8 +98,10 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
                     "cost" => Figure::Cost,
                     "cost-loopback" => Figure::CostLoopback,
                     "cost-lab" => Figure::CostLab,
+                    "dns" => Figure::Dns,
                     other => bail!(
-                        "--only {other:?}: use detection, cost, cost-loopback or cost-lab\n{USAGE}"
+                        "--only {other:?}: use detection, cost, cost-loopback, cost-lab or \
+                         dns\n{USAGE}"
                     ),
                 });
             }
@@ -200,6 +206,9 @@ async fn run(args: Args) -> Result<()> {
                 .context("the lab cost figure's thread")??,
         );
     }
+    if Figure::Dns.selected(args.only) && args.case.is_none() && args.lab_case.is_none() {
+        rows.extend(dns::dns(args.quick).await?);
+    }
     print_table(&rows);
     Ok(())
 }
@@ -256,6 +265,11 @@ mod tests {
                 Some((false, Some(Figure::Detection), None)),
             ),
             ("serve", "--serve 12", Some((false, None, Some(12)))),
+            (
+                "only dns",
+                "--only dns --quick",
+                Some((true, Some(Figure::Dns), None)),
+            ),
             (
                 "only the lab",
                 "--only cost-lab",
