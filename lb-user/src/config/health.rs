@@ -7,6 +7,8 @@
 //! (the prober applies them too); this module applies them one field at a
 //! time so that each message says where the value is and what to write.
 
+mod expect;
+
 use std::time::Duration;
 
 use serde::{Serialize, Serializer};
@@ -40,6 +42,7 @@ pub(super) struct HealthLayer {
     via: Option<spec::Via>,
     reuse_connection: Option<bool>,
     reopen_every: Option<u32>,
+    expect: expect::ExpectLayer,
 }
 
 /// A layer and its place in the file (the context of its messages).
@@ -99,6 +102,7 @@ pub(super) fn parse(
             ViaName::Direct => spec::Via::Direct,
             ViaName::Vip => spec::Via::Vip,
         }),
+        expect: expect::parse(raw, ctx, p),
         ..http
     }
 }
@@ -396,22 +400,31 @@ fn hang_timeout(layers: &[Layer<'_>], timeout: Duration, p: &mut Problems<'_>) -
     }
 }
 
-/// HTTP (the default) with its merged request, or TCP.
+/// HTTP (the default) with its merged request, TCP (with send/expect if
+/// set) or UDP.
 fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
     let (kind, kind_src) = pick(layers, |l| &l.kind);
+    let below = &layers[kind_src.unwrap_or(0)..];
     match kind.unwrap_or(KindName::Http) {
         KindName::Tcp => {
-            check_no_http_fields(&layers[kind_src.unwrap_or(0)..], p);
-            CheckKind::Tcp
+            check_no_http_fields(below, "tcp", p);
+            expect::tcp(layers, kind_src, p).map_or(CheckKind::Tcp, CheckKind::Expect)
         }
-        KindName::Http => CheckKind::Http(http_check(layers, p)),
+        KindName::Udp => {
+            check_no_http_fields(below, "udp", p);
+            CheckKind::Expect(expect::udp(layers, kind_src, p))
+        }
+        KindName::Http => {
+            expect::check_no_expect_fields(below, "http", p);
+            CheckKind::Http(http_check(layers, p))
+        }
     }
 }
 
 /// HTTP settings inherited from a less specific layer than `kind = "tcp"`
 /// are simply not used; ones set alongside or below it (`layers`) are a
 /// mistake.
-fn check_no_http_fields(layers: &[Layer<'_>], p: &mut Problems<'_>) {
+fn check_no_http_fields(layers: &[Layer<'_>], kind: &str, p: &mut Problems<'_>) {
     for (layer, ctx) in layers {
         let http_fields = [
             ("method", layer.method.is_some()),
@@ -428,7 +441,7 @@ fn check_no_http_fields(layers: &[Layer<'_>], p: &mut Problems<'_>) {
                     ctx,
                     format!(
                         "{field} applies only to kind = \"http\", but this check's kind is \
-                         \"tcp\"; remove {field} or set kind = \"http\""
+                         \"{kind}\"; remove {field} or set kind = \"http\""
                     ),
                 );
             }
@@ -507,6 +520,8 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         reuse_connection: Option<bool>,
         #[serde(skip_serializing_if = "Option::is_none")]
         reopen_every: Option<u32>,
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        expect: Option<expect::View>,
         port: u16,
         #[serde(serialize_with = "ser_duration")]
         interval: Duration,
@@ -524,12 +539,13 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         via: &'static str,
         auto_timeout: bool,
     }
-    let http = match &spec.kind {
-        CheckKind::Http(h) => Some(h),
-        CheckKind::Tcp => None,
+    let (kind, http, expect) = match &spec.kind {
+        CheckKind::Http(h) => ("http", Some(h), None),
+        CheckKind::Tcp => ("tcp", None, None),
+        CheckKind::Expect(c) => (c.transport.as_str(), None, Some(expect::View::of(c))),
     };
     View {
-        kind: if http.is_some() { "http" } else { "tcp" },
+        kind,
         method: http.map(|h| h.method.as_str()),
         path: http.map(|h| h.path.as_str()),
         host: http.and_then(|h| h.host.as_deref()),
@@ -537,6 +553,7 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         body_contains: http.and_then(|h| h.body_contains.as_deref()),
         reuse_connection: http.map(|h| h.reuse_connection.is_some()),
         reopen_every: http.and_then(|h| h.reuse_connection),
+        expect,
         port: spec.port,
         interval: spec.interval,
         timeout: spec.timeout,
@@ -895,7 +912,7 @@ hang_timeout = "8s"
             let config = ok(name, &layered(daemon, vip_layer, backend));
             let got = match &config.vips[0].backends[0].health.kind {
                 CheckKind::Http(h) => h.reuse_connection,
-                CheckKind::Tcp => panic!("{name}: not HTTP"),
+                _ => panic!("{name}: not HTTP"),
             };
             assert_eq!(got, want, "{name}");
         }

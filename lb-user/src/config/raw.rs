@@ -79,12 +79,13 @@ pub(super) struct RawBackend {
     pub(super) max_flows: Option<u64>,
 }
 
-/// `kind = "http"` or `kind = "tcp"`.
+/// `kind = "http"`, `kind = "tcp"` or `kind = "udp"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum KindName {
     Http,
     Tcp,
+    Udp,
 }
 
 /// `via = "vip"` or `via = "direct"`.
@@ -117,6 +118,13 @@ pub(super) struct RawHealth {
     pub(super) via: Option<ViaName>,
     pub(super) reuse_connection: Option<bool>,
     pub(super) reopen_every: Option<u32>,
+    /// Send/expect (kind tcp and udp): see `config::health::expect`.
+    pub(super) send: Option<String>,
+    pub(super) send_hex: Option<String>,
+    pub(super) expect_prefix: Option<String>,
+    pub(super) expect_contains: Option<String>,
+    pub(super) expect_regex: Option<String>,
+    pub(super) expect_max: Option<i64>,
     /// Accepted by the parser only to answer with a useful message: the
     /// probed port belongs to each backend (`health_port`).
     pub(super) port: Option<toml::Value>,

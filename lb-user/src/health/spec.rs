@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+pub mod expect;
+
+pub use self::expect::{ExpectCheck, Matcher, Transport};
+
 /// How a backend is probed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CheckKind {
@@ -11,6 +15,9 @@ pub enum CheckKind {
     /// TCP connect only: proves the kernel accepts, not that the application
     /// answers. For non-HTTP services and for comparison.
     Tcp,
+    /// `kind = "tcp"` with `send`/`expect_*`, or `kind = "udp"`: bytes sent,
+    /// the answer matched (see [`expect`]).
+    Expect(ExpectCheck),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -172,6 +172,9 @@ pub enum FailReason {
     /// after 3s); direct probe ok`.
     #[error("{text}")]
     NoAnswerViaVip { text: String },
+    /// A send/expect check's answer was missing or did not match.
+    #[error(transparent)]
+    Expect(#[from] super::expect::ExpectFail),
 }
 
 fn closed_text(received: usize) -> String {
@@ -199,6 +202,7 @@ impl FailReason {
             Self::Io { .. } => "io_error",
             Self::Local { .. } => "local_error",
             Self::NoAnswerViaVip { .. } => "no_answer_via_vip",
+            Self::Expect(fail) => fail.code(),
         }
     }
 
