@@ -50,7 +50,11 @@ const TEST_PACKAGES: &[&str] = &[
     // send/expect, `openssl s_server` and the lab certificates for TLS;
     // `dnsperf` replays the DNS incident and `dig` is the DNS probe's
     // reference in the benchmark.
-    "dnsmasq-base", "redis-server", "openssl", "dnsperf", "bind9-dnsutils",
+    "dnsmasq-base",
+    "redis-server",
+    "openssl",
+    "dnsperf",
+    "bind9-dnsutils",
 ];
 
 /// Debian packages for the lab (`xlb-lab`) and the benchmarks.

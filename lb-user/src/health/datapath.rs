@@ -107,6 +107,17 @@ impl DatapathTarget {
         socket.bind_device(Some(self.interface.as_bytes()))
     }
 
+    /// [`Self::prepare`] for the UDP socket of a datagram probe (`dns`,
+    /// `udp`): `xlb_hc` steers by mark whatever the protocol.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::prepare`].
+    pub fn prepare_udp(&self, socket: &tokio::net::UdpSocket) -> io::Result<()> {
+        set_mark(socket.as_raw_fd(), self.mark)?;
+        socket.bind_device(Some(self.interface.as_bytes()))
+    }
+
     /// The reason shown when only the data-path probe fails:
     /// `no answer via VIP 10.100.0.1:80 through dsr-ipip; direct probe ok`.
     /// `what` is the probe's own failure text, e.g. "connect timeout after 1s".

@@ -127,7 +127,8 @@ fn no_answer_bound(fail: &FailReason) -> Option<Duration> {
     match fail {
         FailReason::ConnectTimeout { timeout }
         | FailReason::NoResponse { timeout }
-        | FailReason::Incomplete { timeout, .. } => Some(*timeout),
+        | FailReason::Incomplete { timeout, .. }
+        | FailReason::NoDatagram { timeout } => Some(*timeout),
         _ => None,
     }
 }

@@ -21,6 +21,7 @@ mod expect;
 mod outcome;
 mod response;
 mod reuse;
+pub(crate) mod udp;
 
 use std::future::{Future as _, poll_fn};
 use std::io;
@@ -180,12 +181,15 @@ async fn attempt_via(
     }
 }
 
-/// Whether a data-path attempt failed before a connection was made, so
-/// that a direct probe must tell whose fault it is.
+/// Whether a data-path attempt failed before a connection was made (for a
+/// datagram probe: got no answer at all), so that a direct probe must tell
+/// whose fault it is.
 fn handshake_failed(outcome: &Result<ProbeOk, FailReason>) -> bool {
     matches!(
         outcome,
         Err(FailReason::ConnectTimeout { .. }
+            | FailReason::NoDatagram { .. }
+            | FailReason::PortUnreachable
             | FailReason::ConnectionRefused
             | FailReason::ConnectionReset
             | FailReason::Io {

@@ -47,7 +47,12 @@ pub const RAMP_STEPS: u32 = 10;
 
 /// Failure codes that may be overload rather than death: a backend failing
 /// only with these can be put back in panic.
-const TIMEOUT_CODES: [&str; 3] = ["no_response", "response_incomplete", "connect_timeout"];
+const TIMEOUT_CODES: [&str; 4] = [
+    "no_response",
+    "response_incomplete",
+    "connect_timeout",
+    "no_answer",
+];
 
 /// Exits remembered for the "N transitions in T" text of a held-down backend.
 const EXITS_KEPT: usize = 32;

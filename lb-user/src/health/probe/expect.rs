@@ -123,14 +123,17 @@ async fn udp(to: &Target<'_>, check: &ExpectCheck) -> Result<(), FailReason> {
             reason: "kind = \"udp\" needs send or send_hex".to_owned(),
         });
     };
-    // TEMPORARY until the lead's UDP transport is merged.
-    let answer = send.clone();
-    if to.addr.port() > 0 {
-        return Err(FailReason::InvalidCheck {
-            reason: "UDP transport not merged yet".into(),
-        });
-    }
-    judge_datagram(check.matcher.as_ref(), &answer)
+    let answer = super::udp::exchange(
+        to.addr,
+        to.path,
+        send,
+        check.max,
+        to.by.deadline,
+        to.by.limit,
+    )
+    .await?;
+    // A datagram longer than expect_max is judged on its first bytes.
+    judge_datagram(check.matcher.as_ref(), &answer.bytes)
 }
 
 /// A datagram (its first `expect_max` bytes) against the matcher: all of
@@ -580,6 +583,46 @@ mod tests {
         assert!(start.elapsed() < spec.hang_timeout + Duration::from_millis(500));
         let got = probe(closed_port(), &spec).await;
         assert_eq!(got.outcome.unwrap_err().code(), "connection_refused");
+    }
+
+    /// UDP over loopback: the answer matched, a wrong one named, silence
+    /// is `no_answer` by `hang_timeout`.
+    #[tokio::test]
+    async fn udp_over_loopback() {
+        use crate::health::probe::probe;
+        use crate::health::spec::CheckKind;
+        use crate::health::testutil::http_spec_hang;
+
+        let server = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = server.local_addr().unwrap();
+        let answers: [&[u8]; 2] = [b"+PONG\r\n", b"-ERR\r\n"];
+        let task = tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            for answer in answers {
+                let (n, from) = server.recv_from(&mut buf).await.unwrap();
+                assert_eq!(&buf[..n], b"PING\r\n");
+                server.send_to(answer, from).await.unwrap();
+            }
+            // Then silent: the socket stays open, nothing answers.
+            server
+        });
+        let mut spec = http_spec_hang(addr.port(), Duration::from_millis(200), HANG);
+        spec.kind = CheckKind::Expect(ExpectCheck {
+            transport: Transport::Udp,
+            ..check(pong(), 1024)
+        });
+        let got = probe(addr, &spec).await;
+        assert!(got.is_ok(), "{got:?}");
+        let got = probe(addr, &spec).await.outcome.unwrap_err();
+        assert_eq!(got.code(), "expect_mismatch", "{got}");
+        let _silent = task.await.unwrap();
+        let got = probe(addr, &spec).await;
+        assert_eq!(got.outcome.unwrap_err().code(), "no_answer");
+        assert!(
+            got.latency >= HANG && got.latency < HANG * 3,
+            "{:?}",
+            got.latency
+        );
     }
 
     #[test]

@@ -172,6 +172,15 @@ pub enum FailReason {
     /// after 3s); direct probe ok`.
     #[error("{text}")]
     NoAnswerViaVip { text: String },
+    /// A datagram probe (`dns`, `udp`) got no answer from the backend's
+    /// address and port within `hang_timeout` (the field): the application
+    /// is hung, or the request or the answer was lost.
+    #[error("no answer within {}", Compact(*.timeout))]
+    NoDatagram { timeout: Duration },
+    /// ICMP port unreachable in answer to a datagram probe: nothing
+    /// listens on the port (UDP's "connection refused").
+    #[error("port unreachable (nothing listens on the port)")]
+    PortUnreachable,
     /// A send/expect check's answer was missing or did not match.
     #[error(transparent)]
     Expect(#[from] super::expect::ExpectFail),
@@ -202,6 +211,8 @@ impl FailReason {
             Self::Io { .. } => "io_error",
             Self::Local { .. } => "local_error",
             Self::NoAnswerViaVip { .. } => "no_answer_via_vip",
+            Self::NoDatagram { .. } => "no_answer",
+            Self::PortUnreachable => "port_unreachable",
             Self::Expect(fail) => fail.code(),
         }
     }
@@ -349,6 +360,18 @@ mod tests {
                 "local error, not the backend's fault: Too many open files (os error 24) while \
                  creating a socket",
                 "local_error",
+            ),
+            (
+                FailReason::NoDatagram {
+                    timeout: Duration::from_millis(300),
+                },
+                "no answer within 300ms",
+                "no_answer",
+            ),
+            (
+                FailReason::PortUnreachable,
+                "port unreachable (nothing listens on the port)",
+                "port_unreachable",
             ),
         ];
         for (reason, text, code) in cases {
