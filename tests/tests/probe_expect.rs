@@ -211,7 +211,12 @@ fn spawn_redis(run: &mut LabRun, i: usize) -> u32 {
 fn redis_hang_is_caught_by_send_expect_not_by_tcp() {
     let _serial = serial();
     let p = prefix("r");
-    let h = health();
+    // A 50 ms timeout: the slowdown below makes a third of the answers
+    // later than that.
+    let h = Health {
+        timeout: Duration::from_millis(50),
+        ..health()
+    };
     let vip = |name: &str, address: IpAddr| Vip::new(name, address, REDIS_PORT, Mode::DsrIpip, 3);
     let (redis, plain) = (
         vip("redis", topology::VIP_V4.into()),
@@ -275,7 +280,7 @@ fn redis_hang_is_caught_by_send_expect_not_by_tcp() {
         .unwrap_or_else(|e| panic!("redis did not come back: {e}"));
 
     // The whole fleet slow, not hung: stopped 120 ms of every 200 ms, so
-    // answers come up to 120 ms late (past the 100 ms timeout for a probe
+    // answers come up to 120 ms late (past the 50 ms timeout for a probe
     // that arrives early in a stop, well within hang_timeout). Cascade
     // protection keeps every backend in.
     let slow_at = xlb_tests::lab::now_unix_ms();
