@@ -4,6 +4,7 @@
 
 mod cost;
 mod detection;
+mod expect;
 mod hang;
 mod haproxy;
 mod lab_cost;
@@ -26,7 +27,9 @@ const USAGE: &str =
                     probing 1,000 backends every second: both of the next two),
                     cost-loopback (the prober in this process, direct probes
                     to listeners on 127.0.0.1) or cost-lab (the daemon in a lab,
-                    through the data path and direct; needs root)
+                    through the data path and direct; needs root), or expect
+                    (send/expect PING/+PONG to real redis-servers, against
+                    HAProxy's tcp-check of the same)
   --case CASE       one case of a cost figure only (to profile it): default (a
                     new connection per probe), reuse or haproxy (HAProxy's own
                     checks of the same listeners) for the loopback figure;
@@ -45,6 +48,8 @@ enum Figure {
     Cost,
     CostLoopback,
     CostLab,
+    /// Send/expect against HAProxy's tcp-check (`expect`).
+    Expect,
 }
 
 impl Figure {
@@ -94,8 +99,10 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
                     "cost" => Figure::Cost,
                     "cost-loopback" => Figure::CostLoopback,
                     "cost-lab" => Figure::CostLab,
+                    "expect" => Figure::Expect,
                     other => bail!(
-                        "--only {other:?}: use detection, cost, cost-loopback or cost-lab\n{USAGE}"
+                        "--only {other:?}: use detection, cost, cost-loopback, cost-lab or \
+                         expect\n{USAGE}"
                     ),
                 });
             }
@@ -200,6 +207,9 @@ async fn run(args: Args) -> Result<()> {
                 .context("the lab cost figure's thread")??,
         );
     }
+    if Figure::Expect.selected(args.only) && args.case.is_none() && args.lab_case.is_none() {
+        rows.extend(expect::expect_cost(args.quick).await?);
+    }
     print_table(&rows);
     Ok(())
 }
@@ -227,14 +237,15 @@ mod tests {
     fn figure_selection() {
         use Figure::*;
         let cases = [
-            (None, [true, true, true]),
-            (Some(Cost), [false, true, true]),
-            (Some(CostLab), [false, false, true]),
-            (Some(CostLoopback), [false, true, false]),
-            (Some(Detection), [true, false, false]),
+            (None, [true, true, true, true]),
+            (Some(Cost), [false, true, true, false]),
+            (Some(CostLab), [false, false, true, false]),
+            (Some(CostLoopback), [false, true, false, false]),
+            (Some(Detection), [true, false, false, false]),
+            (Some(Expect), [false, false, false, true]),
         ];
         for (only, want) in cases {
-            let got = [Detection, CostLoopback, CostLab].map(|f| f.selected(only));
+            let got = [Detection, CostLoopback, CostLab, Expect].map(|f| f.selected(only));
             assert_eq!(got, want, "{only:?}");
         }
     }
