@@ -337,12 +337,22 @@ mod tests {
         }
     }
 
+    /// (name, matcher, max, parts, close, code)
+    type Case<'a> = (
+        &'a str,
+        Option<Matcher>,
+        usize,
+        Vec<&'a [u8]>,
+        bool,
+        &'a str,
+    );
+
     #[tokio::test]
     async fn verdicts_on_recorded_answers() {
         let contains = Some(Matcher::Contains(b"VERSION ".to_vec()));
         let banner = Some(Matcher::Regex(compile_regex(r"^220[ -]").unwrap()));
         // (name, matcher, max, parts, close, code)
-        let cases: Vec<(&str, Option<Matcher>, usize, Vec<&[u8]>, bool, &str)> = vec![
+        let cases: Vec<Case<'_>> = vec![
             ("redis PONG", pong(), 1024, vec![b"+PONG\r\n"], false, "ok"),
             (
                 "redis PONG in pieces",
