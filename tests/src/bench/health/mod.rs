@@ -53,6 +53,18 @@ enum Figure {
 }
 
 impl Figure {
+    /// The figure `--only NAME` runs.
+    fn named(name: &str) -> Option<Self> {
+        Some(match name {
+            "detection" => Self::Detection,
+            "cost" => Self::Cost,
+            "cost-loopback" => Self::CostLoopback,
+            "cost-lab" => Self::CostLab,
+            "expect" => Self::Expect,
+            _ => return None,
+        })
+    }
+
     /// Whether running `only` includes this figure.
     fn selected(self, only: Option<Self>) -> bool {
         match only {
@@ -94,17 +106,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
         match flag.as_str() {
             "--quick" if inline.is_none() => out.quick = true,
             "--only" => {
-                out.only = Some(match value("--only")?.as_str() {
-                    "detection" => Figure::Detection,
-                    "cost" => Figure::Cost,
-                    "cost-loopback" => Figure::CostLoopback,
-                    "cost-lab" => Figure::CostLab,
-                    "expect" => Figure::Expect,
-                    other => bail!(
-                        "--only {other:?}: use detection, cost, cost-loopback, cost-lab or \
+                let name = value("--only")?;
+                out.only = Some(Figure::named(&name).with_context(|| {
+                    format!(
+                        "--only {name:?}: use detection, cost, cost-loopback, cost-lab or \
                          expect\n{USAGE}"
-                    ),
-                });
+                    )
+                })?);
             }
             "--case" => {
                 let name = value("--case")?;
