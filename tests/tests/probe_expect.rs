@@ -13,8 +13,9 @@
 //! - `dnsmasq_hang_is_caught_by_udp_send_expect`: three `dnsmasq` servers
 //!   behind a UDP VIP on port 53, checked with `kind = "udp"`, a raw DNS
 //!   query as `send_hex` and `expect_regex` on the answer's id, flags and
-//!   address (directly, `via = "direct"`). One stopped with SIGSTOP is taken
-//!   out with `no_answer`; SIGCONT brings it back.
+//!   address, once directly (`via = "direct"`) and once through the data
+//!   path (`via = "vip"`). One stopped with SIGSTOP is taken out with
+//!   `no_answer`; SIGCONT brings it back.
 //!
 //! Servers run in the backend namespaces, started by the lab (`LabRun::
 //! spawn_in`: stopped at teardown) with their files in the lab's work
@@ -363,8 +364,19 @@ fn spawn_dnsmasq(run: &mut LabRun, i: usize) -> u32 {
 
 #[test]
 fn dnsmasq_hang_is_caught_by_udp_send_expect() {
+    dnsmasq_case("d", "direct");
+}
+
+/// The same through the data path: the probe's datagrams are marked and
+/// sent to each backend by `xlb_hc`, encapsulated as clients' are.
+#[test]
+fn dnsmasq_hang_is_caught_by_udp_send_expect_via_vip() {
+    dnsmasq_case("v", "vip");
+}
+
+fn dnsmasq_case(tag: &str, via: &str) {
     let _serial = serial();
-    let p = prefix("d");
+    let p = prefix(tag);
     // kind = "udp" in the VIP's table: the daemon-wide one, checked on
     // its own, stays "tcp" (a UDP check there would need a send too).
     let h = health();
@@ -381,7 +393,7 @@ fn dnsmasq_hang_is_caught_by_udp_send_expect() {
         &config.render(),
         "dns",
         &format!(
-            "kind = \"udp\"\nsend_hex = \"{QUERY_HEX}\"\nexpect_regex = '{ANSWER_REGEX}'\nvia = \"direct\""
+            "kind = \"udp\"\nsend_hex = \"{QUERY_HEX}\"\nexpect_regex = '{ANSWER_REGEX}'\nvia = \"{via}\""
         ),
     );
     let mut run = lab(&p, &text);
