@@ -7,6 +7,8 @@
 //! (the prober applies them too); this module applies them one field at a
 //! time so that each message says where the value is and what to write.
 
+mod expect;
+
 use std::time::Duration;
 
 use serde::{Serialize, Serializer};
@@ -46,6 +48,7 @@ pub(super) struct HealthLayer {
     /// `kind = "dns"` fields, and the names of those the table sets.
     pub(super) dns: super::dns::DnsLayer,
     pub(super) dns_set: Vec<&'static str>,
+    expect: expect::ExpectLayer,
 }
 
 /// A layer and its place in the file (the context of its messages).
@@ -109,6 +112,7 @@ pub(super) fn parse(
             ViaName::Vip => spec::Via::Vip,
         }),
         agent: agent::parse(raw, ctx, p),
+        expect: expect::parse(raw, ctx, p),
         ..http
     }
 }
@@ -407,7 +411,9 @@ fn hang_timeout(layers: &[Layer<'_>], timeout: Duration, p: &mut Problems<'_>) -
     }
 }
 
-/// HTTP (the default) with its merged request, TCP, or DNS.
+/// HTTP (the default) with its merged request, TCP (with send/expect if
+/// set), UDP or DNS; each kind refuses the others' fields set alongside or
+/// below it.
 fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
     let (kind, kind_src) = pick(layers, |l| &l.kind);
     let below = &layers[kind_src.unwrap_or(0)..];
@@ -415,14 +421,21 @@ fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
         KindName::Tcp => {
             check_no_http_fields(below, "tcp", p);
             super::dns::check_no_dns_fields(below, "tcp", p);
-            CheckKind::Tcp
+            expect::tcp(layers, kind_src, p).map_or(CheckKind::Tcp, CheckKind::Expect)
+        }
+        KindName::Udp => {
+            check_no_http_fields(below, "udp", p);
+            super::dns::check_no_dns_fields(below, "udp", p);
+            CheckKind::Expect(expect::udp(layers, kind_src, p))
         }
         KindName::Http => {
             super::dns::check_no_dns_fields(below, "http", p);
+            expect::check_no_expect_fields(below, "http", p);
             CheckKind::Http(http_check(layers, p))
         }
         KindName::Dns => {
             check_no_http_fields(below, "dns", p);
+            expect::check_no_expect_fields(below, "dns", p);
             CheckKind::Dns(super::dns::resolve(layers))
         }
     }
@@ -533,6 +546,8 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         dns_type: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         dns_rcodes: Option<Vec<String>>,
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        expect: Option<expect::View>,
         port: u16,
         #[serde(serialize_with = "ser_duration")]
         interval: Duration,
@@ -552,20 +567,18 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         #[serde(flatten, skip_serializing_if = "Option::is_none")]
         agent: Option<agent::AgentView>,
     }
-    let http = match &spec.kind {
-        CheckKind::Http(h) => Some(h),
-        CheckKind::Tcp | CheckKind::Dns(_) => None,
+    let (kind, http, expect) = match &spec.kind {
+        CheckKind::Http(h) => ("http", Some(h), None),
+        CheckKind::Tcp => ("tcp", None, None),
+        CheckKind::Dns(_) => ("dns", None, None),
+        CheckKind::Expect(c) => (c.transport.as_str(), None, Some(expect::View::of(c))),
     };
     let dns = match &spec.kind {
         CheckKind::Dns(d) => Some(d),
         _ => None,
     };
     View {
-        kind: match &spec.kind {
-            CheckKind::Http(_) => "http",
-            CheckKind::Tcp => "tcp",
-            CheckKind::Dns(_) => "dns",
-        },
+        kind,
         method: http.map(|h| h.method.as_str()),
         path: http.map(|h| h.path.as_str()),
         host: http.and_then(|h| h.host.as_deref()),
@@ -576,6 +589,7 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         dns_name: dns.map(|d| d.name.to_ascii()),
         dns_type: dns.map(|d| d.record_type.to_string()),
         dns_rcodes: dns.map(|d| d.rcodes.iter().map(|&r| spec::dns::rcode_name(r)).collect()),
+        expect,
         port: spec.port,
         interval: spec.interval,
         timeout: spec.timeout,
@@ -935,7 +949,7 @@ hang_timeout = "8s"
             let config = ok(name, &layered(daemon, vip_layer, backend));
             let got = match &config.vips[0].backends[0].health.kind {
                 CheckKind::Http(h) => h.reuse_connection,
-                CheckKind::Tcp | CheckKind::Dns(_) => panic!("{name}: not HTTP"),
+                _ => panic!("{name}: not HTTP"),
             };
             assert_eq!(got, want, "{name}");
         }

@@ -79,13 +79,14 @@ pub(super) struct RawBackend {
     pub(super) max_flows: Option<u64>,
 }
 
-/// `kind = "http"`, `kind = "tcp"` or `kind = "dns"`.
+/// `kind = "http"`, `"tcp"`, `"udp"` or `"dns"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum KindName {
     Http,
     Tcp,
     Dns,
+    Udp,
 }
 
 /// `via = "vip"` or `via = "direct"`.
@@ -127,6 +128,13 @@ pub(super) struct RawHealth {
     pub(super) dns_name: Option<String>,
     pub(super) dns_type: Option<String>,
     pub(super) dns_rcodes: Option<Vec<String>>,
+    /// Send/expect (kind tcp and udp): see `config::health::expect`.
+    pub(super) send: Option<String>,
+    pub(super) send_hex: Option<String>,
+    pub(super) expect_prefix: Option<String>,
+    pub(super) expect_contains: Option<String>,
+    pub(super) expect_regex: Option<String>,
+    pub(super) expect_max: Option<i64>,
     /// Accepted by the parser only to answer with a useful message: the
     /// probed port belongs to each backend (`health_port`).
     pub(super) port: Option<toml::Value>,

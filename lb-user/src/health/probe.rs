@@ -18,6 +18,7 @@
 //! [`reuse`].
 
 mod dns;
+mod expect;
 mod outcome;
 mod response;
 mod reuse;
@@ -37,6 +38,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout_at};
 
 pub use self::dns::DnsFail;
+pub use self::expect::ExpectFail;
 pub use self::outcome::{Compact, FailReason, ProbeClass, ProbeOk, ProbeResult};
 pub use self::response::{BODY_LIMIT, HEADER_LIMIT};
 use self::response::{Reader, read_body, read_final_head};
@@ -340,6 +342,15 @@ async fn probe_to(
             http_probe(&to, http, slot).await
         }
         CheckKind::Dns(dns) => dns::dns_probe(addr, path, dns, by.deadline, by.limit).await,
+        CheckKind::Expect(check) => {
+            let to = Target {
+                addr,
+                path,
+                by,
+                connected,
+            };
+            expect::probe(&to, check).await
+        }
     };
     ProbeResult {
         outcome,

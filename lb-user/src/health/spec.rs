@@ -6,6 +6,9 @@ use std::time::Duration;
 pub use super::agent::AgentCheck;
 pub mod dns;
 pub use self::dns::DnsCheck;
+pub mod expect;
+
+pub use self::expect::{ExpectCheck, Matcher, Transport};
 
 /// How a backend is probed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,6 +20,9 @@ pub enum CheckKind {
     Tcp,
     /// One DNS query over UDP; the server must answer it (see `probe::dns`).
     Dns(DnsCheck),
+    /// `kind = "tcp"` with `send`/`expect_*`, or `kind = "udp"`: bytes sent,
+    /// the answer matched (see [`expect`]).
+    Expect(ExpectCheck),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -51,7 +51,7 @@ pub(super) fn http_spec_hang(port: u16, timeout: Duration, hang_timeout: Duratio
 pub(super) fn http_check(spec: &mut CheckSpec) -> &mut HttpCheck {
     match &mut spec.kind {
         CheckKind::Http(http) => http,
-        CheckKind::Tcp | CheckKind::Dns(_) => panic!("test spec is not an HTTP check"),
+        _ => panic!("test spec is not an HTTP check"),
     }
 }
 

@@ -186,6 +186,9 @@ pub enum FailReason {
     /// A DNS answer that fails the check (`kind = "dns"`).
     #[error("{0}")]
     Dns(DnsFail),
+    /// A send/expect check's answer was missing or did not match.
+    #[error(transparent)]
+    Expect(#[from] super::expect::ExpectFail),
 }
 
 fn closed_text(received: usize) -> String {
@@ -216,6 +219,7 @@ impl FailReason {
             Self::NoDatagram { .. } => "no_answer",
             Self::PortUnreachable => "port_unreachable",
             Self::Dns(fail) => fail.code(),
+            Self::Expect(fail) => fail.code(),
         }
     }
 

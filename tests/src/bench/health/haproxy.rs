@@ -33,7 +33,7 @@ use crate::bench::{
 };
 
 /// The backend section's name in the configuration and the stats.
-const BACKEND: &str = "checks";
+pub(super) const BACKEND: &str = "checks";
 
 /// HAProxy's configuration: one backend of a server per port on
 /// 127.0.0.1, each checked as `spec` says, and the stats socket `sock`.
@@ -150,14 +150,24 @@ impl Haproxy {
     /// Starts HAProxy checking `ports` as `spec` says and waits until every
     /// server has passed a check.
     pub(super) async fn start(ports: &[u16], spec: &CheckSpec) -> Result<Self> {
+        Self::start_with(ports.len(), spec, |sock| config(ports, spec, sock)).await
+    }
+
+    /// Like [`Self::start`], with the configuration `make` writes for the
+    /// stats socket it is given (its backend named [`BACKEND`], `n`
+    /// servers), for checks other than HTTP.
+    pub(super) async fn start_with(
+        n: usize,
+        spec: &CheckSpec,
+        make: impl FnOnce(&Path) -> Result<String>,
+    ) -> Result<Self> {
         let haproxy = find_program("haproxy")?;
         let dir =
             std::env::temp_dir().join(format!("xlb-health-bench-haproxy-{}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let sock = dir.join("stats.sock");
         let cfg = dir.join("haproxy.cfg");
-        std::fs::write(&cfg, config(ports, spec, &sock)?)
-            .with_context(|| format!("writing {}", cfg.display()))?;
+        std::fs::write(&cfg, make(&sock)?).with_context(|| format!("writing {}", cfg.display()))?;
         let log = dir.join("haproxy.log");
         let log_file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -179,15 +189,13 @@ impl Haproxy {
             dir,
             sock,
         };
-        me.wait_all_passing(ports.len(), spec)
-            .await
-            .with_context(|| {
-                let log = std::fs::read_to_string(&log).unwrap_or_default();
-                format!(
-                    "HAProxy's log {}:\n{log}",
-                    me.dir.join("haproxy.log").display()
-                )
-            })?;
+        me.wait_all_passing(n, spec).await.with_context(|| {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            format!(
+                "HAProxy's log {}:\n{log}",
+                me.dir.join("haproxy.log").display()
+            )
+        })?;
         Ok(me)
     }
 

@@ -5,6 +5,7 @@
 mod cost;
 mod detection;
 mod dns;
+mod expect;
 mod hang;
 mod haproxy;
 mod lab_cost;
@@ -27,8 +28,10 @@ const USAGE: &str =
                     probing 1,000 backends every second: both of the next two),
                     cost-loopback (the prober in this process, direct probes
                     to listeners on 127.0.0.1), cost-lab (the daemon in a lab,
-                    through the data path and direct; needs root) or dns (CPU
+                    through the data path and direct; needs root), dns (CPU
                     per DNS check against dig, detection of a hung dnsmasq)
+                    or expect (send/expect PING/+PONG to real redis-servers,
+                    against HAProxy's tcp-check of the same)
   --case CASE       one case of a cost figure only (to profile it): default (a
                     new connection per probe), reuse or haproxy (HAProxy's own
                     checks of the same listeners) for the loopback figure;
@@ -49,9 +52,24 @@ enum Figure {
     CostLab,
     /// The DNS check's cost and detection (issue 25).
     Dns,
+    /// Send/expect against HAProxy's tcp-check (`expect`).
+    Expect,
 }
 
 impl Figure {
+    /// The figure `--only NAME` runs.
+    fn named(name: &str) -> Option<Self> {
+        Some(match name {
+            "detection" => Self::Detection,
+            "cost" => Self::Cost,
+            "cost-loopback" => Self::CostLoopback,
+            "cost-lab" => Self::CostLab,
+            "dns" => Self::Dns,
+            "expect" => Self::Expect,
+            _ => return None,
+        })
+    }
+
     /// Whether running `only` includes this figure.
     fn selected(self, only: Option<Self>) -> bool {
         match only {
@@ -93,17 +111,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
         match flag.as_str() {
             "--quick" if inline.is_none() => out.quick = true,
             "--only" => {
-                out.only = Some(match value("--only")?.as_str() {
-                    "detection" => Figure::Detection,
-                    "cost" => Figure::Cost,
-                    "cost-loopback" => Figure::CostLoopback,
-                    "cost-lab" => Figure::CostLab,
-                    "dns" => Figure::Dns,
-                    other => bail!(
-                        "--only {other:?}: use detection, cost, cost-loopback, cost-lab or \
-                         dns\n{USAGE}"
-                    ),
-                });
+                let name = value("--only")?;
+                out.only = Some(Figure::named(&name).with_context(|| {
+                    format!(
+                        "--only {name:?}: use detection, cost, cost-loopback, cost-lab, dns or \
+                         expect\n{USAGE}"
+                    )
+                })?);
             }
             "--case" => {
                 let name = value("--case")?;
@@ -209,6 +223,9 @@ async fn run(args: Args) -> Result<()> {
     if Figure::Dns.selected(args.only) && args.case.is_none() && args.lab_case.is_none() {
         rows.extend(dns::dns(args.quick).await?);
     }
+    if Figure::Expect.selected(args.only) && args.case.is_none() && args.lab_case.is_none() {
+        rows.extend(expect::expect_cost(args.quick).await?);
+    }
     print_table(&rows);
     Ok(())
 }
@@ -236,14 +253,15 @@ mod tests {
     fn figure_selection() {
         use Figure::*;
         let cases = [
-            (None, [true, true, true]),
-            (Some(Cost), [false, true, true]),
-            (Some(CostLab), [false, false, true]),
-            (Some(CostLoopback), [false, true, false]),
-            (Some(Detection), [true, false, false]),
+            (None, [true, true, true, true]),
+            (Some(Cost), [false, true, true, false]),
+            (Some(CostLab), [false, false, true, false]),
+            (Some(CostLoopback), [false, true, false, false]),
+            (Some(Detection), [true, false, false, false]),
+            (Some(Expect), [false, false, false, true]),
         ];
         for (only, want) in cases {
-            let got = [Detection, CostLoopback, CostLab].map(|f| f.selected(only));
+            let got = [Detection, CostLoopback, CostLab, Expect].map(|f| f.selected(only));
             assert_eq!(got, want, "{only:?}");
         }
     }
