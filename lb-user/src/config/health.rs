@@ -24,7 +24,7 @@ pub(super) struct HealthLayer {
     kind: Option<KindName>,
     method: Option<String>,
     path: Option<String>,
-    host: Option<String>,
+    pub(super) host: Option<String>,
     expect_status: Option<Vec<(u16, u16)>>,
     body_contains: Option<String>,
     interval: Option<Duration>,
@@ -40,6 +40,8 @@ pub(super) struct HealthLayer {
     via: Option<spec::Via>,
     reuse_connection: Option<bool>,
     reopen_every: Option<u32>,
+    pub(super) tls_verify: Option<bool>,
+    pub(super) ca_file: Option<std::path::PathBuf>,
 }
 
 /// A layer and its place in the file (the context of its messages).
@@ -85,7 +87,10 @@ pub(super) fn parse(
     let fall = at_least_one("fall", raw.fall, ctx, p);
     let jitter = jitter(raw.jitter.as_ref(), ctx, p);
     let http = http_fields(raw, ctx, p);
+    let (tls_verify, ca_file) = super::tls::tls_fields(raw, ctx, p);
     HealthLayer {
+        tls_verify,
+        ca_file,
         interval,
         timeout,
         timeout_auto,
@@ -289,7 +294,7 @@ fn parse_status(item: &RawStatus) -> Option<(u16, u16)> {
 // Merging.
 
 /// The value from the most specific layer that sets it, and that layer.
-fn pick<T: Clone>(
+pub(super) fn pick<T: Clone>(
     layers: &[Layer<'_>],
     field: impl Fn(&HealthLayer) -> &Option<T>,
 ) -> (Option<T>, Option<usize>) {
@@ -302,7 +307,7 @@ fn pick<T: Clone>(
 }
 
 /// The place of the layer `pick` found (the daemon-wide table if none).
-fn place<'a>(layers: &[Layer<'a>], i: Option<usize>) -> &'a str {
+pub(super) fn place<'a>(layers: &[Layer<'a>], i: Option<usize>) -> &'a str {
     i.map_or("health_check", |i| layers[i].1)
 }
 
@@ -402,9 +407,13 @@ fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
     match kind.unwrap_or(KindName::Http) {
         KindName::Tcp => {
             check_no_http_fields(&layers[kind_src.unwrap_or(0)..], p);
+            super::tls::check_no_tls_fields(&layers[kind_src.unwrap_or(0)..], "tcp", p);
             CheckKind::Tcp
         }
-        KindName::Http => CheckKind::Http(http_check(layers, p)),
+        KindName::Http => {
+            super::tls::check_no_tls_fields(&layers[kind_src.unwrap_or(0)..], "http", p);
+            CheckKind::Http(http_check(layers, p))
+        }
     }
 }
 

@@ -62,6 +62,7 @@ mod guard;
 mod health;
 mod protection;
 mod raw;
+mod tls;
 mod vip;
 
 pub use daemon::{

@@ -117,6 +117,8 @@ pub(super) struct RawHealth {
     pub(super) via: Option<ViaName>,
     pub(super) reuse_connection: Option<bool>,
     pub(super) reopen_every: Option<u32>,
+    pub(super) tls_verify: Option<bool>,
+    pub(super) ca_file: Option<String>,
     /// Accepted by the parser only to answer with a useful message: the
     /// probed port belongs to each backend (`health_port`).
     pub(super) port: Option<toml::Value>,

@@ -20,6 +20,7 @@
 mod outcome;
 mod response;
 mod reuse;
+pub(crate) mod tls;
 
 use std::future::{Future as _, poll_fn};
 use std::io;
