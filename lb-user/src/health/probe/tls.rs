@@ -127,7 +127,7 @@ pub(crate) fn tls_fail(error: &rustls::Error, tls: &TlsCheck) -> FailReason {
             presented,
         } => FailReason::TlsCertWrongName {
             expected: expected.to_str().into_owned(),
-            presented: presented.clone(),
+            presented: presented.iter().map(|n| presented_name(n)).collect(),
         },
         CertificateError::UnknownIssuer => FailReason::TlsCertUnknownIssuer {
             roots: roots_text(tls),
@@ -136,6 +136,16 @@ pub(crate) fn tls_fail(error: &rustls::Error, tls: &TlsCheck) -> FailReason {
             error: rustls::Error::InvalidCertificate(other.clone()).to_string(),
         },
     }
+}
+
+/// A name of the certificate as webpki reports it (`DnsName("a.test")`,
+/// `IpAddress(10.0.0.1)`), as the operator would write it.
+fn presented_name(name: &str) -> String {
+    let inner = name
+        .strip_prefix("DnsName(\"")
+        .and_then(|n| n.strip_suffix("\")"))
+        .or_else(|| name.strip_prefix("IpAddress(")?.strip_suffix(')'));
+    inner.unwrap_or(name).to_owned()
 }
 
 fn expired(detail: String) -> FailReason {
@@ -387,3 +397,9 @@ impl ServerCertVerifier for AnyCertificate {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+#[cfg(test)]
+pub(crate) mod testutil;
+
+#[cfg(test)]
+mod tests;
