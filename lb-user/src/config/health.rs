@@ -414,6 +414,10 @@ fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
             super::tls::check_no_tls_fields(&layers[kind_src.unwrap_or(0)..], "http", p);
             CheckKind::Http(http_check(layers, p))
         }
+        KindName::Https => CheckKind::Https {
+            http: http_check(layers, p),
+            tls: super::tls::tls_check(layers, p),
+        },
     }
 }
 
@@ -516,6 +520,10 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         reuse_connection: Option<bool>,
         #[serde(skip_serializing_if = "Option::is_none")]
         reopen_every: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tls_verify: Option<bool>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ca_file: Option<&'a std::path::Path>,
         port: u16,
         #[serde(serialize_with = "ser_duration")]
         interval: Duration,
@@ -533,12 +541,13 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         via: &'static str,
         auto_timeout: bool,
     }
-    let http = match &spec.kind {
-        CheckKind::Http(h) => Some(h),
-        CheckKind::Tcp => None,
+    let (kind, http, tls) = match &spec.kind {
+        CheckKind::Http(h) => ("http", Some(h), None),
+        CheckKind::Tcp => ("tcp", None, None),
+        CheckKind::Https { http, tls } => ("https", Some(http), Some(tls)),
     };
     View {
-        kind: if http.is_some() { "http" } else { "tcp" },
+        kind,
         method: http.map(|h| h.method.as_str()),
         path: http.map(|h| h.path.as_str()),
         host: http.and_then(|h| h.host.as_deref()),
@@ -546,6 +555,8 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         body_contains: http.and_then(|h| h.body_contains.as_deref()),
         reuse_connection: http.map(|h| h.reuse_connection.is_some()),
         reopen_every: http.and_then(|h| h.reuse_connection),
+        tls_verify: tls.map(|t| t.verify),
+        ca_file: tls.and_then(|t| t.ca_file.as_deref()),
         port: spec.port,
         interval: spec.interval,
         timeout: spec.timeout,
@@ -904,7 +915,7 @@ hang_timeout = "8s"
             let config = ok(name, &layered(daemon, vip_layer, backend));
             let got = match &config.vips[0].backends[0].health.kind {
                 CheckKind::Http(h) => h.reuse_connection,
-                CheckKind::Tcp => panic!("{name}: not HTTP"),
+                _ => panic!("{name}: not HTTP"),
             };
             assert_eq!(got, want, "{name}");
         }

@@ -79,12 +79,13 @@ pub(super) struct RawBackend {
     pub(super) max_flows: Option<u64>,
 }
 
-/// `kind = "http"` or `kind = "tcp"`.
+/// `kind = "http"`, `"tcp"` or `"https"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum KindName {
     Http,
     Tcp,
+    Https,
 }
 
 /// `via = "vip"` or `via = "direct"`.
