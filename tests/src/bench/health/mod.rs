@@ -6,6 +6,7 @@ mod cost;
 mod detection;
 mod hang;
 mod haproxy;
+mod https;
 mod lab_cost;
 mod lab_sample;
 mod report;
@@ -25,8 +26,9 @@ const USAGE: &str =
   --only FIGURE     run one figure: detection (hung application), cost (CPU of
                     probing 1,000 backends every second: both of the next two),
                     cost-loopback (the prober in this process, direct probes
-                    to listeners on 127.0.0.1) or cost-lab (the daemon in a lab,
-                    through the data path and direct; needs root)
+                    to listeners on 127.0.0.1), cost-lab (the daemon in a lab,
+                    through the data path and direct; needs root) or https (CPU
+                    per kind = \"https\" check against HAProxy's check-ssl)
   --case CASE       one case of a cost figure only (to profile it): default (a
                     new connection per probe), reuse or haproxy (HAProxy's own
                     checks of the same listeners) for the loopback figure;
@@ -45,6 +47,8 @@ enum Figure {
     Cost,
     CostLoopback,
     CostLab,
+    /// `kind = "https"` against HAProxy's `check-ssl`.
+    Https,
 }
 
 impl Figure {
@@ -94,8 +98,10 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
                     "cost" => Figure::Cost,
                     "cost-loopback" => Figure::CostLoopback,
                     "cost-lab" => Figure::CostLab,
+                    "https" => Figure::Https,
                     other => bail!(
-                        "--only {other:?}: use detection, cost, cost-loopback or cost-lab\n{USAGE}"
+                        "--only {other:?}: use detection, cost, cost-loopback, cost-lab or \
+                         https\n{USAGE}"
                     ),
                 });
             }
@@ -199,6 +205,9 @@ async fn run(args: Args) -> Result<()> {
                 .await
                 .context("the lab cost figure's thread")??,
         );
+    }
+    if Figure::Https.selected(args.only) && args.case.is_none() && args.lab_case.is_none() {
+        rows.extend(https::https_cost(args.quick).await?);
     }
     print_table(&rows);
     Ok(())
