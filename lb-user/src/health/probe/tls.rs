@@ -222,6 +222,17 @@ struct Cache {
     roots: HashMap<Roots, Arc<RootCertStore>>,
     /// Client configurations per source and ALPN list.
     configs: HashMap<(Roots, Vec<Vec<u8>>), Arc<ClientConfig>>,
+    /// Size and modification time of each `ca_file` when it was read.
+    stamps: HashMap<PathBuf, Stamp>,
+}
+
+/// A file's size and modification time: when both are unchanged, the file
+/// is not read again.
+type Stamp = (u64, Option<std::time::SystemTime>);
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.len(), meta.modified().ok()))
 }
 
 static CACHE: LazyLock<Mutex<Cache>> = LazyLock::new(Mutex::default);
@@ -232,21 +243,39 @@ fn cache() -> MutexGuard<'static, Cache> {
 }
 
 /// Reads the certificates `tls` trusts (the system's roots or `ca_file`),
-/// replacing what an earlier load read, so that a reloaded configuration
-/// picks up a renewed CA file; the client configurations built on the old
-/// ones are dropped (probes in flight keep theirs). `config` calls this
-/// at load time: the error is for the operator, naming the file and what
-/// to do.
+/// replacing what an earlier load read if the file changed (its size or
+/// modification time), so that a reloaded configuration picks up a renewed
+/// CA file; the client configurations built on the old ones are dropped
+/// (probes in flight keep theirs). `config` calls this for every backend's
+/// check, so an unchanged file is not read again, and the system's roots
+/// (some 150 certificates to parse) are read once per process. The error
+/// is for the operator, naming the file and what to do.
 pub(crate) fn load(tls: &TlsCheck) -> Result<(), String> {
     let roots = Roots::of(tls);
-    let store = match &roots {
+    let (store, stamp) = match &roots {
         Roots::Any => return Ok(()),
-        Roots::System => system_roots()?,
-        Roots::File(path) => file_roots(path)?,
+        Roots::System if cache().roots.contains_key(&roots) => return Ok(()),
+        Roots::System => (system_roots()?, None),
+        Roots::File(path) => {
+            let now = stamp(path);
+            let cached = {
+                let cache = cache();
+                now.is_some()
+                    && cache.stamps.get(path) == now.as_ref()
+                    && cache.roots.contains_key(&roots)
+            };
+            if cached {
+                return Ok(());
+            }
+            (file_roots(path)?, now.map(|s| (path.clone(), s)))
+        }
     };
     let mut cache = cache();
     cache.configs.retain(|(r, _), _| *r != roots);
     cache.roots.insert(roots, Arc::new(store));
+    if let Some((path, stamp)) = stamp {
+        cache.stamps.insert(path, stamp);
+    }
     Ok(())
 }
 

@@ -271,7 +271,11 @@ async fn configs_are_built_once_per_settings() {
     let h2 = client_config(&tls, &[b"h2"]).expect("config");
     assert!(!Arc::ptr_eq(&a, &h2));
     assert_eq!(h2.alpn_protocols, [b"h2".to_vec()]);
-    // A reload reads the file again.
+    // A reload of an unchanged file keeps them; of a renewed one, reads it.
+    load(&tls).expect("load");
+    assert!(Arc::ptr_eq(&a, &client_config(&tls, &[]).expect("config")));
+    let renewed = [pem("ca.pem"), b"\n"].concat();
+    dir.file("ca.pem", &renewed);
     load(&tls).expect("load");
     assert!(!Arc::ptr_eq(&a, &client_config(&tls, &[]).expect("config")));
 }
