@@ -28,7 +28,7 @@ pub(super) struct HealthLayer {
     kind: Option<KindName>,
     method: Option<String>,
     path: Option<String>,
-    host: Option<String>,
+    pub(super) host: Option<String>,
     expect_status: Option<Vec<(u16, u16)>>,
     body_contains: Option<String>,
     interval: Option<Duration>,
@@ -49,6 +49,8 @@ pub(super) struct HealthLayer {
     pub(super) dns: super::dns::DnsLayer,
     pub(super) dns_set: Vec<&'static str>,
     expect: expect::ExpectLayer,
+    pub(super) tls_verify: Option<bool>,
+    pub(super) ca_file: Option<std::path::PathBuf>,
 }
 
 /// A layer and its place in the file (the context of its messages).
@@ -95,9 +97,12 @@ pub(super) fn parse(
     let jitter = jitter(raw.jitter.as_ref(), ctx, p);
     let http = http_fields(raw, ctx, p);
     let (dns, dns_set) = super::dns::parse(raw, ctx, p);
+    let (tls_verify, ca_file) = super::tls::tls_fields(raw, ctx, p);
     HealthLayer {
         dns,
         dns_set,
+        tls_verify,
+        ca_file,
         interval,
         timeout,
         timeout_auto,
@@ -303,7 +308,7 @@ fn parse_status(item: &RawStatus) -> Option<(u16, u16)> {
 // Merging.
 
 /// The value from the most specific layer that sets it, and that layer.
-fn pick<T: Clone>(
+pub(super) fn pick<T: Clone>(
     layers: &[Layer<'_>],
     field: impl Fn(&HealthLayer) -> &Option<T>,
 ) -> (Option<T>, Option<usize>) {
@@ -316,7 +321,7 @@ fn pick<T: Clone>(
 }
 
 /// The place of the layer `pick` found (the daemon-wide table if none).
-fn place<'a>(layers: &[Layer<'a>], i: Option<usize>) -> &'a str {
+pub(super) fn place<'a>(layers: &[Layer<'a>], i: Option<usize>) -> &'a str {
     i.map_or("health_check", |i| layers[i].1)
 }
 
@@ -421,21 +426,33 @@ fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
         KindName::Tcp => {
             check_no_http_fields(below, "tcp", p);
             super::dns::check_no_dns_fields(below, "tcp", p);
+            super::tls::check_no_tls_fields(below, "tcp", p);
             expect::tcp(layers, kind_src, p).map_or(CheckKind::Tcp, CheckKind::Expect)
         }
         KindName::Udp => {
             check_no_http_fields(below, "udp", p);
             super::dns::check_no_dns_fields(below, "udp", p);
+            super::tls::check_no_tls_fields(below, "udp", p);
             CheckKind::Expect(expect::udp(layers, kind_src, p))
         }
         KindName::Http => {
             super::dns::check_no_dns_fields(below, "http", p);
             expect::check_no_expect_fields(below, "http", p);
+            super::tls::check_no_tls_fields(below, "http", p);
             CheckKind::Http(http_check(layers, p))
+        }
+        KindName::Https => {
+            super::dns::check_no_dns_fields(below, "https", p);
+            expect::check_no_expect_fields(below, "https", p);
+            CheckKind::Https {
+                http: http_check(layers, p),
+                tls: super::tls::tls_check(layers, p),
+            }
         }
         KindName::Dns => {
             check_no_http_fields(below, "dns", p);
             expect::check_no_expect_fields(below, "dns", p);
+            super::tls::check_no_tls_fields(below, "dns", p);
             CheckKind::Dns(super::dns::resolve(layers))
         }
     }
@@ -548,6 +565,10 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         dns_rcodes: Option<Vec<String>>,
         #[serde(flatten, skip_serializing_if = "Option::is_none")]
         expect: Option<expect::View>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tls_verify: Option<bool>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ca_file: Option<&'a std::path::Path>,
         port: u16,
         #[serde(serialize_with = "ser_duration")]
         interval: Duration,
@@ -569,12 +590,17 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
     }
     let (kind, http, expect) = match &spec.kind {
         CheckKind::Http(h) => ("http", Some(h), None),
+        CheckKind::Https { http, .. } => ("https", Some(http), None),
         CheckKind::Tcp => ("tcp", None, None),
         CheckKind::Dns(_) => ("dns", None, None),
         CheckKind::Expect(c) => (c.transport.as_str(), None, Some(expect::View::of(c))),
     };
     let dns = match &spec.kind {
         CheckKind::Dns(d) => Some(d),
+        _ => None,
+    };
+    let tls = match &spec.kind {
+        CheckKind::Https { tls, .. } => Some(tls),
         _ => None,
     };
     View {
@@ -590,6 +616,8 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         dns_type: dns.map(|d| d.record_type.to_string()),
         dns_rcodes: dns.map(|d| d.rcodes.iter().map(|&r| spec::dns::rcode_name(r)).collect()),
         expect,
+        tls_verify: tls.map(|t| t.verify),
+        ca_file: tls.and_then(|t| t.ca_file.as_deref()),
         port: spec.port,
         interval: spec.interval,
         timeout: spec.timeout,

@@ -79,7 +79,7 @@ pub(super) struct RawBackend {
     pub(super) max_flows: Option<u64>,
 }
 
-/// `kind = "http"`, `"tcp"`, `"udp"` or `"dns"`.
+/// `kind = "http"`, `"https"`, `"tcp"`, `"udp"` or `"dns"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum KindName {
@@ -87,6 +87,7 @@ pub(super) enum KindName {
     Tcp,
     Dns,
     Udp,
+    Https,
 }
 
 /// `via = "vip"` or `via = "direct"`.
@@ -135,6 +136,8 @@ pub(super) struct RawHealth {
     pub(super) expect_contains: Option<String>,
     pub(super) expect_regex: Option<String>,
     pub(super) expect_max: Option<i64>,
+    pub(super) tls_verify: Option<bool>,
+    pub(super) ca_file: Option<String>,
     /// Accepted by the parser only to answer with a useful message: the
     /// probed port belongs to each backend (`health_port`).
     pub(super) port: Option<toml::Value>,

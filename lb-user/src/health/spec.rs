@@ -23,6 +23,8 @@ pub enum CheckKind {
     /// `kind = "tcp"` with `send`/`expect_*`, or `kind = "udp"`: bytes sent,
     /// the answer matched (see [`expect`]).
     Expect(ExpectCheck),
+    /// The HTTP/1.1 request over TLS, the certificate checked as `tls` says.
+    Https { http: HttpCheck, tls: TlsCheck },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +45,21 @@ pub struct HttpCheck {
     /// and after any failure, timeout or `Connection: close`. `None`: a new
     /// connection per probe (the default).
     pub reuse_connection: Option<u32>,
+}
+
+/// How a TLS probe (`kind = "https"`, gRPC over TLS) checks the backend's
+/// certificate (see `probe::tls`, which says what is and is not verified).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsCheck {
+    /// `tls_verify`: check the chain, the dates and the name (the default).
+    /// `false` accepts any certificate (self-signed backends).
+    pub verify: bool,
+    /// `ca_file`: trust only the CA certificates of this PEM file instead
+    /// of the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The name sent as SNI and checked in the certificate (from `host`,
+    /// without a port); `None`: the probed IP address (no SNI is sent).
+    pub server_name: Option<String>,
 }
 
 /// Why an [`HttpCheck`] cannot be sent as a well-formed HTTP/1.1 request.

@@ -206,7 +206,7 @@ pub(super) async fn cost(quick: bool, only: Option<Case>, reopen: u32) -> Result
 /// Probes the `n` servers on `ports` with `spec` for one `window` after
 /// they are all up and `warmup` has passed; the scheduler (and any kept
 /// connection) is gone when this returns.
-async fn one_window(
+pub(super) async fn one_window(
     n: usize,
     spec: &CheckSpec,
     ports: &[u16],
@@ -409,7 +409,7 @@ async fn count_probes(rx: &mut Receiver<Report>, window: Duration) -> Result<Pro
 }
 
 /// Everything the figure's rows are made of.
-struct Measured {
+pub(super) struct Measured {
     n: usize,
     spec: CheckSpec,
     window: Duration,
@@ -420,11 +420,20 @@ struct Measured {
 }
 
 impl Measured {
-    fn probes(&self) -> u32 {
+    pub(super) fn probes(&self) -> u32 {
         self.counts.total
     }
 
-    fn cpu_percent(&self) -> f64 {
+    /// Failed probes (checks), by failure code, as `2 tls_handshake_timeout`.
+    pub(super) fn failures(&self) -> Vec<String> {
+        let mut codes: Vec<_> = (self.counts.failed.iter())
+            .map(|(code, k)| format!("{k} {code}"))
+            .collect();
+        codes.sort();
+        codes
+    }
+
+    pub(super) fn cpu_percent(&self) -> f64 {
         let ProbeCounts { cpu, wall, .. } = self.counts;
         100.0 * cpu.total().as_secs_f64() / wall.as_secs_f64()
     }
@@ -435,7 +444,7 @@ impl Measured {
         Some(100.0 * prober?.as_secs_f64() / wall.as_secs_f64())
     }
 
-    fn cpu_per_probe_us(&self) -> f64 {
+    pub(super) fn cpu_per_probe_us(&self) -> f64 {
         self.counts.cpu.total().as_secs_f64() * 1e6 / f64::from(self.probes().max(1))
     }
 

@@ -252,9 +252,11 @@ async fn haproxy_window(
     window: Duration,
 ) -> Result<Window> {
     let ports = redis.backend_ports(BACKENDS);
-    let haproxy = Haproxy::start_with(BACKENDS, spec, |sock| {
-        Ok(haproxy_config(&ports, spec, sock))
-    })
+    let haproxy = Haproxy::start_with(
+        "expect",
+        |sock| Ok(haproxy_config(&ports, spec, sock)),
+        Some((BACKENDS, spec)),
+    )
     .await?;
     sleep(warmup).await;
     let failed_before = haproxy.stats().await?.failed;

@@ -150,24 +150,26 @@ impl Haproxy {
     /// Starts HAProxy checking `ports` as `spec` says and waits until every
     /// server has passed a check.
     pub(super) async fn start(ports: &[u16], spec: &CheckSpec) -> Result<Self> {
-        Self::start_with(ports.len(), spec, |sock| config(ports, spec, sock)).await
+        let config = |sock: &Path| config(ports, spec, sock);
+        Self::start_with("haproxy", config, Some((ports.len(), spec))).await
     }
 
-    /// Like [`Self::start`], with the configuration `make` writes for the
-    /// stats socket it is given (its backend named [`BACKEND`], `n`
-    /// servers), for checks other than HTTP.
+    /// Starts HAProxy with the configuration `config` writes for its stats
+    /// socket, in a work directory named after `tag` (one per HAProxy of a
+    /// run); with `wait_for`, waits until that many servers pass `spec`.
     pub(super) async fn start_with(
-        n: usize,
-        spec: &CheckSpec,
-        make: impl FnOnce(&Path) -> Result<String>,
+        tag: &str,
+        config: impl FnOnce(&Path) -> Result<String>,
+        wait_for: Option<(usize, &CheckSpec)>,
     ) -> Result<Self> {
         let haproxy = find_program("haproxy")?;
         let dir =
-            std::env::temp_dir().join(format!("xlb-health-bench-haproxy-{}", std::process::id()));
+            std::env::temp_dir().join(format!("xlb-health-bench-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let sock = dir.join("stats.sock");
         let cfg = dir.join("haproxy.cfg");
-        std::fs::write(&cfg, make(&sock)?).with_context(|| format!("writing {}", cfg.display()))?;
+        std::fs::write(&cfg, config(&sock)?)
+            .with_context(|| format!("writing {}", cfg.display()))?;
         let log = dir.join("haproxy.log");
         let log_file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -188,6 +190,9 @@ impl Haproxy {
             pid,
             dir,
             sock,
+        };
+        let Some((n, spec)) = wait_for else {
+            return Ok(me);
         };
         me.wait_all_passing(n, spec).await.with_context(|| {
             let log = std::fs::read_to_string(&log).unwrap_or_default();
@@ -227,6 +232,11 @@ impl Haproxy {
 
     /// `show stat` on the stats socket, parsed.
     pub(super) async fn stats(&self) -> Result<ServerStats> {
+        parse_stats(&self.show_stat().await?)
+    }
+
+    /// `show stat` on the stats socket: its CSV.
+    pub(super) async fn show_stat(&self) -> Result<String> {
         let mut s = UnixStream::connect(&self.sock)
             .await
             .with_context(|| format!("connecting to HAProxy's {}", self.sock.display()))?;
@@ -235,7 +245,7 @@ impl Haproxy {
         tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut csv))
             .await
             .context("HAProxy's `show stat` did not end within 5 s")??;
-        parse_stats(&csv)
+        Ok(csv)
     }
 
     /// HAProxy's CPU time so far, all threads (`/proc/PID/stat`).

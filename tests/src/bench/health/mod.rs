@@ -8,6 +8,7 @@ mod dns;
 mod expect;
 mod hang;
 mod haproxy;
+mod https;
 mod lab_cost;
 mod lab_sample;
 mod report;
@@ -29,9 +30,10 @@ const USAGE: &str =
                     cost-loopback (the prober in this process, direct probes
                     to listeners on 127.0.0.1), cost-lab (the daemon in a lab,
                     through the data path and direct; needs root), dns (CPU
-                    per DNS check against dig, detection of a hung dnsmasq)
-                    or expect (send/expect PING/+PONG to real redis-servers,
-                    against HAProxy's tcp-check of the same)
+                    per DNS check against dig, detection of a hung dnsmasq),
+                    expect (send/expect PING/+PONG to real redis-servers,
+                    against HAProxy's tcp-check of the same) or https (CPU
+                    per kind = \"https\" check against HAProxy's check-ssl)
   --case CASE       one case of a cost figure only (to profile it): default (a
                     new connection per probe), reuse or haproxy (HAProxy's own
                     checks of the same listeners) for the loopback figure;
@@ -54,6 +56,8 @@ enum Figure {
     Dns,
     /// Send/expect against HAProxy's tcp-check (`expect`).
     Expect,
+    /// `kind = "https"` against HAProxy's `check-ssl`.
+    Https,
 }
 
 impl Figure {
@@ -66,6 +70,7 @@ impl Figure {
             "cost-lab" => Self::CostLab,
             "dns" => Self::Dns,
             "expect" => Self::Expect,
+            "https" => Self::Https,
             _ => return None,
         })
     }
@@ -114,8 +119,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
                 let name = value("--only")?;
                 out.only = Some(Figure::named(&name).with_context(|| {
                     format!(
-                        "--only {name:?}: use detection, cost, cost-loopback, cost-lab, dns or \
-                         expect\n{USAGE}"
+                        "--only {name:?}: use detection, cost, cost-loopback, cost-lab, dns, \
+                         expect or https\n{USAGE}"
                     )
                 })?);
             }
@@ -225,6 +230,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if Figure::Expect.selected(args.only) && args.case.is_none() && args.lab_case.is_none() {
         rows.extend(expect::expect_cost(args.quick).await?);
+    }
+    if Figure::Https.selected(args.only) && args.case.is_none() && args.lab_case.is_none() {
+        rows.extend(https::https_cost(args.quick).await?);
     }
     print_table(&rows);
     Ok(())
