@@ -13,7 +13,7 @@ use serde::{Serialize, Serializer};
 
 use super::raw::{KindName, RawHealth, RawJitter, RawStatus, ViaName};
 use super::{Problems, duration_setting, parse_percent, ser_duration};
-use crate::health::spec::{self, CheckKind, CheckSpec, HttpCheck};
+use crate::health::spec::{self, CheckKind, CheckSpec, GrpcCheck, HttpCheck};
 
 /// Longest `body_contains`: the prober reads only the first 4 KiB of a body.
 const MAX_BODY_CONTAINS: usize = 4096;
@@ -40,6 +40,8 @@ pub(super) struct HealthLayer {
     via: Option<spec::Via>,
     reuse_connection: Option<bool>,
     reopen_every: Option<u32>,
+    service: Option<String>,
+    tls: Option<bool>,
 }
 
 /// A layer and its place in the file (the context of its messages).
@@ -197,6 +199,8 @@ fn http_fields(raw: &RawHealth, ctx: &str, p: &mut Problems<'_>) -> HealthLayer 
         body_contains,
         reuse_connection: raw.reuse_connection,
         reopen_every: reopen_every(raw.reopen_every, ctx, p),
+        service: super::grpc::service(raw.service.as_deref(), ctx, p),
+        tls: raw.tls,
         ..HealthLayer::default()
     }
 }
@@ -399,19 +403,36 @@ fn hang_timeout(layers: &[Layer<'_>], timeout: Duration, p: &mut Problems<'_>) -
 /// HTTP (the default) with its merged request, or TCP.
 fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
     let (kind, kind_src) = pick(layers, |l| &l.kind);
-    match kind.unwrap_or(KindName::Http) {
+    let kind = kind.unwrap_or(KindName::Http);
+    let below = &layers[kind_src.unwrap_or(0)..];
+    if kind != KindName::Grpc {
+        for (layer, ctx) in below {
+            let grpc = [("service", layer.service.is_some()), ("tls", layer.tls.is_some())];
+            super::grpc::refuse_fields(&grpc, kind, ctx, p);
+        }
+    }
+    match kind {
         KindName::Tcp => {
-            check_no_http_fields(&layers[kind_src.unwrap_or(0)..], p);
+            check_no_http_fields(below, "tcp", &[], p);
             CheckKind::Tcp
         }
         KindName::Http => CheckKind::Http(http_check(layers, p)),
+        KindName::Grpc => {
+            let allowed = ["host", "reuse_connection", "reopen_every"];
+            check_no_http_fields(below, "grpc", &allowed, p);
+            CheckKind::Grpc(GrpcCheck {
+                service: pick(layers, |l| &l.service).0.unwrap_or_default(),
+                host: pick(layers, |l| &l.host).0,
+                reuse_connection: reuse_connection(layers, p),
+            })
+        }
     }
 }
 
 /// HTTP settings inherited from a less specific layer than `kind = "tcp"`
-/// are simply not used; ones set alongside or below it (`layers`) are a
-/// mistake.
-fn check_no_http_fields(layers: &[Layer<'_>], p: &mut Problems<'_>) {
+/// (or `"grpc"`, but for the fields it has too: `allowed`) are simply not
+/// used; ones set alongside or below it (`layers`) are a mistake.
+fn check_no_http_fields(layers: &[Layer<'_>], kind: &str, allowed: &[&str], p: &mut Problems<'_>) {
     for (layer, ctx) in layers {
         let http_fields = [
             ("method", layer.method.is_some()),
@@ -423,12 +444,12 @@ fn check_no_http_fields(layers: &[Layer<'_>], p: &mut Problems<'_>) {
             ("reopen_every", layer.reopen_every.is_some()),
         ];
         for (field, set) in http_fields {
-            if set {
+            if set && !allowed.contains(&field) {
                 p.error(
                     ctx,
                     format!(
                         "{field} applies only to kind = \"http\", but this check's kind is \
-                         \"tcp\"; remove {field} or set kind = \"http\""
+                         \"{kind}\"; remove {field} or set kind = \"http\""
                     ),
                 );
             }
@@ -507,6 +528,10 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         reuse_connection: Option<bool>,
         #[serde(skip_serializing_if = "Option::is_none")]
         reopen_every: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        service: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tls: Option<bool>,
         port: u16,
         #[serde(serialize_with = "ser_duration")]
         interval: Duration,
@@ -524,19 +549,27 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         via: &'static str,
         auto_timeout: bool,
     }
-    let http = match &spec.kind {
-        CheckKind::Http(h) => Some(h),
-        CheckKind::Tcp => None,
+    let (http, grpc) = match &spec.kind {
+        CheckKind::Http(h) => (Some(h), None),
+        CheckKind::Tcp => (None, None),
+        CheckKind::Grpc(g) => (None, Some(g)),
     };
+    let reuse = http.map(|h| h.reuse_connection).or(grpc.map(|g| g.reuse_connection));
     View {
-        kind: if http.is_some() { "http" } else { "tcp" },
+        kind: match &spec.kind {
+            CheckKind::Http(_) => "http",
+            CheckKind::Tcp => "tcp",
+            CheckKind::Grpc(_) => "grpc",
+        },
         method: http.map(|h| h.method.as_str()),
         path: http.map(|h| h.path.as_str()),
-        host: http.and_then(|h| h.host.as_deref()),
+        host: http.map_or(grpc.and_then(|g| g.host.as_deref()), |h| h.host.as_deref()),
         expect_status: http.map(|h| h.expect_status.iter().map(|&r| status_text(r)).collect()),
         body_contains: http.and_then(|h| h.body_contains.as_deref()),
-        reuse_connection: http.map(|h| h.reuse_connection.is_some()),
-        reopen_every: http.and_then(|h| h.reuse_connection),
+        reuse_connection: reuse.map(|r| r.is_some()),
+        reopen_every: reuse.flatten(),
+        service: grpc.map(|g| g.service.as_str()),
+        tls: grpc.map(|_| false),
         port: spec.port,
         interval: spec.interval,
         timeout: spec.timeout,
@@ -895,7 +928,7 @@ hang_timeout = "8s"
             let config = ok(name, &layered(daemon, vip_layer, backend));
             let got = match &config.vips[0].backends[0].health.kind {
                 CheckKind::Http(h) => h.reuse_connection,
-                CheckKind::Tcp => panic!("{name}: not HTTP"),
+                _ => panic!("{name}: not HTTP"),
             };
             assert_eq!(got, want, "{name}");
         }

@@ -58,6 +58,7 @@ macro_rules! rejects {
 
 mod address;
 mod daemon;
+mod grpc;
 mod guard;
 mod health;
 mod protection;

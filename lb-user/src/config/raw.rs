@@ -79,12 +79,13 @@ pub(super) struct RawBackend {
     pub(super) max_flows: Option<u64>,
 }
 
-/// `kind = "http"` or `kind = "tcp"`.
+/// `kind = "http"`, `kind = "tcp"`, `kind = "grpc"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum KindName {
     Http,
     Tcp,
+    Grpc,
 }
 
 /// `via = "vip"` or `via = "direct"`.
@@ -117,6 +118,9 @@ pub(super) struct RawHealth {
     pub(super) via: Option<ViaName>,
     pub(super) reuse_connection: Option<bool>,
     pub(super) reopen_every: Option<u32>,
+    /// `kind = "grpc"`: the service asked about, and HTTP/2 over TLS.
+    pub(super) service: Option<String>,
+    pub(super) tls: Option<bool>,
     /// Accepted by the parser only to answer with a useful message: the
     /// probed port belongs to each backend (`health_port`).
     pub(super) port: Option<toml::Value>,

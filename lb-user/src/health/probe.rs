@@ -17,6 +17,7 @@
 //! connection of `reuse_connection`, and what it does not check, in
 //! [`reuse`].
 
+mod grpc;
 mod outcome;
 mod response;
 mod reuse;
@@ -34,6 +35,7 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout_at};
 
+pub use self::grpc::GrpcFail;
 pub use self::outcome::{Compact, FailReason, ProbeClass, ProbeOk, ProbeResult};
 pub use self::response::{BODY_LIMIT, HEADER_LIMIT};
 use self::response::{Reader, read_body, read_final_head};
@@ -326,6 +328,15 @@ async fn probe_to(
                 connected,
             };
             http_probe(&to, http, slot).await
+        }
+        CheckKind::Grpc(grpc) => {
+            let to = Target {
+                addr,
+                path,
+                by,
+                connected,
+            };
+            grpc::grpc_probe(&to, grpc, slot).await
         }
     };
     ProbeResult {

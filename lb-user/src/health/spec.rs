@@ -11,6 +11,21 @@ pub enum CheckKind {
     /// TCP connect only: proves the kernel accepts, not that the application
     /// answers. For non-HTTP services and for comparison.
     Tcp,
+    /// The standard gRPC health call (`grpc.health.v1.Health/Check`) over
+    /// HTTP/2; see `probe::grpc`.
+    Grpc(GrpcCheck),
+}
+
+/// A `kind = "grpc"` check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcCheck {
+    /// The `service` asked about; "" is the server as a whole.
+    pub service: String,
+    /// `:authority`; `None` = the backend's address:port.
+    pub host: Option<String>,
+    /// As [`HttpCheck::reuse_connection`]: one HTTP/2 connection per
+    /// backend, reopened every this many probes; `None`, one per probe.
+    pub reuse_connection: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -172,6 +172,9 @@ pub enum FailReason {
     /// after 3s); direct probe ok`.
     #[error("{text}")]
     NoAnswerViaVip { text: String },
+    /// A `kind = "grpc"` verdict (see `probe::grpc`).
+    #[error("{0}")]
+    Grpc(super::grpc::GrpcFail),
 }
 
 fn closed_text(received: usize) -> String {
@@ -199,6 +202,7 @@ impl FailReason {
             Self::Io { .. } => "io_error",
             Self::Local { .. } => "local_error",
             Self::NoAnswerViaVip { .. } => "no_answer_via_vip",
+            Self::Grpc(fail) => fail.code(),
         }
     }
 
