@@ -47,3 +47,112 @@ pub(super) fn refuse_fields(fields: &[(&str, bool)], kind: KindName, ctx: &str, 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::{api_with_backend, assert_rejected, ok};
+    use crate::health::spec::{CheckKind, GrpcCheck};
+
+    #[test]
+    fn grpc_check_is_built_and_shown() {
+        let config = ok(
+            "grpc",
+            &api_with_backend(
+                r#"
+[vip.health_check]
+kind = "grpc"
+service = "shop.Cart"
+host = "cart.internal"
+reuse_connection = true
+reopen_every = 5
+"#,
+            ),
+        );
+        let health = &config.vips[0].backends[0].health;
+        assert_eq!(
+            health.kind,
+            CheckKind::Grpc(GrpcCheck {
+                service: "shop.Cart".into(),
+                host: Some("cart.internal".into()),
+                reuse_connection: Some(5),
+            })
+        );
+        let json = serde_json::to_value(&config).expect("json");
+        let shown = &json["vips"][0]["backends"][0]["health"];
+        assert_eq!(shown["kind"], "grpc");
+        assert_eq!(shown["service"], "shop.Cart");
+        assert_eq!(shown["tls"], false);
+        assert_eq!(shown["host"], "cart.internal");
+        assert_eq!(shown["reopen_every"], 5);
+        assert!(shown.get("path").is_none(), "{shown}");
+
+        // Defaults: the whole server, a fresh connection per probe.
+        let config = ok(
+            "grpc defaults",
+            &api_with_backend("[vip.health_check]\nkind = \"grpc\""),
+        );
+        assert_eq!(
+            config.vips[0].backends[0].health.kind,
+            CheckKind::Grpc(GrpcCheck {
+                service: String::new(),
+                host: None,
+                reuse_connection: None,
+            })
+        );
+    }
+
+    #[test]
+    fn http_fields_refused_on_grpc() {
+        assert_rejected(
+            &api_with_backend(
+                r#"
+[vip.health_check]
+kind = "grpc"
+path = "/health"
+method = "GET"
+expect_status = ["200"]
+body_contains = "ok"
+"#,
+            ),
+            &[
+                r#"xlb.toml: vip "api": health_check: method applies only to kind = "http", but this check's kind is "grpc"; remove method or set kind = "http""#,
+                r#"xlb.toml: vip "api": health_check: path applies only to kind = "http", but this check's kind is "grpc"; remove path or set kind = "http""#,
+                r#"xlb.toml: vip "api": health_check: expect_status applies only to kind = "http", but this check's kind is "grpc"; remove expect_status or set kind = "http""#,
+                r#"xlb.toml: vip "api": health_check: body_contains applies only to kind = "http", but this check's kind is "grpc"; remove body_contains or set kind = "http""#,
+            ],
+        );
+    }
+
+    #[test]
+    fn grpc_fields_refused_on_other_kinds() {
+        assert_rejected(
+            &api_with_backend("[vip.health_check]\nservice = \"shop.Cart\"\ntls = true"),
+            &[
+                r#"xlb.toml: vip "api": health_check: service applies only to kind = "grpc", but this check's kind is "http"; remove service or set kind = "grpc""#,
+                r#"xlb.toml: vip "api": health_check: tls applies only to kind = "grpc", but this check's kind is "http"; remove tls or set kind = "grpc""#,
+            ],
+        );
+        assert_rejected(
+            &api_with_backend("[vip.health_check]\nkind = \"tcp\"\nservice = \"\""),
+            &[
+                r#"xlb.toml: vip "api": health_check: service applies only to kind = "grpc", but this check's kind is "tcp"; remove service or set kind = "grpc""#,
+            ],
+        );
+    }
+
+    #[test]
+    fn bad_service_names() {
+        let long = "s".repeat(257);
+        for bad in ["bad\\nname", long.as_str()] {
+            let shown = format!("{:?}", bad.replace("\\n", "\n"));
+            assert_rejected(
+                &api_with_backend(&format!(
+                    "[vip.health_check]\nkind = \"grpc\"\nservice = \"{bad}\""
+                )),
+                &[&format!(
+                    r#"xlb.toml: vip "api": health_check: service {shown} is invalid; use the name the server registers its health status under (at most 256 bytes, no control characters), e.g. "grpc.health.v1.Health", or "" for the whole server"#
+                )],
+            );
+        }
+    }
+}

@@ -356,6 +356,14 @@ impl From<FailReason> for Failed {
 /// The h2 error's verdict.
 fn h2_fail(e: h2::Error, progress: &Progress) -> Failed {
     let unanswered = !progress.answered;
+    // A GOAWAY or RST_STREAM h2 sent itself is its verdict on what the
+    // server sent (e.g. an HTTP/1.1 answer: FRAME_SIZE_ERROR).
+    if !e.is_remote() && (e.is_go_away() || e.is_reset()) {
+        return FailReason::from(GrpcFail::Http2 {
+            reason: e.to_string(),
+        })
+        .into();
+    }
     if e.is_go_away() {
         let reason = e.reason().map_or_else(|| e.to_string(), |r| format!("{r:?}"));
         return Failed {
@@ -652,3 +660,6 @@ fn kept(
     }
     done.map_err(|f| f.reason)
 }
+
+#[cfg(test)]
+mod tests;
