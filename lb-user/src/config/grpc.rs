@@ -3,7 +3,49 @@
 //! apply to no other kind.
 
 use super::Problems;
+use super::health::{Layer, check_no_http_fields, pick, reuse_connection};
 use super::raw::KindName;
+use crate::health::spec::GrpcCheck;
+
+/// The merged `kind = "grpc"` check of `layers`; `below` are the layers
+/// from the one that set the kind, where HTTP request fields are refused.
+pub(super) fn grpc_check(
+    layers: &[Layer<'_>],
+    below: &[Layer<'_>],
+    p: &mut Problems<'_>,
+) -> GrpcCheck {
+    let allowed = ["host", "reuse_connection", "reopen_every"];
+    check_no_http_fields(below, "grpc", &allowed, p);
+    let (tls, tls_src) = pick(layers, |l| &l.tls);
+    let tls = if tls == Some(true) {
+        Some(super::tls::tls_check(layers, p))
+    } else {
+        // Inherited from above the table that turned TLS off: not used.
+        for (layer, ctx) in &layers[tls_src.unwrap_or(0)..] {
+            for (field, set) in [
+                ("tls_verify", layer.tls_verify.is_some()),
+                ("ca_file", layer.ca_file.is_some()),
+            ] {
+                if set {
+                    p.error(
+                        ctx,
+                        format!(
+                            "{field} applies only with tls = true on kind = \"grpc\" (this \
+                             check is h2c, without TLS); set tls = true or remove {field}"
+                        ),
+                    );
+                }
+            }
+        }
+        None
+    };
+    GrpcCheck {
+        service: pick(layers, |l| &l.service).0.unwrap_or_default(),
+        host: pick(layers, |l| &l.host).0,
+        reuse_connection: reuse_connection(layers, p),
+        tls,
+    }
+}
 
 /// Longest `service`: a fully qualified gRPC service name is far shorter;
 /// anything longer is a mistake (and every probe would send it).
@@ -29,7 +71,12 @@ pub(super) fn service(value: Option<&str>, ctx: &str, p: &mut Problems<'_>) -> O
 
 /// Refuses the gRPC `fields` (name, set in this table) of a table whose
 /// check is of another `kind`.
-pub(super) fn refuse_fields(fields: &[(&str, bool)], kind: KindName, ctx: &str, p: &mut Problems<'_>) {
+pub(super) fn refuse_fields(
+    fields: &[(&str, bool)],
+    kind: KindName,
+    ctx: &str,
+    p: &mut Problems<'_>,
+) {
     let kind = match kind {
         KindName::Http => "http",
         KindName::Tcp => "tcp",
@@ -51,7 +98,7 @@ pub(super) fn refuse_fields(fields: &[(&str, bool)], kind: KindName, ctx: &str, 
 #[cfg(test)]
 mod tests {
     use crate::config::tests::{api_with_backend, assert_rejected, ok};
-    use crate::health::spec::{CheckKind, GrpcCheck};
+    use crate::health::spec::{CheckKind, GrpcCheck, TlsCheck};
 
     #[test]
     fn grpc_check_is_built_and_shown() {
@@ -75,6 +122,7 @@ reopen_every = 5
                 service: "shop.Cart".into(),
                 host: Some("cart.internal".into()),
                 reuse_connection: Some(5),
+                tls: None,
             })
         );
         let json = serde_json::to_value(&config).expect("json");
@@ -97,6 +145,7 @@ reopen_every = 5
                 service: String::new(),
                 host: None,
                 reuse_connection: None,
+                tls: None,
             })
         );
     }
@@ -138,6 +187,47 @@ body_contains = "ok"
                 r#"xlb.toml: vip "api": health_check: service applies only to kind = "grpc", but this check's kind is "tcp"; remove service or set kind = "grpc""#,
             ],
         );
+    }
+
+    #[test]
+    fn tls_fields_on_grpc() {
+        let config = ok(
+            "grpc tls",
+            &api_with_backend(
+                "[vip.health_check]\nkind = \"grpc\"\ntls = true\ntls_verify = false\nhost = \"cart.test\"",
+            ),
+        );
+        let CheckKind::Grpc(grpc) = &config.vips[0].backends[0].health.kind else {
+            panic!("not grpc");
+        };
+        assert_eq!(
+            grpc.tls,
+            Some(TlsCheck {
+                verify: false,
+                ca_file: None,
+                server_name: Some("cart.test".into()),
+            })
+        );
+        let json = serde_json::to_value(&config).expect("json");
+        assert_eq!(json["vips"][0]["backends"][0]["health"]["tls"], true);
+        assert_rejected(
+            &api_with_backend(
+                "[vip.health_check]\nkind = \"grpc\"\ntls_verify = false\nca_file = \"/x.pem\"",
+            ),
+            &[
+                r#"xlb.toml: vip "api": health_check: tls_verify applies only with tls = true on kind = "grpc" (this check is h2c, without TLS); set tls = true or remove tls_verify"#,
+                r#"xlb.toml: vip "api": health_check: ca_file applies only with tls = true on kind = "grpc" (this check is h2c, without TLS); set tls = true or remove ca_file"#,
+            ],
+        );
+        let missing = "/nonexistent/xlb-grpc-ca.pem";
+        let text = api_with_backend(&format!(
+            "[vip.health_check]\nkind = \"grpc\"\ntls = true\nca_file = \"{missing}\""
+        ));
+        let errors = crate::config::tests::parse(&text)
+            .expect_err("accepted")
+            .problems;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains(missing), "{errors:?}");
     }
 
     #[test]

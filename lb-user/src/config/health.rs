@@ -13,7 +13,7 @@ use serde::{Serialize, Serializer};
 
 use super::raw::{KindName, RawHealth, RawJitter, RawStatus, ViaName};
 use super::{Problems, duration_setting, parse_percent, ser_duration};
-use crate::health::spec::{self, CheckKind, CheckSpec, GrpcCheck, HttpCheck};
+use crate::health::spec::{self, CheckKind, CheckSpec, HttpCheck};
 
 /// Longest `body_contains`: the prober reads only the first 4 KiB of a body.
 const MAX_BODY_CONTAINS: usize = 4096;
@@ -24,7 +24,7 @@ pub(super) struct HealthLayer {
     kind: Option<KindName>,
     method: Option<String>,
     path: Option<String>,
-    host: Option<String>,
+    pub(super) host: Option<String>,
     expect_status: Option<Vec<(u16, u16)>>,
     body_contains: Option<String>,
     interval: Option<Duration>,
@@ -40,8 +40,11 @@ pub(super) struct HealthLayer {
     via: Option<spec::Via>,
     reuse_connection: Option<bool>,
     reopen_every: Option<u32>,
-    service: Option<String>,
-    tls: Option<bool>,
+    /// `kind = "grpc"` (see `config::grpc`).
+    pub(super) service: Option<String>,
+    pub(super) tls: Option<bool>,
+    pub(super) tls_verify: Option<bool>,
+    pub(super) ca_file: Option<std::path::PathBuf>,
 }
 
 /// A layer and its place in the file (the context of its messages).
@@ -87,7 +90,10 @@ pub(super) fn parse(
     let fall = at_least_one("fall", raw.fall, ctx, p);
     let jitter = jitter(raw.jitter.as_ref(), ctx, p);
     let http = http_fields(raw, ctx, p);
+    let (tls_verify, ca_file) = super::tls::tls_fields(raw, ctx, p);
     HealthLayer {
+        tls_verify,
+        ca_file,
         interval,
         timeout,
         timeout_auto,
@@ -293,7 +299,7 @@ fn parse_status(item: &RawStatus) -> Option<(u16, u16)> {
 // Merging.
 
 /// The value from the most specific layer that sets it, and that layer.
-fn pick<T: Clone>(
+pub(super) fn pick<T: Clone>(
     layers: &[Layer<'_>],
     field: impl Fn(&HealthLayer) -> &Option<T>,
 ) -> (Option<T>, Option<usize>) {
@@ -306,7 +312,7 @@ fn pick<T: Clone>(
 }
 
 /// The place of the layer `pick` found (the daemon-wide table if none).
-fn place<'a>(layers: &[Layer<'a>], i: Option<usize>) -> &'a str {
+pub(super) fn place<'a>(layers: &[Layer<'a>], i: Option<usize>) -> &'a str {
     i.map_or("health_check", |i| layers[i].1)
 }
 
@@ -407,32 +413,36 @@ fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
     let below = &layers[kind_src.unwrap_or(0)..];
     if kind != KindName::Grpc {
         for (layer, ctx) in below {
-            let grpc = [("service", layer.service.is_some()), ("tls", layer.tls.is_some())];
+            let grpc = [
+                ("service", layer.service.is_some()),
+                ("tls", layer.tls.is_some()),
+            ];
             super::grpc::refuse_fields(&grpc, kind, ctx, p);
         }
     }
     match kind {
         KindName::Tcp => {
             check_no_http_fields(below, "tcp", &[], p);
+            super::tls::check_no_tls_fields(below, "tcp", p);
             CheckKind::Tcp
         }
-        KindName::Http => CheckKind::Http(http_check(layers, p)),
-        KindName::Grpc => {
-            let allowed = ["host", "reuse_connection", "reopen_every"];
-            check_no_http_fields(below, "grpc", &allowed, p);
-            CheckKind::Grpc(GrpcCheck {
-                service: pick(layers, |l| &l.service).0.unwrap_or_default(),
-                host: pick(layers, |l| &l.host).0,
-                reuse_connection: reuse_connection(layers, p),
-            })
+        KindName::Http => {
+            super::tls::check_no_tls_fields(below, "http", p);
+            CheckKind::Http(http_check(layers, p))
         }
+        KindName::Grpc => CheckKind::Grpc(super::grpc::grpc_check(layers, below, p)),
     }
 }
 
 /// HTTP settings inherited from a less specific layer than `kind = "tcp"`
 /// (or `"grpc"`, but for the fields it has too: `allowed`) are simply not
 /// used; ones set alongside or below it (`layers`) are a mistake.
-fn check_no_http_fields(layers: &[Layer<'_>], kind: &str, allowed: &[&str], p: &mut Problems<'_>) {
+pub(super) fn check_no_http_fields(
+    layers: &[Layer<'_>],
+    kind: &str,
+    allowed: &[&str],
+    p: &mut Problems<'_>,
+) {
     for (layer, ctx) in layers {
         let http_fields = [
             ("method", layer.method.is_some()),
@@ -490,7 +500,7 @@ fn http_check(layers: &[Layer<'_>], p: &mut Problems<'_>) -> HttpCheck {
 /// true. `reopen_every` set where it cannot apply (alongside or below the
 /// table that leaves reuse off) is a mistake; inherited from a less
 /// specific table that turned reuse on, it is simply not used.
-fn reuse_connection(layers: &[Layer<'_>], p: &mut Problems<'_>) -> Option<u32> {
+pub(super) fn reuse_connection(layers: &[Layer<'_>], p: &mut Problems<'_>) -> Option<u32> {
     let (reuse, reuse_src) = pick(layers, |l| &l.reuse_connection);
     let reopen = pick(layers, |l| &l.reopen_every).0;
     if reuse == Some(true) {
@@ -554,7 +564,9 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         CheckKind::Tcp => (None, None),
         CheckKind::Grpc(g) => (None, Some(g)),
     };
-    let reuse = http.map(|h| h.reuse_connection).or(grpc.map(|g| g.reuse_connection));
+    let reuse = http
+        .map(|h| h.reuse_connection)
+        .or(grpc.map(|g| g.reuse_connection));
     View {
         kind: match &spec.kind {
             CheckKind::Http(_) => "http",
@@ -569,7 +581,7 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         reuse_connection: reuse.map(|r| r.is_some()),
         reopen_every: reuse.flatten(),
         service: grpc.map(|g| g.service.as_str()),
-        tls: grpc.map(|_| false),
+        tls: grpc.map(|g| g.tls.is_some()),
         port: spec.port,
         interval: spec.interval,
         timeout: spec.timeout,

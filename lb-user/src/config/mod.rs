@@ -63,6 +63,7 @@ mod guard;
 mod health;
 mod protection;
 mod raw;
+mod tls;
 mod vip;
 
 pub use daemon::{

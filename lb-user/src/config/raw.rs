@@ -121,6 +121,8 @@ pub(super) struct RawHealth {
     /// `kind = "grpc"`: the service asked about, and HTTP/2 over TLS.
     pub(super) service: Option<String>,
     pub(super) tls: Option<bool>,
+    pub(super) tls_verify: Option<bool>,
+    pub(super) ca_file: Option<String>,
     /// Accepted by the parser only to answer with a useful message: the
     /// probed port belongs to each backend (`health_port`).
     pub(super) port: Option<toml::Value>,

@@ -21,6 +21,7 @@ mod grpc;
 mod outcome;
 mod response;
 mod reuse;
+pub(crate) mod tls;
 
 use std::future::{Future as _, poll_fn};
 use std::io;

@@ -26,6 +26,8 @@ pub struct GrpcCheck {
     /// As [`HttpCheck::reuse_connection`]: one HTTP/2 connection per
     /// backend, reopened every this many probes; `None`, one per probe.
     pub reuse_connection: Option<u32>,
+    /// `tls = true`: HTTP/2 over TLS (ALPN `h2`); `None`, h2c.
+    pub tls: Option<TlsCheck>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +48,21 @@ pub struct HttpCheck {
     /// and after any failure, timeout or `Connection: close`. `None`: a new
     /// connection per probe (the default).
     pub reuse_connection: Option<u32>,
+}
+
+/// How a TLS probe (`kind = "https"`, gRPC over TLS) checks the backend's
+/// certificate (see `probe::tls`, which says what is and is not verified).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsCheck {
+    /// `tls_verify`: check the chain, the dates and the name (the default).
+    /// `false` accepts any certificate (self-signed backends).
+    pub verify: bool,
+    /// `ca_file`: trust only the CA certificates of this PEM file instead
+    /// of the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The name sent as SNI and checked in the certificate (from `host`,
+    /// without a port); `None`: the probed IP address (no SNI is sent).
+    pub server_name: Option<String>,
 }
 
 /// Why an [`HttpCheck`] cannot be sent as a well-formed HTTP/1.1 request.

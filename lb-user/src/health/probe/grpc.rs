@@ -1,5 +1,6 @@
 //! `kind = "grpc"`: the standard `grpc.health.v1.Health/Check` unary call
-//! over HTTP/2 with prior knowledge (h2c), framed by the `h2` crate.
+//! over HTTP/2 with prior knowledge (h2c), or over TLS with ALPN `h2`
+//! (`tls = true`, see `probe::tls`), framed by the `h2` crate.
 //!
 //! What it proves: the application's gRPC server reads a call and its
 //! health service answers `SERVING` for `service` in time, so a hung
@@ -65,6 +66,8 @@ pub enum GrpcFail {
     StreamReset { reason: String },
     /// The connection broke HTTP/2's rules (e.g. the port speaks HTTP/1.1).
     Http2 { reason: String },
+    /// Over TLS, the server did not agree to HTTP/2 (ALPN `h2`).
+    NoH2Alpn,
     /// The answer is not a well-formed gRPC response.
     Malformed { reason: String },
     /// The response message is longer than [`MESSAGE_LIMIT`].
@@ -87,6 +90,7 @@ impl GrpcFail {
             Self::GoAway { .. } => "grpc_goaway",
             Self::StreamReset { .. } => "grpc_stream_reset",
             Self::Http2 { .. } => "grpc_http2_error",
+            Self::NoH2Alpn => "grpc_no_h2_alpn",
             Self::Malformed { .. } => "grpc_malformed",
             Self::TooLarge { .. } => "grpc_message_too_large",
         }
@@ -115,7 +119,11 @@ impl fmt::Display for GrpcFail {
                 Ok(())
             }
             Self::Status { code, message } => {
-                write!(f, "gRPC call failed: grpc-status {code} {}", status_name(*code))?;
+                write!(
+                    f,
+                    "gRPC call failed: grpc-status {code} {}",
+                    status_name(*code)
+                )?;
                 match *code {
                     12 => f.write_str(
                         " (the server has no grpc.health.v1.Health service; enable it or \
@@ -138,13 +146,19 @@ impl fmt::Display for GrpcFail {
                 "content-type {content_type:?} is not application/grpc: the port does not \
                  serve gRPC"
             ),
-            Self::GoAway { reason } => write!(f, "the server sent GOAWAY ({reason}) before answering"),
+            Self::GoAway { reason } => {
+                write!(f, "the server sent GOAWAY ({reason}) before answering")
+            }
             Self::StreamReset { reason } => {
                 write!(f, "the server reset the health call (RST_STREAM {reason})")
             }
             Self::Http2 { reason } => write!(
                 f,
                 "HTTP/2 error: {reason} (does the port serve gRPC over h2c?)"
+            ),
+            Self::NoH2Alpn => f.write_str(
+                "the TLS server did not agree to HTTP/2 (ALPN h2): it does not serve gRPC over \
+                 TLS on this port",
             ),
             Self::Malformed { reason } => write!(f, "malformed gRPC response: {reason}"),
             Self::TooLarge { limit } => write!(
@@ -211,7 +225,11 @@ pub(crate) fn request_message(service: &str) -> Vec<u8> {
     }
     let mut framed = vec![0];
     // A service name is at most a few hundred bytes (checked by config).
-    framed.extend_from_slice(&u32::try_from(message.len()).unwrap_or(u32::MAX).to_be_bytes());
+    framed.extend_from_slice(
+        &u32::try_from(message.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
     framed.extend_from_slice(&message);
     framed
 }
@@ -365,7 +383,9 @@ fn h2_fail(e: h2::Error, progress: &Progress) -> Failed {
         .into();
     }
     if e.is_go_away() {
-        let reason = e.reason().map_or_else(|| e.to_string(), |r| format!("{r:?}"));
+        let reason = e
+            .reason()
+            .map_or_else(|| e.to_string(), |r| format!("{r:?}"));
         return Failed {
             reason: GrpcFail::GoAway { reason }.into(),
             closed_unanswered: unanswered,
@@ -373,7 +393,9 @@ fn h2_fail(e: h2::Error, progress: &Progress) -> Failed {
     }
     if e.is_reset() {
         let refused = e.reason() == Some(h2::Reason::REFUSED_STREAM);
-        let reason = e.reason().map_or_else(|| e.to_string(), |r| format!("{r:?}"));
+        let reason = e
+            .reason()
+            .map_or_else(|| e.to_string(), |r| format!("{r:?}"));
         return Failed {
             reason: GrpcFail::StreamReset { reason }.into(),
             closed_unanswered: unanswered && refused,
@@ -625,7 +647,8 @@ pub(super) async fn grpc_probe(
     grpc: &GrpcCheck,
     slot: Option<&ConnSlot>,
 ) -> Result<ProbeOk, FailReason> {
-    let call_spec = Call::new(to.addr, grpc, "http")?;
+    let scheme = if grpc.tls.is_some() { "https" } else { "http" };
+    let call_spec = Call::new(to.addr, grpc, scheme)?;
     let reuse = slot.map(ConnSlot::grpc).zip(grpc.reuse_connection);
     if let Some((slot, every)) = reuse
         && let Some(conn) = slot.take(to.addr)
@@ -638,7 +661,20 @@ pub(super) async fn grpc_probe(
     }
     let stream = connect(to.addr, to.path, to.by.deadline, to.by.limit).await?;
     to.note_connected();
-    let conn = open(stream, to.addr, to.by).await?;
+    let conn = match &grpc.tls {
+        None => open(stream, to.addr, to.by).await?,
+        Some(tls) => {
+            let (deadline, limit) = (to.by.deadline, to.by.limit);
+            let stream =
+                super::tls::handshake(stream, tls, to.addr, &[b"h2"], deadline, limit).await?;
+            // A server that did not pick h2 would answer HTTP/1.1 to our
+            // HTTP/2 preface: say why instead.
+            if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
+                return Err(GrpcFail::NoH2Alpn.into());
+            }
+            open(stream, to.addr, to.by).await?
+        }
+    };
     let done = call(conn.send.clone(), &call_spec, to.by).await;
     match reuse {
         Some((slot, every)) => kept(done, conn, slot, every),

@@ -175,6 +175,48 @@ pub enum FailReason {
     /// A `kind = "grpc"` verdict (see `probe::grpc`).
     #[error("{0}")]
     Grpc(super::grpc::GrpcFail),
+    // TLS (`kind = "https"`, gRPC over TLS): see `probe::tls`.
+    /// TCP connected, but no complete TLS handshake within `hang_timeout`.
+    #[error("connected, no complete TLS handshake within {}", Compact(*.timeout))]
+    TlsHandshakeTimeout { timeout: Duration },
+    /// The certificate's validity dates exclude now: `detail` gives them.
+    #[error("TLS certificate {detail}; renew it on the backend (or check this host's clock)")]
+    TlsCertExpired { detail: String },
+    /// The certificate does not hold the name it is checked against.
+    #[error("{}", wrong_name_text(.expected, .presented))]
+    TlsCertWrongName {
+        expected: String,
+        presented: Vec<String>,
+    },
+    /// The certificate's chain does not lead to a trusted CA; `roots` says
+    /// which were trusted (`the system roots`, `ca_file /etc/...`).
+    #[error(
+        "TLS certificate signed by a CA not in {roots}; set ca_file to the CA that signed it, \
+         or tls_verify = false for a self-signed backend"
+    )]
+    TlsCertUnknownIssuer { roots: String },
+    /// Any other certificate problem (bad encoding, revoked, wrong usage...).
+    #[error("TLS certificate invalid: {error}")]
+    TlsCertInvalid { error: String },
+    /// The server's alert, or bytes that are not TLS (a plaintext server, a
+    /// truncated or garbled record), in rustls's words.
+    #[error("TLS handshake failed: {error}")]
+    TlsHandshakeFailed { error: String },
+    /// The backend closed the connection before the handshake completed.
+    #[error("connection closed during the TLS handshake")]
+    TlsClosed,
+}
+
+fn wrong_name_text(expected: &str, presented: &[String]) -> String {
+    let mut text = format!("TLS certificate is not valid for {expected:?}");
+    if !presented.is_empty() {
+        // Debug-quoted: the names come from the backend, and may hold
+        // anything a log line should not.
+        let names: Vec<String> = presented.iter().map(|n| format!("{n:?}")).collect();
+        text.push_str(&format!(" (it names {})", names.join(", ")));
+    }
+    text.push_str("; set host to a name the certificate holds, or fix the certificate");
+    text
 }
 
 fn closed_text(received: usize) -> String {
@@ -203,6 +245,13 @@ impl FailReason {
             Self::Local { .. } => "local_error",
             Self::NoAnswerViaVip { .. } => "no_answer_via_vip",
             Self::Grpc(fail) => fail.code(),
+            Self::TlsHandshakeTimeout { .. } => "tls_handshake_timeout",
+            Self::TlsCertExpired { .. } => "tls_cert_expired",
+            Self::TlsCertWrongName { .. } => "tls_cert_wrong_name",
+            Self::TlsCertUnknownIssuer { .. } => "tls_cert_unknown_issuer",
+            Self::TlsCertInvalid { .. } => "tls_cert_invalid",
+            Self::TlsHandshakeFailed { .. } => "tls_handshake_failed",
+            Self::TlsClosed => "tls_handshake_closed",
         }
     }
 

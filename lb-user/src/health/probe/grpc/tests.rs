@@ -11,8 +11,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::Reason;
 use http::{HeaderMap, Response};
-use tokio::net::{TcpListener, TcpStream};
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 
 use super::super::super::spec::{CheckKind, CheckSpec, GrpcCheck};
 use super::super::super::testutil::http_spec_hang;
@@ -73,6 +76,29 @@ impl Drop for Server {
 
 impl Server {
     async fn start(reply: Reply) -> Self {
+        Self::start_with(reply, None).await
+    }
+
+    /// Over TLS with certificate `cert` (of `tests/tls/make-certs.sh`),
+    /// offering `alpn`.
+    async fn start_tls(reply: Reply, cert: &str, alpn: &[&[u8]]) -> Self {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let pem = super::super::tls::testutil::pem;
+        let chain = CertificateDer::pem_slice_iter(pem(&format!("{cert}.pem")))
+            .collect::<Result<Vec<_>, _>>()
+            .expect("PEM certificate");
+        let key = PrivateKeyDer::from_pem_slice(pem(&format!("{cert}.key"))).expect("PEM key");
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("certificate and key");
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Self::start_with(reply, Some(TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start_with(reply: Reply, tls: Option<TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let reply = Arc::new(Mutex::new(reply));
@@ -82,7 +108,15 @@ impl Server {
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 c.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(serve(stream, r.clone(), l.clone()));
+                let (r, l) = (r.clone(), l.clone());
+                match tls.clone() {
+                    None => drop(tokio::spawn(serve(stream, r, l))),
+                    Some(tls) => drop(tokio::spawn(async move {
+                        if let Ok(stream) = tls.accept(stream).await {
+                            serve(stream, r, l).await;
+                        }
+                    })),
+                }
             }
         });
         Self {
@@ -105,7 +139,10 @@ impl Server {
 
 type Last = Arc<Mutex<Option<(String, String, String, String, Vec<u8>)>>>;
 
-async fn serve(stream: TcpStream, reply: Arc<Mutex<Reply>>, last: Last) {
+async fn serve<T>(stream: T, reply: Arc<Mutex<Reply>>, last: Last)
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let Ok(mut conn) = h2::server::handshake(stream).await else {
         return;
     };
@@ -165,7 +202,10 @@ async fn answer(
         received.extend_from_slice(&chunk);
     }
     *last.lock().expect("lock") = Some((
-        head.uri.authority().map(ToString::to_string).unwrap_or_default(),
+        head.uri
+            .authority()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
         head.uri.path().to_owned(),
         header(&head.headers, "content-type"),
         header(&head.headers, "te"),
@@ -242,6 +282,7 @@ fn grpc_spec(port: u16, service: &str, reuse: Option<u32>) -> CheckSpec {
             service: service.to_owned(),
             host: None,
             reuse_connection: reuse,
+            tls: None,
         }),
         ..http_spec_hang(port, T, T)
     }
@@ -339,7 +380,11 @@ async fn each_failing_answer_is_named() {
         let spec = grpc_spec(server.addr.port(), "web", None);
         let result = probe_once(&server, &spec, None).await;
         let fail = result.outcome.expect_err(&format!("{reply:?} passed"));
-        assert_eq!((fail.code(), fail.to_string().as_str()), (code, text), "{reply:?}");
+        assert_eq!(
+            (fail.code(), fail.to_string().as_str()),
+            (code, text),
+            "{reply:?}"
+        );
         assert!(result.latency < T + Duration::from_millis(200), "{reply:?}");
     }
 }
@@ -368,7 +413,10 @@ async fn a_slow_server_is_slow_and_a_hung_one_fails_at_hang_timeout() {
 #[tokio::test]
 async fn reuse_keeps_one_connection_and_replaces_a_closed_one() {
     let server = Server::start(Reply::Serving).await;
-    let (spec, slot) = (grpc_spec(server.addr.port(), "", Some(3)), ConnSlot::default());
+    let (spec, slot) = (
+        grpc_spec(server.addr.port(), "", Some(3)),
+        ConnSlot::default(),
+    );
     for i in 0..7 {
         let result = probe_once(&server, &spec, Some(&slot)).await;
         assert!(result.is_ok(), "probe {i}: {result:?}");
@@ -380,7 +428,10 @@ async fn reuse_keeps_one_connection_and_replaces_a_closed_one() {
     // The server closes the kept connection (idle timeout): the next probe
     // goes out on a fresh one and passes.
     let server = Server::start(Reply::ServingThenClose).await;
-    let (spec, slot) = (grpc_spec(server.addr.port(), "", Some(10)), ConnSlot::default());
+    let (spec, slot) = (
+        grpc_spec(server.addr.port(), "", Some(10)),
+        ConnSlot::default(),
+    );
     assert!(probe_once(&server, &spec, Some(&slot)).await.is_ok());
     tokio::time::sleep(Duration::from_millis(100)).await;
     server.set(Reply::Serving);
@@ -390,7 +441,10 @@ async fn reuse_keeps_one_connection_and_replaces_a_closed_one() {
     // Closed just as the call arrives: sent again once on a fresh
     // connection, whose own close is a failure.
     let server = Server::start(Reply::Serving).await;
-    let (spec, slot) = (grpc_spec(server.addr.port(), "", Some(10)), ConnSlot::default());
+    let (spec, slot) = (
+        grpc_spec(server.addr.port(), "", Some(10)),
+        ConnSlot::default(),
+    );
     assert!(probe_once(&server, &spec, Some(&slot)).await.is_ok());
     server.set(Reply::DropOnCall);
     let result = probe_once(&server, &spec, Some(&slot)).await;
@@ -402,11 +456,85 @@ async fn reuse_keeps_one_connection_and_replaces_a_closed_one() {
 
     // A failure drops the kept connection.
     let server = Server::start(Reply::Serving).await;
-    let (spec, slot) = (grpc_spec(server.addr.port(), "", Some(10)), ConnSlot::default());
+    let (spec, slot) = (
+        grpc_spec(server.addr.port(), "", Some(10)),
+        ConnSlot::default(),
+    );
     assert!(probe_once(&server, &spec, Some(&slot)).await.is_ok());
     server.set(Reply::NotServing);
-    assert!(probe_once(&server, &spec, Some(&slot)).await.outcome.is_err());
+    assert!(
+        probe_once(&server, &spec, Some(&slot))
+            .await
+            .outcome
+            .is_err()
+    );
     assert!(!slot.is_idle());
+}
+
+/// `tls = true`: the call goes over TLS with ALPN `h2`, the certificate
+/// checked for `host`; a server that does not pick h2, or a bad
+/// certificate, is named.
+#[tokio::test]
+async fn over_tls() {
+    let dir = super::super::tls::testutil::TempDir::new("grpc");
+    let tls_spec = |port, cert_check| {
+        let mut spec = grpc_spec(port, "", None);
+        if let CheckKind::Grpc(grpc) = &mut spec.kind {
+            grpc.host = Some("good.test".into());
+            grpc.tls = Some(cert_check);
+        }
+        spec
+    };
+    let check = || super::super::tls::testutil::lab_ca_check(&dir, Some("good.test"));
+    let server = Server::start_tls(Reply::Serving, "good", &[b"h2"]).await;
+    let result = probe_once(&server, &tls_spec(server.addr.port(), check()), None).await;
+    assert_eq!(result.outcome, Ok(ProbeOk { status: None }));
+    let last = server.last.lock().expect("lock").clone().expect("a call");
+    assert_eq!(last.0, "good.test", ":authority");
+
+    let server = Server::start_tls(Reply::NotServing, "good", &[b"h2"]).await;
+    let result = probe_once(&server, &tls_spec(server.addr.port(), check()), None).await;
+    assert_eq!(
+        result.outcome.err().map(|f| f.code()),
+        Some("grpc_not_serving")
+    );
+
+    // A server with no ALPN at all (it would speak HTTP/1.1).
+    let server = Server::start_tls(Reply::Serving, "good", &[]).await;
+    let result = probe_once(&server, &tls_spec(server.addr.port(), check()), None).await;
+    let fail = result.outcome.expect_err("no h2");
+    assert_eq!(
+        (fail.code(), fail.to_string().as_str()),
+        (
+            "grpc_no_h2_alpn",
+            "the TLS server did not agree to HTTP/2 (ALPN h2): it does not serve gRPC over TLS \
+             on this port"
+        )
+    );
+
+    // One offering only other protocols refuses the handshake itself.
+    let server = Server::start_tls(Reply::Serving, "good", &[b"http/1.1"]).await;
+    let result = probe_once(&server, &tls_spec(server.addr.port(), check()), None).await;
+    let fail = result.outcome.expect_err("no h2");
+    assert_eq!(
+        (fail.code(), fail.to_string().as_str()),
+        (
+            "tls_handshake_failed",
+            "TLS handshake failed: received fatal alert: NoApplicationProtocol"
+        )
+    );
+
+    let server = Server::start_tls(Reply::Serving, "expired", &[b"h2"]).await;
+    let result = probe_once(&server, &tls_spec(server.addr.port(), check()), None).await;
+    assert_eq!(
+        result.outcome.err().map(|f| f.code()),
+        Some("tls_cert_expired")
+    );
+
+    // h2c against a TLS port: the server's bytes are not HTTP/2.
+    let server = Server::start_tls(Reply::Serving, "good", &[b"h2"]).await;
+    let result = probe_once(&server, &grpc_spec(server.addr.port(), "", None), None).await;
+    assert!(result.outcome.is_err(), "{result:?}");
 }
 
 /// An HTTP/1.1 server on the port: an HTTP/2 error, named.
@@ -466,14 +594,23 @@ fn response_parsing_recorded_and_hostile() {
         (&[], "no message before the trailers"),
         (&[0, 0], "2 bytes, shorter than a message prefix"),
         (&[1, 0, 0, 0, 2, 8, 1], "compressed message"),
-        (&[0, 0, 0, 0, 3, 8, 1], "message prefix says 3 bytes, 2 came"),
-        (&[0, 0, 0, 0, 2, 8, 1, 0], "message prefix says 2 bytes, 3 came"),
+        (
+            &[0, 0, 0, 0, 3, 8, 1],
+            "message prefix says 3 bytes, 2 came",
+        ),
+        (
+            &[0, 0, 0, 0, 2, 8, 1, 0],
+            "message prefix says 2 bytes, 3 came",
+        ),
         (&[0, 0, 0, 0, 1, 0x08], "not a HealthCheckResponse"), // truncated varint
         (&[0, 0, 0, 0, 2, 0x0a, 0x05], "not a HealthCheckResponse"), // bytes past the end
         (&[0, 0, 0, 0, 2, 0x0b, 0x00], "not a HealthCheckResponse"), // group
         (&[0, 0, 0, 0, 2, 0x00, 0x01], "not a HealthCheckResponse"), // field 0
         (
-            &[0, 0, 0, 0, 12, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
+            &[
+                0, 0, 0, 0, 12, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                0x01,
+            ],
             "not a HealthCheckResponse",
         ), // 11-byte varint
         (&[0, 0, 0x10, 0, 0], "over 1024 bytes"),
@@ -486,7 +623,10 @@ fn response_parsing_recorded_and_hostile() {
 
 #[test]
 fn grpc_message_is_decoded_and_escaped() {
-    assert_eq!(percent_decode(b"service%20not%0Aregistered"), "service not\nregistered");
+    assert_eq!(
+        percent_decode(b"service%20not%0Aregistered"),
+        "service not\nregistered"
+    );
     assert_eq!(percent_decode(b"100%"), "100%");
     assert_eq!(percent_decode(b"%zz"), "%zz");
     assert_eq!(percent_decode(&[b'a'; 300]).len(), MESSAGE_SHOWN);
