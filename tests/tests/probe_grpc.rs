@@ -7,6 +7,9 @@
 //! NOT_SERVING goes down with the status in the reason; a fleet made slow
 //! (every server stopped for 60 % of every 150 ms) stays in.
 //!
+//! The same through the data path (`via = "vip"`) on kept HTTP/2
+//! connections (`reuse_connection = true`).
+//!
 //! Same rules as `e2e.rs`: the lab (prefix `grp…`, own instance and socket)
 //! is torn down by `LabRun`'s Drop however the test ends, and the gRPC
 //! servers with it (they are the lab's children); every wait is bounded.
@@ -97,10 +100,15 @@ fn exit_of(events: &[Event], backend: SocketAddr, since: u64) -> Option<&Event> 
 /// Brings the lab up with HTTP checks (the lab's backends answer them),
 /// starts the gRPC servers, then reloads with `kind = "grpc"` on their
 /// port and waits for every backend to be up by gRPC.
-fn grpc_lab(p: &str) -> (LabRun, Vec<u32>) {
+fn grpc_lab(p: &str, extra: &str) -> (LabRun, Vec<u32>) {
     let run = up(p, &config(p, health("http"), Protection::default()));
     let pids = start_grpc_servers(&run);
-    run.reload(&grpc_config(p).render())
+    let text = grpc_config(p).render().replacen(
+        "[health_check]\n",
+        &format!("[health_check]\n{extra}"),
+        1,
+    );
+    run.reload(&text)
         .unwrap_or_else(|e| panic!("reload to grpc: {e}"));
     let (status, took) = run
         .wait_until("every backend up by gRPC", Duration::from_secs(15), |s| {
@@ -123,7 +131,7 @@ fn grpc_lab(p: &str) -> (LabRun, Vec<u32>) {
 fn grpc_probe_hung_not_serving_and_slow() {
     let _serial = serial();
     let p = prefix("h");
-    let (run, pids) = grpc_lab(&p);
+    let (run, pids) = grpc_lab(&p, "");
     let vip = api();
     let h = health("grpc");
     let bound = h.interval * h.fall + h.timeout + DETECTION_MARGIN;
@@ -217,5 +225,30 @@ fn grpc_probe_hung_not_serving_and_slow() {
     assert!(left.is_none(), "a slow backend left the table: {left:?}");
     eprintln!("[{p}] slow fleet stayed in ({slow_seen} slow probes seen in status polls)");
     assert!(slow_seen > 0, "no probe was slow: did the slowdown take?");
+    teardown(run);
+}
+
+/// `via = "vip"` (the probe goes to the VIP's address, steered to the
+/// backend by `xlb_hc`) on kept HTTP/2 connections: every backend comes up
+/// by gRPC, and one flipped to NOT_SERVING goes down and comes back.
+#[test]
+fn grpc_probe_via_vip_on_kept_connections() {
+    let _serial = serial();
+    let p = prefix("v");
+    let (run, pids) = grpc_lab(&p, "via = \"vip\"\nreuse_connection = true\n");
+    let b1 = api().backend_addr(1);
+    signal(pids[0], Signal::SIGUSR1);
+    let (status, took) = run
+        .wait_backend_state("api", b1, "down", Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("NOT_SERVING b1 not down via the VIP: {e}"));
+    let reason = status
+        .backend("api", b1)
+        .and_then(|b| b.last_transition_reason.clone())
+        .unwrap_or_default();
+    eprintln!("[{p}] via VIP: NOT_SERVING b1 down in {took:?}: {reason}");
+    assert!(reason.contains("NOT_SERVING"), "{reason}");
+    signal(pids[0], Signal::SIGUSR1);
+    run.wait_backend_state("api", b1, "up", Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("b1 not back via the VIP: {e}"));
     teardown(run);
 }
