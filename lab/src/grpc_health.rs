@@ -17,8 +17,9 @@ use tonic_health::server::HealthReporter;
 /// What to serve.
 #[derive(Clone, Debug)]
 pub struct GrpcHealthOptions {
-    /// Address to serve on (h2c).
-    pub listen: SocketAddr,
+    /// Addresses to serve on (h2c), each with the same statuses; port 0
+    /// picks a free port (the bound addresses are printed).
+    pub listen: Vec<SocketAddr>,
     /// Service names to report, besides the whole server ("").
     pub services: Vec<String>,
     /// Switch to NOT_SERVING this long after start.
@@ -39,8 +40,13 @@ async fn set_all(reporter: &HealthReporter, services: &[String], status: Serving
 pub async fn serve(opts: GrpcHealthOptions) -> Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
     set_all(&reporter, &opts.services, ServingStatus::Serving).await;
-    let incoming =
-        TcpIncoming::bind(opts.listen).with_context(|| format!("binding {}", opts.listen))?;
+    let mut incomings = Vec::new();
+    let mut bound = Vec::new();
+    for addr in &opts.listen {
+        let incoming = TcpIncoming::bind(*addr).with_context(|| format!("binding {addr}"))?;
+        bound.push(incoming.local_addr().context("local address")?.to_string());
+        incomings.push(incoming);
+    }
     let mut usr1 = signal(SignalKind::user_defined1()).context("SIGUSR1 handler")?;
     let (toggler, services) = (reporter.clone(), opts.services.clone());
     tokio::spawn(async move {
@@ -62,11 +68,15 @@ pub async fn serve(opts: GrpcHealthOptions) -> Result<()> {
             set_all(&reporter, &services, ServingStatus::NotServing).await;
         });
     }
-    // The line the lab waits for before probing.
-    eprintln!("xlb-grpc-health: serving on {}", opts.listen);
-    Server::builder()
-        .add_service(health)
-        .serve_with_incoming(incoming)
-        .await
-        .context("serving")
+    // The line the lab (and the benchmark) waits for before probing.
+    eprintln!("xlb-grpc-health: serving on {}", bound.join(" "));
+    let mut servers = tokio::task::JoinSet::new();
+    for incoming in incomings {
+        let server = Server::builder().add_service(health.clone());
+        servers.spawn(server.serve_with_incoming(incoming));
+    }
+    while let Some(done) = servers.join_next().await {
+        done.context("a server task")?.context("serving")?;
+    }
+    Ok(())
 }

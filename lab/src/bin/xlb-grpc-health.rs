@@ -19,9 +19,10 @@ use xlb_lab::grpc_health::{GrpcHealthOptions, serve};
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// Address to serve on (h2c).
-    #[arg(long)]
-    listen: SocketAddr,
+    /// Address to serve on (h2c); repeatable; port 0 picks one (the bound
+    /// addresses are printed on stderr: `serving on A B ...`).
+    #[arg(long, required = true)]
+    listen: Vec<SocketAddr>,
     /// A service name to report (repeatable), besides the whole server ("").
     #[arg(long)]
     service: Vec<String>,
