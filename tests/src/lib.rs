@@ -12,6 +12,7 @@ pub mod harness;
 pub mod lab;
 pub mod netns;
 pub mod packet;
+pub mod tls;
 
 /// Whether this process may load BPF programs and create namespaces. Tests
 /// that need it fail with a clear message otherwise (`cargo xtask test` runs

@@ -80,6 +80,7 @@ pub(super) fn refuse_fields(
     let kind = match kind {
         KindName::Http => "http",
         KindName::Tcp => "tcp",
+        KindName::Https => "https",
         KindName::Grpc => return,
     };
     for &(field, set) in fields {

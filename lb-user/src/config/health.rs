@@ -430,6 +430,10 @@ fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
             super::tls::check_no_tls_fields(below, "http", p);
             CheckKind::Http(http_check(layers, p))
         }
+        KindName::Https => CheckKind::Https {
+            http: http_check(layers, p),
+            tls: super::tls::tls_check(layers, p),
+        },
         KindName::Grpc => CheckKind::Grpc(super::grpc::grpc_check(layers, below, p)),
     }
 }
@@ -539,6 +543,9 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         #[serde(skip_serializing_if = "Option::is_none")]
         reopen_every: Option<u32>,
         #[serde(skip_serializing_if = "Option::is_none")]
+        tls_verify: Option<bool>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ca_file: Option<&'a std::path::Path>,
         service: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         tls: Option<bool>,
@@ -559,20 +566,17 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         via: &'static str,
         auto_timeout: bool,
     }
-    let (http, grpc) = match &spec.kind {
-        CheckKind::Http(h) => (Some(h), None),
-        CheckKind::Tcp => (None, None),
-        CheckKind::Grpc(g) => (None, Some(g)),
+    let (kind, http, tls, grpc) = match &spec.kind {
+        CheckKind::Http(h) => ("http", Some(h), None, None),
+        CheckKind::Tcp => ("tcp", None, None, None),
+        CheckKind::Https { http, tls } => ("https", Some(http), Some(tls), None),
+        CheckKind::Grpc(g) => ("grpc", None, g.tls.as_ref(), Some(g)),
     };
     let reuse = http
         .map(|h| h.reuse_connection)
         .or(grpc.map(|g| g.reuse_connection));
     View {
-        kind: match &spec.kind {
-            CheckKind::Http(_) => "http",
-            CheckKind::Tcp => "tcp",
-            CheckKind::Grpc(_) => "grpc",
-        },
+        kind,
         method: http.map(|h| h.method.as_str()),
         path: http.map(|h| h.path.as_str()),
         host: http.map_or(grpc.and_then(|g| g.host.as_deref()), |h| h.host.as_deref()),
@@ -580,6 +584,8 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         body_contains: http.and_then(|h| h.body_contains.as_deref()),
         reuse_connection: reuse.map(|r| r.is_some()),
         reopen_every: reuse.flatten(),
+        tls_verify: tls.map(|t| t.verify),
+        ca_file: tls.and_then(|t| t.ca_file.as_deref()),
         service: grpc.map(|g| g.service.as_str()),
         tls: grpc.map(|g| g.tls.is_some()),
         port: spec.port,

@@ -79,12 +79,13 @@ pub(super) struct RawBackend {
     pub(super) max_flows: Option<u64>,
 }
 
-/// `kind = "http"`, `kind = "tcp"`, `kind = "grpc"`.
+/// `kind = "http"`, `"tcp"`, `"https"` or `"grpc"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum KindName {
     Http,
     Tcp,
+    Https,
     Grpc,
 }
 

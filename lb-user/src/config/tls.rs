@@ -121,6 +121,126 @@ pub(super) fn check_no_tls_fields(layers: &[Layer<'_>], kind: &str, p: &mut Prob
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::tests::{api_with_backend, assert_rejected, default_http, ok};
+    use crate::health::probe::tls::testutil::{TempDir, pem};
+    use crate::health::spec::{CheckKind, HttpCheck};
+
+    /// VIP "api" with one backend and `check` as its `[vip.health_check]`.
+    fn with_check(check: &str) -> String {
+        api_with_backend(&format!("[vip.health_check]\n{check}"))
+    }
+
+    /// The check of the only backend of `text`.
+    fn kind(text: &str) -> CheckKind {
+        ok("https", text).vips[0].backends[0].health.kind.clone()
+    }
+
+    #[test]
+    fn https_settings() {
+        let dir = TempDir::new("config");
+        let ca = dir.file("ca.pem", pem("ca.pem"));
+        let https = |http: HttpCheck, tls: TlsCheck| CheckKind::Https { http, tls };
+        let text = with_check(&format!(
+            "kind = \"https\"\nhost = \"good.test:8443\"\nca_file = {:?}",
+            ca.display().to_string()
+        ));
+        let want = https(
+            HttpCheck {
+                host: Some("good.test:8443".to_owned()),
+                ..default_http()
+            },
+            TlsCheck {
+                verify: true,
+                ca_file: Some(ca.clone()),
+                server_name: Some("good.test".to_owned()),
+            },
+        );
+        assert_eq!(kind(&text), want);
+        // Defaults: the system roots, the backend's address as the name.
+        let system = TlsCheck {
+            verify: true,
+            ca_file: None,
+            server_name: None,
+        };
+        let text = with_check("kind = \"https\"");
+        assert_eq!(kind(&text), https(default_http(), system.clone()));
+        let text = with_check("kind = \"https\"\ntls_verify = false\nreuse_connection = true");
+        let reuse = HttpCheck {
+            reuse_connection: Some(crate::health::spec::DEFAULT_REOPEN_EVERY),
+            ..default_http()
+        };
+        let any = TlsCheck {
+            verify: false,
+            ..system
+        };
+        assert_eq!(kind(&text), https(reuse, any));
+    }
+
+    #[test]
+    fn https_shown_with_its_tls_settings() {
+        let dir = TempDir::new("config-show");
+        let ca = dir.file("ca.pem", pem("ca.pem"));
+        let text = with_check(&format!(
+            "kind = \"https\"\nca_file = {:?}",
+            ca.display().to_string()
+        ));
+        let json = serde_json::to_value(ok("show", &text)).expect("serialize");
+        let health = &json["vips"][0]["backends"][0]["health"];
+        assert_eq!(health["kind"], "https");
+        assert_eq!(health["tls_verify"], true);
+        assert_eq!(health["ca_file"], ca.display().to_string());
+        assert_eq!(health["path"], "/health");
+        let json = serde_json::to_value(ok("show", &with_check("kind = \"tcp\""))).expect("json");
+        let health = &json["vips"][0]["backends"][0]["health"];
+        assert!(health.get("tls_verify").is_none(), "{health}");
+        assert!(health.get("ca_file").is_none(), "{health}");
+    }
+
+    #[test]
+    fn ca_file_that_does_not_exist() {
+        assert_rejected(
+            &with_check("kind = \"https\"\nca_file = \"/nonexistent/xlb/ca.pem\""),
+            &[
+                r#"xlb.toml: vip "api": health_check: ca_file /nonexistent/xlb/ca.pem cannot be read: No such file or directory (os error 2); give the path of a PEM file holding the CA certificates that signed the backends' certificates"#,
+            ],
+        );
+    }
+
+    #[test]
+    fn ca_file_not_pem() {
+        let dir = TempDir::new("config-not-pem");
+        let key = dir.file("key.pem", pem("ca.key"));
+        assert_rejected(
+            &with_check(&format!(
+                "kind = \"https\"\nca_file = {:?}",
+                key.display().to_string()
+            )),
+            &[&format!(
+                r#"xlb.toml: vip "api": health_check: ca_file {} holds no PEM certificate (no "-----BEGIN CERTIFICATE-----" block); give the CA certificates in PEM form"#,
+                key.display()
+            )],
+        );
+    }
+
+    rejects! {
+        tls_verify_on_tcp: with_check("kind = \"tcp\"\ntls_verify = false") => [
+            r#"xlb.toml: vip "api": health_check: tls_verify applies only to kinds that use TLS ("https"), but this check's kind is "tcp"; remove tls_verify or set kind = "https""#,
+        ];
+        ca_file_on_http_below_https: api_with_backend(
+            "[vip.health_check]\nkind = \"https\"\n[[vip.backend]]\naddress = \"10.0.0.12\"\n[vip.backend.health_check]\nkind = \"http\"\nca_file = \"/x.pem\""
+        ) => [
+            r#"xlb.toml: vip "api": backend 10.0.0.12:80: health_check: ca_file applies only to kinds that use TLS ("https"), but this check's kind is "http"; remove ca_file or set kind = "https""#,
+        ];
+        ca_file_without_verify: with_check("kind = \"https\"\ntls_verify = false\nca_file = \"/x.pem\"") => [
+            r#"xlb.toml: vip "api": health_check: ca_file is not used with tls_verify = false (no certificate is checked); remove ca_file, or tls_verify to verify against it"#,
+        ];
+        empty_ca_file: with_check("kind = \"https\"\nca_file = \"\"") => [
+            r#"xlb.toml: vip "api": health_check: ca_file is empty; give the path of a PEM file of CA certificates, or remove ca_file to verify against the system roots"#,
+        ];
+        host_that_cannot_be_a_server_name: with_check("kind = \"https\"\nhost = \"a..b\"") => [
+            r#"xlb.toml: vip "api": health_check: host "a..b" cannot name the TLS server: "a..b" is not a DNS name or IP address the certificate can be checked against; set host to the name the backends' certificate holds, or remove host to check their IP addresses"#,
+        ];
+    }
 
     #[test]
     fn sni_names() {

@@ -21,6 +21,7 @@ mod grpc;
 mod outcome;
 mod response;
 mod reuse;
+mod stream;
 pub(crate) mod tls;
 
 use std::future::{Future as _, poll_fn};
@@ -32,7 +33,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout_at};
 
@@ -41,8 +42,9 @@ pub use self::outcome::{Compact, FailReason, ProbeClass, ProbeOk, ProbeResult};
 pub use self::response::{BODY_LIMIT, HEADER_LIMIT};
 use self::response::{Reader, read_body, read_final_head};
 pub use self::reuse::ConnSlot;
+use self::stream::ProbeStream;
 use super::datapath::DatapathTarget;
-use super::spec::{CheckKind, CheckSpec, HttpCheck};
+use super::spec::{CheckKind, CheckSpec, HttpCheck, TlsCheck};
 
 /// The User-Agent sent with every HTTP probe, so backends can tell (and
 /// exclude from their access logs) health traffic.
@@ -317,28 +319,19 @@ async fn probe_to(
     connected: Option<&AtomicBool>,
 ) -> ProbeResult {
     let start = Instant::now();
+    let to = Target {
+        addr,
+        path,
+        by,
+        connected,
+    };
     let outcome = match &spec.kind {
         CheckKind::Tcp => connect(addr, path, by.deadline, by.limit)
             .await
             .map(|_stream| ProbeOk { status: None }),
-        CheckKind::Http(http) => {
-            let to = Target {
-                addr,
-                path,
-                by,
-                connected,
-            };
-            http_probe(&to, http, slot).await
-        }
-        CheckKind::Grpc(grpc) => {
-            let to = Target {
-                addr,
-                path,
-                by,
-                connected,
-            };
-            grpc::grpc_probe(&to, grpc, slot).await
-        }
+        CheckKind::Http(http) => http_probe(&to, http, None, slot).await,
+        CheckKind::Https { http, tls } => http_probe(&to, http, Some(tls), slot).await,
+        CheckKind::Grpc(grpc) => grpc::grpc_probe(&to, grpc, slot).await,
     };
     ProbeResult {
         outcome,
@@ -511,9 +504,11 @@ impl From<FailReason> for Failed {
     }
 }
 
+/// An HTTP exchange, over TLS when `tls` is given (`kind = "https"`).
 async fn http_probe(
     to: &Target<'_>,
     http: &HttpCheck,
+    tls: Option<&TlsCheck>,
     slot: Option<&ConnSlot>,
 ) -> Result<ProbeOk, FailReason> {
     if let Err(e) = http.validate() {
@@ -524,7 +519,7 @@ async fn http_probe(
     let request = request(to.addr, http);
     let reuse = slot.zip(http.reuse_connection);
     if let Some((slot, every)) = reuse
-        && let Some((stream, used)) = slot.take(to.addr)
+        && let Some((stream, used)) = slot.take(to.addr, tls.is_some())
     {
         let keep = Keep { slot, used, every };
         to.note_connected();
@@ -540,25 +535,41 @@ async fn http_probe(
         used: 0,
         every,
     });
-    exchange(stream, to, http, &request, keep)
-        .await
-        .map_err(|f| f.reason)
+    let done = match tls {
+        None => exchange(stream, to, http, &request, keep).await,
+        Some(tls) => {
+            // Within the probe's one deadline: a handshake that is slow
+            // but completes makes a slow probe, not a failed one.
+            let (deadline, limit) = (to.by.deadline, to.by.limit);
+            let stream = tls::handshake(stream, tls, to.addr, &[], deadline, limit).await?;
+            exchange(stream, to, http, &request, keep).await
+        }
+    };
+    done.map_err(|f| f.reason)
 }
 
 /// Sends `request` on `stream` and judges the answer; with `keep`, leaves
 /// the connection in its slot if the exchange passed and left it usable.
-async fn exchange(
-    mut stream: TcpStream,
+async fn exchange<S>(
+    mut stream: S,
     to: &Target<'_>,
     http: &HttpCheck,
     request: &[u8],
     keep: Option<Keep<'_>>,
-) -> Result<ProbeOk, Failed> {
+) -> Result<ProbeOk, Failed>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Into<ProbeStream>,
+{
     let (deadline, timeout) = (to.by.deadline, to.by.limit);
     // A request this small fits in the socket send buffer, so this completes
     // even when the application never reads; a timeout here still means no
     // response at all.
-    match timeout_at(deadline, stream.write_all(request)).await {
+    // Flushed: TLS may hold the record back until asked.
+    let send = async {
+        stream.write_all(request).await?;
+        stream.flush().await
+    };
+    match timeout_at(deadline, send).await {
         Err(_elapsed) => return Err(FailReason::NoResponse { timeout }.into()),
         Ok(Err(e)) => {
             return Err(Failed {
@@ -611,8 +622,8 @@ async fn exchange(
 /// probe: reads the `len`-byte body to stay in step (checking it for
 /// `body_contains`), and keeps the connection unless it has carried
 /// `reopen_every` probes or more bytes came than the response framed.
-async fn keep_alive(
-    mut reader: Reader,
+async fn keep_alive<S: AsyncRead + Unpin + Into<ProbeStream>>(
+    mut reader: Reader<S>,
     http: &HttpCheck,
     len: usize,
     addr: SocketAddr,
@@ -631,7 +642,7 @@ async fn keep_alive(
     };
     let used = keep.used + 1;
     if complete && reader.buffered().len() == len && used < keep.every {
-        keep.slot.put(reader.into_stream(), addr, used);
+        keep.slot.put(reader.into_stream().into(), addr, used);
     }
     Ok(())
 }

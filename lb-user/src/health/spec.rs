@@ -11,6 +11,8 @@ pub enum CheckKind {
     /// TCP connect only: proves the kernel accepts, not that the application
     /// answers. For non-HTTP services and for comparison.
     Tcp,
+    /// The HTTP/1.1 request over TLS, the certificate checked as `tls` says.
+    Https { http: HttpCheck, tls: TlsCheck },
     /// The standard gRPC health call (`grpc.health.v1.Health/Check`) over
     /// HTTP/2; see `probe::grpc`.
     Grpc(GrpcCheck),

@@ -12,8 +12,7 @@
 
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt as _;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::time::{Instant, timeout_at};
 
 use super::io_fail;
@@ -43,9 +42,10 @@ const INITIAL_BUFFER: usize = 1024;
 /// a slot per line on the heap.
 const STACK_HEADERS: usize = 16;
 
-/// The response bytes received so far, with the deadline that bounds every read.
-pub(super) struct Reader {
-    stream: TcpStream,
+/// The response bytes received so far, with the deadline that bounds every
+/// read, on a stream of any kind (TCP, TLS).
+pub(super) struct Reader<S> {
+    stream: S,
     /// Received, not yet consumed.
     buf: Vec<u8>,
     /// Total bytes received on this connection.
@@ -54,10 +54,10 @@ pub(super) struct Reader {
     timeout: Duration,
 }
 
-impl Reader {
+impl<S: AsyncRead + Unpin> Reader<S> {
     /// A reader of the response on `stream`; reads end at `deadline`, and
     /// their failures name `timeout` (the probe's `hang_timeout`).
-    pub(super) fn new(stream: TcpStream, deadline: Instant, timeout: Duration) -> Self {
+    pub(super) fn new(stream: S, deadline: Instant, timeout: Duration) -> Self {
         Self {
             stream,
             // A health answer is a few hundred bytes; the buffer grows
@@ -117,7 +117,7 @@ impl Reader {
     }
 
     /// The connection, for the next probe on it.
-    pub(super) fn into_stream(self) -> TcpStream {
+    pub(super) fn into_stream(self) -> S {
         self.stream
     }
 
@@ -200,7 +200,9 @@ enum Framing {
 /// Reads response heads until a final (non-1xx) one. Interim responses
 /// (100 Continue, 103 Early Hints) are allowed before it, within the same
 /// header budget.
-pub(super) async fn read_final_head(reader: &mut Reader) -> Result<Head, FailReason> {
+pub(super) async fn read_final_head(
+    reader: &mut Reader<impl AsyncRead + Unpin>,
+) -> Result<Head, FailReason> {
     let mut consumed = 0;
     loop {
         let head = loop {
@@ -430,7 +432,7 @@ fn parse_decimal(s: &[u8]) -> Option<u64> {
 
 /// Reads the first `BODY_LIMIT` bytes of the body (fewer if it ends sooner).
 pub(super) async fn read_body(
-    reader: &mut Reader,
+    reader: &mut Reader<impl AsyncRead + Unpin>,
     head: &Head,
     is_head: bool,
 ) -> Result<Vec<u8>, FailReason> {
@@ -461,7 +463,7 @@ pub(super) async fn read_body(
     }
 }
 
-async fn read_chunked(reader: &mut Reader) -> Result<Vec<u8>, FailReason> {
+async fn read_chunked(reader: &mut Reader<impl AsyncRead + Unpin>) -> Result<Vec<u8>, FailReason> {
     let raw_start = reader.received - reader.buf.len();
     let mut body = Vec::with_capacity(BODY_LIMIT);
     loop {

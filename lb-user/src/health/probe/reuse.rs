@@ -13,11 +13,10 @@
 //! happens every `reopen_every` probes, after any failure, and whenever the
 //! backend closes it.
 
-use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tokio::net::TcpStream;
+use super::stream::ProbeStream;
 
 use super::grpc::GrpcSlot;
 
@@ -29,7 +28,7 @@ use super::grpc::GrpcSlot;
 pub struct ConnSlot(Arc<Mutex<Option<Idle>>>, GrpcSlot);
 
 struct Idle {
-    stream: TcpStream,
+    stream: ProbeStream,
     /// Where it is connected: the backend, or the VIP for a data-path probe.
     addr: SocketAddr,
     /// Probes it has carried so far.
@@ -55,22 +54,21 @@ impl ConnSlot {
     /// arrived while idle), or that received bytes nobody asked for (a `408`
     /// some servers send before an idle timeout), is dropped instead: read
     /// as the next probe's answer, it would be a false failure.
-    pub(super) fn take(&self, addr: SocketAddr) -> Option<(TcpStream, u32)> {
-        let idle = self.lock().take()?;
-        if idle.addr != addr {
+    ///
+    /// `tls`: whether the probe speaks TLS; a connection of the other kind
+    /// (kept before the check's kind changed) is dropped.
+    pub(super) fn take(&self, addr: SocketAddr, tls: bool) -> Option<(ProbeStream, u32)> {
+        let mut idle = self.lock().take()?;
+        if idle.addr != addr || idle.stream.is_tls() != tls {
             return None;
         }
         // Costs a syscall only when the socket was last seen readable.
-        let mut byte = [0u8; 1];
-        match idle.stream.try_read(&mut byte) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some((idle.stream, idle.used)),
-            _ => None,
-        }
+        idle.stream.is_quiet().then_some((idle.stream, idle.used))
     }
 
     /// Keeps `stream` (connected to `addr`, `used` probes carried) for the
     /// next probe, replacing (closing) any connection kept meanwhile.
-    pub(super) fn put(&self, stream: TcpStream, addr: SocketAddr, used: u32) {
+    pub(super) fn put(&self, stream: ProbeStream, addr: SocketAddr, used: u32) {
         *self.lock() = Some(Idle { stream, addr, used });
     }
 

@@ -95,7 +95,7 @@ fn handshake_fail(e: io::Error, tls: &TlsCheck) -> FailReason {
     if e.kind() == io::ErrorKind::UnexpectedEof {
         return FailReason::TlsClosed;
     }
-    io_fail(e, "in the TLS handshake")
+    io_fail(e, "handshaking TLS")
 }
 
 /// The named failure for a rustls error.
@@ -403,3 +403,6 @@ pub(crate) mod testutil;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod https_tests;

@@ -111,8 +111,15 @@ pub(crate) enum Serve {
     Http,
     /// Answers `503`.
     Fail,
+    /// Answers `200 OK` as `Http` (without `Connection: close`), then
+    /// closes the connection (`close_notify`, FIN): a server's idle timeout
+    /// at its shortest.
+    AnswerThenClose,
     /// Completes the handshake and never answers.
     Hang,
+    /// Starts each handshake this late, then serves as `Http`: a slow
+    /// server, not a hung one.
+    SlowHandshake(Duration),
     /// Speaks only HTTP/2 (ALPN `h2`): a client offering only other
     /// protocols gets the server's `no_application_protocol` alert.
     H2Only,
@@ -148,6 +155,9 @@ impl TlsServer {
                 c.fetch_add(1, Ordering::SeqCst);
                 let (acceptor, h) = (acceptor.clone(), Arc::clone(&h));
                 tasks.spawn(async move {
+                    if let Serve::SlowHandshake(delay) = serve {
+                        tokio::time::sleep(delay).await;
+                    }
                     let Ok(Ok(stream)) =
                         tokio::time::timeout(REQUEST_WAIT, acceptor.accept(tcp)).await
                     else {
@@ -179,7 +189,9 @@ async fn serve_http<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, serve: Ser
             return;
         };
         let answer: &[u8] = match serve {
-            Serve::Http => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            Serve::Http | Serve::SlowHandshake(_) | Serve::AnswerThenClose => {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+            }
             Serve::Fail => b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
             Serve::Hang | Serve::H2Only => {
                 tokio::time::sleep(REQUEST_WAIT).await;
@@ -190,7 +202,7 @@ async fn serve_http<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, serve: Ser
             return;
         }
         let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
-        if text.contains("connection: close") {
+        if text.contains("connection: close") || matches!(serve, Serve::AnswerThenClose) {
             let _ = stream.shutdown().await;
             return;
         }
