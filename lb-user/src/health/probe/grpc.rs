@@ -765,7 +765,7 @@ mod tests {
         reply: Arc<Mutex<Reply>>,
         connections: Arc<AtomicUsize>,
         /// The last call: its `:authority`, path, content-type, te and body.
-        last: Arc<Mutex<Option<(String, String, String, String, Vec<u8>)>>>,
+        last: Last,
         task: JoinHandle<()>,
     }
 
@@ -838,6 +838,7 @@ mod tests {
         }
     }
 
+    /// The last call: its `:authority`, path, content-type, te and body.
     type Last = Arc<Mutex<Option<(String, String, String, String, Vec<u8>)>>>;
 
     async fn serve<T>(stream: T, reply: Arc<Mutex<Reply>>, last: Last)
