@@ -7,8 +7,7 @@ use tracing_subscriber as _;
 // Issue 25's probe kinds, landing one by one: each line goes when its
 // crate is used (one per probe kind's owner, to keep merges apart).
 use hickory_proto as _; // dns
-use regex as _;
-use {bytes as _, h2 as _, http as _}; // grpc // send/expect
+use regex as _; // send/expect
 
 pub mod cli;
 pub mod config;
