@@ -17,12 +17,11 @@
 // report errors with anyhow; named here so that `unused_crate_dependencies`
 // holds for the library too.
 use {anyhow as _, clap as _};
-// The gRPC health server, landing with the grpc probe kind.
-use {tonic as _, tonic_health as _};
 pub mod backend;
 pub mod client;
 pub mod connect_flood;
 pub mod flood;
+pub mod grpc_health;
 pub mod http;
 pub mod scenario;
 pub mod topology;

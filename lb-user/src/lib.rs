@@ -4,9 +4,6 @@
 // The `xlb` binary sets up logging with it; named here so that
 // `unused_crate_dependencies` holds for the library too.
 use tracing_subscriber as _;
-// Issue 25's probe kinds, landing one by one: each line goes when its
-// crate is used (one per probe kind's owner, to keep merges apart).
-use {bytes as _, h2 as _, http as _}; // grpc
 
 pub mod cli;
 pub mod config;

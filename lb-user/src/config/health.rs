@@ -49,6 +49,9 @@ pub(super) struct HealthLayer {
     pub(super) dns: super::dns::DnsLayer,
     pub(super) dns_set: Vec<&'static str>,
     expect: expect::ExpectLayer,
+    /// `kind = "grpc"` (see `config::grpc`).
+    pub(super) service: Option<String>,
+    pub(super) tls: Option<bool>,
     pub(super) tls_verify: Option<bool>,
     pub(super) ca_file: Option<std::path::PathBuf>,
 }
@@ -216,6 +219,8 @@ fn http_fields(raw: &RawHealth, ctx: &str, p: &mut Problems<'_>) -> HealthLayer 
         body_contains,
         reuse_connection: raw.reuse_connection,
         reopen_every: reopen_every(raw.reopen_every, ctx, p),
+        service: super::grpc::service(raw.service.as_deref(), ctx, p),
+        tls: raw.tls,
         ..HealthLayer::default()
     }
 }
@@ -421,16 +426,26 @@ fn hang_timeout(layers: &[Layer<'_>], timeout: Duration, p: &mut Problems<'_>) -
 /// below it.
 fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
     let (kind, kind_src) = pick(layers, |l| &l.kind);
+    let kind = kind.unwrap_or(KindName::Http);
     let below = &layers[kind_src.unwrap_or(0)..];
-    match kind.unwrap_or(KindName::Http) {
+    if kind != KindName::Grpc {
+        for (layer, ctx) in below {
+            let grpc = [
+                ("service", layer.service.is_some()),
+                ("tls", layer.tls.is_some()),
+            ];
+            super::grpc::refuse_fields(&grpc, kind, ctx, p);
+        }
+    }
+    match kind {
         KindName::Tcp => {
-            check_no_http_fields(below, "tcp", p);
+            check_no_http_fields(below, "tcp", &[], p);
             super::dns::check_no_dns_fields(below, "tcp", p);
             super::tls::check_no_tls_fields(below, "tcp", p);
             expect::tcp(layers, kind_src, p).map_or(CheckKind::Tcp, CheckKind::Expect)
         }
         KindName::Udp => {
-            check_no_http_fields(below, "udp", p);
+            check_no_http_fields(below, "udp", &[], p);
             super::dns::check_no_dns_fields(below, "udp", p);
             super::tls::check_no_tls_fields(below, "udp", p);
             CheckKind::Expect(expect::udp(layers, kind_src, p))
@@ -450,18 +465,29 @@ fn kind(layers: &[Layer<'_>], p: &mut Problems<'_>) -> CheckKind {
             }
         }
         KindName::Dns => {
-            check_no_http_fields(below, "dns", p);
+            check_no_http_fields(below, "dns", &[], p);
             expect::check_no_expect_fields(below, "dns", p);
             super::tls::check_no_tls_fields(below, "dns", p);
             CheckKind::Dns(super::dns::resolve(layers))
+        }
+        KindName::Grpc => {
+            super::dns::check_no_dns_fields(below, "grpc", p);
+            expect::check_no_expect_fields(below, "grpc", p);
+            CheckKind::Grpc(super::grpc::grpc_check(layers, below, p))
         }
     }
 }
 
 /// HTTP settings inherited from a less specific layer than `kind = "tcp"`
-/// (or another non-HTTP `kind`) are simply not used; ones set alongside or
-/// below it (`layers`) are a mistake.
-fn check_no_http_fields(layers: &[Layer<'_>], kind: &str, p: &mut Problems<'_>) {
+/// (or another non-HTTP `kind`; `"grpc"` but for the fields it has too:
+/// `allowed`) are simply not used; ones set alongside or below it
+/// (`layers`) are a mistake.
+pub(super) fn check_no_http_fields(
+    layers: &[Layer<'_>],
+    kind: &str,
+    allowed: &[&str],
+    p: &mut Problems<'_>,
+) {
     for (layer, ctx) in layers {
         let http_fields = [
             ("method", layer.method.is_some()),
@@ -473,7 +499,7 @@ fn check_no_http_fields(layers: &[Layer<'_>], kind: &str, p: &mut Problems<'_>) 
             ("reopen_every", layer.reopen_every.is_some()),
         ];
         for (field, set) in http_fields {
-            if set {
+            if set && !allowed.contains(&field) {
                 p.error(
                     ctx,
                     format!(
@@ -519,7 +545,7 @@ fn http_check(layers: &[Layer<'_>], p: &mut Problems<'_>) -> HttpCheck {
 /// true. `reopen_every` set where it cannot apply (alongside or below the
 /// table that leaves reuse off) is a mistake; inherited from a less
 /// specific table that turned reuse on, it is simply not used.
-fn reuse_connection(layers: &[Layer<'_>], p: &mut Problems<'_>) -> Option<u32> {
+pub(super) fn reuse_connection(layers: &[Layer<'_>], p: &mut Problems<'_>) -> Option<u32> {
     let (reuse, reuse_src) = pick(layers, |l| &l.reuse_connection);
     let reopen = pick(layers, |l| &l.reopen_every).0;
     if reuse == Some(true) {
@@ -569,6 +595,9 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         tls_verify: Option<bool>,
         #[serde(skip_serializing_if = "Option::is_none")]
         ca_file: Option<&'a std::path::Path>,
+        service: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tls: Option<bool>,
         port: u16,
         #[serde(serialize_with = "ser_duration")]
         interval: Duration,
@@ -593,31 +622,42 @@ pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S:
         CheckKind::Https { http, .. } => ("https", Some(http), None),
         CheckKind::Tcp => ("tcp", None, None),
         CheckKind::Dns(_) => ("dns", None, None),
+        CheckKind::Grpc(_) => ("grpc", None, None),
         CheckKind::Expect(c) => (c.transport.as_str(), None, Some(expect::View::of(c))),
     };
     let dns = match &spec.kind {
         CheckKind::Dns(d) => Some(d),
         _ => None,
     };
-    let tls = match &spec.kind {
-        CheckKind::Https { tls, .. } => Some(tls),
+    let grpc = match &spec.kind {
+        CheckKind::Grpc(g) => Some(g),
         _ => None,
     };
+    let tls = match &spec.kind {
+        CheckKind::Https { tls, .. } => Some(tls),
+        CheckKind::Grpc(g) => g.tls.as_ref(),
+        _ => None,
+    };
+    let reuse = http
+        .map(|h| h.reuse_connection)
+        .or(grpc.map(|g| g.reuse_connection));
     View {
         kind,
         method: http.map(|h| h.method.as_str()),
         path: http.map(|h| h.path.as_str()),
-        host: http.and_then(|h| h.host.as_deref()),
+        host: http.map_or(grpc.and_then(|g| g.host.as_deref()), |h| h.host.as_deref()),
         expect_status: http.map(|h| h.expect_status.iter().map(|&r| status_text(r)).collect()),
         body_contains: http.and_then(|h| h.body_contains.as_deref()),
-        reuse_connection: http.map(|h| h.reuse_connection.is_some()),
-        reopen_every: http.and_then(|h| h.reuse_connection),
+        reuse_connection: reuse.map(|r| r.is_some()),
+        reopen_every: reuse.flatten(),
         dns_name: dns.map(|d| d.name.to_ascii()),
         dns_type: dns.map(|d| d.record_type.to_string()),
         dns_rcodes: dns.map(|d| d.rcodes.iter().map(|&r| spec::dns::rcode_name(r)).collect()),
         expect,
         tls_verify: tls.map(|t| t.verify),
         ca_file: tls.and_then(|t| t.ca_file.as_deref()),
+        service: grpc.map(|g| g.service.as_str()),
+        tls: grpc.map(|g| g.tls.is_some()),
         port: spec.port,
         interval: spec.interval,
         timeout: spec.timeout,

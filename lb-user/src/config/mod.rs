@@ -59,6 +59,7 @@ macro_rules! rejects {
 mod address;
 mod daemon;
 mod dns;
+mod grpc;
 mod guard;
 mod health;
 mod protection;

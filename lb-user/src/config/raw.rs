@@ -79,7 +79,7 @@ pub(super) struct RawBackend {
     pub(super) max_flows: Option<u64>,
 }
 
-/// `kind = "http"`, `"https"`, `"tcp"`, `"udp"` or `"dns"`.
+/// `kind = "http"`, `"https"`, `"grpc"`, `"tcp"`, `"udp"` or `"dns"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum KindName {
@@ -88,6 +88,7 @@ pub(super) enum KindName {
     Dns,
     Udp,
     Https,
+    Grpc,
 }
 
 /// `via = "vip"` or `via = "direct"`.
@@ -136,6 +137,9 @@ pub(super) struct RawHealth {
     pub(super) expect_contains: Option<String>,
     pub(super) expect_regex: Option<String>,
     pub(super) expect_max: Option<i64>,
+    /// `kind = "grpc"`: the service asked about, and HTTP/2 over TLS.
+    pub(super) service: Option<String>,
+    pub(super) tls: Option<bool>,
     pub(super) tls_verify: Option<bool>,
     pub(super) ca_file: Option<String>,
     /// Accepted by the parser only to answer with a useful message: the

@@ -19,6 +19,7 @@
 
 mod dns;
 mod expect;
+mod grpc;
 mod outcome;
 mod response;
 mod reuse;
@@ -41,6 +42,7 @@ use tokio::time::{Instant, timeout_at};
 
 pub use self::dns::DnsFail;
 pub use self::expect::ExpectFail;
+pub use self::grpc::GrpcFail;
 pub use self::outcome::{Compact, FailReason, ProbeClass, ProbeOk, ProbeResult};
 pub use self::response::{BODY_LIMIT, HEADER_LIMIT};
 use self::response::{Reader, read_body, read_final_head};
@@ -345,6 +347,7 @@ async fn probe_to(
         CheckKind::Https { http, tls } => http_probe(&to, http, Some(tls), slot).await,
         CheckKind::Dns(dns) => dns::dns_probe(addr, path, dns, by.deadline, by.limit).await,
         CheckKind::Expect(check) => expect::probe(&to, check).await,
+        CheckKind::Grpc(grpc) => grpc::grpc_probe(&to, grpc, slot).await,
     };
     ProbeResult {
         outcome,

@@ -25,6 +25,23 @@ pub enum CheckKind {
     Expect(ExpectCheck),
     /// The HTTP/1.1 request over TLS, the certificate checked as `tls` says.
     Https { http: HttpCheck, tls: TlsCheck },
+    /// The standard gRPC health call (`grpc.health.v1.Health/Check`) over
+    /// HTTP/2; see `probe::grpc`.
+    Grpc(GrpcCheck),
+}
+
+/// A `kind = "grpc"` check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcCheck {
+    /// The `service` asked about; "" is the server as a whole.
+    pub service: String,
+    /// `:authority`; `None` = the backend's address:port.
+    pub host: Option<String>,
+    /// As [`HttpCheck::reuse_connection`]: one HTTP/2 connection per
+    /// backend, reopened every this many probes; `None`, one per probe.
+    pub reuse_connection: Option<u32>,
+    /// `tls = true`: HTTP/2 over TLS (ALPN `h2`); `None`, h2c.
+    pub tls: Option<TlsCheck>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

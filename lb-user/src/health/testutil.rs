@@ -50,7 +50,7 @@ pub(super) fn http_spec_hang(port: u16, timeout: Duration, hang_timeout: Duratio
 
 pub(super) fn http_check(spec: &mut CheckSpec) -> &mut HttpCheck {
     match &mut spec.kind {
-        CheckKind::Http(http) => http,
+        CheckKind::Http(http) | CheckKind::Https { http, .. } => http,
         _ => panic!("test spec is not an HTTP check"),
     }
 }

@@ -189,6 +189,9 @@ pub enum FailReason {
     /// A send/expect check's answer was missing or did not match.
     #[error(transparent)]
     Expect(#[from] super::expect::ExpectFail),
+    /// A `kind = "grpc"` verdict (see `probe::grpc`).
+    #[error("{0}")]
+    Grpc(super::grpc::GrpcFail),
     // TLS (`kind = "https"`, gRPC over TLS): see `probe::tls`.
     /// TCP connected, but no complete TLS handshake within `hang_timeout`.
     #[error("connected, no complete TLS handshake within {}", Compact(*.timeout))]
@@ -262,6 +265,7 @@ impl FailReason {
             Self::PortUnreachable => "port_unreachable",
             Self::Dns(fail) => fail.code(),
             Self::Expect(fail) => fail.code(),
+            Self::Grpc(fail) => fail.code(),
             Self::TlsHandshakeTimeout { .. } => "tls_handshake_timeout",
             Self::TlsCertExpired { .. } => "tls_cert_expired",
             Self::TlsCertWrongName { .. } => "tls_cert_wrong_name",

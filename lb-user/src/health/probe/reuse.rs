@@ -18,12 +18,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::stream::ProbeStream;
 
+use super::grpc::GrpcSlot;
+
 /// A backend's idle keep-alive connection between two probes, if it has
 /// one. Cheap to clone: the backend's task and its lingering probes share
 /// it. A probe takes the connection out while it uses it, so two probes in
 /// flight never share one (the second opens its own).
 #[derive(Clone, Default)]
-pub struct ConnSlot(Arc<Mutex<Option<Idle>>>);
+pub struct ConnSlot(Arc<Mutex<Option<Idle>>>, GrpcSlot);
 
 struct Idle {
     stream: ProbeStream,
@@ -72,7 +74,12 @@ impl ConnSlot {
 
     /// Whether a connection is kept for the next probe.
     pub fn is_idle(&self) -> bool {
-        self.lock().is_some()
+        self.lock().is_some() || self.1.is_idle()
+    }
+
+    /// The kept HTTP/2 connection of a `kind = "grpc"` check.
+    pub(super) fn grpc(&self) -> &GrpcSlot {
+        &self.1
     }
 }
 

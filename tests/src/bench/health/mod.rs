@@ -6,6 +6,7 @@ mod cost;
 mod detection;
 mod dns;
 mod expect;
+mod grpc;
 mod hang;
 mod haproxy;
 mod https;
@@ -32,8 +33,10 @@ const USAGE: &str =
                     through the data path and direct; needs root), dns (CPU
                     per DNS check against dig, detection of a hung dnsmasq),
                     expect (send/expect PING/+PONG to real redis-servers,
-                    against HAProxy's tcp-check of the same) or https (CPU
+                    against HAProxy's tcp-check of the same), https (CPU
                     per kind = \"https\" check against HAProxy's check-ssl)
+                    or grpc (CPU per kind = \"grpc\" check against xlb's HTTP
+                    check)
   --case CASE       one case of a cost figure only (to profile it): default (a
                     new connection per probe), reuse or haproxy (HAProxy's own
                     checks of the same listeners) for the loopback figure;
@@ -58,6 +61,8 @@ enum Figure {
     Expect,
     /// `kind = "https"` against HAProxy's `check-ssl`.
     Https,
+    /// CPU per gRPC check (`grpc.rs`).
+    Grpc,
 }
 
 impl Figure {
@@ -71,6 +76,7 @@ impl Figure {
             "dns" => Self::Dns,
             "expect" => Self::Expect,
             "https" => Self::Https,
+            "grpc" => Self::Grpc,
             _ => return None,
         })
     }
@@ -120,7 +126,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args> {
                 out.only = Some(Figure::named(&name).with_context(|| {
                     format!(
                         "--only {name:?}: use detection, cost, cost-loopback, cost-lab, dns, \
-                         expect or https\n{USAGE}"
+                         expect, https or grpc\n{USAGE}"
                     )
                 })?);
             }
@@ -234,6 +240,9 @@ async fn run(args: Args) -> Result<()> {
     if Figure::Https.selected(args.only) && args.case.is_none() && args.lab_case.is_none() {
         rows.extend(https::https_cost(args.quick).await?);
     }
+    if Figure::Grpc.selected(args.only) && args.case.is_none() && args.lab_case.is_none() {
+        rows.extend(grpc::grpc_cost(args.quick).await?);
+    }
     print_table(&rows);
     Ok(())
 }
@@ -302,6 +311,11 @@ mod tests {
                 Some((false, Some(Figure::CostLab), None)),
             ),
             ("lab case", "--case vip-reuse", Some((false, None, None))),
+            (
+                "only grpc",
+                "--only grpc --quick",
+                Some((true, Some(Figure::Grpc), None)),
+            ),
             ("unknown case", "--case fast", None),
             ("unknown figure", "--only speed", None),
             ("missing value", "--only", None),
