@@ -84,11 +84,11 @@ pub(super) struct RawBackend {
 #[serde(rename_all = "lowercase")]
 pub(super) enum KindName {
     Http,
-    Tcp,
-    Dns,
-    Udp,
     Https,
     Grpc,
+    Tcp,
+    Udp,
+    Dns,
 }
 
 /// `via = "vip"` or `via = "direct"`.

@@ -23,22 +23,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use lb_user::health::{
-    machine::HealthState,
     probe::{Compact, probe},
-    scheduler::{DEFAULT_MAX_CONCURRENT, Scheduler},
     spec::{CheckSpec, Via},
 };
 use nix::{
     sys::signal::{Signal, kill},
     unistd::Pid,
 };
-use rand::Rng as _;
-use tokio::time::timeout_at;
 
 use super::{
-    report::{Row, Secs, Verdict},
+    fleet::{Fleet, detection},
+    report::{Row, Verdict},
     resources::cpu_time,
 };
 
@@ -109,6 +106,12 @@ impl Servers {
             }
         }
         Ok(())
+    }
+}
+
+impl Fleet for Servers {
+    fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
     }
 
     fn signal(&self, i: usize, sig: Signal) -> Result<()> {
@@ -200,7 +203,7 @@ pub(super) async fn dns(quick: bool) -> Result<Vec<Row>> {
             if quick { 4 } else { 20 },
         ),
     ] {
-        rows.push(detection(&servers, name, &dns_spec(extra), reps).await?);
+        rows.push(detection(&servers, "dnsmasq", name, &dns_spec(extra), reps).await?);
     }
     Ok(rows)
 }
@@ -260,82 +263,4 @@ async fn cost(servers: &Servers, quick: bool) -> Result<Vec<Row>> {
             verdict: Verdict::of(ratio <= COST_GOAL),
         },
     ])
-}
-
-/// `reps` hangs of server 3 under `spec`: the detection times' maximum
-/// against fall × interval × (1 + jitter) + hang_timeout + 50 ms.
-async fn detection(servers: &Servers, name: &str, spec: &CheckSpec, reps: usize) -> Result<Row> {
-    let bound = spec.interval.mul_f64(1.0 + spec.jitter) * spec.fall
-        + spec.hang_timeout
-        + Duration::from_millis(50);
-    let mut times = Vec::new();
-    for rep in 0..reps {
-        let took = detect_once(servers, spec).await;
-        // Whatever happened, the server runs again for the next repetition.
-        servers.signal(2, Signal::SIGCONT)?;
-        let took = took.with_context(|| format!("profile {name}, repetition {}", rep + 1))?;
-        println!(
-            "  detection, {name}: rep {}/{reps}: down after {}",
-            rep + 1,
-            Secs(took)
-        );
-        times.push(took);
-    }
-    let max = times.iter().max().copied().context("no repetitions")?;
-    let mean = times.iter().sum::<Duration>() / times.len() as u32;
-    Ok(Row {
-        figure: format!("hung dnsmasq down, {name} (n={reps})"),
-        value: format!("mean {}, max {}", Secs(mean), Secs(max)),
-        target: format!(
-            "max <= {} (fall {} × interval {} × {:.1} + hang_timeout {} + 50ms)",
-            Secs(bound),
-            spec.fall,
-            Compact(spec.interval),
-            1.0 + spec.jitter,
-            Compact(spec.hang_timeout)
-        ),
-        verdict: Verdict::of(max <= bound),
-    })
-}
-
-/// Probes the three until all are up, stops the third at a random phase
-/// of the interval, and returns how long until its Up → Down report.
-async fn detect_once(servers: &Servers, spec: &CheckSpec) -> Result<Duration> {
-    let (mut scheduler, mut rx) = Scheduler::new(DEFAULT_MAX_CONCURRENT);
-    for (id, &addr) in (0u64..).zip(&servers.addrs) {
-        let spec = CheckSpec {
-            port: addr.port(),
-            ..spec.clone()
-        };
-        scheduler.upsert(id, addr, spec, HealthState::Unknown);
-    }
-    let limit = spec.interval * (spec.rise + 1) + spec.hang_timeout + Duration::from_secs(5);
-    let deadline = tokio::time::Instant::now() + limit;
-    let mut up = [false; 3];
-    while !up.iter().all(|&u| u) {
-        let report = timeout_at(deadline, rx.recv())
-            .await
-            .ok()
-            .flatten()
-            .with_context(|| format!("the three were not up within {}", Secs(limit)))?;
-        up[report.id as usize] = report.snapshot.state == HealthState::Up;
-    }
-    let phase = spec
-        .interval
-        .mul_f64(rand::thread_rng().gen_range(0.0..1.0));
-    tokio::time::sleep(phase).await;
-    servers.signal(2, Signal::SIGSTOP)?;
-    let t0 = Instant::now();
-    let limit = (spec.interval.max(spec.down_interval) * (spec.fall + 1) + spec.hang_timeout) * 2;
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let Some(report) = timeout_at(deadline, rx.recv()).await.ok().flatten() else {
-            bail!("the stopped dnsmasq was not down within {}", Secs(limit));
-        };
-        if report.id == 2 && report.snapshot.state == HealthState::Down {
-            let took = t0.elapsed();
-            drop(scheduler);
-            return Ok(took);
-        }
-    }
 }

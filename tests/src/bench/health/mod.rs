@@ -6,10 +6,12 @@ mod cost;
 mod detection;
 mod dns;
 mod expect;
+mod fleet;
 mod grpc;
 mod hang;
 mod haproxy;
 mod https;
+mod https_hang;
 mod lab_cost;
 mod lab_sample;
 mod report;
@@ -34,7 +36,8 @@ const USAGE: &str =
                     per DNS check against dig, detection of a hung dnsmasq),
                     expect (send/expect PING/+PONG to real redis-servers,
                     against HAProxy's tcp-check of the same), https (CPU
-                    per kind = \"https\" check against HAProxy's check-ssl)
+                    per kind = \"https\" check against HAProxy's check-ssl, and
+                    detection of a hung openssl s_server)
                     or grpc (CPU per kind = \"grpc\" check against xlb's HTTP
                     check)
   --case CASE       one case of a cost figure only (to profile it): default (a
@@ -239,6 +242,7 @@ async fn run(args: Args) -> Result<()> {
     }
     if Figure::Https.selected(args.only) && args.case.is_none() && args.lab_case.is_none() {
         rows.extend(https::https_cost(args.quick).await?);
+        rows.extend(https_hang::https_detection(args.quick).await?);
     }
     if Figure::Grpc.selected(args.only) && args.case.is_none() && args.lab_case.is_none() {
         rows.extend(grpc::grpc_cost(args.quick).await?);
