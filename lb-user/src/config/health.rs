@@ -563,60 +563,64 @@ pub(super) fn reuse_connection(layers: &[Layer<'_>], p: &mut Problems<'_>) -> Op
     None
 }
 
+/// A [`CheckSpec`] as the file writes it: each kind's fields, the others
+/// left out.
+#[derive(Serialize)]
+struct View<'a> {
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    method: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expect_status: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_contains: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reuse_connection: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reopen_every: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dns_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dns_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dns_rcodes: Option<Vec<String>>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    expect: Option<expect::View>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_verify: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ca_file: Option<&'a std::path::Path>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls: Option<bool>,
+    port: u16,
+    #[serde(serialize_with = "ser_duration")]
+    interval: Duration,
+    #[serde(serialize_with = "ser_duration")]
+    timeout: Duration,
+    #[serde(serialize_with = "ser_duration")]
+    hang_timeout: Duration,
+    rise: u32,
+    fall: u32,
+    #[serde(serialize_with = "ser_duration")]
+    fast_interval: Duration,
+    #[serde(serialize_with = "ser_duration")]
+    down_interval: Duration,
+    jitter: f64,
+    via: &'static str,
+    auto_timeout: bool,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    agent: Option<agent::AgentView>,
+}
+
 /// Serializes a [`CheckSpec`] with the file's names and spellings (for
 /// `xlb config` and the control API).
 pub(super) fn ser_check_spec<S: Serializer>(spec: &CheckSpec, s: S) -> Result<S::Ok, S::Error> {
-    #[derive(Serialize)]
-    struct View<'a> {
-        kind: &'static str,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        method: Option<&'a str>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        path: Option<&'a str>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        host: Option<&'a str>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        expect_status: Option<Vec<String>>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        body_contains: Option<&'a str>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        reuse_connection: Option<bool>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        reopen_every: Option<u32>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        dns_name: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        dns_type: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        dns_rcodes: Option<Vec<String>>,
-        #[serde(flatten, skip_serializing_if = "Option::is_none")]
-        expect: Option<expect::View>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        tls_verify: Option<bool>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        ca_file: Option<&'a std::path::Path>,
-        service: Option<&'a str>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        tls: Option<bool>,
-        port: u16,
-        #[serde(serialize_with = "ser_duration")]
-        interval: Duration,
-        #[serde(serialize_with = "ser_duration")]
-        timeout: Duration,
-        #[serde(serialize_with = "ser_duration")]
-        hang_timeout: Duration,
-        rise: u32,
-        fall: u32,
-        #[serde(serialize_with = "ser_duration")]
-        fast_interval: Duration,
-        #[serde(serialize_with = "ser_duration")]
-        down_interval: Duration,
-        jitter: f64,
-        via: &'static str,
-        auto_timeout: bool,
-        #[serde(flatten, skip_serializing_if = "Option::is_none")]
-        agent: Option<agent::AgentView>,
-    }
     let (kind, http, expect) = match &spec.kind {
         CheckKind::Http(h) => ("http", Some(h), None),
         CheckKind::Https { http, .. } => ("https", Some(http), None),

@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use tokio::time::timeout_at;
 
 use super::super::spec::GrpcCheck;
-use super::{ConnSlot, Deadlines, FailReason, ProbeOk, Target, connect, io_fail};
+use super::{ConnSlot, Deadlines, FailReason, Failed, ProbeOk, Target, connect, io_fail};
 
 /// The method every probe calls.
 const PATH: &str = "/grpc.health.v1.Health/Check";
@@ -354,22 +354,9 @@ struct Progress {
     received: usize,
 }
 
-/// Why a call failed, and whether it failed before any answer on a
-/// connection the server closed or refused it on: on a kept connection,
-/// that is the server's idle timeout (or graceful GOAWAY), not a verdict.
-struct Failed {
-    reason: FailReason,
-    closed_unanswered: bool,
-}
-
-impl From<FailReason> for Failed {
-    fn from(reason: FailReason) -> Self {
-        Self {
-            reason,
-            closed_unanswered: false,
-        }
-    }
-}
+// A call's failure is probe.rs's `Failed`: whether it failed before any
+// answer on a connection the server closed or refused it on is, on a kept
+// connection, the server's idle timeout (or graceful GOAWAY), not a verdict.
 
 /// The h2 error's verdict.
 fn h2_fail(e: h2::Error, progress: &Progress) -> Failed {
