@@ -428,8 +428,8 @@ fn connect_fail(e: io::Error, synchronous: bool, via_vip: bool, timeout: Duratio
 }
 
 /// Whether `errno` is this host running out of something: the probe says
-/// nothing about the backend.
-fn is_local_errno(errno: i32) -> bool {
+/// nothing about the backend (the agent poller asks the same).
+pub(crate) fn is_local_errno(errno: i32) -> bool {
     matches!(
         errno,
         libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM | libc::EADDRNOTAVAIL

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -57,7 +57,7 @@ pub(super) fn http_check(spec: &mut CheckSpec) -> &mut HttpCheck {
 
 /// Reads a request head (up to the empty line), at most 16 KiB, waiting at
 /// most `REQUEST_WAIT`. `None` if the client closed or sent no complete head.
-pub(super) async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
+pub(super) async fn read_request<S: AsyncRead + Unpin>(stream: &mut S) -> Option<Vec<u8>> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     let read = async {

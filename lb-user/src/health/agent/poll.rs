@@ -83,19 +83,11 @@ async fn read_line(stream: &mut TcpStream) -> Result<Vec<u8>, AgentError> {
     }
 }
 
-/// Out of descriptors, ports, buffers or memory: this host, not the agent.
+/// Out of descriptors, ports, buffers or memory (the prober's own list),
+/// or no route from this host: this host, not the agent.
 fn is_local(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::EMFILE
-                | libc::ENFILE
-                | libc::ENOBUFS
-                | libc::ENOMEM
-                | libc::EADDRNOTAVAIL
-                | libc::ENETUNREACH
-        )
-    )
+    e.raw_os_error()
+        .is_some_and(|n| crate::health::probe::is_local_errno(n) || n == libc::ENETUNREACH)
 }
 
 fn io_fail(e: io::Error, during: &'static str) -> AgentError {

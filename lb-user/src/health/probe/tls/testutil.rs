@@ -185,7 +185,7 @@ impl Drop for TlsServer {
 
 async fn serve_http<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, serve: Serve) {
     loop {
-        let Some(request) = read_head(&mut stream).await else {
+        let Some(request) = crate::health::testutil::read_request(&mut stream).await else {
             return;
         };
         let answer: &[u8] = match serve {
@@ -206,25 +206,6 @@ async fn serve_http<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, serve: Ser
             let _ = stream.shutdown().await;
             return;
         }
-    }
-}
-
-/// A request head, at most 16 KiB, within `REQUEST_WAIT`.
-async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Option<Vec<u8>> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    let read = async {
-        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-        true
-    };
-    match tokio::time::timeout(REQUEST_WAIT, read).await {
-        Ok(true) => Some(buf),
-        _ => None,
     }
 }
 
