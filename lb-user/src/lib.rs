@@ -7,6 +7,7 @@ use tracing_subscriber as _;
 // Placeholders until the announcer uses them (issue 26).
 use futures_util as _;
 use netlink_packet_route as _;
+use ring as _;
 use rtnetlink as _;
 
 pub mod cli;
