@@ -7,10 +7,10 @@ use tracing_subscriber as _;
 // Placeholders until the announcer uses them (issue 26).
 use futures_util as _;
 use netlink_packet_route as _;
-use ring as _;
 use rtnetlink as _;
 
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod ctl;
 pub mod daemon;
