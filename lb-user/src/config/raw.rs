@@ -24,6 +24,7 @@ pub(super) struct RawConfig {
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
     pub(super) guard: Option<RawGuard>,
+    pub(super) cluster: Option<super::cluster::RawCluster>,
     #[serde(default)]
     pub(super) vip: Vec<RawVip>,
 }
