@@ -30,6 +30,12 @@ pub struct StatusReport {
     /// Global data-plane counters since the maps were created, keyed by
     /// `lb_common::Stat::label()` (`fwd_tx`, `ct_hit`, `drop_no_backend`, ...).
     pub counters: BTreeMap<String, u64>,
+    /// What the tables are built from (`xlb peers` compares nodes by it).
+    #[serde(default)]
+    pub fingerprint: crate::FingerprintStatus,
+    /// `[cluster]`: this node's name and its peers.
+    #[serde(default)]
+    pub cluster: crate::ClusterStatus,
     /// In configuration order.
     pub vips: Vec<VipStatus>,
 }
@@ -66,6 +72,10 @@ pub struct VipStatus {
     pub down_policy: String,
     /// Maglev table size (slots).
     pub table_size: u32,
+    /// Fingerprint of this VIP's table inputs, without the hash key (16
+    /// hex digits; empty from an older daemon).
+    #[serde(default)]
+    pub fingerprint: String,
     /// Backends in the table (taking new flows).
     pub backends_up: u32,
     /// Backends configured.

@@ -5,6 +5,7 @@
 pub mod blocks;
 pub mod decap;
 mod explain;
+pub mod peers;
 pub mod sources;
 
 pub use explain::render_explain;
@@ -529,6 +530,10 @@ fn daemon_lines(report: &StatusReport, now_unix_ms: u64, color: bool) -> String 
         out.push_str(" (adopted pinned state)");
     }
     out.push('\n');
+    if let Some(line) = peers::node_line(report) {
+        out.push_str(&line);
+        out.push('\n');
+    }
     let drops: Vec<String> = report
         .counters
         .iter()
@@ -570,11 +575,12 @@ fn vip_line(vip: &VipStatus, color: bool) -> String {
     }
     let _ = write!(
         line,
-        "  {}  table {}  {} pkt/s  {} new/s",
+        "  {}  table {}  {} pkt/s  {} new/s{}",
         paint(&up, up_style, color),
         vip.table_size,
         rate(vip.packets_per_sec),
         rate(vip.new_flows_per_sec),
+        peers::vip_note(vip),
     );
     if let Some(reason) = &vip.panic_reason {
         let _ = write!(line, "\n  {} {reason}", paint("PANIC:", Style::Red, color));
@@ -1214,9 +1220,10 @@ mod tests {
         );
         let want = "\
 xlb instance default on eth0 (native XDP)  up 3h2m  conntrack 1234/1048576 (0.1%)  config /etc/xlb/xlb.toml (adopted pinned state)
+node lb-a  fingerprint 1f2e3d4c5b6a7988 (hash key 0a1b2c3d4e5f6071)  1 peer
 dropped: {}
 
-VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
+VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s  fingerprint 5a6b7c8d9e0f1a2b
   BACKEND        STATE     FOR    LAST PROBE                                            OK/FAIL  NEW/S  PKT/S  FLOWS
   10.99.0.11:80  up        12m4s  ok 200 in 1.2ms                                       41/0     12     400    3712
   10.99.0.12:80  down      35s    connected, no HTTP response within 1s                 0/7      0      0      -
@@ -1296,6 +1303,8 @@ VIP api  10.100.0.1:80/tcp  dsr-ipip  2/3 up  table 65537  1.2k pkt/s  35 new/s
         empty.backends.clear();
         empty.backends_up = 0;
         empty.backends_total = 0;
+        // From a daemon that reports no fingerprint: nothing to show.
+        empty.fingerprint.clear();
         empty.packets_per_sec = 0.4;
         empty.new_flows_per_sec = 2_500_000.0;
         report.vips.push(empty);

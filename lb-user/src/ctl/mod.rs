@@ -190,6 +190,15 @@ pub(crate) mod tests {
                 .enumerate()
                 .map(|(i, s)| (s.label().to_owned(), i as u64 * 10))
                 .collect(),
+            fingerprint: FingerprintStatus {
+                config: "1f2e3d4c5b6a7988".to_owned(),
+                hash_key: "0a1b2c3d4e5f6071".to_owned(),
+            },
+            cluster: ClusterStatus {
+                node: "lb-a".to_owned(),
+                peers: vec!["192.0.2.2:9813".to_owned()],
+                timeout_ms: 1000,
+            },
             vips: vec![VipStatus {
                 name: "api".to_owned(),
                 address: "10.100.0.1".to_owned(),
@@ -198,6 +207,7 @@ pub(crate) mod tests {
                 mode: "dsr-ipip".to_owned(),
                 down_policy: "rehash".to_owned(),
                 table_size: 65537,
+                fingerprint: "5a6b7c8d9e0f1a2b".to_owned(),
                 backends_up: 2,
                 backends_total: 3,
                 packets_per_sec: 1234.0,
@@ -290,9 +300,11 @@ pub(crate) mod tests {
             keys(&v),
             [
                 "adopted",
+                "cluster",
                 "config_path",
                 "conntrack",
                 "counters",
+                "fingerprint",
                 "instance",
                 "interface",
                 "started_unix_ms",
@@ -308,6 +320,14 @@ pub(crate) mod tests {
         assert_eq!(v["started_unix_ms"], json!(1_799_989_080_000_u64));
         assert_eq!(v["adopted"], json!(true));
         assert_eq!(v["config_path"], json!("/etc/xlb/xlb.toml"));
+        assert_eq!(
+            v["fingerprint"],
+            json!({"config": "1f2e3d4c5b6a7988", "hash_key": "0a1b2c3d4e5f6071"})
+        );
+        assert_eq!(
+            v["cluster"],
+            json!({"node": "lb-a", "peers": ["192.0.2.2:9813"], "timeout_ms": 1000})
+        );
         assert_eq!(
             v["conntrack"],
             json!({"entries": 1234, "capacity": 1_048_576, "established": 800})
@@ -334,6 +354,7 @@ pub(crate) mod tests {
                 "bytes",
                 "down_policy",
                 "ejected_slow",
+                "fingerprint",
                 "fleet_slow",
                 "max_ejected",
                 "min_healthy",
@@ -358,6 +379,7 @@ pub(crate) mod tests {
             ("mode", json!("dsr-ipip")),
             ("down_policy", json!("rehash")),
             ("table_size", json!(65537)),
+            ("fingerprint", json!("5a6b7c8d9e0f1a2b")),
             ("backends_up", json!(2)),
             ("backends_total", json!(3)),
             ("packets_per_sec", json!(1234.0)),

@@ -24,6 +24,7 @@
 //!   writes, the state file, the conntrack walk.
 
 pub mod alarms;
+mod cluster;
 mod conntrack;
 mod control;
 mod drain;

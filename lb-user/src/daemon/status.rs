@@ -143,7 +143,7 @@ impl Daemon {
             .iter()
             .map(|v| self.vip_status(v, traffic))
             .collect();
-        StatusReport {
+        let mut report = StatusReport {
             version: ctl::PROTOCOL_VERSION,
             instance: self.cfg.daemon.pinned.instance.clone(),
             interface: self.cfg.daemon.pinned.interface.clone(),
@@ -157,8 +157,12 @@ impl Daemon {
                 established: self.established_flows(),
             },
             counters,
+            fingerprint: ctl::FingerprintStatus::default(),
+            cluster: ctl::ClusterStatus::default(),
             vips,
-        }
+        };
+        self.add_cluster_status(&mut report);
+        report
     }
 
     /// One VIP: its settings, totals read now, rates from the last sample.
@@ -173,6 +177,7 @@ impl Daemon {
             mode: v.cfg.mode.to_string(),
             down_policy: v.cfg.down_policy.to_string(),
             table_size: v.cfg.table_size,
+            fingerprint: String::new(),
             backends_up: v.up_count() as u32,
             backends_total: v.backends.len() as u32,
             packets_per_sec: vr.pps,

@@ -12,7 +12,7 @@ impl Subject for StatusReport {
     }
 }
 
-pub(super) const FAMILIES: [Family<StatusReport>; 7] = [
+pub(super) const FAMILIES: [Family<StatusReport>; 8] = [
     Family {
         name: "xlb_info",
         kind: Kind::Gauge,
@@ -22,6 +22,19 @@ pub(super) const FAMILIES: [Family<StatusReport>; 7] = [
                 ("instance", s.instance.as_str().into()),
                 ("interface", s.interface.as_str().into()),
                 ("xdp_mode", s.xdp_mode.as_str().into()),
+            ])
+        },
+    },
+    Family {
+        name: "xlb_config_info",
+        kind: Kind::Gauge,
+        help: "Always 1; fingerprints (16 hex digits) of what the tables are built from: the hash key and every \
+               VIP (config), the hash key alone (hash_key). Nodes behind one ECMP group must show the same config.",
+        value: |s| {
+            Value::Info(vec![
+                ("node", s.cluster.node.as_str().into()),
+                ("fingerprint", s.fingerprint.config.as_str().into()),
+                ("hash_key", s.fingerprint.hash_key.as_str().into()),
             ])
         },
     },

@@ -210,6 +210,8 @@ mod tests {
             "xlb_info{instance=\"default\",interface=\"eth0\",xdp_mode=\"native\"} 1",
             "xlb_start_time_seconds 1799989080",
             "xlb_adopted 1",
+            "xlb_config_info{node=\"lb-a\",fingerprint=\"1f2e3d4c5b6a7988\",hash_key=\"0a1b2c3d4e5f6071\"} 1",
+            "xlb_vip_config_info{vip=\"api\",fingerprint=\"5a6b7c8d9e0f1a2b\"} 1",
             "xlb_conntrack_entries 1234",
             "xlb_conntrack_capacity 1048576",
             "xlb_vip_info{vip=\"api\",address=\"10.100.0.1\",port=\"80\",protocol=\"tcp\",mode=\"dsr-ipip\",down_policy=\"rehash\"} 1",

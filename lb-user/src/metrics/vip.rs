@@ -9,7 +9,7 @@ impl Subject for VipStatus {
     }
 }
 
-pub(super) const FAMILIES: [Family<VipStatus>; 10] = [
+pub(super) const FAMILIES: [Family<VipStatus>; 11] = [
     Family {
         name: "xlb_vip_info",
         kind: Kind::Gauge,
@@ -23,6 +23,12 @@ pub(super) const FAMILIES: [Family<VipStatus>; 10] = [
                 ("down_policy", v.down_policy.as_str().into()),
             ])
         },
+    },
+    Family {
+        name: "xlb_vip_config_info",
+        kind: Kind::Gauge,
+        help: "Always 1; fingerprint (16 hex digits) of the VIP's key, mode, table size and backends, without the hash key.",
+        value: |v| Value::Info(vec![("fingerprint", v.fingerprint.as_str().into())]),
     },
     Family {
         name: "xlb_vip_table_size",
