@@ -1,7 +1,9 @@
 //! The HTTP endpoint: `GET /metrics` (and `HEAD`) over HTTP/1.1, one
-//! request per connection. It names every VIP and backend, so it serves
-//! strangers nothing else, caps the request head and the connections served
-//! at once, and gives slow or silent clients a few seconds at most.
+//! request per connection, and `GET /status`, the JSON of `xlb status
+//! --json` that other nodes' `xlb peers` read. It names every VIP and
+//! backend, so it serves strangers nothing else, is read-only, caps the
+//! request head and the connections served at once, and gives slow or
+//! silent clients a few seconds at most.
 
 use std::io;
 use std::net::SocketAddr;
@@ -175,20 +177,40 @@ fn respond(request: Request, source: &dyn MetricsSource) -> Vec<u8> {
         }
     };
     let path = target.split('?').next().unwrap_or("");
-    if path != "/metrics" {
-        return plain(
-            404,
-            "Not Found",
-            "not found; metrics are at /metrics\n",
-            &[],
-        );
-    }
+    let json = match path {
+        "/metrics" => false,
+        "/status" => true,
+        _ => {
+            return plain(
+                404,
+                "Not Found",
+                "not found; metrics are at /metrics, the status at /status\n",
+                &[],
+            );
+        }
+    };
     match method.as_str() {
         "GET" | "HEAD" => {
             let (status, extra) = source.snapshot();
-            let body = render(&status, &extra);
+            let (body, content_type) = if json {
+                match serde_json::to_string_pretty(&status) {
+                    Ok(mut body) => {
+                        body.push('\n');
+                        (body, "application/json")
+                    }
+                    Err(e) => {
+                        let why = format!("cannot encode the status: {e}\n");
+                        return plain(500, "Internal Server Error", &why, &[]);
+                    }
+                }
+            } else {
+                (
+                    render(&status, &extra),
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )
+            };
             let mut out = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+                "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\n\
                  Content-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()
             )
@@ -318,6 +340,14 @@ mod tests {
                 assert_eq!(body, "", "{name}");
             }
         }
+        // The same limit guards /status.
+        let huge_status = [
+            b"GET /status HTTP/1.1\r\nX: ".as_slice(),
+            &[b'a'; MAX_HEAD + 10],
+        ]
+        .concat();
+        let resp = exchange(addr, &huge_status).await;
+        assert!(resp.starts_with("HTTP/1.1 431"), "{resp}");
         let huge = [
             b"GET /metrics HTTP/1.1\r\nX: ".as_slice(),
             &[b'a'; MAX_HEAD + 10],
@@ -325,6 +355,55 @@ mod tests {
         .concat();
         let resp = exchange(addr, &huge).await;
         assert!(resp.starts_with("HTTP/1.1 431"), "{resp}");
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn status_endpoint_serves_the_status_json() {
+        let (addr, task) = start(LIMITS).await;
+        let ok = exchange(addr, b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let (head, body) = ok.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(
+            head.contains("Content-Type: application/json\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{head}"
+        );
+        // What `xlb status --json` prints for the same report.
+        let want = serde_json::to_string_pretty(&sample_report()).unwrap() + "\n";
+        assert_eq!(body, want);
+        let parsed: StatusReport = serde_json::from_str(body).unwrap();
+        assert_eq!(parsed, sample_report());
+
+        let cases: &[(&str, &[u8], &str)] = &[
+            (
+                "query string",
+                b"GET /status?x=1 HTTP/1.0\n\n",
+                "HTTP/1.1 200 OK",
+            ),
+            ("head", b"HEAD /status HTTP/1.1\r\n\r\n", "HTTP/1.1 200 OK"),
+            (
+                "read-only",
+                b"POST /status HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+                "HTTP/1.1 405 Method Not Allowed",
+            ),
+            ("put", b"PUT /status HTTP/1.1\r\n\r\n", "HTTP/1.1 405"),
+            (
+                "a path below it",
+                b"GET /status/x HTTP/1.1\r\n\r\n",
+                "HTTP/1.1 404",
+            ),
+        ];
+        for (name, req, status) in cases {
+            let resp = exchange(addr, req).await;
+            assert!(resp.starts_with(status), "{name}: {resp}");
+            if *name == "head" {
+                assert_eq!(resp.split_once("\r\n\r\n").unwrap().1, "", "{name}");
+            }
+        }
         task.abort();
     }
 
