@@ -29,6 +29,8 @@ async fn main() -> ExitCode {
         .init();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        // Said already; only the status is left to give (`xlb peers`).
+        Err(e) if let Some(&ExitWith(code)) = e.downcast_ref() => ExitCode::from(code),
         Err(e) => {
             eprintln!("xlb: {e:#}");
             ExitCode::FAILURE
@@ -72,6 +74,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             lb_user::decap::run(settings).await
         }
         Command::XdpPass { interface } => lb_user::decap::run_pass(interface.clone()).await,
+        Command::Peers { json } => peers(socket, *json).await,
         Command::Events {
             follow: true, json, ..
         } => {
@@ -102,6 +105,26 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 _ => Ok(()),
             }
         }
+    }
+}
+
+/// An exit status other than 0 or 1, once everything is printed.
+#[derive(Debug, thiserror::Error)]
+#[error("exit status {0}")]
+struct ExitWith(u8);
+
+/// `xlb peers`: prints the comparison, exits with its status.
+async fn peers(socket: &Path, json: bool) -> anyhow::Result<()> {
+    let nodes = lb_user::cluster::peers::gather(socket).await?;
+    let report = cli::peers::peers_report(&nodes);
+    if json {
+        emit(&pretty(&report)?)?;
+    } else {
+        emit(&cli::peers::render_peers(&report, color()))?;
+    }
+    match report.exit_status {
+        0 => Ok(()),
+        code => Err(ExitWith(code).into()),
     }
 }
 

@@ -123,6 +123,20 @@ pub enum Command {
     },
     /// Re-read the configuration file and apply the changes (as SIGHUP does).
     Reload,
+    /// Compare this node with its [cluster] peers: fingerprints, VIPs.
+    ///
+    /// Reads this node's status over the control socket and each peer's
+    /// `GET /status` (its metrics listener) at once, within the peer's
+    /// cluster.timeout, and warns when a peer's tables differ: two nodes
+    /// with different tables send flows that ECMP moves between them to
+    /// other backends. Exit status: 0 all agree, 2 a peer differs, 3 a
+    /// peer could not be read (and none differs), 1 this node's daemon
+    /// could not be asked.
+    Peers {
+        /// Print the comparison as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove the XDP program and pinned maps that `xlb run` left behind.
     ///
     /// Established flows stop being balanced at once. Stop `xlb run` first:
@@ -201,6 +215,7 @@ impl Command {
             Command::Sources(s) => s.request(),
             Command::Guard(g) => g.request(),
             Command::Run { .. }
+            | Command::Peers { .. }
             | Command::CheckConfig { .. }
             | Command::Detach { .. }
             | Command::Decap(_)

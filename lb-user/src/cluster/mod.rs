@@ -2,3 +2,4 @@
 //! built from ([`fingerprint`]), and how `xlb peers` compares the nodes.
 
 pub mod fingerprint;
+pub mod peers;
