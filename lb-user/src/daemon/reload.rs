@@ -99,6 +99,9 @@ impl Daemon {
         // the state file describe what is really in force.
         new.daemon.pinned = self.cfg.daemon.pinned.clone();
         new.daemon.restart = self.cfg.daemon.restart.clone();
+        if self.cfg.cluster != new.cluster {
+            notes.push("cluster settings updated ([cluster])".to_string());
+        }
         self.cfg = new;
         let lists_note = self.reload_lists()?;
         if guard_changed || guarded > 0 {
