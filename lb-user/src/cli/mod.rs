@@ -123,15 +123,11 @@ pub enum Command {
     },
     /// Re-read the configuration file and apply the changes (as SIGHUP does).
     Reload,
-    /// Compare this node with its [cluster] peers: fingerprints, VIPs.
+    /// Compare this node with its [cluster] peers (fingerprints, VIPs).
     ///
-    /// Reads this node's status over the control socket and each peer's
-    /// `GET /status` (its metrics listener) at once, within the peer's
-    /// cluster.timeout, and warns when a peer's tables differ: two nodes
-    /// with different tables send flows that ECMP moves between them to
-    /// other backends. Exit status: 0 all agree, 2 a peer differs, 3 a
-    /// peer could not be read (and none differs), 1 this node's daemon
-    /// could not be asked.
+    /// Warns when a peer's tables differ. Exit status: 0 all agree, 2 a
+    /// peer differs, 3 a peer could not be read (none differs), 1 this
+    /// node's daemon could not be asked.
     Peers {
         /// Print the comparison as JSON.
         #[arg(long)]
@@ -545,10 +541,7 @@ fn daemon_lines(report: &StatusReport, now_unix_ms: u64, color: bool) -> String 
         out.push_str(" (adopted pinned state)");
     }
     out.push('\n');
-    if let Some(line) = peers::node_line(report) {
-        out.push_str(&line);
-        out.push('\n');
-    }
+    out.push_str(&peers::node_line(report));
     let drops: Vec<String> = report
         .counters
         .iter()

@@ -11,12 +11,13 @@ use super::{Cell, Style, paint, table};
 use crate::cluster::peers::{NodeView, compare};
 use crate::ctl::{FingerprintStatus, StatusReport, VipStatus};
 
-/// `xlb status`'s line about the node: its name, fingerprints and peers;
-/// `None` from a daemon that reports no fingerprint.
-pub(super) fn node_line(report: &StatusReport) -> Option<String> {
+/// `xlb status`'s line about the node, with its newline: its name,
+/// fingerprints and peers; empty from a daemon that reports no
+/// fingerprint.
+pub(super) fn node_line(report: &StatusReport) -> String {
     let fp = &report.fingerprint;
     if fp.config.is_empty() {
-        return None;
+        return String::new();
     }
     let mut line = format!(
         "node {}  fingerprint {} (hash key {})",
@@ -29,7 +30,8 @@ pub(super) fn node_line(report: &StatusReport) -> Option<String> {
             let _ = write!(line, "  {n} peers");
         }
     }
-    Some(line)
+    line.push('\n');
+    line
 }
 
 /// What `xlb status` appends to a VIP's line.
@@ -396,11 +398,11 @@ warning: peer 10.9.0.3:9813 could not be read: no answer within 1s
     fn status_node_line() {
         let r = sample_report();
         assert_eq!(
-            node_line(&r).unwrap(),
-            "node lb-a  fingerprint 1f2e3d4c5b6a7988 (hash key 0a1b2c3d4e5f6071)  1 peer"
+            node_line(&r),
+            "node lb-a  fingerprint 1f2e3d4c5b6a7988 (hash key 0a1b2c3d4e5f6071)  1 peer\n"
         );
         let mut old = r.clone();
         old.fingerprint = FingerprintStatus::default();
-        assert_eq!(node_line(&old), None);
+        assert_eq!(node_line(&old), "");
     }
 }

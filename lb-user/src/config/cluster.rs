@@ -152,9 +152,10 @@ pub fn parse_peer(peer: &str) -> Result<(), String> {
         return Ok(());
     }
     if peer.parse::<IpAddr>().is_ok_and(|ip| ip.is_ipv6()) || peer.matches(':').count() > 1 {
-        return Err(format!(
+        return Err(
             "is not [IPv6]:PORT; put an IPv6 address in brackets, e.g. \"[2001:db8::2]:9813\""
-        ));
+                .to_owned(),
+        );
     }
     let Some((host, port)) = peer.rsplit_once(':') else {
         return Err(format!("has no port; {example}"));
