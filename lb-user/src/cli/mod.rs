@@ -138,6 +138,11 @@ pub enum Command {
         /// with nothing attached until restarted).
         #[arg(long)]
         force: bool,
+        /// With [announce]: after deleting the instance's routes (the
+        /// routers stop sending flows here), wait this long before
+        /// detaching XDP, so flows move to the other nodes first.
+        #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_withdraw_wait)]
+        withdraw_wait: Duration,
     },
     /// On a backend: decapsulate dsr-ipip traffic in XDP.
     ///
@@ -210,6 +215,18 @@ impl Command {
             | Command::XdpPass { .. } => return None,
         })
     }
+}
+
+/// `--withdraw-wait`: a duration up to 10 minutes.
+pub fn parse_withdraw_wait(s: &str) -> Result<Duration, String> {
+    let d = config::parse_duration(s)?;
+    if d > Duration::from_secs(600) {
+        return Err(format!(
+            "{s:?} is longer than 10m; routers move flows within seconds (BGP hold time at \
+             most), use e.g. 3s"
+        ));
+    }
+    Ok(d)
 }
 
 /// `tcp` or `udp`, any case.
@@ -929,6 +946,7 @@ mod tests {
                     instance: None,
                     config: None,
                     force: false,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
             (
@@ -938,6 +956,7 @@ mod tests {
                     instance: Some("prod".into()),
                     config: None,
                     force: false,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
             (
@@ -947,6 +966,7 @@ mod tests {
                     instance: None,
                     config: Some("x.toml".into()),
                     force: false,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
             (
@@ -956,6 +976,7 @@ mod tests {
                     instance: Some("prod".into()),
                     config: None,
                     force: true,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
         ];

@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -386,6 +388,47 @@ pub(super) async fn check_at_start(cfg: &crate::config::Config, origin: &str) ->
         anyhow::bail!("{origin}: announce: {e}");
     }
     Ok(())
+}
+
+/// `xlb detach`, before XDP goes: deletes the routes of the table and
+/// protocol the state file names, then waits `wait` if there were any.
+/// What was done (or why not), for the operator; `None` without
+/// `[announce]` in the state file.
+pub(super) fn withdraw_for_detach(state: &std::path::Path, wait: Duration) -> Option<String> {
+    let a = super::persist::Saved::load(state).ok()??.announce?;
+    let table = Table {
+        id: a.table,
+        protocol: a.protocol,
+    };
+    // A runtime of its own on a thread of its own: the CLI already runs one.
+    let deleted = std::thread::spawn(move || announce::delete_all_blocking(table))
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the route writer panicked")));
+    match deleted {
+        Ok(addrs) if addrs.is_empty() => Some(format!(
+            "announce: no routes in table {} to withdraw",
+            a.table
+        )),
+        Ok(addrs) => {
+            let list: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+            info!(
+                "announce: withdrew {} from table {}; waiting {wait:?} before detaching",
+                list.join(", "),
+                a.table
+            );
+            std::thread::sleep(wait);
+            Some(format!(
+                "announce: withdrew {} from table {}, then waited {wait:?} for the routers",
+                list.join(", "),
+                a.table
+            ))
+        }
+        Err(e) => Some(format!(
+            "announce: routes in table {} NOT withdrawn ({e:#}); delete them with `ip route \
+             flush table {} proto {}`",
+            a.table, a.table, a.protocol
+        )),
+    }
 }
 
 fn speaker_line(s: &Result<String, String>) -> String {

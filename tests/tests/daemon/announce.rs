@@ -480,3 +480,48 @@ fn bird_learns_the_routes() {
     });
     drop(bird);
 }
+
+/// SIGTERM (systemctl stop/restart) keeps the routes; `xlb detach`
+/// deletes them first, waits, and only then detaches XDP.
+#[test]
+fn detach_withdraws_before_xdp_goes() {
+    let _serial = serial();
+    let mut e = Env::new().unwrap();
+    step("start", || start_announced(&mut e, ""));
+    step("SIGTERM: the daemon stops, the routes stay", || {
+        let pid = e.daemon_pid().unwrap().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        wait_for(Duration::from_secs(10), "daemon gone", || Ok(!e.socket.exists())).unwrap();
+        e.kill9().unwrap(); // reaps it
+        assert_eq!(routes(&e), ["10.100.0.1", "10.100.0.2"]);
+        assert!(e.xdp_attached().unwrap());
+    });
+    step("detach: routes gone while XDP still forwards, then XDP gone", || {
+        let instance = e.instance.clone();
+        let mut cmd = e.in_ns();
+        cmd.arg(xlb_bin())
+            .args(["detach", "--instance", &instance, "--withdraw-wait", "1s"]);
+        let detach = std::thread::spawn(move || cmd.output().unwrap());
+        let t0 = Instant::now();
+        let mut seen_between = false;
+        while t0.elapsed() < Duration::from_secs(10) && !detach.is_finished() {
+            if routes(&e).is_empty() && e.xdp_attached().unwrap_or(false) {
+                seen_between = true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = detach.join().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            stdout.contains(
+                "announce: withdrew 10.100.0.1, 10.100.0.2 from table 100, then waited 1s for \
+                 the routers"
+            ),
+            "{stdout}"
+        );
+        assert!(seen_between, "routes withdrawn while XDP was still attached");
+        assert!(routes(&e).is_empty());
+        assert!(!e.xdp_attached().unwrap());
+    });
+}
