@@ -65,7 +65,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 (None, None) => config::defaults::INSTANCE.to_owned(),
             };
-            println!("{}", lb_user::daemon::detach(&instance, *force, *withdraw_wait)?);
+            println!(
+                "{}",
+                lb_user::daemon::detach(&instance, *force, *withdraw_wait)?
+            );
             Ok(())
         }
         Command::Decap(args) => {

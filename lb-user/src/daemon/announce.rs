@@ -110,7 +110,6 @@ impl Daemon {
                 .withdrawn
                 .get(&v.cfg.name)
                 .map(String::as_str),
-            stopping: false,
         }
     }
 
@@ -188,7 +187,15 @@ impl Daemon {
                 None => ("ok", "routes written again".to_string()),
             };
             self.announcing.told_error = o.error.clone();
-            self.event(EventKind::Announce, None, None, None, Some(to), reason, None);
+            self.event(
+                EventKind::Announce,
+                None,
+                None,
+                None,
+                Some(to),
+                reason,
+                None,
+            );
         }
         if let Some(speaker) = &o.speaker {
             let up = speaker.is_ok();
@@ -374,7 +381,10 @@ pub(super) fn keep_running_table(
 ///
 /// # Errors
 /// Either, said for the operator.
-pub(super) async fn check_at_start(cfg: &crate::config::Config, origin: &str) -> anyhow::Result<()> {
+pub(super) async fn check_at_start(
+    cfg: &crate::config::Config,
+    origin: &str,
+) -> anyhow::Result<()> {
     let Some(a) = &cfg.announce else {
         return Ok(());
     };

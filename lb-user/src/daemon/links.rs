@@ -287,7 +287,9 @@ mod tests {
     fn detach_refuses_a_name_that_is_not_an_instance() {
         let long = "a".repeat(33);
         for name in ["../..", "..", "a/../../b", "", "Prod", "x y", long.as_str()] {
-            let err = detach(name, false).unwrap_err().to_string();
+            let err = detach(name, false, std::time::Duration::ZERO)
+                .unwrap_err()
+                .to_string();
             assert_eq!(
                 err,
                 format!(
