@@ -25,6 +25,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 mod agent;
+mod announce;
 mod cluster;
 mod event;
 mod explain;
@@ -35,6 +36,7 @@ mod status;
 mod wire;
 
 pub use agent::AgentStatus;
+pub use announce::{ANNOUNCE_CODES, ANNOUNCE_STATES, AnnounceStatus, VipAnnounce};
 pub use cluster::{ClusterStatus, FingerprintStatus};
 pub use event::{Event, EventKind};
 pub use explain::{ExplainReport, VIA};

@@ -4,10 +4,8 @@
 // The `xlb` binary sets up logging with it; named here so that
 // `unused_crate_dependencies` holds for the library too.
 use tracing_subscriber as _;
-// Placeholders until the announcer uses them (issue 26).
-use netlink_packet_route as _;
-use rtnetlink as _;
 
+pub mod announce;
 pub mod cli;
 pub mod cluster;
 pub mod config;

@@ -52,6 +52,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             instance,
             config,
             force,
+            withdraw_wait,
         } => {
             let instance = match (instance, config) {
                 (Some(name), _) => name.clone(),
@@ -66,7 +67,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 (None, None) => config::defaults::INSTANCE.to_owned(),
             };
-            println!("{}", lb_user::daemon::detach(&instance, *force)?);
+            println!(
+                "{}",
+                lb_user::daemon::detach(&instance, *force, *withdraw_wait)?
+            );
             Ok(())
         }
         Command::Decap(args) => {
@@ -153,9 +157,11 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
             | Command::Guard(GuardCommand::Blocks { json: true })
-    ) || matches!(command, Command::Sources(s) if s.json());
+    ) || matches!(command, Command::Sources(s) if s.json())
+        || matches!(command, Command::Announce(a) if a.json());
     let text = match resp {
         Response::Error { message } => bail!("{message}"),
+        Response::Ok { message } if json => pretty(&serde_json::json!({ "message": message }))?,
         Response::Ok { message } => format!("{message}\n"),
         Response::Status(r) if json => pretty(&r)?,
         Response::Status(r) => cli::render_status(&r, ctl::now_unix_ms(), color()),

@@ -2,6 +2,7 @@
 //! help text) and the pure functions that turn protocol answers into what
 //! an operator reads. `main.rs` does the I/O.
 
+pub mod announce;
 pub mod blocks;
 pub mod decap;
 mod explain;
@@ -148,6 +149,11 @@ pub enum Command {
         /// with nothing attached until restarted).
         #[arg(long)]
         force: bool,
+        /// With [announce]: after deleting the instance's routes (the
+        /// routers stop sending flows here), wait this long before
+        /// detaching XDP, so flows move to the other nodes first.
+        #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_withdraw_wait)]
+        withdraw_wait: Duration,
     },
     /// On a backend: decapsulate dsr-ipip traffic in XDP.
     ///
@@ -170,6 +176,8 @@ pub enum Command {
     Guard(blocks::GuardCommand),
     #[command(flatten)]
     Sources(sources::SourcesCommand),
+    #[command(flatten)]
+    Announce(announce::AnnounceCommand),
 }
 
 impl Command {
@@ -210,6 +218,7 @@ impl Command {
             Command::Reload => Request::Reload,
             Command::Sources(s) => s.request(),
             Command::Guard(g) => g.request(),
+            Command::Announce(a) => a.request(),
             Command::Run { .. }
             | Command::Peers { .. }
             | Command::CheckConfig { .. }
@@ -218,6 +227,18 @@ impl Command {
             | Command::XdpPass { .. } => return None,
         })
     }
+}
+
+/// `--withdraw-wait`: a duration up to 10 minutes.
+pub fn parse_withdraw_wait(s: &str) -> Result<Duration, String> {
+    let d = config::parse_duration(s)?;
+    if d > Duration::from_secs(600) {
+        return Err(format!(
+            "{s:?} is longer than 10m; routers move flows within seconds (BGP hold time at \
+             most), use e.g. 3s"
+        ));
+    }
+    Ok(d)
 }
 
 /// `tcp` or `udp`, any case.
@@ -354,6 +375,8 @@ pub fn parse_endpoint(s: &str) -> Result<SocketAddr, String> {
 /// `xlb check-config`: the report for a valid file, or every problem.
 pub fn check_config(path: &Path) -> Result<String, ConfigErrors> {
     let config = Config::from_file(path)?;
+    crate::announce::check_local_addresses(&config, &path.display().to_string())
+        .map_err(|problems| ConfigErrors { problems })?;
     let backends: usize = config.vips.iter().map(|v| v.backends.len()).sum();
     let mut out = format!(
         "{}: ok ({}, {})\n",
@@ -467,6 +490,7 @@ fn table(out: &mut String, indent: &str, rows: &[Vec<Cell>], color: bool) {
 /// a table of its backends. `now_unix_ms` dates the FOR column.
 pub fn render_status(report: &StatusReport, now_unix_ms: u64, color: bool) -> String {
     let mut out = daemon_lines(report, now_unix_ms, color);
+    out.push_str(&announce::status_lines(report));
     if report.vips.is_empty() {
         out.push_str("no VIPs configured: all traffic passes to the host\n");
     }
@@ -498,6 +522,7 @@ pub fn render_status(report: &StatusReport, now_unix_ms: u64, color: bool) -> St
         out.push('\n');
         out.push_str(&vip_line(vip, color));
         out.push('\n');
+        out.push_str(&announce::vip_line(vip).unwrap_or_default());
         if vip.backends.is_empty() {
             out.push_str("  no backends\n");
             continue;
@@ -935,6 +960,7 @@ mod tests {
                     instance: None,
                     config: None,
                     force: false,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
             (
@@ -944,6 +970,7 @@ mod tests {
                     instance: Some("prod".into()),
                     config: None,
                     force: false,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
             (
@@ -953,6 +980,7 @@ mod tests {
                     instance: None,
                     config: Some("x.toml".into()),
                     force: false,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
             (
@@ -962,6 +990,7 @@ mod tests {
                     instance: Some("prod".into()),
                     config: None,
                     force: true,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
         ];

@@ -57,6 +57,7 @@ macro_rules! rejects {
 }
 
 mod address;
+mod announce;
 mod cluster;
 mod daemon;
 mod dns;
@@ -68,6 +69,7 @@ mod raw;
 mod tls;
 mod vip;
 
+pub use announce::{AnnounceConfig, defaults as announce_defaults};
 pub use cluster::{
     ClusterConfig, MAX_PEER_TIMEOUT, defaults as cluster_defaults, host_name, parse_peer,
 };
@@ -132,6 +134,9 @@ pub struct Config {
     pub guard: GuardConfig,
     /// `[cluster]`: this node's name and its peers' status addresses.
     pub cluster: ClusterConfig,
+    /// `[announce]`: when VIPs are announced to the BGP speaker; `None` =
+    /// not at all.
+    pub announce: Option<AnnounceConfig>,
     /// Problems that do not stop xlb but that the operator should see (log
     /// them at start and reload), e.g. a VIP without backends.
     pub warnings: Vec<String>,
@@ -267,11 +272,13 @@ fn validate(raw: &RawConfig, p: &mut Problems<'_>) -> Config {
     guard::check_rule_count(&guard, &vips, p);
     check_list_reasons(raw, p);
     let cluster = cluster::validate(raw.cluster.as_ref(), &daemon, p);
+    let announce = announce::validate(raw.announce.as_ref(), &raw.vip, p);
     Config {
         daemon,
         vips,
         guard,
         cluster,
+        announce,
         warnings: Vec::new(),
     }
 }
@@ -650,6 +657,7 @@ reason = "\u001b[2J"
             }],
             guard: GuardConfig::default(),
             cluster: ClusterConfig::default(),
+            announce: None,
             warnings: vec![],
         };
         assert_eq!(config, want);
@@ -810,6 +818,7 @@ reason = "\u001b[2J"
             }],
             guard: GuardConfig::default(),
             cluster: ClusterConfig::default(),
+            announce: None,
             warnings: vec![
                 "xlb.toml: daemon: xdp_mode = \"generic\" runs XDP after the kernel has built an \
                  skb: much slower than \"native\"; use it for testing only"

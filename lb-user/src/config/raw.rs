@@ -25,6 +25,7 @@ pub(super) struct RawConfig {
     pub(super) protection: Option<RawProtection>,
     pub(super) guard: Option<RawGuard>,
     pub(super) cluster: Option<super::cluster::RawCluster>,
+    pub(super) announce: Option<super::announce::RawAnnounce>,
     #[serde(default)]
     pub(super) vip: Vec<RawVip>,
 }
@@ -65,6 +66,8 @@ pub(super) struct RawVip {
     pub(super) protection: Option<RawProtection>,
     pub(super) guard: Option<RawGuard>,
     pub(super) max_flows: Option<u64>,
+    /// Overrides `announce.min_up`; i64 for a message of ours on 0 or -1.
+    pub(super) announce_min_up: Option<i64>,
     #[serde(default)]
     pub(super) backend: Vec<RawBackend>,
 }

@@ -220,6 +220,7 @@ pub(crate) mod tests {
                 backends: sample_backends(),
                 ..VipStatus::default()
             }],
+            announce: None,
         }
     }
 
@@ -347,6 +348,7 @@ pub(crate) mod tests {
             keys(vip),
             [
                 "address",
+                "announce",
                 "auto_timeout_ms",
                 "backends",
                 "backends_total",

@@ -160,6 +160,7 @@ impl Daemon {
             fingerprint: ctl::FingerprintStatus::default(),
             cluster: ctl::ClusterStatus::default(),
             vips,
+            announce: self.announce_status(),
         };
         self.add_cluster_status(&mut report);
         report
@@ -206,6 +207,7 @@ impl Daemon {
                 .iter()
                 .map(|b| self.backend_status(v, b, traffic))
                 .collect(),
+            announce: self.announce_of(&v.cfg.name),
         }
     }
 

@@ -9,7 +9,7 @@ impl Subject for VipStatus {
     }
 }
 
-pub(super) const FAMILIES: [Family<VipStatus>; 11] = [
+pub(super) const FAMILIES: [Family<VipStatus>; 13] = [
     Family {
         name: "xlb_vip_info",
         kind: Kind::Gauge,
@@ -29,6 +29,28 @@ pub(super) const FAMILIES: [Family<VipStatus>; 11] = [
         kind: Kind::Gauge,
         help: "Always 1; fingerprint (16 hex digits) of the VIP's key, mode, table size and backends, without the hash key.",
         value: |v| Value::Info(vec![("fingerprint", v.fingerprint.as_str().into())]),
+    },
+    Family {
+        name: "xlb_vip_announced",
+        kind: Kind::Gauge,
+        help: "1 while the VIP wants its address announced to the routers ([announce]); 0 when withdrawn or off.",
+        value: |v| {
+            Value::Int(u64::from(
+                v.announce.as_ref().is_some_and(|a| a.state == "announced"),
+            ))
+        },
+    },
+    Family {
+        name: "xlb_vip_announce_info",
+        kind: Kind::Gauge,
+        help: "Always 1; state (announced, withdrawn, off) and code (serving, panic, starting, too_few_up, operator, off) say why.",
+        value: |v| {
+            let (state, code) = v
+                .announce
+                .as_ref()
+                .map_or(("off", "off"), |a| (a.state.as_str(), a.code.as_str()));
+            Value::Info(vec![("state", state.into()), ("code", code.into())])
+        },
     },
     Family {
         name: "xlb_vip_table_size",
