@@ -2,8 +2,9 @@
 //! metrics listeners reach each other over a veth pair: a node with
 //! another `hash_seed` is reported (exit status 2), the same configuration
 //! agrees (0), and a peer that does not answer is reported without failing
-//! the rest (3). Judged by what `xlb peers` prints and its exit status, and
-//! by the fingerprints each daemon's own status shows.
+//! the rest (3), and each VIP's announce state is the one the peer
+//! reports. Judged by what `xlb peers` prints and its exit status, and by
+//! the fingerprints each daemon's own status shows.
 
 #![allow(
     unused_crate_dependencies,
@@ -324,4 +325,11 @@ fn peers_reports_a_node_with_another_hash_key() {
     assert_eq!(json["nodes"][1]["agrees"], true);
     assert_eq!(json["nodes"][2]["reachable"], false);
     assert_eq!(json["exit_status"], 3);
+    // Each VIP's announce state, as the peer itself reports it.
+    let state = b.status().unwrap()["vips"][0]["announce"]["state"].clone();
+    let state = state.as_str().expect("b reports an announce state");
+    assert_eq!(json["nodes"][1]["vips"][0]["announce"]["state"], state);
+    let row = text.lines().find(|l| l.starts_with("node-b ")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[cells.len() - 2..], [state, state], "{row}");
 }

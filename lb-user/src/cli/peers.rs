@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use clap::Subcommand;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -41,6 +42,26 @@ pub(super) fn vip_note(vip: &VipStatus) -> String {
     } else {
         format!("  fingerprint {}", vip.fingerprint)
     }
+}
+
+/// `xlb peers` (a subcommand of its own so the list in `cli/mod.rs` stays
+/// short).
+#[derive(Debug, PartialEq, Subcommand)]
+pub enum PeersCommand {
+    /// Compare this node with its [cluster] peers (fingerprints, VIPs).
+    ///
+    /// Reads this node's status over the control socket and each peer's
+    /// `GET /status` (its metrics listener) at once, within the peer's
+    /// cluster.timeout, and warns when a peer's tables differ: two nodes
+    /// with different tables send flows that ECMP moves between them to
+    /// other backends. Exit status: 0 all agree, 2 a peer differs, 3 a
+    /// peer could not be read (and none differs), 1 this node's daemon
+    /// could not be asked.
+    Peers {
+        /// Print the comparison as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `xlb peers` exit status: every peer answered and agrees.
@@ -392,6 +413,24 @@ warning: peer 10.9.0.3:9813 could not be read: no answer within 1s
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn command_line() {
+        use clap::Parser as _;
+        let cases = [
+            (vec!["xlb", "peers"], false),
+            (vec!["xlb", "peers", "--json"], true),
+        ];
+        for (args, json) in cases {
+            let cli = crate::cli::Cli::try_parse_from(&args).unwrap();
+            assert_eq!(
+                cli.command,
+                crate::cli::Command::Peers(PeersCommand::Peers { json }),
+                "{args:?}"
+            );
+            assert_eq!(cli.command.request(), None, "not a single request");
+        }
     }
 
     #[test]
