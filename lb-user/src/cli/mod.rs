@@ -144,7 +144,7 @@ pub enum Command {
         /// With [announce]: after deleting the instance's routes (the
         /// routers stop sending flows here), wait this long before
         /// detaching XDP, so flows move to the other nodes first.
-        #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_withdraw_wait)]
+        #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = announce::parse_withdraw_wait)]
         withdraw_wait: Duration,
     },
     /// On a backend: decapsulate dsr-ipip traffic in XDP.
@@ -221,18 +221,6 @@ impl Command {
             | Command::XdpPass { .. } => return None,
         })
     }
-}
-
-/// `--withdraw-wait`: a duration up to 10 minutes.
-pub fn parse_withdraw_wait(s: &str) -> Result<Duration, String> {
-    let d = config::parse_duration(s)?;
-    if d > Duration::from_secs(600) {
-        return Err(format!(
-            "{s:?} is longer than 10m; routers move flows within seconds (BGP hold time at \
-             most), use e.g. 3s"
-        ));
-    }
-    Ok(d)
 }
 
 /// `tcp` or `udp`, any case.

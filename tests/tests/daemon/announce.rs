@@ -556,3 +556,83 @@ fn detach_withdraws_before_xdp_goes() {
         },
     );
 }
+
+/// The route writer alone, in a namespace of its own: both families, a
+/// table id above 255 (kept only in `RTA_TABLE`), other tables and other
+/// protocols left alone and reported, a delete of a route already gone.
+#[test]
+fn the_writer_in_both_families() {
+    use std::collections::BTreeSet;
+    use std::net::IpAddr;
+
+    use lb_user::announce::{Table, Writer, routes::Foreign};
+
+    xlb_tests::require_root();
+    let ns = xlb_tests::netns::NetNs::new("annw").unwrap();
+    ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    // Neighbours the writer must not touch: another table, another protocol.
+    ns.ip(&[
+        "route",
+        "add",
+        "blackhole",
+        "10.100.0.9/32",
+        "table",
+        "4000",
+        "proto",
+        "static",
+    ])
+    .unwrap();
+    ns.ip(&[
+        "route",
+        "add",
+        "blackhole",
+        "10.100.0.8/32",
+        "table",
+        "4001",
+        "proto",
+        "252",
+    ])
+    .unwrap();
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let want = BTreeSet::from([ip("10.100.0.1"), ip("fd00:100::1")]);
+    let (plan, listing, after_delete) = xlb_lab::topology::in_netns(ns.name(), || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let w = Writer::new(Table {
+                    id: 4000,
+                    protocol: 252,
+                })
+                .unwrap();
+                let plan = w.reconcile(&want).await.unwrap();
+                let listing = w.list().await.unwrap();
+                w.delete(ip("10.100.0.1")).await.unwrap();
+                // Gone already: not an error.
+                w.delete(ip("10.100.0.1")).await.unwrap();
+                (plan, listing, w.list().await.unwrap().ours)
+            })
+    })
+    .unwrap();
+    assert_eq!(plan.add, [ip("10.100.0.1"), ip("fd00:100::1")]);
+    assert_eq!(listing.ours, want);
+    assert_eq!(
+        listing.foreign,
+        [Foreign {
+            dest: "10.100.0.9/32".into(),
+            protocol: 4
+        }]
+    );
+    assert_eq!(after_delete, BTreeSet::from([ip("fd00:100::1")]));
+    let v6 = ns.ip(&["-6", "route", "show", "table", "4000"]).unwrap();
+    assert!(
+        v6.starts_with("blackhole fd00:100::1 ") && v6.contains(" proto 252 "),
+        "{v6}"
+    );
+    let other = ns.ip(&["route", "show", "table", "4001"]).unwrap();
+    assert!(
+        other.contains("10.100.0.8"),
+        "another table untouched: {other}"
+    );
+}
