@@ -108,8 +108,9 @@ mod tests {
     #[test]
     fn stats_name_every_counter() {
         assert_eq!(
-            super::render_stats(&[1, 2, 3, 4, 5, 6]),
-            "decap=1 pass=2 drop_malformed=3 drop_source=4 drop_inner_dst=5 drop_unchecked=6"
+            super::render_stats(&[1, 2, 3, 4, 5, 6, 7, 8, 9]),
+            "decap=1 pass=2 drop_malformed=3 drop_source=4 drop_inner_dst=5 drop_unchecked=6 \
+             second_chance_local=7 second_chance_forward=8 second_chance_no_route=9"
         );
     }
 }

@@ -10,6 +10,7 @@ use netlink_packet_route as _;
 use ring as _;
 use rtnetlink as _;
 
+pub mod chance;
 pub mod cli;
 pub mod config;
 pub mod ctl;

@@ -24,6 +24,7 @@
 //!   writes, the state file, the conntrack walk.
 
 pub mod alarms;
+mod chance;
 mod conntrack;
 mod control;
 mod drain;
@@ -219,6 +220,7 @@ impl Daemon {
                 .collect();
             let t = Instant::now();
             self.dp.write_ring(vip.id, vip.active, &writes)?;
+            vip.chance.0[vip.active as usize & 1] = Some(crate::chance::History::empty(want.len()));
             vip.halves[vip.active as usize & 1] = Some(want);
             model::install_vip(&mut self.dp, vip)?;
             Some(Rebuild {

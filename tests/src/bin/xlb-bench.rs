@@ -294,6 +294,7 @@ fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
         down_policy: DownPolicy::Rehash,
         table_size: lb_common::DEFAULT_TABLE_SIZE,
         host_services: false,
+        second_chance: false,
         protection: Default::default(),
         guard: Default::default(),
         backends: (0..n)
