@@ -77,6 +77,13 @@ impl DecapStat {
 /// backend serves) it accepts.
 pub type DecapAddrKey = VipAddrKey;
 
+/// `XLB_DECAP_ADDR` value bits: the address is a tunnel endpoint of ours.
+pub const DECAP_ADDR_ACCEPT: u32 = 1;
+/// ... and second chance is on (`xlb decap --second-chance on`, the
+/// default): a load balancer's tunnel inside the tunnel is kept when this
+/// host has the connection, else relayed to the previous owner.
+pub const DECAP_ADDR_SECOND_CHANCE: u32 = 2;
+
 /// Data of an `XLB_DECAP_SRC4` trie key: an allowed outer IPv4 source
 /// prefix, network order (the trie key's `prefix_len` gives its length).
 pub type DecapSrcV4 = [u8; 4];

@@ -16,7 +16,7 @@ mod reply;
 mod vip_addr;
 
 pub use decap::{
-    DECAP_STATS_LEN, DecapAddrKey, DecapSrcV4, DecapSrcV6, DecapStat, MAX_DECAP_ADDRS,
+    DECAP_ADDR_ACCEPT, DECAP_ADDR_SECOND_CHANCE, DECAP_STATS_LEN, DecapAddrKey, DecapSrcV4, DecapSrcV6, DecapStat, MAX_DECAP_ADDRS,
     MAX_DECAP_SOURCES,
 };
 pub use guard::*;

@@ -42,6 +42,7 @@ mod key;
 mod lb;
 mod packet;
 mod parse;
+mod relay;
 mod reply;
 mod reset;
 mod select;
