@@ -66,7 +66,11 @@ pub(crate) fn run(ctx: &XdpContext, l3off: usize, outer: usize) -> u32 {
     let v6 = outer != IPV4_LEN;
     let mut slot = Zeroed::<Relay>::uninit();
     let r = slot.zero();
-    let checked = if v6 { check6(ctx, l3off, r) } else { check4(ctx, l3off, r) };
+    let checked = if v6 {
+        check6(ctx, l3off, r)
+    } else {
+        check4(ctx, l3off, r)
+    };
     if checked.is_none() {
         return done(DecapStat::DropUnchecked, xdp_action::XDP_DROP);
     }
@@ -75,7 +79,14 @@ pub(crate) fn run(ctx: &XdpContext, l3off: usize, outer: usize) -> u32 {
     }
     let mut fib = Zeroed::<FibParams>::uninit();
     let p = fib.zero();
-    fib_params(p, ctx.ingress_ifindex() as u32, v6, &r.src, &r.dst, r.tot_len);
+    fib_params(
+        p,
+        ctx.ingress_ifindex() as u32,
+        v6,
+        &r.src,
+        &r.dst,
+        r.tot_len,
+    );
     // SAFETY: a zeroed, filled parameter block of the size passed.
     let rc = unsafe {
         bpf_fib_lookup(
