@@ -13,20 +13,22 @@ mod decap;
 pub mod guard;
 pub mod hash;
 mod reply;
+mod ring;
 mod vip_addr;
 
 pub use decap::{
-    DECAP_STATS_LEN, DecapAddrKey, DecapSrcV4, DecapSrcV6, DecapStat, MAX_DECAP_ADDRS,
-    MAX_DECAP_SOURCES,
+    DECAP_ADDR_ACCEPT, DECAP_ADDR_SECOND_CHANCE, DECAP_STATS_LEN, DecapAddrKey, DecapSrcV4,
+    DecapSrcV6, DecapStat, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES,
 };
 pub use guard::*;
 pub use hash::{flow_hash, siphash13};
 pub use reply::{DEFAULT_REPLY_RATE, ReplyRate, reply_limit};
+pub use ring::{RingSlot, ring_index};
 pub use vip_addr::{VIP_ADDR_BALANCED, VIP_ADDR_HOST_SERVICES, VIP_ADDR_INDEX_LEN, vip_addr_slot};
 
 /// Version of every pinned map layout below. Stored in [`Globals::layout_version`]
 /// and in the pin directory; a daemon refuses pinned state of another version.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Maximum number of VIPs. VIP ids index the Maglev ring array and the
 /// per-VIP counters; 64 VIPs × 2 halves × 65537 slots × 8 B (the kernel rounds
@@ -232,7 +234,12 @@ pub struct VipInfo {
     /// balances go to the host's stack. 0 = they are dropped
     /// ([`VIP_ADDR_HOST_SERVICES`]). Was padding before layout 4.
     pub host_services: u8,
-    pub _pad: [u8; 1],
+    /// 1 = second chance (`second_chance = true`, `dsr-ipip` only): a TCP
+    /// packet without SYN that misses conntrack, whose slot has a live
+    /// previous owner ([`RingSlot::prev_id`]), is sent to the current owner
+    /// with a second tunnel header naming the previous one. Was padding
+    /// before layout 5.
+    pub second_chance: u8,
     /// The VIP's own key: the data plane takes an `XLB_VIP_INDEX`
     /// candidate only if the packet is addressed to exactly this.
     pub key: VipKey,
@@ -609,6 +616,16 @@ stats! {
     /// echo reply, "fragmentation needed" / "packet too big") over this
     /// CPU's `daemon.reply_rate`: dropped instead.
     DropReplyLimited = "drop_reply_limited",
+    /// A TCP packet without SYN that missed conntrack, to a `dsr-ipip` VIP
+    /// with second chance, whose slot has a live previous owner other than
+    /// the current one: sent to the current owner with a second tunnel
+    /// header to the previous one (its decapsulator passes the packet on
+    /// when it has no socket for it).
+    SecondChance = "second_chance",
+    /// Such a packet too big for the next hop with two tunnel headers but
+    /// not with one: sent to the current owner only, as without second
+    /// chance.
+    SecondChanceTooBig = "second_chance_too_big",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
 }
@@ -672,12 +689,6 @@ impl FlowKey {
     pub fn slot(&self, key: &[u64; 2], table_size: u32) -> u32 {
         (((flow_hash(key, self) >> 32) * u64::from(table_size)) >> 32) as u32
     }
-}
-
-/// Ring index of `slot` in half `half` of VIP `vip_id`'s table.
-#[inline(always)]
-pub fn ring_index(vip_id: u32, half: u32, stride: u32, slot: u32) -> u32 {
-    (vip_id * 2 + half) * stride + slot
 }
 
 /// Socket marks of data-path health probes: [`HC_MARK_BASE`] | backend id.

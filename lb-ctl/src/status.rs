@@ -73,6 +73,10 @@ pub struct VipStatus {
     pub mode: String,
     /// `"rehash"` or `"keep"`.
     pub down_policy: String,
+    /// `vip.second_chance`: packets that miss conntrack also name their
+    /// slot's previous owner (see the README, "Second chance").
+    #[serde(default)]
+    pub second_chance: bool,
     /// Maglev table size (slots).
     pub table_size: u32,
     /// Fingerprint of this VIP's table inputs, without the hash key (16

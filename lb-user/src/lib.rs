@@ -6,6 +6,7 @@
 use tracing_subscriber as _;
 
 pub mod announce;
+pub mod chance;
 pub mod cli;
 pub mod cluster;
 pub mod config;

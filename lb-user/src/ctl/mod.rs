@@ -206,6 +206,7 @@ pub(crate) mod tests {
                 protocol: "tcp".to_owned(),
                 mode: "dsr-ipip".to_owned(),
                 down_policy: "rehash".to_owned(),
+                second_chance: true,
                 table_size: 65537,
                 fingerprint: "5a6b7c8d9e0f1a2b".to_owned(),
                 backends_up: 2,
@@ -370,6 +371,7 @@ pub(crate) mod tests {
                 "panic_reason",
                 "port",
                 "protocol",
+                "second_chance",
                 "table_size"
             ]
         );
@@ -380,6 +382,7 @@ pub(crate) mod tests {
             ("protocol", json!("tcp")),
             ("mode", json!("dsr-ipip")),
             ("down_policy", json!("rehash")),
+            ("second_chance", json!(true)),
             ("table_size", json!(65537)),
             ("fingerprint", json!("5a6b7c8d9e0f1a2b")),
             ("backends_up", json!(2)),
