@@ -129,6 +129,7 @@ pub struct ClusterRun {
     birds: Vec<(Speaker, u32)>,
     bird_bin: PathBuf,
     birdc_bin: PathBuf,
+    kept: bool,
 }
 
 /// The instance of node B for a lab prefix: node A's, plus `-b`.
@@ -220,6 +221,7 @@ impl ClusterRun {
             birds: Vec::new(),
             bird_bin,
             birdc_bin,
+            kept: false,
         };
         for s in [
             Speaker::Router,
@@ -521,6 +523,15 @@ impl ClusterRun {
         run_bounded(cmd, CLI_TIMEOUT).map(drop)
     }
 
+    /// Leaves everything running when dropped (for `cargo xtask lab up
+    /// --nodes 2`); `lab down` removes it using the state file. Returns the
+    /// work directory.
+    pub fn keep(mut self) -> PathBuf {
+        self.kept = true;
+        self.run.mark_kept();
+        self.run.work_dir().to_path_buf()
+    }
+
     /// Death (a): `node`'s daemon and BIRD killed (SIGKILL) and its XDP
     /// detached. The router hears the BGP sessions close.
     pub fn kill_node(&mut self, node: Node) -> Result<()> {
@@ -539,6 +550,9 @@ fn sigkill(pid: u32) -> Result<()> {
 
 impl Drop for ClusterRun {
     fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
         if let Some(pid) = self.node_b.pid.take() {
             let _ = self.lab().kill(pid);
         }

@@ -458,6 +458,15 @@ impl LabRun {
         self.work_dir.clone()
     }
 
+    /// [`LabRun::keep`] for an owner that cannot give the run away
+    /// ([`ClusterRun`](super::ClusterRun), which has a `Drop` of its own).
+    pub(super) fn mark_kept(&mut self) {
+        self.kept = true;
+        if let Some(lab) = self.lab.as_mut() {
+            lab.keep();
+        }
+    }
+
     /// Tears down now and reports what failed (Drop does the same silently).
     pub fn shutdown(mut self) -> Result<()> {
         self.teardown()
