@@ -32,6 +32,9 @@ pub struct StatusReport {
     pub counters: BTreeMap<String, u64>,
     /// In configuration order.
     pub vips: Vec<VipStatus>,
+    /// The hand-off to the BGP speaker; `null` without `[announce]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announce: Option<crate::AnnounceStatus>,
 }
 
 /// Occupancy of the connection tracking table.
@@ -110,6 +113,9 @@ pub struct VipStatus {
     pub auto_timeout_ms: Option<f64>,
     /// In configuration order.
     pub backends: Vec<BackendStatus>,
+    /// Its announce state and why; absent from daemons that predate it.
+    #[serde(default)]
+    pub announce: Option<crate::VipAnnounce>,
 }
 
 /// Every value of [`BackendStatus::placement`], as spelled in JSON:

@@ -57,6 +57,7 @@ macro_rules! rejects {
 }
 
 mod address;
+mod announce;
 mod daemon;
 mod dns;
 mod grpc;
@@ -67,6 +68,7 @@ mod raw;
 mod tls;
 mod vip;
 
+pub use announce::{AnnounceConfig, defaults as announce_defaults};
 pub use daemon::{
     DaemonConfig, LiveSettings, MAX_CONNTRACK_SIZE, MAX_RING_STRIDE, MIN_CONNTRACK_SIZE,
     MIN_UDP_TIMEOUT, PinnedSettings, RestartSettings, XdpMode, check_instance,
@@ -126,6 +128,9 @@ pub struct Config {
     /// `[guard]`: the daemon-wide abuse-control settings and the global
     /// deny and allow lists (each VIP's merged settings are its `guard`).
     pub guard: GuardConfig,
+    /// `[announce]`: when VIPs are announced to the BGP speaker; `None` =
+    /// not at all.
+    pub announce: Option<AnnounceConfig>,
     /// Problems that do not stop xlb but that the operator should see (log
     /// them at start and reload), e.g. a VIP without backends.
     pub warnings: Vec<String>,
@@ -260,10 +265,12 @@ fn validate(raw: &RawConfig, p: &mut Problems<'_>) -> Config {
     let vips = vip::validate_all(&raw.vip, &daemon, &globals, p);
     guard::check_rule_count(&guard, &vips, p);
     check_list_reasons(raw, p);
+    let announce = announce::validate(raw.announce.as_ref(), &raw.vip, p);
     Config {
         daemon,
         vips,
         guard,
+        announce,
         warnings: Vec::new(),
     }
 }
@@ -641,6 +648,7 @@ reason = "\u001b[2J"
                 }],
             }],
             guard: GuardConfig::default(),
+            announce: None,
             warnings: vec![],
         };
         assert_eq!(config, want);
@@ -800,6 +808,7 @@ reason = "\u001b[2J"
                 ],
             }],
             guard: GuardConfig::default(),
+            announce: None,
             warnings: vec![
                 "xlb.toml: daemon: xdp_mode = \"generic\" runs XDP after the kernel has built an \
                  skb: much slower than \"native\"; use it for testing only"

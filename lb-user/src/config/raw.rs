@@ -24,6 +24,7 @@ pub(super) struct RawConfig {
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
     pub(super) guard: Option<RawGuard>,
+    pub(super) announce: Option<super::announce::RawAnnounce>,
     #[serde(default)]
     pub(super) vip: Vec<RawVip>,
 }
@@ -64,6 +65,8 @@ pub(super) struct RawVip {
     pub(super) protection: Option<RawProtection>,
     pub(super) guard: Option<RawGuard>,
     pub(super) max_flows: Option<u64>,
+    /// Overrides `announce.min_up`; i64 for a message of ours on 0 or -1.
+    pub(super) announce_min_up: Option<i64>,
     #[serde(default)]
     pub(super) backend: Vec<RawBackend>,
 }

@@ -210,6 +210,7 @@ pub(crate) mod tests {
                 backends: sample_backends(),
                 ..VipStatus::default()
             }],
+            announce: None,
         }
     }
 
@@ -327,6 +328,7 @@ pub(crate) mod tests {
             keys(vip),
             [
                 "address",
+                "announce",
                 "auto_timeout_ms",
                 "backends",
                 "backends_total",

@@ -27,6 +27,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     for w in &cfg.warnings {
         warn!("{w}");
     }
+    super::announce::check_at_start(&cfg, &config_path.display().to_string()).await?;
     raise_nofile(&cfg);
     // The instance's lock first: a second daemon for the same instance stops
     // here, before it touches the maps or the link of the running one.

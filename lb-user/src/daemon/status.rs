@@ -158,6 +158,7 @@ impl Daemon {
             },
             counters,
             vips,
+            announce: self.announce_status(),
         }
     }
 
@@ -201,6 +202,7 @@ impl Daemon {
                 .iter()
                 .map(|b| self.backend_status(v, b, traffic))
                 .collect(),
+            announce: self.announce_of(&v.cfg.name),
         }
     }
 

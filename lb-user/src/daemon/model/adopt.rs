@@ -421,6 +421,7 @@ pub fn to_saved(vips: &[Vip]) -> Saved {
             .collect(),
         lists: Vec::new(),
         forwarding: Vec::new(),
+        announce: None,
     }
 }
 
@@ -470,6 +471,7 @@ mod tests {
             ],
             lists: Vec::new(),
             forwarding: Vec::new(),
+            announce: None,
         }
     }
 
