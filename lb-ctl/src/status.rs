@@ -67,6 +67,10 @@ pub struct VipStatus {
     pub mode: String,
     /// `"rehash"` or `"keep"`.
     pub down_policy: String,
+    /// `vip.second_chance`: packets that miss conntrack also name their
+    /// slot's previous owner (see the README, "Second chance").
+    #[serde(default)]
+    pub second_chance: bool,
     /// Maglev table size (slots).
     pub table_size: u32,
     /// Backends in the table (taking new flows).

@@ -8,6 +8,7 @@ use tracing_subscriber as _;
 use ring as _;
 
 pub mod announce;
+pub mod chance;
 pub mod cli;
 pub mod config;
 pub mod ctl;

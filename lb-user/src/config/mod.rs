@@ -58,6 +58,12 @@ macro_rules! rejects {
 
 mod address;
 mod announce;
+mod chance;
+
+/// `daemon.second_chance_window`'s default, in ns.
+pub const fn chance_default_window_ns() -> u64 {
+    chance::DEFAULT_WINDOW.as_secs() * 1_000_000_000
+}
 mod daemon;
 mod dns;
 mod grpc;
@@ -626,6 +632,7 @@ reason = "\u001b[2J"
                     encap_source_v6: None,
                     encap_source_v4_prefix: None,
                     reply_rate: 1000,
+                    second_chance_window: chance::DEFAULT_WINDOW,
                 },
             },
             vips: vec![VipConfig {
@@ -637,6 +644,7 @@ reason = "\u001b[2J"
                 down_policy: DownPolicy::Rehash,
                 table_size: 65_537,
                 host_services: false,
+                second_chance: true,
                 protection: Policy::default(),
                 guard: VipGuardConfig::default(),
                 backends: vec![BackendConfig {
@@ -777,6 +785,7 @@ reason = "\u001b[2J"
                     encap_source_v6: Some("fd00::2".parse().unwrap()),
                     encap_source_v4_prefix: None,
                     reply_rate: 1000,
+                    second_chance_window: chance::DEFAULT_WINDOW,
                 },
             },
             vips: vec![VipConfig {
@@ -788,6 +797,7 @@ reason = "\u001b[2J"
                 down_policy: DownPolicy::Keep,
                 table_size: 131_071,
                 host_services: false,
+                second_chance: false,
                 protection: Policy::default(),
                 guard: VipGuardConfig::default(),
                 backends: vec![

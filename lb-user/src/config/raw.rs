@@ -48,6 +48,7 @@ pub(super) struct RawDaemon {
     pub(super) encap_source_v4_prefix: Option<String>,
     pub(super) probe_concurrency: Option<u32>,
     pub(super) reply_rate: Option<String>,
+    pub(super) second_chance_window: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -61,6 +62,7 @@ pub(super) struct RawVip {
     pub(super) down_policy: Option<DownPolicy>,
     pub(super) table_size: Option<u32>,
     pub(super) host_services: Option<bool>,
+    pub(super) second_chance: Option<bool>,
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
     pub(super) guard: Option<RawGuard>,

@@ -148,6 +148,7 @@ impl Daemon {
         self.guard_tick();
         self.check_alarms();
         self.check_sources();
+        self.expire_second_chance();
         for v in &self.vips {
             v.update_auto_timeout();
         }

@@ -25,6 +25,7 @@
 
 pub mod alarms;
 mod announce;
+mod chance;
 mod conntrack;
 mod control;
 mod drain;
@@ -225,6 +226,7 @@ impl Daemon {
                 .collect();
             let t = Instant::now();
             self.dp.write_ring(vip.id, vip.active, &writes)?;
+            vip.chance.0[vip.active as usize & 1] = Some(crate::chance::History::empty(want.len()));
             vip.halves[vip.active as usize & 1] = Some(want);
             model::install_vip(&mut self.dp, vip)?;
             Some(Rebuild {

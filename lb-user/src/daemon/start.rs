@@ -107,6 +107,7 @@ pub(super) fn write_globals(
 ) -> anyhow::Result<()> {
     let g = globals_for(dp, d, vips)?;
     dp.set_globals(&g)?;
+    crate::chance::set_window(d.live.second_chance_window);
     Ok(())
 }
 
