@@ -47,18 +47,14 @@ fn vips() -> [IpAddr; 2] {
     [topology::VIP_V4.into(), topology::VIP_V6.into()]
 }
 
-/// Builds the two-node lab and announces the VIPs from both nodes.
+/// Builds the two-node lab and waits until both nodes' xlb announced the
+/// VIPs and the router installed them.
 fn up(tag: &str, bfd: bool) -> ClusterRun {
     xlb_tests::require_root();
     let t0 = Instant::now();
     let mut opts = ClusterOptions::new(&prefix(tag), &xlb_binary());
     opts.bfd = bfd;
     let c = ClusterRun::up(&opts).unwrap_or_else(|e| panic!("cluster up: {e}"));
-    for node in Node::ALL {
-        for vip in vips() {
-            c.inject_route(node, vip).unwrap();
-        }
-    }
     for vip in vips() {
         c.wait_router(vip, &[Node::A, Node::B], ROUTE_TIMEOUT)
             .unwrap_or_else(|e| panic!("both nodes announce {vip}: {e}"));
