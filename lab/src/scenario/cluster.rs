@@ -542,6 +542,19 @@ impl ClusterRun {
         run_bounded(cmd, CLI_TIMEOUT).map(drop)
     }
 
+    /// Rewrites both nodes' configuration for `opts` (its `config`,
+    /// `extra*` and `announce`) and has both daemons reload it, A first.
+    pub fn reload(&self, opts: &ClusterOptions) -> Result<()> {
+        let dir = self.run.work_dir().to_path_buf();
+        for node in Node::ALL {
+            let path = self.config_path(node).to_path_buf();
+            fs::write(&path, Self::node_config(opts, node, &dir))
+                .map_err(io_err(format!("writing {}", path.display())))?;
+            self.ctl(node, &["reload"])?;
+        }
+        Ok(())
+    }
+
     /// Leaves everything running when dropped (for `cargo xtask lab up
     /// --nodes 2`); `lab down` removes it using the state file. Returns the
     /// work directory.
