@@ -431,3 +431,81 @@ fn backends_changed_and_node_died_without_second_chance_some_reset() {
         "without second chance no connection broke: the scenario does not move any flow"
     );
 }
+
+/// Starts node B's daemon, which must refuse to run; returns what it said.
+fn refused_start(c: &mut ClusterRun) -> String {
+    let err = c
+        .start_daemon(Node::B)
+        .expect_err("xlb run in node B started despite the bad input")
+        .to_string();
+    // Node A kept the VIPs and serves alone.
+    for vip in vips() {
+        assert_eq!(c.lab().router_nodes(vip).unwrap(), [Node::A], "{vip}");
+    }
+    let report = c
+        .run()
+        .run_client(LoadOptions {
+            duration: Duration::from_secs(1),
+            rate: 50,
+            keepalive: 0,
+            ..LoadOptions::new(SocketAddr::new(topology::VIP_V4.into(), SERVICE_PORTS[0]))
+        })
+        .unwrap();
+    assert_eq!(report.summary.failures, 0, "{:?}", report.summary.counts);
+    err
+}
+
+#[test]
+fn bad_input_on_a_node_is_refused_and_the_other_keeps_serving() {
+    let mut opts = options("x");
+    opts.start_daemons = false;
+    let mut c = up_with_daemons_off(&opts);
+    c.start_daemon(Node::A).unwrap();
+    for vip in vips() {
+        c.wait_router(vip, &[Node::A], ROUTE_TIMEOUT).unwrap();
+    }
+    let ns_b = c.lab().ns_node(Node::B);
+    // The announce table already used by another program.
+    ip(
+        &ns_b,
+        &["route", "add", "10.1.2.3/32", "dev", "lo", "table", "100"],
+    );
+    let err = refused_start(&mut c);
+    assert!(
+        err.contains("routing table 100 holds 1 route that xlb did not write"),
+        "{err}"
+    );
+    ip(&ns_b, &["route", "flush", "table", "100"]);
+    // A VIP address that is also an address of the node.
+    ip(&ns_b, &["addr", "add", "10.100.0.1/32", "dev", "lo"]);
+    let err = refused_start(&mut c);
+    assert!(
+        err.contains("address 10.100.0.1 is an address of interface lo on this host"),
+        "{err}"
+    );
+    ip(&ns_b, &["addr", "del", "10.100.0.1/32", "dev", "lo"]);
+    // Fixed: node B joins.
+    c.start_daemon(Node::B).unwrap();
+    for vip in vips() {
+        c.wait_router(vip, &[Node::A, Node::B], ROUTE_TIMEOUT)
+            .unwrap();
+    }
+}
+
+fn up_with_daemons_off(opts: &ClusterOptions) -> ClusterRun {
+    ClusterRun::up(opts).unwrap_or_else(|e| panic!("cluster up: {e}"))
+}
+
+/// `ip ARGS` inside `ns`; panics with its error.
+fn ip(ns: &str, args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ip -n {ns} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
