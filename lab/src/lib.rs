@@ -22,6 +22,7 @@ pub mod client;
 pub mod connect_flood;
 pub mod flood;
 pub mod grpc_health;
+pub mod held;
 pub mod http;
 pub mod scenario;
 pub mod topology;
