@@ -5,6 +5,7 @@
 
 #![allow(clippy::print_stdout, reason = "the benchmarks' reports go to stdout")]
 
+pub mod cluster;
 pub mod dataplane;
 pub mod figures;
 pub mod health;
