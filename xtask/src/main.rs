@@ -6,6 +6,7 @@
 )]
 
 mod bench;
+mod bench_notes;
 mod bench_summary;
 mod build_cmd;
 mod demo;
