@@ -18,7 +18,10 @@
 use std::{
     io,
     net::SocketAddr,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -35,8 +38,9 @@ pub struct HeldOptions {
     pub connections: u32,
     /// Pause between one exchange's answer and the next request.
     pub interval: Duration,
-    /// Exchanges start only within this time; one in flight at its end
-    /// may finish within [`HeldOptions::grace`].
+    /// Exchanges start only within this time (or until the run is
+    /// stopped, [`HeldRun::stop`]); one in flight at its end may finish
+    /// within [`HeldOptions::grace`].
     pub duration: Duration,
     /// Bound on connecting and the first exchange: a connection that
     /// cannot be opened is reported, not waited for.
@@ -200,7 +204,7 @@ fn note(
     }
 }
 
-async fn hold(id: u32, opts: Arc<HeldOptions>, start: Instant) -> HeldConn {
+async fn hold(id: u32, opts: Arc<HeldOptions>, start: Instant, stop: Arc<AtomicBool>) -> HeldConn {
     let mut conn = HeldConn {
         id,
         ..HeldConn::default()
@@ -210,7 +214,7 @@ async fn hold(id: u32, opts: Arc<HeldOptions>, start: Instant) -> HeldConn {
         opts.path, opts.target
     )
     .into_bytes();
-    let deadline = start + opts.duration;
+    let mut deadline = start + opts.duration;
     let setup = tokio::time::timeout(opts.setup_timeout, async {
         let mut s = TcpStream::connect(opts.target).await?;
         let _ = s.set_nodelay(true);
@@ -228,6 +232,9 @@ async fn hold(id: u32, opts: Arc<HeldOptions>, start: Instant) -> HeldConn {
     };
     loop {
         tokio::time::sleep(opts.interval).await;
+        if stop.load(Ordering::Relaxed) {
+            deadline = deadline.min(Instant::now());
+        }
         if Instant::now() >= deadline {
             conn.end = "open".to_string();
             return conn;
@@ -252,13 +259,14 @@ fn ended(mut conn: HeldConn, end: String, start: Instant) -> HeldConn {
 }
 
 /// Opens and holds the connections of `opts` until its duration is over;
-/// returns how each fared. `start` is the run's clock (its 0 ms).
-pub async fn run_held(opts: HeldOptions, start: Instant) -> HeldReport {
+/// returns how each fared. `start` is the run's clock (its 0 ms); `stop`
+/// ends it early.
+pub async fn run_held(opts: HeldOptions, start: Instant, stop: Arc<AtomicBool>) -> HeldReport {
     let interval_ms = ms(opts.interval);
     let opts = Arc::new(opts);
     let mut set = JoinSet::new();
     for id in 0..opts.connections {
-        set.spawn(hold(id, opts.clone(), start));
+        set.spawn(hold(id, opts.clone(), start, stop.clone()));
     }
     let mut conns = Vec::new();
     while let Some(r) = set.join_next().await {
@@ -274,6 +282,7 @@ pub async fn run_held(opts: HeldOptions, start: Instant) -> HeldReport {
 pub struct HeldRun {
     started: Instant,
     started_unix_ms: u64,
+    stop: Arc<AtomicBool>,
     handle: std::thread::JoinHandle<Result<HeldReport, crate::scenario::ScenarioError>>,
 }
 
@@ -291,6 +300,11 @@ impl HeldRun {
 
     pub fn is_finished(&self) -> bool {
         self.handle.is_finished()
+    }
+
+    /// Ends the run before its duration: no exchange starts after this.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 
     /// Waits for the report.
@@ -311,6 +325,8 @@ pub fn start_held_in(
     use crate::scenario::ScenarioError;
     let ns = ns.to_string();
     let (tx, rx) = std::sync::mpsc::channel::<(Instant, u64)>();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_run = stop.clone();
     let handle = std::thread::spawn(move || -> Result<HeldReport, ScenarioError> {
         crate::topology::in_netns(&ns, move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -323,13 +339,14 @@ pub fn start_held_in(
                 })?;
             let start = Instant::now();
             let _ = tx.send((start, lb_ctl::now_unix_ms()));
-            Ok(rt.block_on(run_held(opts, start)))
+            Ok(rt.block_on(run_held(opts, start, stop_run)))
         })?
     });
     match rx.recv_timeout(Duration::from_secs(10)) {
         Ok((started, started_unix_ms)) => Ok(HeldRun {
             started,
             started_unix_ms,
+            stop,
             handle,
         }),
         Err(_) => match handle.join() {
