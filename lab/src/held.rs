@@ -452,6 +452,73 @@ mod tests {
         assert_eq!((c.held, c.lost, c.last_back_ms), (2, 1, Some(100)));
     }
 
+    /// A keep-alive HTTP server on loopback naming itself `b1`; the
+    /// connection it accepts second is reset after its third answer.
+    async fn server() -> SocketAddr {
+        use tokio::io::AsyncReadExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            for n in 0.. {
+                let Ok((mut s, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    for answered in 0.. {
+                        if n == 1 && answered == 3 {
+                            // SO_LINGER 0: close with a reset.
+                            let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                            return;
+                        }
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                        let answer =
+                            "HTTP/1.1 200 OK\r\nX-Backend: b1\r\nContent-Length: 2\r\n\r\nok";
+                        if s.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn held_connections_answer_until_stopped_and_report_a_reset() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let addr = server().await;
+            let mut opts = HeldOptions::new(addr, 3);
+            opts.duration = Duration::from_secs(60);
+            let stop = Arc::new(AtomicBool::new(false));
+            let start = Instant::now();
+            let run = tokio::spawn(run_held(opts, start, stop.clone()));
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            stop.store(true, Ordering::Relaxed);
+            let r = tokio::time::timeout(Duration::from_secs(5), run)
+                .await
+                .expect("stopping ends the run, long before its duration")
+                .unwrap();
+            assert_eq!(r.conns.len(), 3);
+            assert_eq!((r.kept(), r.broken()), (2, 1), "{r:?}");
+            let reset = r.conns.iter().find(|c| !c.kept()).unwrap();
+            assert_eq!(reset.ok_ms.len(), 3, "{reset:?}");
+            assert!(
+                matches!(reset.end.as_str(), "reset" | "closed"),
+                "{reset:?}"
+            );
+            for c in r.conns.iter().filter(|c| c.kept()) {
+                assert_eq!(c.backends, ["b1"]);
+                assert!(c.ok_ms.len() >= 5, "an answer every 20 ms: {c:?}");
+                assert!(c.ok_ms.windows(2).all(|w| w[0] <= w[1]));
+            }
+        });
+    }
+
     #[test]
     fn note_keeps_backends_distinct_and_ends_on_errors() {
         let mut c = HeldConn::default();
