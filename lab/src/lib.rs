@@ -21,6 +21,7 @@
 // holds for the library too.
 use {anyhow as _, clap as _};
 pub mod backend;
+pub mod bird;
 pub mod client;
 pub mod connect_flood;
 pub mod flood;

@@ -28,6 +28,7 @@ use std::{io, net::SocketAddr, path::PathBuf, time::Duration};
 
 use crate::topology::LabError;
 
+mod cluster;
 mod config;
 mod control;
 mod netdev;
@@ -36,6 +37,10 @@ mod run;
 mod status;
 mod traffic;
 
+pub use cluster::{
+    ClusterOptions, ClusterRun, LAB_ANNOUNCE_TABLE, LAB_HASH_SEED, LAB_ROUTE_PROTOCOL,
+    SESSION_TIMEOUT, Speaker, node_b_instance, node_b_socket,
+};
 pub use config::{
     Health, LAB_CONNTRACK_SIZE, LAB_TABLE_SIZE, Mode, Protection, Protocol, Share, Vip, XlbConfig,
     backend_addr, instance_and_socket, instance_for, setting, socket_for,

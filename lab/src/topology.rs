@@ -39,6 +39,7 @@
 
 mod addressing;
 mod build;
+mod cluster;
 mod netns;
 mod ping;
 mod wire;
@@ -62,6 +63,7 @@ use nix::{
 };
 
 pub use addressing::*;
+pub use cluster::{LinkSilencer, MAX_NODES, NODE_B_V4, NODE_B_V6, Node, ROUTER_V4, ROUTER_V6};
 pub use netns::{ifindex, in_netns, is_root, list_namespaces, netns_fd, sysctl_get};
 pub use ping::{inet_checksum, ping};
 pub use wire::{WireCounts, WireSwitch};
@@ -147,6 +149,11 @@ pub struct LabConfig {
     /// of their own, so the well-behaved client's sockets, CPU accounting
     /// and addresses stay apart.
     pub flooder: bool,
+    /// LB nodes, 1..=[`MAX_NODES`]. With 2, the lab also has a router
+    /// `{prefix}-rt` in front of node A (`{prefix}-lb`) and node B
+    /// (`{prefix}-lb2`), and the client reaches the VIPs through it (see
+    /// `cluster`); with 1 the lab is the single-LB segment drawn above.
+    pub nodes: usize,
 }
 
 impl Default for LabConfig {
@@ -156,6 +163,7 @@ impl Default for LabConfig {
             prefix: DEFAULT_PREFIX.to_string(),
             backends: 3,
             flooder: false,
+            nodes: 1,
         }
     }
 }
@@ -176,6 +184,14 @@ impl LabConfig {
                 reason: format!(
                     "backends = {} is out of range; use 1..={MAX_BACKENDS}",
                     self.backends
+                ),
+            });
+        }
+        if !(1..=MAX_NODES).contains(&self.nodes) {
+            return Err(LabError::InvalidConfig {
+                reason: format!(
+                    "nodes = {} is out of range; use 1 (one LB) or {MAX_NODES} (two LB nodes behind a router)",
+                    self.nodes
                 ),
             });
         }
@@ -206,7 +222,7 @@ fn is_lab_namespace(prefix: &str, name: &str) -> bool {
         return false;
     };
     match role {
-        "br" | "cl" | "lb" | "fl" => true,
+        "br" | "cl" | "lb" | "fl" | "rt" | "lb2" => true,
         _ => role
             .strip_prefix('b')
             .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
@@ -419,11 +435,14 @@ impl Lab {
             .collect()
     }
 
-    /// Client, LB, backend and flood namespaces (everything with an eth0).
+    /// Client, LB, backend and flood namespaces, and node B's and the
+    /// router's in a two-node lab (everything with an eth0).
     pub fn host_namespaces(&self) -> Vec<String> {
         let mut v = vec![self.ns_client(), self.ns_lb()];
         v.extend(self.backend_namespaces());
         v.extend(self.ns_flood());
+        v.extend(self.ns_node_b());
+        v.extend(self.ns_router());
         v
     }
 
@@ -569,6 +588,9 @@ mod tests {
             ("unknown role", "xlb", "xlb-foo", false),
             ("no dash", "xlb", "xlbbr", false),
             ("prefix with dash", "xlb-x", "xlb-x-cl", true),
+            ("router", "xlb", "xlb-rt", true),
+            ("node b", "xlb", "xlb-lb2", true),
+            ("no node c", "xlb", "xlb-lb3", false),
         ];
         for (name, prefix, ns, want) in cases {
             assert_eq!(is_lab_namespace(prefix, ns), want, "{name}");
@@ -603,6 +625,30 @@ mod tests {
                 "too many",
                 LabConfig {
                     backends: MAX_BACKENDS + 1,
+                    ..LabConfig::default()
+                },
+                false,
+            ),
+            (
+                "two nodes",
+                LabConfig {
+                    nodes: 2,
+                    ..LabConfig::default()
+                },
+                true,
+            ),
+            (
+                "no node",
+                LabConfig {
+                    nodes: 0,
+                    ..LabConfig::default()
+                },
+                false,
+            ),
+            (
+                "three nodes",
+                LabConfig {
+                    nodes: 3,
                     ..LabConfig::default()
                 },
                 false,

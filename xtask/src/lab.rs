@@ -116,9 +116,16 @@ pub(crate) struct UpArgs {
     pub mode: Mode,
     pub no_daemon: bool,
     pub config: Option<PathBuf>,
+    /// 1, or 2 for the two-node lab (`lab_cluster`).
+    pub nodes: u8,
+    /// BFD between the router and the nodes (two-node lab).
+    pub bfd: bool,
 }
 
 pub(crate) fn up(args: &UpArgs) -> Result<()> {
+    if args.nodes == 2 {
+        return crate::lab_cluster::up(args);
+    }
     let paths = Paths::find()?;
     // Read before the build and sudo: a missing file should fail at once.
     let config_text = match &args.config {
@@ -190,6 +197,7 @@ pub(crate) fn down(prefix: &str) -> Result<()> {
     .unwrap_or_else(|| paths.release_bin("xlb"));
     LabRun::down(prefix, &dir, &xlb, &scenario::instance_for(prefix))
         .with_context(|| format!("removing lab {prefix:?}"))?;
+    crate::lab_cluster::detach_node_b(prefix, &xlb)?;
     let left: Vec<String> = xlb_lab::topology::list_namespaces()
         .context("listing namespaces")?
         .into_iter()

@@ -12,6 +12,7 @@ mod build_cmd;
 mod demo;
 mod fuzz;
 mod lab;
+mod lab_cluster;
 mod layout;
 mod run;
 mod setup;
@@ -127,6 +128,13 @@ enum LabAction {
         /// Build and run the dev profile (quicker to build) instead of release.
         #[arg(long)]
         dev: bool,
+        /// LB nodes: 1, or 2 behind a router running BIRD with ECMP
+        /// (namespaces <PREFIX>-rt and -lb2 too; see README "The two-node lab").
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        nodes: u8,
+        /// With --nodes 2: BFD at 100 ms x 3 between the router and the nodes.
+        #[arg(long, requires = "nodes")]
+        bfd: bool,
     },
     /// Stop the lab's processes, detach xlb and remove the namespaces; also
     /// cleans up after an interrupted `up`.
@@ -160,6 +168,8 @@ fn main() -> ExitCode {
                     config,
                     no_daemon,
                     dev,
+                    nodes,
+                    bfd,
                 },
         } => lab::up(&lab::UpArgs {
             prefix,
@@ -167,6 +177,8 @@ fn main() -> ExitCode {
             mode,
             no_daemon,
             config,
+            nodes,
+            bfd,
         }),
         Command::Lab {
             action: LabAction::Down { prefix },
@@ -306,6 +318,24 @@ mod tests {
             cli.command,
             Command::Lab { action: LabAction::Down { prefix } } if prefix == "xlb"
         ));
+        let cli = Cli::try_parse_from(["xtask", "lab", "up", "--nodes", "2", "--bfd"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Lab {
+                action: LabAction::Up {
+                    nodes: 2,
+                    bfd: true,
+                    ..
+                }
+            }
+        ));
+        for bad in [
+            &["xtask", "lab", "up", "--nodes", "3"][..],
+            &["xtask", "lab", "up", "--nodes", "0"],
+            &["xtask", "lab", "up", "--bfd"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
+        }
         let cli = Cli::try_parse_from(["xtask", "demo", "--keep"]).unwrap();
         assert!(matches!(cli.command, Command::Demo { keep: true }));
     }

@@ -55,6 +55,9 @@ const TEST_PACKAGES: &[&str] = &[
     "openssl",
     "dnsperf",
     "bind9-dnsutils",
+    // BIRD 2 (`bird`, `birdc`): the BGP speaker of the two-node lab's router
+    // and LB nodes (issue 26), each instance run inside its namespace.
+    "bird2",
 ];
 
 /// Debian packages for the lab (`xlb-lab`) and the benchmarks.

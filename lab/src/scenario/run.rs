@@ -34,6 +34,11 @@ pub struct RunOptions {
     pub backends: usize,
     /// Also build the flooding client's namespace ([`LabConfig::flooder`]).
     pub flooder: bool,
+    /// LB nodes ([`LabConfig::nodes`]): with 2, the router and node B
+    /// exist, node B's bridge port gets xdp-pass and the decapsulators
+    /// accept both nodes' tunnels; `xlb run` and BIRD in the nodes are
+    /// [`ClusterRun`](super::ClusterRun)'s.
+    pub nodes: usize,
     /// The `xlb` binary; `xlb-backend` is looked for next to it.
     pub xlb: PathBuf,
     /// The configuration file's text; its `[daemon]` must say
@@ -56,6 +61,7 @@ impl RunOptions {
             prefix: prefix.to_string(),
             backends: 3,
             flooder: false,
+            nodes: 1,
             xlb: xlb.to_path_buf(),
             config: config.to_string(),
             work_dir: None,
@@ -99,6 +105,7 @@ impl LabRun {
             prefix: opts.prefix.clone(),
             backends: opts.backends,
             flooder: opts.flooder,
+            nodes: opts.nodes,
         };
         cfg.validate()?;
         let (instance, socket) = instance_and_socket(&opts.config);
@@ -276,7 +283,12 @@ impl LabRun {
     /// Backends, decapsulators and the XDP_PASS program on the LB's peer.
     fn start_helpers(&mut self) -> Result<()> {
         let lab = self.lab_ref();
-        let (bridge, peer) = (lab.ns_bridge(), lab.lb_peer_ifname().to_string());
+        let bridge = lab.ns_bridge();
+        let peers: Vec<String> = lab
+            .nodes()
+            .into_iter()
+            .map(|n| lab.node_peer_ifname(n).to_string())
+            .collect();
         let backend_ns: Vec<String> = lab.backend_namespaces();
         let xlb = self.bins.xlb.clone();
         let backend_bin = self.bins.backend.clone();
@@ -299,14 +311,22 @@ impl LabRun {
             let pid = self.spawn(&format!("decap-b{i}"), ns, &xlb, &decap_args, &log)?;
             started.push((format!("xlb decap in {ns}"), pid, log));
         }
-        let log = self.work_dir.join("xdp-pass.log");
-        let args = [
-            "xdp-pass".to_string(),
-            "--interface".to_string(),
-            peer.clone(),
-        ];
-        let pid = self.spawn("xdp-pass", &bridge, &xlb, &args, &log)?;
-        started.push((format!("xlb xdp-pass in {bridge}"), pid, log));
+        for (n, peer) in peers.iter().enumerate() {
+            // The one-node lab's names stay as they were.
+            let role = if n == 0 {
+                "xdp-pass".to_string()
+            } else {
+                format!("xdp-pass-{peer}")
+            };
+            let log = self.work_dir.join(format!("{role}.log"));
+            let args = [
+                "xdp-pass".to_string(),
+                "--interface".to_string(),
+                peer.clone(),
+            ];
+            let pid = self.spawn(&role, &bridge, &xlb, &args, &log)?;
+            started.push((format!("xlb xdp-pass on {peer} in {bridge}"), pid, log));
+        }
 
         // Ready means: every XDP program attached, every admin port answering.
         let deadline = Instant::now() + HELPER_START_TIMEOUT;
@@ -314,7 +334,7 @@ impl LabRun {
             .iter()
             .map(|ns| (ns.clone(), HOST_IFNAME.to_string()))
             .collect();
-        waiting.push((bridge.clone(), peer));
+        waiting.extend(peers.into_iter().map(|p| (bridge.clone(), p)));
         let mut admins_pending: Vec<usize> = (1..=self.backends).collect();
         loop {
             for (what, pid, log) in &started {
@@ -438,6 +458,15 @@ impl LabRun {
         self.work_dir.clone()
     }
 
+    /// [`LabRun::keep`] for an owner that cannot give the run away
+    /// ([`ClusterRun`](super::ClusterRun), which has a `Drop` of its own).
+    pub(super) fn mark_kept(&mut self) {
+        self.kept = true;
+        if let Some(lab) = self.lab.as_mut() {
+            lab.keep();
+        }
+    }
+
     /// Tears down now and reports what failed (Drop does the same silently).
     pub fn shutdown(mut self) -> Result<()> {
         self.teardown()
@@ -527,8 +556,8 @@ impl Drop for LabRun {
 }
 
 /// `xlb decap`'s arguments on every backend: strip only tunnels from the
-/// LB's addresses (its encapsulation sources: the lab sets no
-/// `encap_source_*`, so they are its `eth0` addresses) to the VIPs the
+/// LB nodes' addresses (their encapsulation sources: the lab sets no
+/// `encap_source_*`, so they are their `eth0` addresses) to the VIPs the
 /// backends hold on `lo`.
 fn decap_args(lab: &Lab) -> Vec<String> {
     let mut args = vec![
@@ -536,8 +565,10 @@ fn decap_args(lab: &Lab) -> Vec<String> {
         "--interface".to_string(),
         HOST_IFNAME.to_string(),
     ];
-    for src in [lab.lb_v4().to_string(), lab.lb_v6().to_string()] {
-        args.extend(["--allow-source".to_string(), src]);
+    for node in lab.nodes() {
+        for src in [node.v4().to_string(), node.v6().to_string()] {
+            args.extend(["--allow-source".to_string(), src]);
+        }
     }
     let vips = [
         lab.vip_v4().into(),

@@ -14,7 +14,7 @@ use super::{
     FLOOD_V6, HOST_IFNAME, LAB_MTU, LB_GW_MAC, LB_GW_V4, LB_GW_V6, LB_V4, LB_V6, LINK_UP_TIMEOUT,
     Lab, LabError, NET_V4_PREFIX, NET_V6_PREFIX, Result, VIP_NET_V4, VIP_NET_V4_PREFIX, VIP_NET_V6,
     VIP_NET_V6_PREFIX, VIP_V4, VIP_V6, VIP2_V4, backend_mac, backend_v4, backend_v6, client_mac,
-    flood_mac, flood_v6_sources, format_mac, ip, ip_in, lb_mac, sysctl_in,
+    cluster, flood_mac, flood_v6_sources, format_mac, ip, ip_in, lb_mac, sysctl_in,
 };
 
 /// One host namespace's end of the segment.
@@ -75,6 +75,18 @@ impl Lab {
             mac: flood_mac(),
             mtu: CLIENT_MTU,
         }));
+        hosts.extend(
+            cluster::cluster_hosts(self)
+                .into_iter()
+                .map(|(ns, peer, v4, v6, mac)| HostSpec {
+                    ns,
+                    peer: peer.to_string(),
+                    v4,
+                    v6,
+                    mac,
+                    mtu: LAB_MTU,
+                }),
+        );
         Plan {
             bridge: self.ns_bridge(),
             client: self.ns_client(),
@@ -94,14 +106,21 @@ impl Lab {
         for host in &plan.hosts {
             connect_host(&plan.bridge, host)?;
         }
-        route_vips_via_lb(&plan.client)?;
-        make_lb_a_host(&plan.lb)?;
-        route_lb_to_vips(&plan.lb)?;
+        let gateways = self.vip_gateways();
+        route_vips_via(&plan.client, gateways)?;
+        for ns in std::iter::once(&plan.lb).chain(self.ns_node_b().as_ref()) {
+            make_lb_a_host(ns)?;
+            route_lb_to_vips(ns)?;
+        }
+        if let Some(rt) = self.ns_router() {
+            cluster::make_router(&rt)?;
+            cluster::ignore_redirects(&plan.client)?;
+        }
         for ns in &plan.backends {
             hold_vips(ns)?;
         }
         if let Some(flood) = &plan.flood {
-            make_flooder(flood, &plan.backends)?;
+            make_flooder(flood, &plan.backends, gateways)?;
         }
         self.wait_links_up()
     }
@@ -246,8 +265,9 @@ fn add_addresses(host: &HostSpec) -> Result<()> {
     Ok(())
 }
 
-/// The client reaches the VIPs through the LB, as through a router.
-fn route_vips_via_lb(client: &str) -> Result<()> {
+/// The client reaches the VIPs through `gw` (v4, v6): the LB, as through
+/// a router, or the router of a two-node lab.
+fn route_vips_via(client: &str, gw: (Ipv4Addr, Ipv6Addr)) -> Result<()> {
     ip_in(
         client,
         &[
@@ -255,7 +275,7 @@ fn route_vips_via_lb(client: &str) -> Result<()> {
             "add",
             &format!("{VIP_NET_V4}/{VIP_NET_V4_PREFIX}"),
             "via",
-            &LB_V4.to_string(),
+            &gw.0.to_string(),
             "dev",
             HOST_IFNAME,
         ],
@@ -268,7 +288,7 @@ fn route_vips_via_lb(client: &str) -> Result<()> {
             "add",
             &format!("{VIP_NET_V6}/{VIP_NET_V6_PREFIX}"),
             "via",
-            &LB_V6.to_string(),
+            &gw.1.to_string(),
             "dev",
             HOST_IFNAME,
         ],
@@ -340,8 +360,8 @@ fn route_lb_to_vips(lb: &str) -> Result<()> {
 /// real connects ends in TIME_WAIT by the thousand). The backends answer
 /// the /64 on-link: their replies go straight back over the segment (DSR),
 /// and neighbour discovery finds the flooder's addresses there.
-fn make_flooder(flood: &str, backends: &[String]) -> Result<()> {
-    route_vips_via_lb(flood)?;
+fn make_flooder(flood: &str, backends: &[String], gw: (Ipv4Addr, Ipv6Addr)) -> Result<()> {
+    route_vips_via(flood, gw)?;
     for addr in flood_v6_sources() {
         ip_in(
             flood,

@@ -227,6 +227,7 @@ pub fn main() -> anyhow::Result<()> {
         prefix: PREFIX.to_string(),
         backends: 3,
         flooder: false,
+        nodes: 1,
     })?;
     topo::prepare(&lab)?;
     let cases = cases();
