@@ -72,8 +72,10 @@ pub const ADMIN_PORT: u16 = 9000;
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a helper process (decap, xdp-pass, backend) gets to attach or
-/// bind before `up` gives up on it.
-const HELPER_START_TIMEOUT: Duration = Duration::from_secs(15);
+/// bind before `up` gives up on it. A two-node lab starts five XDP
+/// programs at once (debug builds load slowly); on a shared 2-CPU machine
+/// under a load average of 10 that took over 15 s.
+const HELPER_START_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// Bound on one `xlb` CLI call (status, events, drain, reload...).
 const CLI_TIMEOUT: Duration = Duration::from_secs(15);

@@ -27,18 +27,33 @@ pub enum DecapStat {
     /// Dropped: passed up, a tunnel module (`ipip`, `sit`, `ip6_tunnel`)
     /// would strip it without the `--allow-source` check.
     DropUnchecked = 5,
+    /// Second chance: a tunnel in the tunnel (outer and middle headers from
+    /// allowed load balancers, the middle one to another address), the
+    /// innermost packet TCP to a VIP we serve, for which this host has a
+    /// connection: both headers stripped, passed up.
+    ChanceLocal = 6,
+    /// Second chance, no connection here: the outer header stripped and the
+    /// rest (a plain tunnel to the previous owner) sent on to it.
+    ChanceForward = 7,
+    /// Second chance, no connection here and no route to the previous
+    /// owner: both headers stripped, passed up (the stack answers as it
+    /// would without second chance).
+    ChanceNoRoute = 8,
 }
 pub const DECAP_STATS_LEN: u32 = DecapStat::ALL.len() as u32;
 
 impl DecapStat {
     /// Every counter, in index order.
-    pub const ALL: [DecapStat; 6] = [
+    pub const ALL: [DecapStat; 9] = [
         DecapStat::Decap,
         DecapStat::Pass,
         DecapStat::DropMalformed,
         DecapStat::DropSource,
         DecapStat::DropInnerDst,
         DecapStat::DropUnchecked,
+        DecapStat::ChanceLocal,
+        DecapStat::ChanceForward,
+        DecapStat::ChanceNoRoute,
     ];
 
     /// The counter's name in logs and the README.
@@ -50,6 +65,9 @@ impl DecapStat {
             DecapStat::DropSource => "drop_source",
             DecapStat::DropInnerDst => "drop_inner_dst",
             DecapStat::DropUnchecked => "drop_unchecked",
+            DecapStat::ChanceLocal => "second_chance_local",
+            DecapStat::ChanceForward => "second_chance_forward",
+            DecapStat::ChanceNoRoute => "second_chance_no_route",
         }
     }
 }
@@ -58,6 +76,13 @@ impl DecapStat {
 /// Also the key of `XLB_DECAP_VIP`: an inner destination (a VIP address this
 /// backend serves) it accepts.
 pub type DecapAddrKey = VipAddrKey;
+
+/// `XLB_DECAP_ADDR` value bits: the address is a tunnel endpoint of ours.
+pub const DECAP_ADDR_ACCEPT: u32 = 1;
+/// ... and second chance is on (`xlb decap --second-chance on`, the
+/// default): a load balancer's tunnel inside the tunnel is kept when this
+/// host has the connection, else relayed to the previous owner.
+pub const DECAP_ADDR_SECOND_CHANCE: u32 = 2;
 
 /// Data of an `XLB_DECAP_SRC4` trie key: an allowed outer IPv4 source
 /// prefix, network order (the trie key's `prefix_len` gives its length).

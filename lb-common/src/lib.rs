@@ -16,7 +16,7 @@ mod reply;
 mod vip_addr;
 
 pub use decap::{
-    DECAP_STATS_LEN, DecapAddrKey, DecapSrcV4, DecapSrcV6, DecapStat, MAX_DECAP_ADDRS,
+    DECAP_ADDR_ACCEPT, DECAP_ADDR_SECOND_CHANCE, DECAP_STATS_LEN, DecapAddrKey, DecapSrcV4, DecapSrcV6, DecapStat, MAX_DECAP_ADDRS,
     MAX_DECAP_SOURCES,
 };
 pub use guard::*;
@@ -26,7 +26,7 @@ pub use vip_addr::{VIP_ADDR_BALANCED, VIP_ADDR_HOST_SERVICES, VIP_ADDR_INDEX_LEN
 
 /// Version of every pinned map layout below. Stored in [`Globals::layout_version`]
 /// and in the pin directory; a daemon refuses pinned state of another version.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Maximum number of VIPs. VIP ids index the Maglev ring array and the
 /// per-VIP counters; 64 VIPs × 2 halves × 65537 slots × 8 B (the kernel rounds
@@ -232,7 +232,12 @@ pub struct VipInfo {
     /// balances go to the host's stack. 0 = they are dropped
     /// ([`VIP_ADDR_HOST_SERVICES`]). Was padding before layout 4.
     pub host_services: u8,
-    pub _pad: [u8; 1],
+    /// 1 = second chance (`second_chance = true`, `dsr-ipip` only): a TCP
+    /// packet without SYN that misses conntrack, whose slot has a live
+    /// previous owner ([`RingSlot::prev_id`]), is sent to the current owner
+    /// with a second tunnel header naming the previous one. Was padding
+    /// before layout 5.
+    pub second_chance: u8,
     /// The VIP's own key: the data plane takes an `XLB_VIP_INDEX`
     /// candidate only if the packet is addressed to exactly this.
     pub key: VipKey,
@@ -609,6 +614,16 @@ stats! {
     /// echo reply, "fragmentation needed" / "packet too big") over this
     /// CPU's `daemon.reply_rate`: dropped instead.
     DropReplyLimited = "drop_reply_limited",
+    /// A TCP packet without SYN that missed conntrack, to a `dsr-ipip` VIP
+    /// with second chance, whose slot has a live previous owner other than
+    /// the current one: sent to the current owner with a second tunnel
+    /// header to the previous one (its decapsulator passes the packet on
+    /// when it has no socket for it).
+    SecondChance = "second_chance",
+    /// Such a packet too big for the next hop with two tunnel headers but
+    /// not with one: sent to the current owner only, as without second
+    /// chance.
+    SecondChanceTooBig = "second_chance_too_big",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
 }
@@ -673,6 +688,22 @@ impl FlowKey {
         (((flow_hash(key, self) >> 32) * u64::from(table_size)) >> 32) as u32
     }
 }
+
+/// Value of `XLB_RING`: one slot of a VIP's Maglev table. The kernel
+/// rounds array values up to 8 bytes, so the previous owner next to the
+/// backend id costs no memory over the `u32` ring of layout 4.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RingSlot {
+    /// Backend id that takes new flows hashed to this slot; 0 = none.
+    pub backend_id: u32,
+    /// Backend id that held this slot before it last changed, if that
+    /// change is younger than `daemon.second_chance_window`; 0 = none (or
+    /// expired). Written by the daemon with the table, cleared when it
+    /// expires or the id leaves the VIP.
+    pub prev_id: u32,
+}
+const _: () = assert!(core::mem::size_of::<RingSlot>() == 8);
 
 /// Ring index of `slot` in half `half` of VIP `vip_id`'s table.
 #[inline(always)]
@@ -770,6 +801,7 @@ mod pod {
     unsafe impl aya::Pod for TrafficStats {}
     unsafe impl aya::Pod for NextHop {}
     unsafe impl aya::Pod for HcReal {}
+    unsafe impl aya::Pod for RingSlot {}
 }
 
 #[cfg(test)]

@@ -42,11 +42,16 @@ pub enum EventKind {
     /// `to` are its states (`normal`, `drain`, `maint`, `down`), `reason`
     /// its words (escaped), its weight and any error.
     Agent,
+    /// A VIP's announce state changed (`from`/`to`: `announced`,
+    /// `withdrawn`, `off`; `reason` says why), or the hand-off to the
+    /// speaker has a problem (`to` = `error`, `speaker_down`) or recovered
+    /// (`to` = `ok`, `speaker_up`).
+    Announce,
 }
 
 impl EventKind {
     /// Every kind, in the order of the declaration.
-    pub const ALL: [EventKind; 12] = [
+    pub const ALL: [EventKind; 13] = [
         EventKind::Transition,
         EventKind::Table,
         EventKind::Admin,
@@ -59,6 +64,7 @@ impl EventKind {
         EventKind::Block,
         EventKind::Source,
         EventKind::Agent,
+        EventKind::Announce,
     ];
 
     /// The kind as spelled in JSON, e.g. `"fleet_slow"`.
@@ -76,6 +82,7 @@ impl EventKind {
             EventKind::Block => "block",
             EventKind::Source => "source",
             EventKind::Agent => "agent",
+            EventKind::Announce => "announce",
         }
     }
 }
@@ -147,7 +154,8 @@ mod tests {
                 "alarm",
                 "block",
                 "source",
-                "agent"
+                "agent",
+                "announce"
             ]
         );
         for kind in EventKind::ALL {

@@ -25,6 +25,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 mod agent;
+mod announce;
 mod event;
 mod explain;
 mod guard;
@@ -34,6 +35,7 @@ mod status;
 mod wire;
 
 pub use agent::AgentStatus;
+pub use announce::{ANNOUNCE_CODES, ANNOUNCE_STATES, AnnounceStatus, VipAnnounce};
 pub use event::{Event, EventKind};
 pub use explain::{ExplainReport, VIA};
 pub use guard::{

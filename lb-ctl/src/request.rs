@@ -131,6 +131,23 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vip: Option<String>,
     },
+    /// Stop announcing a VIP (`xlb withdraw`), or every VIP: kept in the
+    /// state file across restarts until `announce`.
+    Withdraw {
+        /// VIP name; absent = every VIP.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vip: Option<String>,
+        /// Why, shown by `status` and in the event.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// Undo `withdraw` (`xlb announce`): the VIP is announced again when
+    /// its backends allow.
+    Announce {
+        /// VIP name; absent = every VIP.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vip: Option<String>,
+    },
 }
 
 impl Request {
@@ -147,7 +164,9 @@ impl Request {
             | Request::Enable { .. }
             | Request::Reload
             | Request::Block { .. }
-            | Request::Unblock { .. } => true,
+            | Request::Unblock { .. }
+            | Request::Withdraw { .. }
+            | Request::Announce { .. } => true,
         }
     }
 
@@ -223,6 +242,16 @@ impl fmt::Display for Request {
             Request::Blocks => f.write_str("blocks"),
             Request::Sources { vip: None } => f.write_str("sources"),
             Request::Sources { vip: Some(v) } => write!(f, "sources of {v}"),
+            Request::Withdraw { vip, reason } => {
+                write!(f, "withdraw {}", vip.as_deref().unwrap_or("--all"))?;
+                if let Some(r) = reason {
+                    write!(f, " ({r})")?;
+                }
+                Ok(())
+            }
+            Request::Announce { vip } => {
+                write!(f, "announce {}", vip.as_deref().unwrap_or("--all"))
+            }
         }
     }
 }
@@ -367,6 +396,11 @@ mod tests {
             },
             Request::Blocks,
             Request::Sources { vip: None },
+            Request::Withdraw {
+                vip: None,
+                reason: None,
+            },
+            Request::Announce { vip: None },
         ];
         let names: Vec<String> = reqs
             .iter()
@@ -382,7 +416,7 @@ mod tests {
         assert_eq!(
             mutating,
             [
-                false, false, false, true, true, true, true, true, false, false
+                false, false, false, true, true, true, true, true, false, false, true, true
             ]
         );
     }

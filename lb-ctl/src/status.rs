@@ -32,6 +32,9 @@ pub struct StatusReport {
     pub counters: BTreeMap<String, u64>,
     /// In configuration order.
     pub vips: Vec<VipStatus>,
+    /// The hand-off to the BGP speaker; `null` without `[announce]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announce: Option<crate::AnnounceStatus>,
 }
 
 /// Occupancy of the connection tracking table.
@@ -64,6 +67,10 @@ pub struct VipStatus {
     pub mode: String,
     /// `"rehash"` or `"keep"`.
     pub down_policy: String,
+    /// `vip.second_chance`: packets that miss conntrack also name their
+    /// slot's previous owner (see the README, "Second chance").
+    #[serde(default)]
+    pub second_chance: bool,
     /// Maglev table size (slots).
     pub table_size: u32,
     /// Backends in the table (taking new flows).
@@ -110,6 +117,9 @@ pub struct VipStatus {
     pub auto_timeout_ms: Option<f64>,
     /// In configuration order.
     pub backends: Vec<BackendStatus>,
+    /// Its announce state and why; absent from daemons that predate it.
+    #[serde(default)]
+    pub announce: Option<crate::VipAnnounce>,
 }
 
 /// Every value of [`BackendStatus::placement`], as spelled in JSON:

@@ -22,7 +22,7 @@ pub const SUPPORTED_VERSIONS: &[u32] = &[1, PROTOCOL_VERSION];
 /// The `command` of every [`Request`], as spelled on the wire.
 pub const COMMANDS: &[&str] = &[
     "status", "events", "explain", "drain", "enable", "reload", "block", "unblock", "blocks",
-    "sources",
+    "sources", "withdraw", "announce",
 ];
 
 /// An example request, quoted in error messages about malformed ones.

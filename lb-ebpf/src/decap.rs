@@ -15,7 +15,9 @@
 //! that is not a tunnel to us passes untouched.
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::XdpContext};
-use lb_common::{DecapAddrKey, DecapStat, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6};
+use lb_common::{
+    DECAP_ADDR_SECOND_CHANCE, DecapAddrKey, DecapStat, FAMILY_V4, FAMILY_V6, PROTO_IPIP, PROTO_IPV6,
+};
 
 use crate::{
     XLB_DECAP_ADDR, XLB_DECAP_SRC4, XLB_DECAP_SRC6, XLB_DECAP_STAT, XLB_DECAP_VIP,
@@ -24,7 +26,7 @@ use crate::{
         ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, Ipv4Hdr, Ipv6Hdr,
         VLAN_LEN, copy_l2, ptr_at,
     },
-    parse,
+    parse, relay,
     stats::bump,
 };
 
@@ -54,6 +56,9 @@ enum Outer {
         outer: usize,
         /// The outer source is an allowed load balancer.
         allowed: bool,
+        /// Second chance is on for this outer destination
+        /// (`lb_common::DECAP_ADDR_SECOND_CHANCE`).
+        chance: bool,
     },
     /// A tunnel this program does not strip: dropped.
     Unchecked,
@@ -85,10 +90,14 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
         ETH_P_IPV6 => ip6ip6_to_us(ctx, l3off),
         _ => None,
     };
-    let (outer, allowed) = match tunnel {
+    let (outer, allowed, chance) = match tunnel {
         None => return pass(),
         Some(Outer::Unchecked) => return drop(DecapStat::DropUnchecked),
-        Some(Outer::Tunnel { outer, allowed }) => (outer, allowed),
+        Some(Outer::Tunnel {
+            outer,
+            allowed,
+            chance,
+        }) => (outer, allowed, chance),
     };
     if !allowed {
         return drop(DecapStat::DropSource);
@@ -106,8 +115,12 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
         return drop(DecapStat::DropMalformed);
     };
     // The stack would hand a tunnel inside the tunnel, addressed to a VIP
-    // (a local address), to a tunnel module: unchecked again.
+    // (a local address), to a tunnel module: unchecked again. Unless it is
+    // a load balancer's second chance (`relay.rs`), checked there.
     if nested {
+        if chance {
+            return relay::run(ctx, l3off, outer);
+        }
         return drop(DecapStat::DropUnchecked);
     }
     if XLB_DECAP_VIP.get_ptr(inner).is_none() {
@@ -136,16 +149,19 @@ fn ipip4_to_us(ctx: &XdpContext, l3off: usize) -> Option<Outer> {
     if ip.protocol != PROTO_IPIP && ip.protocol != PROTO_IPV6 {
         return None;
     }
-    XLB_DECAP_ADDR.get_ptr(addr_key::<DecapAddrKey>(
+    let ours = XLB_DECAP_ADDR.get_ptr(addr_key::<DecapAddrKey>(
         &mut WordKey::uninit(),
         [word(&ip.daddr, 0), 0, 0, 0],
         FAMILY_V4,
     ))?;
+    // SAFETY: a u32 map value, read at once.
+    let chance = unsafe { *ours } & DECAP_ADDR_SECOND_CHANCE != 0;
     if ip.protocol == PROTO_IPV6 || ip.version_ihl != IPV4_VERSION_IHL || ip.is_fragment() {
         return Some(Outer::Unchecked);
     }
     Some(Outer::Tunnel {
         outer: IPV4_LEN,
+        chance,
         allowed: XLB_DECAP_SRC4
             .get(
                 WordKey::<1>::uninit()
@@ -170,11 +186,13 @@ fn ip6ip6_to_us(ctx: &XdpContext, l3off: usize) -> Option<Outer> {
     if next != PROTO_IPV6 && next != PROTO_IPIP && !ext {
         return None;
     }
-    XLB_DECAP_ADDR.get_ptr(addr_key::<DecapAddrKey>(
+    let ours = XLB_DECAP_ADDR.get_ptr(addr_key::<DecapAddrKey>(
         &mut WordKey::uninit(),
         addr_words(&ip.daddr),
         FAMILY_V6,
     ))?;
+    // SAFETY: a u32 map value, read at once.
+    let chance = unsafe { *ours } & DECAP_ADDR_SECOND_CHANCE != 0;
     if next == PROTO_IPIP || (ext && tunnel_behind_ext(ctx, l3off + IPV6_LEN, next)) {
         return Some(Outer::Unchecked);
     }
@@ -184,6 +202,7 @@ fn ip6ip6_to_us(ctx: &XdpContext, l3off: usize) -> Option<Outer> {
     let [a, b, c, d] = addr_words(&ip.saddr);
     Some(Outer::Tunnel {
         outer: IPV6_LEN,
+        chance,
         allowed: XLB_DECAP_SRC6
             .get(WordKey::<3>::uninit().fill([128, a, b, c, d]).as_trie_key())
             .is_some(),

@@ -67,14 +67,8 @@ pub(crate) fn encap<const V6: bool>(
         return icmp::too_big(ctx, pkt, nh.mtu.saturating_sub(overhead as u32));
     }
     // The 802.1Q TCI, if any, must survive the move of the L2 header.
-    let tci = if pkt.l3off == ETH_LEN {
-        None
-    } else {
-        match ptr_at::<VlanHdr>(ctx, ETH_LEN) {
-            // SAFETY: bounds checked by ptr_at.
-            Some(t) => Some(unsafe { (*t).tci }),
-            None => return drop_with(Stat::DropNoHeadroom),
-        }
+    let Some(tci) = vlan_tci(ctx, pkt) else {
+        return drop_with(Stat::DropNoHeadroom);
     };
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(overhead as i32)) } != 0 {
         return drop_with(Stat::DropNoHeadroom);
@@ -92,10 +86,22 @@ pub(crate) fn encap<const V6: bool>(
     send(ctx, nh)
 }
 
+/// The packet's 802.1Q TCI (`Some(None)` untagged), which must survive
+/// the move of the L2 header; `None` if the tag cannot be read.
+#[inline(always)]
+pub(crate) fn vlan_tci(ctx: &XdpContext, pkt: &Packet) -> Option<Option<[u8; 2]>> {
+    if pkt.l3off == ETH_LEN {
+        return Some(None);
+    }
+    let t = ptr_at::<VlanHdr>(ctx, ETH_LEN)?;
+    // SAFETY: bounds checked by ptr_at.
+    Some(Some(unsafe { (*t).tci }))
+}
+
 /// `base` (an IPv4 address as a word in memory order) with its low
 /// `host_bits` taken from `spread`, in the same order.
 #[inline(always)]
-fn spread_v4(base: u32, host_bits: u8, spread: u32) -> u32 {
+pub(crate) fn spread_v4(base: u32, host_bits: u8, spread: u32) -> u32 {
     if host_bits == 0 || host_bits > MAX_ENCAP_HOST_BITS {
         return base;
     }
@@ -154,7 +160,7 @@ fn write_headers(
 /// order), behind an 802.1Q tag with `tci` if there is one; returns the
 /// offset of the L3 header.
 #[inline(always)]
-fn write_l2(
+pub(crate) fn write_l2(
     ctx: &XdpContext,
     nh: &NextHop,
     ethertype: [u8; 2],

@@ -56,7 +56,7 @@ pub(crate) fn forward(
 }
 
 #[inline(always)]
-fn account(stats: Option<*mut TrafficStats>, bytes: u64, new_flow: bool) {
+pub(crate) fn account(stats: Option<*mut TrafficStats>, bytes: u64, new_flow: bool) {
     if let Some(s) = stats {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe {

@@ -47,7 +47,7 @@ use aya_ebpf::programs::XdpContext;
 use lb_common::{PROTO_UDP, Stat};
 
 use crate::{
-    XLB_GLOBALS, XLB_GUARD, clock,
+    XLB_GLOBALS, XLB_GUARD, chance, clock,
     conntrack::{self, Lookup, Target},
     forward::forward,
     guard,
@@ -123,7 +123,7 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
             return judged;
         }
     }
-    let Some((id, be)) = select::pick(&pkt.flow, &vip, g) else {
+    let Some((id, be, prev)) = select::pick(&pkt.flow, &vip, g) else {
         return drop_with(Stat::DropNoBackend);
     };
     let t = Target::new(&vip, id, be);
@@ -135,6 +135,11 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     // ... and records nothing: it goes to the table's backend.
     if !pkt.icmp && (!missed || pkt.flow.proto == PROTO_UDP) {
         conntrack::record(pkt, vip_id, &t, now, guard.ct_insert_cap);
+    }
+    // A TCP packet without SYN that missed may be of a connection the
+    // slot's previous owner holds: it gets a second chance (`chance.rs`).
+    if missed && let Some(p) = chance::previous(pkt, &vip, id, be, prev) {
+        return chance::forward(ctx, pkt, &t, p, g, now);
     }
     forward(ctx, pkt, &t, g, now, !pkt.icmp)
 }

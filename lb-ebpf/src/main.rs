@@ -28,6 +28,7 @@
     reason = "the package's own library (lb_ebpf) exists only so lb-user can depend on it"
 )]
 
+mod chance;
 mod checksum;
 mod clock;
 mod conntrack;
@@ -41,6 +42,7 @@ mod key;
 mod lb;
 mod packet;
 mod parse;
+mod relay;
 mod reply;
 mod reset;
 mod select;
@@ -56,7 +58,7 @@ use lb_common::{
     BACKEND_IDS, BackendInfo, CtEntry, CtRate, DECAP_STATS_LEN, DEFAULT_CT_SIZE,
     DEFAULT_TABLE_SIZE, DecapAddrKey, DecapSrcV4, DecapSrcV6, FlowKey, Globals, HC_STATS_LEN,
     HcReal, ListEntry, ListV4, ListV6, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES, MAX_LIST_RULES,
-    MAX_SOURCES, MAX_VIPS, NextHop, ReplyRate, STATS_LEN, SourceKey, SourceState, TrafficStats,
+    MAX_SOURCES, MAX_VIPS, NextHop, ReplyRate, RingSlot, STATS_LEN, SourceKey, SourceState, TrafficStats,
     VipAddrKey, VipGuard, VipInfo, VipKey,
 };
 
@@ -89,10 +91,11 @@ static XLB_VIP_ADDRS: HashMap<VipAddrKey, u32> = HashMap::with_max_entries(MAX_V
 #[map(name = "XLB_VIP_AINDEX")]
 static XLB_VIP_AINDEX: Array<u32> = Array::with_max_entries(lb_common::VIP_ADDR_INDEX_LEN, 0);
 
-/// Maglev rings, double-buffered per VIP: `ring_index(vip, half, stride, slot)`.
-/// Userspace sets the size to `MAX_VIPS × 2 × stride` at load.
+/// Maglev rings, double-buffered per VIP: `ring_index(vip, half, stride, slot)`
+/// → backend id and previous owner. Userspace sets the size to
+/// `MAX_VIPS × 2 × stride` at load.
 #[map(name = "XLB_RING")]
-static XLB_RING: Array<u32> = Array::with_max_entries(MAX_VIPS * 2 * DEFAULT_TABLE_SIZE, 0);
+static XLB_RING: Array<RingSlot> = Array::with_max_entries(MAX_VIPS * 2 * DEFAULT_TABLE_SIZE, 0);
 
 /// Backends by id (0 = none): address, generation, state.
 #[map(name = "XLB_BACKENDS")]

@@ -2,7 +2,7 @@
 //! (the flow's slot in the VIP's live Maglev table).
 
 use lb_common::{
-    BackendInfo, FlowKey, Globals, VIP_INDEX_MANY, VipAddrKey, VipInfo, VipKey, ring_index,
+    BackendInfo, FlowKey, Globals, RingSlot, VIP_INDEX_MANY, VipAddrKey, VipInfo, VipKey, ring_index,
     vip_index_slot,
 };
 
@@ -100,19 +100,24 @@ pub(crate) fn vip_addr(addr: &[u8; 16], family: u8) -> Option<u32> {
 }
 
 /// The backend in the flow's slot of the VIP's live table: its id and
-/// entry, or `None` when the table is empty or the slot holds no live id.
+/// entry, and the slot's previous owner (id, 0 = none; unchecked), or
+/// `None` when the table is empty or the slot holds no live id.
 #[inline(always)]
 pub(crate) fn pick(
     flow: &FlowKey,
     vip: &VipInfo,
     g: &Globals,
-) -> Option<(u32, &'static BackendInfo)> {
+) -> Option<(u32, &'static BackendInfo, u32)> {
     if vip.table_size == 0 || vip.table_size > g.ring_stride {
         return None;
     }
     let slot = flow.slot(&g.hash_key, vip.table_size);
     let idx = ring_index(vip.vip_id, vip.active & 1, g.ring_stride, slot);
-    let id = *XLB_RING.get(idx)?;
+    // One 8-byte read: the owner and the previous owner of one table.
+    let RingSlot {
+        backend_id: id,
+        prev_id,
+    } = *XLB_RING.get(idx)?;
     if id == 0 {
         return None;
     }
@@ -120,5 +125,5 @@ pub(crate) fn pick(
     if be.state == 0 {
         return None;
     }
-    Some((id, be))
+    Some((id, be, prev_id))
 }

@@ -5,11 +5,10 @@
 // `unused_crate_dependencies` holds for the library too.
 use tracing_subscriber as _;
 // Placeholders until the announcer uses them (issue 26).
-use futures_util as _;
-use netlink_packet_route as _;
 use ring as _;
-use rtnetlink as _;
 
+pub mod announce;
+pub mod chance;
 pub mod cli;
 pub mod config;
 pub mod ctl;

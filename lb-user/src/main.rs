@@ -130,9 +130,11 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
             | Command::Guard(GuardCommand::Blocks { json: true })
-    ) || matches!(command, Command::Sources(s) if s.json());
+    ) || matches!(command, Command::Sources(s) if s.json())
+        || matches!(command, Command::Announce(a) if a.json());
     let text = match resp {
         Response::Error { message } => bail!("{message}"),
+        Response::Ok { message } if json => pretty(&serde_json::json!({ "message": message }))?,
         Response::Ok { message } => format!("{message}\n"),
         Response::Status(r) if json => pretty(&r)?,
         Response::Status(r) => cli::render_status(&r, ctl::now_unix_ms(), color()),

@@ -402,7 +402,7 @@ impl World {
                 mode,
                 down_policy,
                 host_services: 0,
-                _pad: [0; 1],
+                second_chance: 0,
                 key,
             },
         )?;

@@ -21,6 +21,7 @@ use std::{
 };
 
 use xlb_lab::{
+    Fault,
     client::{LoadOptions, Report},
     scenario::{ClusterOptions, ClusterRun, SERVICE_PORTS, Speaker},
     topology::{self, Node},
@@ -47,18 +48,22 @@ fn vips() -> [IpAddr; 2] {
     [topology::VIP_V4.into(), topology::VIP_V6.into()]
 }
 
-/// Builds the two-node lab and announces the VIPs from both nodes.
+/// Builds the two-node lab and waits until both nodes' xlb announced the
+/// VIPs and the router installed them.
 fn up(tag: &str, bfd: bool) -> ClusterRun {
-    xlb_tests::require_root();
-    let t0 = Instant::now();
-    let mut opts = ClusterOptions::new(&prefix(tag), &xlb_binary());
+    let mut opts = options(tag);
     opts.bfd = bfd;
-    let c = ClusterRun::up(&opts).unwrap_or_else(|e| panic!("cluster up: {e}"));
-    for node in Node::ALL {
-        for vip in vips() {
-            c.inject_route(node, vip).unwrap();
-        }
-    }
+    up_with(tag, &opts)
+}
+
+fn options(tag: &str) -> ClusterOptions {
+    xlb_tests::require_root();
+    ClusterOptions::new(&prefix(tag), &xlb_binary())
+}
+
+fn up_with(tag: &str, opts: &ClusterOptions) -> ClusterRun {
+    let t0 = Instant::now();
+    let c = ClusterRun::up(opts).unwrap_or_else(|e| panic!("cluster up: {e}"));
     for vip in vips() {
         c.wait_router(vip, &[Node::A, Node::B], ROUTE_TIMEOUT)
             .unwrap_or_else(|e| panic!("both nodes announce {vip}: {e}"));
@@ -95,7 +100,9 @@ fn long_load(target: SocketAddr, run_for: Duration) -> LoadOptions {
 
 /// Every long connection of `report` got its stream, and was still open
 /// and flowing at the end of the run: none reset, none stalled past
-/// [`STALL_ALLOWED`].
+/// [`STALL_ALLOWED`]. A connection that reached another backend after the
+/// death would have been reset by it (no socket there), so open and
+/// flowing also means: the same backend as before.
 fn assert_all_kept(what: &str, report: &Report) {
     assert_eq!(
         report.long.len(),
@@ -182,6 +189,8 @@ enum Death {
     Killed,
     /// (b) its link to the router dropped on the bridge.
     Silenced,
+    /// (c) `xlb withdraw --all` on it.
+    Withdrawn,
 }
 
 /// 200 long connections over both nodes; node A dies `how`; every one
@@ -207,6 +216,11 @@ fn one_death(tag: &str, how: Death, bfd: bool) {
             None
         }
         Death::Silenced => Some(c.lab().silence_link(Node::A).unwrap()),
+        Death::Withdrawn => {
+            c.ctl(Node::A, &["withdraw", "--all", "--reason", "cluster test"])
+                .unwrap();
+            None
+        }
     };
     let converged = c
         .wait_router(topology::VIP_V4.into(), &[Node::B], ROUTE_TIMEOUT)
@@ -242,18 +256,256 @@ fn node_link_silenced_connections_continue_with_bfd() {
 }
 
 #[test]
+fn node_link_silenced_connections_continue_after_the_hold_time() {
+    one_death("h", Death::Silenced, false);
+}
+
+#[test]
+fn node_withdrawn_connections_continue_through_the_other() {
+    one_death("w", Death::Withdrawn, false);
+}
+
+#[test]
 fn bird_down_on_a_node_takes_only_its_routes() {
     let mut c = up("d", false);
     c.kill_bird(Speaker::Node(Node::B)).unwrap();
     for vip in vips() {
         c.wait_router(vip, &[Node::A], ROUTE_TIMEOUT).unwrap();
     }
-    // Forwarding untouched on node B: xlb still runs and serves.
-    let s = c.status(Node::B).unwrap();
+    // Node B says why nothing of it is announced, and keeps forwarding:
+    // its VIPs stay announced as far as xlb knows (the routes are in its
+    // table for a speaker that comes back), every backend up.
+    let s = c
+        .wait_status(
+            Node::B,
+            "the speaker check to notice BIRD is gone",
+            ROUTE_TIMEOUT,
+            |s| {
+                s.announce
+                    .as_ref()
+                    .and_then(|a| a.speaker.as_deref())
+                    .is_some_and(|sp| sp.contains("not running"))
+            },
+        )
+        .unwrap();
+    let announce = s.announce.as_ref().unwrap();
+    let speaker = announce.speaker.as_deref().unwrap();
+    assert!(
+        speaker.contains("bird-b.ctl"),
+        "names the socket: {speaker}"
+    );
+    assert_eq!(
+        announce.routes,
+        ["10.100.0.1", "10.100.0.2", "fd00:100::1"],
+        "{announce:?}"
+    );
     assert!(s.all_up(), "{}", s.summary());
+    let flows = new_flows(&c, Node::B, "api");
+    let report = c
+        .run()
+        .run_client(LoadOptions {
+            duration: Duration::from_secs(1),
+            rate: 50,
+            keepalive: 0,
+            ..LoadOptions::new(SocketAddr::new(topology::VIP_V4.into(), SERVICE_PORTS[0]))
+        })
+        .unwrap();
+    assert_eq!(report.summary.failures, 0, "{:?}", report.summary.counts);
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        new_flows(&c, Node::B, "api"),
+        flows,
+        "the router sent node B new flows"
+    );
     c.start_bird(Speaker::Node(Node::B)).unwrap();
     for vip in vips() {
         c.wait_router(vip, &[Node::A, Node::B], ROUTE_TIMEOUT)
             .unwrap();
     }
+}
+
+#[test]
+fn a_vip_with_every_backend_down_is_withdrawn_by_both_nodes() {
+    let c = up("z", false);
+    let [v4, v6] = vips();
+    for i in 1..=3 {
+        c.run().set_fault(i, Fault::Error503).unwrap();
+    }
+    for vip in [v4, v6] {
+        c.wait_router(vip, &[], ROUTE_TIMEOUT)
+            .unwrap_or_else(|e| panic!("{vip} withdrawn by both nodes: {e}"));
+    }
+    for node in Node::ALL {
+        let s = c.status(node).unwrap();
+        let api = s.vips.iter().find(|v| v.name == "api").unwrap();
+        let a = api.announce.as_ref().expect("an announce state");
+        assert_eq!(a.state, "withdrawn", "node {node:?}: {a:?}");
+    }
+    c.run().set_fault(2, Fault::None).unwrap();
+    for vip in [v4, v6] {
+        c.wait_router(vip, &[Node::A, Node::B], ROUTE_TIMEOUT)
+            .unwrap_or_else(|e| panic!("{vip} announced again by both nodes: {e}"));
+    }
+    let report = c
+        .run()
+        .run_client(LoadOptions {
+            duration: Duration::from_secs(1),
+            rate: 50,
+            keepalive: 0,
+            ..LoadOptions::new(SocketAddr::new(v4, SERVICE_PORTS[0]))
+        })
+        .unwrap();
+    assert_eq!(report.summary.failures, 0, "{:?}", report.summary.counts);
+    assert_eq!(
+        report.summary.per_backend.keys().collect::<Vec<_>>(),
+        ["b2"]
+    );
+}
+
+/// 200 long connections over both nodes; then, in one reload on both,
+/// backend b4 joins and b1 leaves the table (weight 0: a backend deleted
+/// from the configuration is retired at once and can be nobody's previous
+/// owner, second chance's documented limit); then node A dies. Returns the
+/// connections that broke.
+fn backends_change_then_death(tag: &str, second_chance: bool) -> (u64, BTreeMap<Node, u64>) {
+    let mut opts = options(tag);
+    opts.backends = 4;
+    opts.config
+        .vips
+        .retain(|v| v.name == "api" || v.name == "api6");
+    if !second_chance {
+        opts.extra_daemon = "second_chance_window = \"0s\"".to_string();
+    }
+    let mut c = up_with(tag, &opts);
+    let target = SocketAddr::new(topology::VIP_V4.into(), SERVICE_PORTS[0]);
+    let client = c
+        .run()
+        .start_client(long_load(target, Duration::from_secs(16)))
+        .unwrap();
+    thread::sleep(Duration::from_secs(3));
+    let spread = flows_by_node(&c);
+    assert!(
+        spread.values().all(|&n| n > 0),
+        "connections did not spread: {spread:?}"
+    );
+    for v in &mut opts.config.vips {
+        v.backends = vec![1, 2, 3, 4];
+        v.weights.insert(1, 0);
+    }
+    c.reload(&opts).unwrap();
+    // Both tables rebuilt before node A goes.
+    thread::sleep(Duration::from_secs(2));
+    c.kill_node(Node::A).unwrap();
+    c.wait_router(target.ip(), &[Node::B], ROUTE_TIMEOUT)
+        .unwrap();
+    let report = client.join().unwrap();
+    let broken = report
+        .long
+        .iter()
+        .filter(|l| !l.kept_flowing || l.end != "open")
+        .count() as u64;
+    eprintln!(
+        "[{tag}] second_chance {second_chance}: {broken} of {LONG_CONNS} connections broke \
+         (spread before {spread:?})"
+    );
+    if second_chance {
+        assert_all_kept("backends changed, then node A died", &report);
+    }
+    (broken, spread)
+}
+
+#[test]
+#[ignore = "fails today (60 of 200 reset, 105 without second chance): a reload that changes a \
+            VIP withdraws and re-announces it on each node (announce: `announced -> withdrawn: \
+            starting`), so the router moves flows mid-change, and b4 joining the table after its \
+            first probe is a second change of the same slots (second chance keeps one)"]
+fn backends_changed_and_node_died_second_chance_keeps_every_connection() {
+    backends_change_then_death("c", true);
+}
+
+#[test]
+fn backends_changed_and_node_died_without_second_chance_some_reset() {
+    let (broken, _) = backends_change_then_death("n", false);
+    assert!(
+        broken > 0,
+        "without second chance no connection broke: the scenario does not move any flow"
+    );
+}
+
+/// Starts node B's daemon, which must refuse to run; returns what it said.
+fn refused_start(c: &mut ClusterRun) -> String {
+    let err = c
+        .start_daemon(Node::B)
+        .expect_err("xlb run in node B started despite the bad input")
+        .to_string();
+    // Node A kept the VIPs and serves alone.
+    for vip in vips() {
+        assert_eq!(c.lab().router_nodes(vip).unwrap(), [Node::A], "{vip}");
+    }
+    let report = c
+        .run()
+        .run_client(LoadOptions {
+            duration: Duration::from_secs(1),
+            rate: 50,
+            keepalive: 0,
+            ..LoadOptions::new(SocketAddr::new(topology::VIP_V4.into(), SERVICE_PORTS[0]))
+        })
+        .unwrap();
+    assert_eq!(report.summary.failures, 0, "{:?}", report.summary.counts);
+    err
+}
+
+#[test]
+fn bad_input_on_a_node_is_refused_and_the_other_keeps_serving() {
+    let mut opts = options("x");
+    opts.start_daemons = false;
+    let mut c = up_with_daemons_off(&opts);
+    c.start_daemon(Node::A).unwrap();
+    for vip in vips() {
+        c.wait_router(vip, &[Node::A], ROUTE_TIMEOUT).unwrap();
+    }
+    let ns_b = c.lab().ns_node(Node::B);
+    // The announce table already used by another program.
+    ip(
+        &ns_b,
+        &["route", "add", "10.1.2.3/32", "dev", "lo", "table", "100"],
+    );
+    let err = refused_start(&mut c);
+    assert!(
+        err.contains("routing table 100 holds 1 route that xlb did not write"),
+        "{err}"
+    );
+    ip(&ns_b, &["route", "flush", "table", "100"]);
+    // A VIP address that is also an address of the node.
+    ip(&ns_b, &["addr", "add", "10.100.0.1/32", "dev", "lo"]);
+    let err = refused_start(&mut c);
+    assert!(
+        err.contains("address 10.100.0.1 is an address of interface lo on this host"),
+        "{err}"
+    );
+    ip(&ns_b, &["addr", "del", "10.100.0.1/32", "dev", "lo"]);
+    // Fixed: node B joins.
+    c.start_daemon(Node::B).unwrap();
+    for vip in vips() {
+        c.wait_router(vip, &[Node::A, Node::B], ROUTE_TIMEOUT)
+            .unwrap();
+    }
+}
+
+fn up_with_daemons_off(opts: &ClusterOptions) -> ClusterRun {
+    ClusterRun::up(opts).unwrap_or_else(|e| panic!("cluster up: {e}"))
+}
+
+/// `ip ARGS` inside `ns`; panics with its error.
+fn ip(ns: &str, args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(["-n", ns])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ip -n {ns} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

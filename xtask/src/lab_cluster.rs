@@ -52,20 +52,13 @@ pub(crate) fn up(args: &UpArgs) -> Result<()> {
         )
     })?;
     if !args.no_daemon {
-        // Until xlb announces by itself: the host routes it will write.
-        for node in Node::ALL {
-            for vip in [
-                topology::VIP_V4.into(),
-                topology::VIP2_V4.into(),
-                topology::VIP_V6.into(),
-            ] {
-                run.inject_route(node, vip)
-                    .with_context(|| format!("announcing {vip} from node {node:?}"))?;
-            }
+        for vip in [topology::VIP_V4.into(), topology::VIP_V6.into()] {
+            run.wait_router(vip, &[Node::A, Node::B], std::time::Duration::from_secs(10))
+                .with_context(|| format!("both nodes announcing {vip}"))?;
         }
         println!(
             "\n{}",
-            run.birdc(scenario::Speaker::Router, &["show", "protocols"])?
+            run.birdc(scenario::Speaker::Router, &["show", "route"])?
         );
     }
     let text = instructions(&args.prefix, &xlb, &run);

@@ -67,8 +67,12 @@ pub struct ClusterOptions {
     pub config: XlbConfig,
     /// Lines added to both nodes' `[daemon]` table.
     pub extra_daemon: String,
-    /// TOML appended to both nodes' configuration (e.g. `[announce]`).
+    /// TOML appended to both nodes' configuration.
     pub extra: String,
+    /// `[announce]` in both nodes: table [`LAB_ANNOUNCE_TABLE`], and the
+    /// node's BIRD control socket as `speaker_socket`. Off: nothing is
+    /// announced unless a test writes the routes ([`ClusterRun::inject_route`]).
+    pub announce: bool,
     /// BFD at 100 ms × 3 between the router and the nodes.
     pub bfd: bool,
     /// `None`: a fresh temporary directory (see [`RunOptions::work_dir`]).
@@ -87,6 +91,7 @@ impl ClusterOptions {
             config: XlbConfig::lab_default(prefix, super::Mode::DsrIpip, 3),
             extra_daemon: String::new(),
             extra: String::new(),
+            announce: true,
             bfd: false,
             work_dir: None,
             start_daemons: true,
@@ -171,8 +176,9 @@ fn with_daemon_lines(text: &str, lines: &str) -> String {
 }
 
 impl ClusterRun {
-    /// The configuration text of `node` for `opts`.
-    pub fn node_config(opts: &ClusterOptions, node: Node) -> String {
+    /// The configuration text of `node` for `opts`, whose BIRD control
+    /// socket is in `work_dir`.
+    pub fn node_config(opts: &ClusterOptions, node: Node, work_dir: &Path) -> String {
         let mut cfg = opts.config.clone();
         if node == Node::B {
             cfg.instance = node_b_instance(&opts.prefix);
@@ -183,6 +189,13 @@ impl ClusterRun {
             daemon.push_str(&format!("\nhash_seed = \"{LAB_HASH_SEED}\"\n"));
         }
         let mut text = with_daemon_lines(&cfg.render(), &daemon);
+        if opts.announce {
+            let ctl = BirdFiles::new(work_dir, &Speaker::Node(node).role()).ctl;
+            text.push_str(&format!(
+                "\n[announce]\ntable = {LAB_ANNOUNCE_TABLE}\nspeaker_socket = \"{}\"\n",
+                ctl.display()
+            ));
+        }
         if !opts.extra.trim().is_empty() {
             text.push('\n');
             text.push_str(opts.extra.trim_end());
@@ -197,14 +210,20 @@ impl ClusterRun {
     pub fn up(opts: &ClusterOptions) -> Result<ClusterRun> {
         let bird_bin = find_program("bird")?;
         let birdc_bin = find_program("birdc")?;
-        let mut ro = RunOptions::new(&opts.prefix, &opts.xlb, &Self::node_config(opts, Node::A));
+        // Known before the lab exists: the configurations name BIRD's sockets.
+        let work_dir = opts
+            .work_dir
+            .clone()
+            .unwrap_or_else(|| super::run::temp_work_dir(&opts.prefix));
+        let text_a = Self::node_config(opts, Node::A, &work_dir);
+        let mut ro = RunOptions::new(&opts.prefix, &opts.xlb, &text_a);
         ro.backends = opts.backends;
         ro.nodes = 2;
         ro.work_dir = opts.work_dir.clone();
         ro.start_daemon = opts.start_daemons;
         let run = LabRun::up_with(ro)?;
         let config_path = run.work_dir().join("xlb-b.toml");
-        let text = Self::node_config(opts, Node::B);
+        let text = Self::node_config(opts, Node::B, &work_dir);
         fs::write(&config_path, &text)
             .map_err(io_err(format!("writing {}", config_path.display())))?;
         let instance = node_b_instance(&opts.prefix);
@@ -523,6 +542,19 @@ impl ClusterRun {
         run_bounded(cmd, CLI_TIMEOUT).map(drop)
     }
 
+    /// Rewrites both nodes' configuration for `opts` (its `config`,
+    /// `extra*` and `announce`) and has both daemons reload it, A first.
+    pub fn reload(&self, opts: &ClusterOptions) -> Result<()> {
+        let dir = self.run.work_dir().to_path_buf();
+        for node in Node::ALL {
+            let path = self.config_path(node).to_path_buf();
+            fs::write(&path, Self::node_config(opts, node, &dir))
+                .map_err(io_err(format!("writing {}", path.display())))?;
+            self.ctl(node, &["reload"])?;
+        }
+        Ok(())
+    }
+
     /// Leaves everything running when dropped (for `cargo xtask lab up
     /// --nodes 2`); `lab down` removes it using the state file. Returns the
     /// work directory.
@@ -570,14 +602,17 @@ mod tests {
 
     #[test]
     fn node_b_runs_the_same_config_under_its_own_names() {
-        let mut opts = ClusterOptions::new("c1", Path::new("/x/xlb"));
-        opts.extra = "[announce]\ntable = 100\n".to_string();
-        let a = ClusterRun::node_config(&opts, Node::A);
-        let b = ClusterRun::node_config(&opts, Node::B);
-        for (text, instance, socket) in [
-            (&a, "lab-c1", "/run/xlb/lab-c1.sock"),
-            (&b, "lab-c1-b", "/run/xlb/lab-c1-b.sock"),
+        let opts = ClusterOptions::new("c1", Path::new("/x/xlb"));
+        let a = ClusterRun::node_config(&opts, Node::A, Path::new("/w"));
+        let b = ClusterRun::node_config(&opts, Node::B, Path::new("/w"));
+        for (text, instance, socket, speaker) in [
+            (&a, "lab-c1", "/run/xlb/lab-c1.sock", "/w/bird-a.ctl"),
+            (&b, "lab-c1-b", "/run/xlb/lab-c1-b.sock", "/w/bird-b.ctl"),
         ] {
+            assert_eq!(
+                super::super::setting(text, "announce", "speaker_socket").as_deref(),
+                Some(speaker)
+            );
             assert_eq!(
                 super::super::setting(text, "daemon", "instance").as_deref(),
                 Some(instance)
@@ -596,7 +631,11 @@ mod tests {
             );
         }
         // Everything else is the same.
-        let strip = |t: &str| t.replace("-b.sock", ".sock").replace("lab-c1-b", "lab-c1");
+        let strip = |t: &str| {
+            t.replace("-b.sock", ".sock")
+                .replace("lab-c1-b", "lab-c1")
+                .replace("bird-b.ctl", "bird-a.ctl")
+        };
         assert_eq!(strip(&a), strip(&b));
     }
 
@@ -604,7 +643,7 @@ mod tests {
     fn a_seed_of_its_own_is_kept() {
         let mut opts = ClusterOptions::new("c2", Path::new("/x/xlb"));
         opts.extra_daemon = "hash_seed = \"00112233445566778899aabbccddeeff\"".to_string();
-        let a = ClusterRun::node_config(&opts, Node::A);
+        let a = ClusterRun::node_config(&opts, Node::A, Path::new("/w"));
         assert_eq!(
             super::super::setting(&a, "daemon", "hash_seed").as_deref(),
             Some("00112233445566778899aabbccddeeff")

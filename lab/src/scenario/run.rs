@@ -111,14 +111,7 @@ impl LabRun {
         let (instance, socket) = instance_and_socket(&opts.config);
         let (work_dir, temp_dir) = match &opts.work_dir {
             Some(d) => (d.clone(), false),
-            None => (
-                std::env::temp_dir().join(format!(
-                    "xlb-lab-{}-{}",
-                    opts.prefix,
-                    std::process::id()
-                )),
-                true,
-            ),
+            None => (temp_work_dir(&opts.prefix), true),
         };
         // Whatever a previous run of this prefix left (interrupted, kept).
         stop_recorded(&work_dir);
@@ -533,6 +526,12 @@ impl LabRun {
         let _ = fs::remove_file(work_dir.join(STATE_FILE));
         result
     }
+}
+
+/// The work directory of a run of `prefix` given none: a fresh temporary
+/// one, removed after a clean teardown.
+pub(super) fn temp_work_dir(prefix: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("xlb-lab-{prefix}-{}", std::process::id()))
 }
 
 /// `xlb-backend` arguments for the UDP echo on [`UDP_PORTS`], v4 and v6.

@@ -115,6 +115,9 @@ impl Lab {
         if let Some(rt) = self.ns_router() {
             cluster::make_router(&rt)?;
             cluster::ignore_redirects(&plan.client)?;
+            for ns in &plan.backends {
+                cluster::let_backend_relay(ns)?;
+            }
         }
         for ns in &plan.backends {
             hold_vips(ns)?;

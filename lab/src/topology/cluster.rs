@@ -262,6 +262,22 @@ pub(super) fn make_router(rt: &str) -> Result<()> {
     )
 }
 
+/// A backend of a two-node lab lets its decapsulator relay a second-chance
+/// packet to the previous owner: `bpf_fib_lookup` from XDP needs forwarding
+/// on the interface (the kernel checks it whatever the flags), and the
+/// relayed packet leaves by the same eth0 it came in on.
+pub(super) fn let_backend_relay(ns: &str) -> Result<()> {
+    sysctl_in(
+        ns,
+        &[
+            ("net.ipv4.conf.eth0.forwarding", "1"),
+            ("net.ipv6.conf.eth0.forwarding", "1"),
+            ("net.ipv4.conf.eth0.send_redirects", "0"),
+            ("net.ipv4.conf.all.send_redirects", "0"),
+        ],
+    )
+}
+
 /// The client of a two-node lab ignores redirects: IPv6 has no switch to
 /// stop the router sending them, and a client that took one would bypass
 /// the router (and its ECMP) for good.

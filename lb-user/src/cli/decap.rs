@@ -34,6 +34,13 @@ pub struct DecapArgs {
     /// (repeatable; at least one, here or in --config).
     #[arg(long = "vip", value_name = "ADDR")]
     pub vips: Vec<IpAddr>,
+    /// Second chance (default on): a load balancer's tunnel inside the
+    /// tunnel (a packet that missed its conntrack) is kept when this host
+    /// has the connection and relayed to the slot's previous owner
+    /// otherwise; `off` drops such packets (or `second_chance = false` in
+    /// --config). Relaying needs forwarding on the interface.
+    #[arg(long = "second-chance", value_name = "on|off", value_parser = parse_on_off)]
+    pub second_chance: Option<bool>,
     /// TOML file with `interface`, `allow_source = [...]`, `vips = [...]`
     /// (and optionally `addresses = [...]`); arguments add to it, and
     /// --interface replaces its interface.
@@ -51,6 +58,8 @@ pub struct DecapSettings {
     pub allow_sources: Vec<Prefix>,
     /// Inner destinations accepted (sorted, no duplicates).
     pub vips: Vec<IpAddr>,
+    /// Second chance: relay a load balancer's double tunnel.
+    pub second_chance: bool,
 }
 
 /// The configuration file, as written.
@@ -64,6 +73,15 @@ struct DecapFile {
     allow_source: Vec<String>,
     #[serde(default)]
     vips: Vec<String>,
+    second_chance: Option<bool>,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: write on or off")),
+    }
 }
 
 fn parse_prefix(s: &str) -> Result<Prefix, String> {
@@ -147,6 +165,7 @@ impl DecapArgs {
             addresses,
             allow_sources,
             vips,
+            second_chance: self.second_chance.or(raw.second_chance).unwrap_or(true),
         })
     }
 }
@@ -239,6 +258,7 @@ mod tests {
                 addresses: vec![ip("10.0.0.5")],
                 allow_sources: vec![pfx("10.0.0.0/24"), pfx("fd00::2")],
                 vips: vec![ip("10.100.0.1"), ip("fd00:100::1")],
+                second_chance: true,
             }
         );
         assert!(s.warnings().is_empty(), "{:?}", s.warnings());
@@ -263,6 +283,30 @@ mod tests {
         assert_eq!(s.addresses, vec![ip("10.99.0.11")]);
         let s = settings(&["--config", "decap.toml", "-i", "eth9"], Some(file)).unwrap();
         assert_eq!(s.interface, "eth9", "--interface replaces the file's");
+    }
+
+    #[test]
+    fn second_chance_is_on_unless_turned_off() {
+        let base = ["-i", "eth0", "--allow-source", "10.0.0.2", "--vip", "10.100.0.1"];
+        let with = |extra: &[&str], file: Option<&str>| {
+            let a: Vec<&str> = base.iter().chain(extra).copied().collect();
+            settings(&a, file).map(|s| s.second_chance)
+        };
+        assert_eq!(with(&[], None), Ok(true));
+        assert_eq!(with(&["--second-chance", "off"], None), Ok(false));
+        assert_eq!(with(&["--second-chance", "on"], None), Ok(true));
+        let off = "second_chance = false";
+        assert_eq!(with(&["--config", "decap.toml"], Some(off)), Ok(false));
+        assert_eq!(
+            with(&["--config", "decap.toml", "--second-chance", "on"], Some(off)),
+            Ok(true),
+            "the argument overrides the file"
+        );
+        let err = with(&["--second-chance", "maybe"], None).unwrap_err();
+        assert!(
+            err.contains("invalid value 'maybe' for '--second-chance <on|off>': \"maybe\": write on or off"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! help text) and the pure functions that turn protocol answers into what
 //! an operator reads. `main.rs` does the I/O.
 
+pub mod announce;
 pub mod blocks;
 pub mod decap;
 mod explain;
@@ -159,6 +160,8 @@ pub enum Command {
     Guard(blocks::GuardCommand),
     #[command(flatten)]
     Sources(sources::SourcesCommand),
+    #[command(flatten)]
+    Announce(announce::AnnounceCommand),
 }
 
 impl Command {
@@ -199,6 +202,7 @@ impl Command {
             Command::Reload => Request::Reload,
             Command::Sources(s) => s.request(),
             Command::Guard(g) => g.request(),
+            Command::Announce(a) => a.request(),
             Command::Run { .. }
             | Command::CheckConfig { .. }
             | Command::Detach { .. }
@@ -342,6 +346,8 @@ pub fn parse_endpoint(s: &str) -> Result<SocketAddr, String> {
 /// `xlb check-config`: the report for a valid file, or every problem.
 pub fn check_config(path: &Path) -> Result<String, ConfigErrors> {
     let config = Config::from_file(path)?;
+    crate::announce::check_local_addresses(&config, &path.display().to_string())
+        .map_err(|problems| ConfigErrors { problems })?;
     let backends: usize = config.vips.iter().map(|v| v.backends.len()).sum();
     let mut out = format!(
         "{}: ok ({}, {})\n",
@@ -455,6 +461,7 @@ fn table(out: &mut String, indent: &str, rows: &[Vec<Cell>], color: bool) {
 /// a table of its backends. `now_unix_ms` dates the FOR column.
 pub fn render_status(report: &StatusReport, now_unix_ms: u64, color: bool) -> String {
     let mut out = daemon_lines(report, now_unix_ms, color);
+    out.push_str(&announce::status_lines(report));
     if report.vips.is_empty() {
         out.push_str("no VIPs configured: all traffic passes to the host\n");
     }
@@ -486,6 +493,7 @@ pub fn render_status(report: &StatusReport, now_unix_ms: u64, color: bool) -> St
         out.push('\n');
         out.push_str(&vip_line(vip, color));
         out.push('\n');
+        out.push_str(&announce::vip_line(vip).unwrap_or_default());
         if vip.backends.is_empty() {
             out.push_str("  no backends\n");
             continue;

@@ -132,6 +132,10 @@ pub struct LiveSettings {
     /// CPU; above it the packet is dropped (`drop_reply_limited`). Default
     /// [`lb_common::DEFAULT_REPLY_RATE`].
     pub reply_rate: u32,
+    /// How long a Maglev slot remembers its previous owner for second
+    /// chance; 0 = never (no VIP gets a second chance). Default 10 min.
+    #[serde(serialize_with = "ser_duration")]
+    pub second_chance_window: Duration,
 }
 
 /// Checks every setting and resolves its default. Settings are checked in
@@ -152,6 +156,7 @@ pub(super) fn validate(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
     let encap_source_v4_prefix = encap_source_v4_prefix(raw, p);
     let probe_concurrency = probe_concurrency(raw, p);
     let reply_rate = reply_rate(raw, p);
+    let second_chance_window = super::chance::window(raw, CTX, p);
     DaemonConfig {
         pinned: PinnedSettings {
             interface,
@@ -173,6 +178,7 @@ pub(super) fn validate(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
             encap_source_v6,
             encap_source_v4_prefix,
             reply_rate,
+            second_chance_window,
         },
     }
 }

@@ -57,6 +57,13 @@ macro_rules! rejects {
 }
 
 mod address;
+mod announce;
+mod chance;
+
+/// `daemon.second_chance_window`'s default, in ns.
+pub const fn chance_default_window_ns() -> u64 {
+    chance::DEFAULT_WINDOW.as_secs() * 1_000_000_000
+}
 mod daemon;
 mod dns;
 mod grpc;
@@ -67,6 +74,7 @@ mod raw;
 mod tls;
 mod vip;
 
+pub use announce::{AnnounceConfig, defaults as announce_defaults};
 pub use daemon::{
     DaemonConfig, LiveSettings, MAX_CONNTRACK_SIZE, MAX_RING_STRIDE, MIN_CONNTRACK_SIZE,
     MIN_UDP_TIMEOUT, PinnedSettings, RestartSettings, XdpMode, check_instance,
@@ -126,6 +134,9 @@ pub struct Config {
     /// `[guard]`: the daemon-wide abuse-control settings and the global
     /// deny and allow lists (each VIP's merged settings are its `guard`).
     pub guard: GuardConfig,
+    /// `[announce]`: when VIPs are announced to the BGP speaker; `None` =
+    /// not at all.
+    pub announce: Option<AnnounceConfig>,
     /// Problems that do not stop xlb but that the operator should see (log
     /// them at start and reload), e.g. a VIP without backends.
     pub warnings: Vec<String>,
@@ -260,10 +271,12 @@ fn validate(raw: &RawConfig, p: &mut Problems<'_>) -> Config {
     let vips = vip::validate_all(&raw.vip, &daemon, &globals, p);
     guard::check_rule_count(&guard, &vips, p);
     check_list_reasons(raw, p);
+    let announce = announce::validate(raw.announce.as_ref(), &raw.vip, p);
     Config {
         daemon,
         vips,
         guard,
+        announce,
         warnings: Vec::new(),
     }
 }
@@ -619,6 +632,7 @@ reason = "\u001b[2J"
                     encap_source_v6: None,
                     encap_source_v4_prefix: None,
                     reply_rate: 1000,
+                    second_chance_window: chance::DEFAULT_WINDOW,
                 },
             },
             vips: vec![VipConfig {
@@ -630,6 +644,7 @@ reason = "\u001b[2J"
                 down_policy: DownPolicy::Rehash,
                 table_size: 65_537,
                 host_services: false,
+                second_chance: true,
                 protection: Policy::default(),
                 guard: VipGuardConfig::default(),
                 backends: vec![BackendConfig {
@@ -641,6 +656,7 @@ reason = "\u001b[2J"
                 }],
             }],
             guard: GuardConfig::default(),
+            announce: None,
             warnings: vec![],
         };
         assert_eq!(config, want);
@@ -769,6 +785,7 @@ reason = "\u001b[2J"
                     encap_source_v6: Some("fd00::2".parse().unwrap()),
                     encap_source_v4_prefix: None,
                     reply_rate: 1000,
+                    second_chance_window: chance::DEFAULT_WINDOW,
                 },
             },
             vips: vec![VipConfig {
@@ -780,6 +797,7 @@ reason = "\u001b[2J"
                 down_policy: DownPolicy::Keep,
                 table_size: 131_071,
                 host_services: false,
+                second_chance: false,
                 protection: Policy::default(),
                 guard: VipGuardConfig::default(),
                 backends: vec![
@@ -800,6 +818,7 @@ reason = "\u001b[2J"
                 ],
             }],
             guard: GuardConfig::default(),
+            announce: None,
             warnings: vec![
                 "xlb.toml: daemon: xdp_mode = \"generic\" runs XDP after the kernel has built an \
                  skb: much slower than \"native\"; use it for testing only"

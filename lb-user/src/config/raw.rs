@@ -24,6 +24,7 @@ pub(super) struct RawConfig {
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
     pub(super) guard: Option<RawGuard>,
+    pub(super) announce: Option<super::announce::RawAnnounce>,
     #[serde(default)]
     pub(super) vip: Vec<RawVip>,
 }
@@ -47,6 +48,7 @@ pub(super) struct RawDaemon {
     pub(super) encap_source_v4_prefix: Option<String>,
     pub(super) probe_concurrency: Option<u32>,
     pub(super) reply_rate: Option<String>,
+    pub(super) second_chance_window: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -60,10 +62,13 @@ pub(super) struct RawVip {
     pub(super) down_policy: Option<DownPolicy>,
     pub(super) table_size: Option<u32>,
     pub(super) host_services: Option<bool>,
+    pub(super) second_chance: Option<bool>,
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
     pub(super) guard: Option<RawGuard>,
     pub(super) max_flows: Option<u64>,
+    /// Overrides `announce.min_up`; i64 for a message of ours on 0 or -1.
+    pub(super) announce_min_up: Option<i64>,
     #[serde(default)]
     pub(super) backend: Vec<RawBackend>,
 }

@@ -100,6 +100,11 @@ pub struct VipConfig {
     /// no VIP balances go to its stack instead of being dropped. It applies
     /// to the address: every VIP there must say the same. Default false.
     pub host_services: bool,
+    /// Second chance (`dsr-ipip` only; default on there): a TCP packet
+    /// that misses conntrack is also addressed to its slot's previous
+    /// owner, which keeps connections alive when a flow moves to another
+    /// node after the backend set changed (see `config::chance`).
+    pub second_chance: bool,
     /// What the VIP does when backends are slow or failing: `[protection]`
     /// merged with `[vip.protection]`.
     #[serde(serialize_with = "protection::ser_policy")]
@@ -184,6 +189,8 @@ fn validate<'a>(
     check_unique_service(raw, protocol, seen, p);
     let host_services = check_host_services(raw, seen, p);
     let table_size = table_size(raw, daemon, &ctx, p);
+    let mode = raw.mode.unwrap_or(defaults::MODE);
+    let second_chance = super::chance::second_chance(raw, mode, &ctx, p);
 
     let vip_hctx = format!("{ctx}: health_check");
     let vip_health = health::parse(
@@ -204,10 +211,11 @@ fn validate<'a>(
         addr: raw.address,
         port: raw.port,
         protocol,
-        mode: raw.mode.unwrap_or(defaults::MODE),
+        mode,
         down_policy: raw.down_policy.unwrap_or(defaults::DOWN_POLICY),
         table_size,
         host_services,
+        second_chance,
         protection: protection::resolve(
             &[
                 (globals.protection, "protection"),

@@ -64,9 +64,14 @@ pub fn check_request(req: &Request) -> Result<(), String> {
             vip.as_deref()
                 .map_or(Ok(()), |v| text("vip", v, MAX_VIP_NAME))
         }
-        Request::Sources { vip } => vip
+        Request::Sources { vip } | Request::Announce { vip } => vip
             .as_deref()
             .map_or(Ok(()), |v| text("vip", v, MAX_VIP_NAME)),
+        Request::Withdraw { vip, reason } => {
+            vip.as_deref()
+                .map_or(Ok(()), |v| text("vip", v, MAX_VIP_NAME))?;
+            reason.as_deref().map_or(Ok(()), check_reason)
+        }
     }
 }
 

@@ -197,6 +197,7 @@ pub(crate) mod tests {
                 protocol: "tcp".to_owned(),
                 mode: "dsr-ipip".to_owned(),
                 down_policy: "rehash".to_owned(),
+                second_chance: true,
                 table_size: 65537,
                 backends_up: 2,
                 backends_total: 3,
@@ -210,6 +211,7 @@ pub(crate) mod tests {
                 backends: sample_backends(),
                 ..VipStatus::default()
             }],
+            announce: None,
         }
     }
 
@@ -327,6 +329,7 @@ pub(crate) mod tests {
             keys(vip),
             [
                 "address",
+                "announce",
                 "auto_timeout_ms",
                 "backends",
                 "backends_total",
@@ -347,6 +350,7 @@ pub(crate) mod tests {
                 "panic_reason",
                 "port",
                 "protocol",
+                "second_chance",
                 "table_size"
             ]
         );
@@ -357,6 +361,7 @@ pub(crate) mod tests {
             ("protocol", json!("tcp")),
             ("mode", json!("dsr-ipip")),
             ("down_policy", json!("rehash")),
+            ("second_chance", json!(true)),
             ("table_size", json!(65537)),
             ("backends_up", json!(2)),
             ("backends_total", json!(3)),

@@ -108,6 +108,8 @@ impl Daemon {
                 .map(|m| Response::Ok { message: m }),
             Request::Blocks => Ok(Response::Blocks(self.blocks())),
             Request::Sources { vip } => self.sources_report(vip.as_deref()).map(Response::Sources),
+            Request::Withdraw { vip, reason } => Ok(self.withdraw(vip, reason)),
+            Request::Announce { vip } => Ok(self.announce_again(vip)),
         };
         res.unwrap_or_else(|e| Response::Error {
             message: format!("{e:#}"),

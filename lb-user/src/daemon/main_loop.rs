@@ -95,7 +95,7 @@ impl Daemon {
         self.event(EventKind::Start, None, None, None, None, msg, None);
         self.save();
         self.start_probes();
-        Ok(())
+        self.announce_go_live()
     }
 
     /// One thing at a time, until SIGTERM or SIGINT: a health report, a
@@ -122,10 +122,12 @@ impl Daemon {
                     if let Err(e) = self.on_reports(batch) {
                         error!("applying health reports: {e:#}");
                     }
+                    self.announce_update();
                 }
                 Some((req, reply)) = calls.recv() => {
                     let resp = self.handle(req);
                     let _ = reply.send(resp);
+                    self.announce_update();
                 }
                 _ = hup.recv() => {
                     // Logged, and recorded as an event, by `reload_by`.
@@ -146,6 +148,7 @@ impl Daemon {
         self.guard_tick();
         self.check_alarms();
         self.check_sources();
+        self.expire_second_chance();
         for v in &self.vips {
             v.update_auto_timeout();
         }
@@ -154,6 +157,8 @@ impl Daemon {
                 error!("applying the health policy: {e:#}");
             }
         }
+        self.announce_update();
+        self.announce_tick();
         self.sample();
     }
 }

@@ -24,6 +24,8 @@
 //!   writes, the state file, the conntrack walk.
 
 pub mod alarms;
+mod announce;
+mod chance;
 mod conntrack;
 mod control;
 mod drain;
@@ -129,6 +131,8 @@ pub struct Daemon {
     /// The globals (hash key, encapsulation sources) this start writes
     /// when it goes live, not before (`go_live`).
     globals: lb_common::Globals,
+    /// Announcements: decisions, the route writer, withdrawals (`announce`).
+    announcing: announce::Announcing,
 }
 
 impl Daemon {
@@ -190,6 +194,9 @@ impl Daemon {
             forwarding: Vec::new(),
             forwarding_changed: Vec::new(),
             globals: lb_common::Globals::default(),
+            announcing: announce::Announcing::from_saved(
+                saved.as_ref().and_then(|s| s.announce.as_ref()),
+            ),
         };
         // Guards and lists before the VIPs go live: a VIP's first packet
         // is judged by its configuration.
@@ -219,6 +226,7 @@ impl Daemon {
                 .collect();
             let t = Instant::now();
             self.dp.write_ring(vip.id, vip.active, &writes)?;
+            vip.chance.0[vip.active as usize & 1] = Some(crate::chance::History::empty(want.len()));
             vip.halves[vip.active as usize & 1] = Some(want);
             model::install_vip(&mut self.dp, vip)?;
             Some(Rebuild {
@@ -302,6 +310,7 @@ impl Daemon {
     fn state_but_lists(&self) -> persist::Saved {
         let mut saved = model::to_saved(&self.vips);
         saved.forwarding = self.forwarding.clone();
+        saved.announce = self.announce_saved();
         saved
     }
 

@@ -176,6 +176,10 @@ pub struct Saved {
     /// files of earlier versions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forwarding: Vec<crate::host::SysctlChange>,
+    /// The announce table and protocol (for `xlb detach`) and the
+    /// operators' withdrawals. Absent in files of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announce: Option<super::announce::SavedAnnounce>,
 }
 
 impl Saved {
@@ -369,6 +373,11 @@ mod tests {
                 previous: "0".into(),
                 netns: 4_026_531_840,
             }],
+            announce: Some(crate::daemon::announce::SavedAnnounce {
+                table: 100,
+                protocol: 252,
+                withdrawn: [("api".to_string(), "rack 4".to_string())].into(),
+            }),
         };
         s.store(&path).unwrap();
         assert_eq!(Saved::load(&path).unwrap(), Some(s));
@@ -414,6 +423,7 @@ mod tests {
                 backends: vec![b],
                 lists: vec![],
                 forwarding: vec![],
+                announce: None,
             };
             s.store(&path).unwrap();
             assert_eq!(Saved::load(&path).unwrap(), Some(s), "{name}");

@@ -70,12 +70,24 @@ impl Daemon {
                 off_link.join("\n")
             );
         }
+        if let Err(lines) =
+            crate::announce::check_local_addresses(&new, &self.config_path.display().to_string())
+        {
+            anyhow::bail!(
+                "{}\nconfiguration rejected: still running the previous one",
+                lines.join("\n")
+            );
+        }
         // Counted before anything changes: a reload either has every id it
         // needs or is refused whole.
         self.ids.check(&ids_needed(&self.cfg, &new)).map_err(|e| {
             anyhow::anyhow!("{e}\nconfiguration rejected: still running the previous one")
         })?;
         let mut notes = daemon_changes(&self.cfg.daemon, &new.daemon);
+        notes.extend(super::announce::keep_running_table(
+            self.cfg.announce.as_ref(),
+            &mut new.announce,
+        ));
         // The VIPs first, as one step: if one cannot be changed, those
         // changed before it are put back, and nothing else is done.
         self.release_moved_keys(&new)?;
@@ -112,6 +124,7 @@ impl Daemon {
             ));
         }
         notes.extend(lists_note);
+        self.announce_after_reload();
         self.save();
         let summary = format!(
             "reloaded: {added} VIPs added, {changed} changed, {removed} removed, {} unchanged",

@@ -27,6 +27,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     for w in &cfg.warnings {
         warn!("{w}");
     }
+    super::announce::check_at_start(&cfg, &config_path.display().to_string()).await?;
     raise_nofile(&cfg);
     // The instance's lock first: a second daemon for the same instance stops
     // here, before it touches the maps or the link of the running one.
@@ -106,6 +107,7 @@ pub(super) fn write_globals(
 ) -> anyhow::Result<()> {
     let g = globals_for(dp, d, vips)?;
     dp.set_globals(&g)?;
+    crate::chance::set_window(d.live.second_chance_window);
     Ok(())
 }
 

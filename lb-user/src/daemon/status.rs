@@ -158,6 +158,7 @@ impl Daemon {
             },
             counters,
             vips,
+            announce: self.announce_status(),
         }
     }
 
@@ -172,6 +173,7 @@ impl Daemon {
             protocol: v.cfg.protocol.to_string(),
             mode: v.cfg.mode.to_string(),
             down_policy: v.cfg.down_policy.to_string(),
+            second_chance: v.cfg.second_chance,
             table_size: v.cfg.table_size,
             backends_up: v.up_count() as u32,
             backends_total: v.backends.len() as u32,
@@ -201,6 +203,7 @@ impl Daemon {
                 .iter()
                 .map(|b| self.backend_status(v, b, traffic))
                 .collect(),
+            announce: self.announce_of(&v.cfg.name),
         }
     }
 

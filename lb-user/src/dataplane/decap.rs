@@ -5,7 +5,10 @@
 use std::net::IpAddr;
 
 use aya::maps::lpm_trie::Key;
-use lb_common::{DECAP_STATS_LEN, DecapAddrKey, DecapStat, addr16, family_of};
+use lb_common::{
+    DECAP_ADDR_ACCEPT, DECAP_ADDR_SECOND_CHANCE, DECAP_STATS_LEN, DecapAddrKey, DecapStat, addr16,
+    family_of,
+};
 
 use super::{Dataplane, Result, map_err, sum_counter};
 
@@ -19,10 +22,22 @@ fn addr_key(addr: IpAddr) -> DecapAddrKey {
 }
 
 impl Dataplane {
-    /// Accept tunnels whose outer destination is `addr` (one of ours).
+    /// Accept tunnels whose outer destination is `addr` (one of ours);
+    /// a tunnel inside the tunnel is dropped.
     pub fn add_decap_addr(&mut self, addr: IpAddr) -> Result<()> {
+        self.add_decap_addr_with(addr, false)
+    }
+
+    /// [`Self::add_decap_addr`], with second chance on (`second_chance`):
+    /// a load balancer's tunnel inside the tunnel is kept or relayed.
+    pub fn add_decap_addr_with(&mut self, addr: IpAddr, second_chance: bool) -> Result<()> {
+        let flags = if second_chance {
+            DECAP_ADDR_ACCEPT | DECAP_ADDR_SECOND_CHANCE
+        } else {
+            DECAP_ADDR_ACCEPT
+        };
         self.decap_addrs
-            .insert(addr_key(addr), 1, 0)
+            .insert(addr_key(addr), flags, 0)
             .map_err(map_err(lb_common::MAP_DECAP_ADDRS))
     }
 

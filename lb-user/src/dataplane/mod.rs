@@ -23,7 +23,7 @@ use aya::{
 };
 use lb_common::{
     BackendInfo, CtEntry, CtRate, DecapAddrKey, DecapSrcV4, DecapSrcV6, FlowKey, Globals, HcReal,
-    HcStat, LAYOUT_VERSION, ListEntry, ListV4, ListV6, MAX_VIPS, SourceKey, SourceState, Stat,
+    HcStat, LAYOUT_VERSION, ListEntry, ListV4, ListV6, MAX_VIPS, RingSlot, SourceKey, SourceState, Stat,
     TrafficStats, VIP_INDEX_LEN, VIP_INDEX_MANY, VipAddrKey, VipGuard, VipInfo, VipKey,
     vip_index_slot,
 };
@@ -160,7 +160,7 @@ pub struct Dataplane {
     vip_index_now: Option<Vec<u32>>,
     vip_addrs: HashMap<MapData, VipAddrKey, u32>,
     vip_addr_index: Array<MapData, u32>,
-    ring: Array<MapData, u32>,
+    ring: Array<MapData, RingSlot>,
     backends: Array<MapData, BackendInfo>,
     ct: HashMap<MapData, FlowKey, CtEntry>,
     globals: Array<MapData, Globals>,
@@ -473,8 +473,18 @@ impl Dataplane {
         self.sync_vip_index()
     }
 
-    /// Reads half `half` of VIP `vip_id`'s ring (`len` slots).
+    /// Reads half `half` of VIP `vip_id`'s ring (`len` slots): the backend ids.
     pub fn ring_half(&self, vip_id: u32, half: u32, len: u32) -> Result<Vec<u32>> {
+        Ok(self
+            .ring_slots(vip_id, half, len)?
+            .iter()
+            .map(|s| s.backend_id)
+            .collect())
+    }
+
+    /// Reads half `half` of VIP `vip_id`'s ring (`len` slots), previous
+    /// owners included.
+    pub fn ring_slots(&self, vip_id: u32, half: u32, len: u32) -> Result<Vec<RingSlot>> {
         (0..len)
             .map(|slot| {
                 let idx = lb_common::ring_index(vip_id, half, self.ring_stride, slot);
@@ -483,15 +493,33 @@ impl Dataplane {
             .collect()
     }
 
-    /// Writes `(slot, backend id)` pairs into half `half` of VIP `vip_id`'s ring.
+    /// Writes `(slot, backend id)` pairs into half `half` of VIP `vip_id`'s
+    /// ring, with no previous owner.
     pub fn write_ring(&mut self, vip_id: u32, half: u32, slots: &[(u32, u32)]) -> Result<()> {
         for &(slot, id) in slots {
-            let idx = lb_common::ring_index(vip_id, half, self.ring_stride, slot);
-            self.ring
-                .set(idx, id, 0)
-                .map_err(map_err(lb_common::MAP_RING))?;
+            self.set_ring_slot(vip_id, half, slot, RingSlot { backend_id: id, prev_id: 0 })?;
         }
         Ok(())
+    }
+
+    /// Writes `(slot, value)` pairs into half `half` of VIP `vip_id`'s ring.
+    pub fn write_ring_slots(
+        &mut self,
+        vip_id: u32,
+        half: u32,
+        slots: &[(u32, RingSlot)],
+    ) -> Result<()> {
+        for &(slot, value) in slots {
+            self.set_ring_slot(vip_id, half, slot, value)?;
+        }
+        Ok(())
+    }
+
+    fn set_ring_slot(&mut self, vip_id: u32, half: u32, slot: u32, value: RingSlot) -> Result<()> {
+        let idx = lb_common::ring_index(vip_id, half, self.ring_stride, slot);
+        self.ring
+            .set(idx, value, 0)
+            .map_err(map_err(lb_common::MAP_RING))
     }
 
     pub fn backend(&self, id: u32) -> Result<BackendInfo> {

@@ -9,7 +9,7 @@ impl Subject for VipStatus {
     }
 }
 
-pub(super) const FAMILIES: [Family<VipStatus>; 10] = [
+pub(super) const FAMILIES: [Family<VipStatus>; 12] = [
     Family {
         name: "xlb_vip_info",
         kind: Kind::Gauge,
@@ -22,6 +22,28 @@ pub(super) const FAMILIES: [Family<VipStatus>; 10] = [
                 ("mode", v.mode.as_str().into()),
                 ("down_policy", v.down_policy.as_str().into()),
             ])
+        },
+    },
+    Family {
+        name: "xlb_vip_announced",
+        kind: Kind::Gauge,
+        help: "1 while the VIP wants its address announced to the routers ([announce]); 0 when withdrawn or off.",
+        value: |v| {
+            Value::Int(u64::from(
+                v.announce.as_ref().is_some_and(|a| a.state == "announced"),
+            ))
+        },
+    },
+    Family {
+        name: "xlb_vip_announce_info",
+        kind: Kind::Gauge,
+        help: "Always 1; state (announced, withdrawn, off) and code (serving, panic, starting, too_few_up, operator, stopping, off) say why.",
+        value: |v| {
+            let (state, code) = v
+                .announce
+                .as_ref()
+                .map_or(("off", "off"), |a| (a.state.as_str(), a.code.as_str()));
+            Value::Info(vec![("state", state.into()), ("code", code.into())])
         },
     },
     Family {

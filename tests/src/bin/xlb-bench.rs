@@ -85,7 +85,9 @@ fn main() -> anyhow::Result<()> {
     let rounds = rounds_arg(ROUNDS)?;
     let figures = in_world_with_ct(65_536, "bench", |w| {
         let flows = Flows::install(w)?;
+        let chance = xlb_tests::bench::chance::install(w)?;
         let (mut repeat, mut single) = cases(&flows);
+        single.extend(chance_cases(&chance));
         // `--only TEXT`: the baselines and the cases whose name contains
         // TEXT (to profile one path with `perf`).
         if let Some(only) = arg("--only") {
@@ -143,6 +145,21 @@ fn cases(f: &Flows) -> (Vec<Case>, Vec<Case>) {
         Case::new("new flow (SYN), dsr-ipip", lb, frame(&f.ipip, SYN), XDP_TX).at_most(4.7),
     ];
     (repeat, single)
+}
+
+/// Second chance beside today's paths (one fresh packet per run: the
+/// double encapsulation and the relay rewrite their packet).
+fn chance_cases(c: &xlb_tests::bench::chance::Chance) -> Vec<Case> {
+    let lb = lb_common::PROG_LB;
+    let decap = lb_common::PROG_DECAP;
+    vec![
+        Case::new("established hit, dsr-ipip, second chance on", lb, frame(&c.est, ACK), XDP_TX),
+        Case::new("miss (ACK), second chance on, no previous owner", lb, frame(&c.miss_no_prev, ACK), XDP_TX),
+        Case::new("miss (ACK), previous owner: two headers", lb, frame(&c.miss, ACK), XDP_TX),
+        Case::new("decap: plain IPIP", decap, c.plain.clone(), XDP_PASS),
+        Case::new("decap: second chance, kept (local socket)", decap, c.local.clone(), XDP_PASS),
+        Case::new("decap: second chance, relayed (fib + XDP_TX)", decap, c.relay.clone(), XDP_TX),
+    ]
 }
 
 /// `rounds` rounds of every case in turn; one figure per case, each
@@ -294,6 +311,7 @@ fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
         down_policy: DownPolicy::Rehash,
         table_size: lb_common::DEFAULT_TABLE_SIZE,
         host_services: false,
+        second_chance: false,
         protection: Default::default(),
         guard: Default::default(),
         backends: (0..n)

@@ -23,6 +23,7 @@
     reason = "what a scenario saw is printed for the log"
 )]
 
+mod announce;
 mod control;
 mod env;
 mod guard;

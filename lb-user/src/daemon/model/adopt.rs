@@ -241,6 +241,7 @@ fn build_vip(
     plan: Plan,
 ) -> anyhow::Result<(Vip, bool)> {
     let key = vip_key(&cfg);
+    let mut chance = crate::chance::Halves::default();
     let (id, active, halves) = match plan.vip {
         Some(info) => {
             // Same VIP: the live half keeps serving; the wanted table (of
@@ -249,7 +250,14 @@ fn build_vip(
             ids.take_vip(info.vip_id);
             let live = info.active & 1;
             let mut halves = [None, None];
-            halves[live as usize] = Some(live_half(dp, &info)?);
+            let slots = dp.ring_slots(info.vip_id, live, info.table_size)?;
+            halves[live as usize] = Some(slots.iter().map(|s| s.backend_id).collect());
+            // The previous owners the data plane uses now stay in force,
+            // for one window from this start at most.
+            chance.0[live as usize] = Some(crate::chance::History::adopted(
+                slots.iter().map(|s| s.prev_id).collect(),
+                crate::chance::now_ns(),
+            ));
             (info.vip_id, live, halves)
         }
         None => {
@@ -287,6 +295,7 @@ fn build_vip(
         key,
         active,
         halves,
+        chance,
         backends,
         policy: VipState::default(),
         auto_timeout: AutoTimeout::default(),
@@ -421,6 +430,7 @@ pub fn to_saved(vips: &[Vip]) -> Saved {
             .collect(),
         lists: Vec::new(),
         forwarding: Vec::new(),
+        announce: None,
     }
 }
 
@@ -470,6 +480,7 @@ mod tests {
             ],
             lists: Vec::new(),
             forwarding: Vec::new(),
+            announce: None,
         }
     }
 

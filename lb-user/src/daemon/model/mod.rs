@@ -12,7 +12,7 @@ use std::{
 use anyhow::Context as _;
 use lb_common::{
     BACKEND_DOWN, BACKEND_DRAINING, BACKEND_IDS, BACKEND_UP, BackendInfo, HcReal, MAX_VIPS,
-    VipInfo, VipKey, addr16, family_of,
+    RingSlot, VipInfo, VipKey, addr16, family_of,
 };
 use tracing::{info, warn};
 
@@ -26,7 +26,7 @@ use crate::{
         scheduler::{AutoTimeout, Scheduler},
         spec::{AUTO_SAMPLES, Via, auto_timeout},
     },
-    maglev,
+    chance, maglev,
 };
 
 mod adopt;
@@ -177,6 +177,8 @@ pub struct Vip {
     /// What each ring half holds, as far as this process knows (`None`:
     /// unknown, rewrite it whole before use).
     pub halves: [Option<Vec<u32>>; 2],
+    /// The previous owners each half holds (second chance).
+    pub chance: chance::Halves,
     pub backends: Vec<Backend>,
     /// Panic and fleet-slow state of the VIP policy.
     pub policy: VipState,
@@ -202,9 +204,24 @@ impl Vip {
             mode: self.cfg.mode.as_raw(),
             down_policy: self.cfg.down_policy.as_raw(),
             host_services: u8::from(self.cfg.host_services),
-            _pad: [0; 1],
+            second_chance: u8::from(self.cfg.second_chance),
             key: self.key,
         }
+    }
+
+    /// The previous owners of table `want` once it replaces the live one
+    /// at `now` (none without second chance).
+    pub fn next_history(&self, want: &[u32], now: u64) -> chance::History {
+        let live = self.active as usize & 1;
+        let (Some(old), true) = (&self.halves[live], self.cfg.second_chance) else {
+            return chance::History::empty(want.len());
+        };
+        let empty = chance::History::default();
+        let hist = self.chance.0[live].as_ref().unwrap_or(&empty);
+        let members: HashSet<u32> = self.backends.iter().map(|b| b.id).collect();
+        chance::next(old, want, hist, now, chance::window_ns(), |id| {
+            members.contains(&id)
+        })
     }
 
     /// The table this VIP should have now (slow-start ramps included).
@@ -308,22 +325,19 @@ pub fn rebuild(dp: &mut Dataplane, vip: &mut Vip) -> anyhow::Result<Option<Rebui
     let start = Instant::now();
     let want = vip.wanted_table();
     let live = vip.active as usize & 1;
-    if vip.halves[live].as_deref() == Some(want.as_slice()) {
+    let hist = vip.next_history(&want, chance::now_ns());
+    if vip.halves[live].as_deref() == Some(want.as_slice())
+        && vip.chance.0[live].as_ref().map(|h| &h.prev) == Some(&hist.prev)
+    {
         return Ok(None);
     }
     let spare = 1 - live;
-    let writes = match &vip.halves[spare] {
-        Some(old) if old.len() == want.len() => maglev::diff(old, &want),
-        _ => want
-            .iter()
-            .enumerate()
-            .map(|(i, &id)| (i as u32, id))
-            .collect(),
-    };
+    let writes = spare_writes(vip, spare, &want, &hist.prev);
     // Unknown until the writes succeed: a failure part-way must not leave a
     // stale copy that later diffs trust.
     vip.halves[spare] = None;
-    dp.write_ring(vip.id, spare as u32, &writes)
+    vip.chance.0[spare] = None;
+    dp.write_ring_slots(vip.id, spare as u32, &writes)
         .with_context(|| format!("vip {:?}: writing table", vip.cfg.name))?;
     // A new table size changes `table_size` in the same write that flips
     // `active`. Should a packet read one without the other, every slot it can
@@ -353,11 +367,29 @@ pub fn rebuild(dp: &mut Dataplane, vip: &mut Vip) -> anyhow::Result<Option<Rebui
     dp.set_vip_info(&info)
         .with_context(|| format!("vip {:?}: switching tables", vip.cfg.name))?;
     vip.halves[spare] = Some(want);
+    vip.chance.0[spare] = Some(hist);
     vip.active = spare as u32;
     Ok(Some(Rebuild {
         took: start.elapsed(),
         slots_changed: changed,
     }))
+}
+
+/// The ring writes that make half `spare` hold `want` with previous owners
+/// `prev`: the slots that differ from what it is known to hold, or all.
+fn spare_writes(vip: &Vip, spare: usize, want: &[u32], prev: &[u32]) -> Vec<(u32, RingSlot)> {
+    let slot = |i: usize| RingSlot {
+        backend_id: want[i],
+        prev_id: prev[i],
+    };
+    match (&vip.halves[spare], &vip.chance.0[spare]) {
+        (Some(old), Some(h)) if old.len() == want.len() && h.prev.len() == want.len() => (0
+            ..want.len())
+            .filter(|&i| old[i] != want[i] || h.prev[i] != prev[i])
+            .map(|i| (i as u32, slot(i)))
+            .collect(),
+        _ => (0..want.len()).map(|i| (i as u32, slot(i))).collect(),
+    }
 }
 
 /// Starts or updates the probes of backend `b` of the VIP `vip`: through the

@@ -1,0 +1,238 @@
+//! Second chance, the daemon's half: which backend held each slot of a
+//! VIP's Maglev table before it last changed, and until when that is worth
+//! remembering. Pure: the daemon feeds it the live table, the table it is
+//! about to install and a clock; the data plane reads the answer from
+//! `lb_common::RingSlot::prev_id`.
+//!
+//! A flow that lands on a node without its conntrack entry (ECMP moved it,
+//! or the node restarted) is sent to its slot's current owner and, inside,
+//! to the previous one; the current owner's decapsulator keeps it when it
+//! has the connection and passes it to the previous owner otherwise. Only
+//! one change per slot is remembered: a flow older than two changes of its
+//! slot is not saved.
+
+/// What one VIP's live table remembers of its slots' previous owners.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct History {
+    /// Per slot of the live table: the backend id that held it before it
+    /// last changed, 0 = none (never changed, expired, or gone).
+    pub prev: Vec<u32>,
+    /// Per slot: when it last changed owner (ns on [`now_ns`]'s clock);
+    /// meaningful where `prev` is not 0.
+    pub changed_ns: Vec<u64>,
+}
+
+impl History {
+    /// No previous owners, for a table of `len` slots.
+    pub fn empty(len: usize) -> Self {
+        Self {
+            prev: vec![0; len],
+            changed_ns: vec![0; len],
+        }
+    }
+
+    /// Adopted from the pinned ring at a restart: the previous owners the
+    /// data plane already uses, their changes dated `now` (the daemon that
+    /// saw them change is gone), so they live one window more at most.
+    pub fn adopted(prev: Vec<u32>, now: u64) -> Self {
+        let changed_ns = vec![now; prev.len()];
+        Self { prev, changed_ns }
+    }
+
+    /// When the first remembered previous owner expires, given `window`;
+    /// `None` if none is remembered.
+    pub fn next_expiry(&self, window: u64) -> Option<u64> {
+        self.prev
+            .iter()
+            .zip(&self.changed_ns)
+            .filter(|&(&p, _)| p != 0)
+            .map(|(_, &t)| t.saturating_add(window))
+            .min()
+    }
+}
+
+/// The history of table `new` about to replace `old` (the live table,
+/// whose history is `hist`) at `now`: a slot whose owner changes remembers
+/// the old owner from now on; a slot that keeps its owner keeps what it
+/// remembered. Then every remembered owner is forgotten if it is older
+/// than `window`, is the slot's owner again, or is no longer one of the
+/// VIP's backends (`is_member`: its id may be given to another backend).
+///
+/// When the size changes, slot `j` of `new` is compared with the slot of
+/// `old` that most of its flows came from: a flow's slot is the high 32
+/// bits of its hash scaled to the size (`FlowKey::slot`), so the old slot
+/// of the flows in new slot `j` starts at `j × old / new`. Flows at the
+/// edge of a slot may have come from the next one: they get no second
+/// chance.
+pub fn next(
+    old: &[u32],
+    new: &[u32],
+    hist: &History,
+    now: u64,
+    window: u64,
+    is_member: impl Fn(u32) -> bool,
+) -> History {
+    let mut out = History::empty(new.len());
+    if window == 0 || old.is_empty() {
+        return out;
+    }
+    let known = hist.prev.len() == old.len() && hist.changed_ns.len() == old.len();
+    for (j, &owner) in new.iter().enumerate() {
+        let i = (j as u64 * old.len() as u64 / new.len() as u64) as usize;
+        let before = old[i];
+        let (prev, at) = if before != 0 && before != owner {
+            (before, now)
+        } else if known {
+            (hist.prev[i], hist.changed_ns[i])
+        } else {
+            (0, 0)
+        };
+        let forget = prev == owner || now.saturating_sub(at) >= window || !is_member(prev);
+        if prev != 0 && !forget {
+            out.prev[j] = prev;
+            out.changed_ns[j] = at;
+        }
+    }
+    out
+}
+
+/// `daemon.second_chance_window` in ns, as last applied (start, reload).
+/// One setting of the whole daemon, read wherever a table is rebuilt.
+static WINDOW_NS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(crate::config::chance_default_window_ns());
+
+/// Applies `daemon.second_chance_window`.
+pub fn set_window(window: std::time::Duration) {
+    WINDOW_NS.store(
+        window.as_nanos() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// `daemon.second_chance_window` in ns.
+pub fn window_ns() -> u64 {
+    WINDOW_NS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// What each ring half of a VIP holds in its previous-owner column, as
+/// far as this process knows (`None`: unknown, rewrite it whole); the live
+/// half's is the VIP's history.
+#[derive(Clone, Debug, Default)]
+pub struct Halves(pub [Option<History>; 2]);
+
+impl Halves {
+    /// Whether a remembered previous owner of the live half `live` has
+    /// expired by `now`: the table must be written again without it.
+    pub fn due(&self, live: usize, now: u64) -> bool {
+        self.0[live & 1]
+            .as_ref()
+            .and_then(|h| h.next_expiry(window_ns()))
+            .is_some_and(|t| t <= now)
+    }
+}
+
+/// Nanoseconds since this process first asked, on the monotonic clock
+/// (which does not jump with the wall clock). Dates need not survive a
+/// restart: an adopted history is dated at adoption ([`History::adopted`]).
+pub fn now_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: u64 = 60_000_000_000;
+    const WINDOW: u64 = 10 * MIN;
+
+    fn all(_: u32) -> bool {
+        true
+    }
+
+    #[test]
+    fn a_changed_slot_remembers_its_old_owner() {
+        let cases: &[(&str, &[u32], &[u32], &[u32])] = &[
+            ("nothing changes", &[1, 2, 3], &[1, 2, 3], &[0, 0, 0]),
+            ("backend 4 takes slot 1", &[1, 2, 3], &[1, 4, 3], &[0, 2, 0]),
+            ("2 removed", &[1, 2, 2], &[1, 3, 1], &[0, 2, 2]),
+            ("table was empty", &[0, 0, 0], &[1, 2, 3], &[0, 0, 0]),
+            ("table empties", &[1, 2, 3], &[0, 0, 0], &[1, 2, 3]),
+            ("first table", &[], &[1, 2], &[0, 0]),
+        ];
+        for &(name, old, new, want) in cases {
+            let h = next(old, new, &History::empty(old.len()), 5, WINDOW, all);
+            assert_eq!(h.prev, want, "{name}");
+            for (p, t) in h.prev.iter().zip(&h.changed_ns) {
+                assert_eq!(*t, if *p == 0 { 0 } else { 5 }, "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn remembered_owners_carry_then_expire() {
+        let t0 = 1_000;
+        let h1 = next(&[1, 2], &[1, 3], &History::empty(2), t0, WINDOW, all);
+        assert_eq!(h1.prev, [0, 2]);
+        // An unrelated rebuild later keeps slot 1's memory and its date.
+        let h2 = next(&[1, 3], &[4, 3], &h1, t0 + MIN, WINDOW, all);
+        assert_eq!(h2.prev, [1, 2]);
+        assert_eq!(h2.changed_ns, [t0 + MIN, t0]);
+        assert_eq!(h2.next_expiry(WINDOW), Some(t0 + WINDOW));
+        // Just before the window ends, still there; at its end, gone.
+        let h3 = next(&[4, 3], &[4, 3], &h2, t0 + WINDOW - 1, WINDOW, all);
+        assert_eq!(h3.prev, [1, 2]);
+        let h4 = next(&[4, 3], &[4, 3], &h2, t0 + WINDOW, WINDOW, all);
+        assert_eq!(h4.prev, [1, 0]);
+        assert_eq!(h4.next_expiry(WINDOW), Some(t0 + MIN + WINDOW));
+        let h5 = next(&[4, 3], &[4, 3], &h4, t0 + MIN + WINDOW, WINDOW, all);
+        assert_eq!(h5.prev, [0, 0]);
+        assert_eq!(h5.next_expiry(WINDOW), None);
+    }
+
+    #[test]
+    fn only_the_last_change_is_remembered() {
+        let h1 = next(&[1], &[2], &History::empty(1), 1, WINDOW, all);
+        let h2 = next(&[2], &[3], &h1, 2, WINDOW, all);
+        assert_eq!((h2.prev[0], h2.changed_ns[0]), (2, 2));
+        // Back to its previous owner: nothing to pass on.
+        let h3 = next(&[3], &[2], &h2, 3, WINDOW, all);
+        assert_eq!(h3.prev, [3]);
+        let h4 = next(&[2], &[2], &History { prev: vec![2], changed_ns: vec![3] }, 4, WINDOW, all);
+        assert_eq!(h4.prev, [0]);
+    }
+
+    #[test]
+    fn ids_that_leave_the_vip_are_forgotten() {
+        let h = next(&[1, 2, 3], &[4, 4, 4], &History::empty(3), 1, WINDOW, |id| id != 2);
+        assert_eq!(h.prev, [1, 0, 3]);
+    }
+
+    #[test]
+    fn window_zero_remembers_nothing() {
+        let h = next(&[1, 2], &[2, 1], &History::empty(2), 1, 0, all);
+        assert_eq!(h, History::empty(2));
+    }
+
+    #[test]
+    fn a_resized_table_compares_scaled_slots() {
+        // 3 slots to 7: new slot j came from old slot j*3/7.
+        let old = [1, 2, 3];
+        let new = [1, 1, 1, 1, 1, 1, 1];
+        let h = next(&old, &new, &History::empty(3), 1, WINDOW, all);
+        assert_eq!(h.prev, [0, 0, 0, 2, 2, 3, 3]);
+        // And the other way, with what the old slots remembered.
+        let hist = History { prev: vec![0, 9, 9, 0, 0, 0, 5], changed_ns: vec![1; 7] };
+        let h = next(&new, &[1, 1, 7], &hist, 2, WINDOW, all);
+        // new slot j ← old slot j*7/3: 0, 2, 4.
+        assert_eq!(h.prev, [0, 9, 1]);
+    }
+
+    #[test]
+    fn adopted_history_expires_one_window_after_adoption() {
+        let h = History::adopted(vec![0, 7], 100);
+        assert_eq!(h.next_expiry(WINDOW), Some(100 + WINDOW));
+        let h = next(&[1, 2], &[1, 2], &h, 100 + WINDOW, WINDOW, all);
+        assert_eq!(h.prev, [0, 0]);
+    }
+}
