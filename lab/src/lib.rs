@@ -6,6 +6,9 @@
 //! ([`flood`]) and real connects as fast as the kernel opens them
 //! ([`connect_flood`]); and for UDP, an echo on every backend that names it
 //! ([`backend::serve_udp`]) and a client of many flows ([`udp_client`]).
+//! For several load-balancer nodes: connections held through a node's
+//! death, timing every exchange ([`held`]), and the router's routes as
+//! they change ([`route_watch`]).
 //!
 //! The lab does not depend on the rest of xlb, but for the control
 //! protocol's types (`lb_ctl`) that it reads xlb's answers into: whoever
@@ -23,7 +26,9 @@ pub mod client;
 pub mod connect_flood;
 pub mod flood;
 pub mod grpc_health;
+pub mod held;
 pub mod http;
+pub mod route_watch;
 pub mod scenario;
 pub mod topology;
 pub mod udp_client;

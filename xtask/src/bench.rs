@@ -94,6 +94,14 @@ const BENCHES: &[Bench] = &[
         bin: "xlb-flap-bench",
         runs: LAB_BINARIES,
     },
+    // Several nodes (issue 26), in the two-node lab with a BIRD router:
+    // a node's death to the last held connection flowing again (BIRD's
+    // defaults, BFD), a backend change to the route change on the router.
+    Bench {
+        package: "xlb-tests",
+        bin: "xlb-cluster-bench",
+        runs: LAB_BINARIES,
+    },
     // HTTP through the lab with wrk: direct to one backend, xlb, HAProxy
     // (`mode tcp`) and nftables DNAT; where the CPU goes (BPF run-time stats).
     Bench {

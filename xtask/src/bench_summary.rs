@@ -155,6 +155,9 @@ fn grouped(rows: &[Row<'_>], head: [&str; 3]) -> String {
         if group != Some(&f.group) {
             group = Some(&f.group);
             let _ = writeln!(out, "\n## {} ({})", f.group, f.bench);
+            if let Some(note) = crate::bench_notes::about(&f.group) {
+                let _ = writeln!(out, "{note}");
+            }
             let _ = writeln!(
                 out,
                 "{:<w$} {:>12} {:>21} {:>26} {:>7}  target",
@@ -474,6 +477,15 @@ mod tests {
         let t = table(&figs);
         assert!(t.contains("targets: 1 met, 1 missed"), "{t}");
         assert!(t.contains("## throughput (b)"), "{t}");
+        let cluster = Fig::parse(
+            "xlb-cluster-bench\tcluster: node death to last connection flowing\tc\t400\tms\t-\t-\t1\t-\t-\tvalue<=1000",
+        )
+        .unwrap();
+        let t = table(&[cluster]);
+        assert!(
+            t.contains("flowing (xlb-cluster-bench)\nFrom the moment node A dies"),
+            "a group's note follows its heading: {t}"
+        );
         let s = svg(&figs);
         assert_eq!(s.matches("<rect x=").count(), 2);
         assert!(s.contains("x&lt;y"), "labels are escaped");

@@ -6,9 +6,11 @@
 )]
 
 mod bench;
+mod bench_notes;
 mod bench_summary;
 mod build_cmd;
 mod demo;
+mod demo_cluster;
 mod fuzz;
 mod lab;
 mod lab_cluster;
@@ -85,8 +87,13 @@ enum Command {
     /// out and back; then tear the lab down. About 35 s after the build.
     Demo {
         /// Leave the lab running afterwards (`cargo xtask lab down` removes it).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "nodes")]
         keep: bool,
+        /// 2: two xlb nodes behind a BIRD router; node A dies under held
+        /// connections, which go on through node B; prints the convergence
+        /// time (`demo_cluster`).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        nodes: u8,
     },
     /// Fuzz the XDP program for a long run: random and mutated frames
     /// through `BPF_PROG_TEST_RUN`, each checked against the packet policy
@@ -182,7 +189,11 @@ fn main() -> ExitCode {
         Command::Lab {
             action: LabAction::Down { prefix },
         } => lab::down(&prefix),
-        Command::Demo { keep } => demo::run(keep),
+        Command::Demo { keep, nodes: 2 } => {
+            debug_assert!(!keep, "clap refuses --keep with --nodes");
+            demo_cluster::run()
+        }
+        Command::Demo { keep, .. } => demo::run(keep),
         Command::Fuzz {
             frames,
             seed,
@@ -336,7 +347,27 @@ mod tests {
             assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
         }
         let cli = Cli::try_parse_from(["xtask", "demo", "--keep"]).unwrap();
-        assert!(matches!(cli.command, Command::Demo { keep: true }));
+        assert!(matches!(
+            cli.command,
+            Command::Demo {
+                keep: true,
+                nodes: 1
+            }
+        ));
+        let cli = Cli::try_parse_from(["xtask", "demo", "--nodes", "2"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Demo {
+                keep: false,
+                nodes: 2
+            }
+        ));
+        for bad in [
+            &["xtask", "demo", "--nodes", "3"][..],
+            &["xtask", "demo", "--nodes", "2", "--keep"][..],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?} was accepted");
+        }
     }
 
     #[test]

@@ -6,6 +6,8 @@
 #![allow(clippy::print_stdout, reason = "the benchmarks' reports go to stdout")]
 
 pub mod chance;
+pub mod cluster;
+pub mod cluster_lab;
 pub mod dataplane;
 pub mod figures;
 pub mod health;
