@@ -39,6 +39,10 @@ pub(super) struct Announcing {
     live: bool,
     /// Every backend has had a probe result: the table follows decisions.
     first_round: bool,
+    /// VIPs whose backends have all had a probe result since this start:
+    /// a backend added later by a reload does not send its VIP back to
+    /// `starting` (which would withdraw a VIP that serves).
+    ready: std::collections::BTreeSet<String>,
     /// VIP name → the operator's reason.
     pub(super) withdrawn: BTreeMap<String, String>,
     /// VIP name → the last decision told.
@@ -96,7 +100,8 @@ impl Daemon {
         VipFacts {
             enabled: self.cfg.announce.is_some(),
             attached: self.announcing.live,
-            probed: v.backends.iter().all(|b| b.snapshot.is_some()),
+            probed: self.announcing.ready.contains(&v.cfg.name)
+                || v.backends.iter().all(|b| b.snapshot.is_some()),
             up,
             total: v.backends.len() as u32,
             panic: v.policy.panic.is_some(),
@@ -120,6 +125,12 @@ impl Daemon {
     pub(super) fn announce_update(&mut self) {
         let mut now = BTreeMap::new();
         let mut addrs = Vec::new();
+        let live = self.announcing.live;
+        for v in &self.vips {
+            if live && v.backends.iter().all(|b| b.snapshot.is_some()) {
+                self.announcing.ready.insert(v.cfg.name.clone());
+            }
+        }
         for vi in 0..self.vips.len() {
             let (s, r) = announce::decide(&self.announce_facts(vi));
             addrs.push((self.vips[vi].cfg.addr, s));
@@ -337,6 +348,9 @@ impl Daemon {
         self.announcing
             .withdrawn
             .retain(|n, _| vips.iter().any(|v| v.cfg.name == *n));
+        self.announcing
+            .ready
+            .retain(|n| vips.iter().any(|v| v.cfg.name == *n));
         self.announce_update();
     }
 }

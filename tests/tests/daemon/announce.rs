@@ -266,6 +266,32 @@ fn withdraw_announce_and_restarts() {
         assert!(err.contains("control characters"), "{err}");
         assert_eq!(routes(&e), ["10.100.0.2"]);
     });
+    step(
+        "a backend added by a reload: its VIP stays announced",
+        || {
+            // The new backend has no probe result yet: its VIP must not go
+            // back to `starting` (withdrawn) while it waits for one.
+            let text = std::fs::read_to_string(&e.config).unwrap().replace(
+                "\n[[vip]]\nname = \"web\"",
+                "[[vip.backend]]\naddress = \"10.0.0.14\"\n\n[[vip]]\nname = \"web\"",
+            );
+            assert!(text.contains("10.0.0.14"));
+            std::fs::write(&e.config, text).unwrap();
+            e.xlb(&["announce", "api"]).unwrap();
+            wait_routes(&e, &["10.100.0.1", "10.100.0.2"], "api announced again");
+            e.xlb(&["reload"]).unwrap();
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(1) {
+                let r = routes(&e);
+                if r != ["10.100.0.1", "10.100.0.2"] {
+                    panic!("{r:?}: {}", vip_announce(&e.status().unwrap(), "api"));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let api = vip_announce(&e.status().unwrap(), "api");
+            assert_eq!(api["code"], "serving", "{api}");
+        },
+    );
     step("withdraw --all, then announce --all", || {
         e.xlb(&["withdraw", "--all"]).unwrap();
         wait_routes(&e, &[], "all withdrawn");
