@@ -6,7 +6,9 @@
 //! client ACK then misses conntrack and goes to its slot's current owner;
 //! for the flows whose slot moved, that owner has no socket. With second
 //! chance every connection keeps flowing (the lab client's own counts);
-//! with `second_chance = false` the test counts how many reset (> 0).
+//! with `second_chance = false` the test counts how many reset (> 0). With
+//! one table change (b3 out alone) all 200 continue; with the two of the
+//! issue's scenario not all yet (that test is ignored, with its numbers).
 //!
 //! Needs root and fresh binaries: `cargo build -p lb-user -p xlb-lab`, then
 //! `cargo test -p xlb-tests --test second_chance -- --test-threads 1 --nocapture`.
@@ -61,7 +63,7 @@ fn forget_flows(instance: &str) -> usize {
 
 /// Runs the scenario with `second_chance` and returns the client's report
 /// and the load balancer's `second_chance` counter.
-fn scenario(tag: &str, second_chance: Option<bool>) -> (Report, u64) {
+fn scenario(tag: &str, second_chance: Option<bool>, add_b4: bool) -> (Report, u64) {
     let _serial = serial();
     let p = prefix(tag);
     let vip = Vip::new("api", topology::VIP_V4.into(), 80, Mode::DsrIpip, 3);
@@ -116,7 +118,9 @@ fn scenario(tag: &str, second_chance: Option<bool>) -> (Report, u64) {
         })
         .unwrap();
     wait_client_ms(&client, 2500);
-    cfg.vips[0].backends = vec![1, 2, 3, 4];
+    if add_b4 {
+        cfg.vips[0].backends = vec![1, 2, 3, 4];
+    }
     cfg.vips[0].weights.insert(3, 0);
     let out = run.reload(&file(&cfg, second_chance)).unwrap();
     eprintln!("[{p}] xlb reload: {}", out.trim());
@@ -166,7 +170,7 @@ fn resets(r: &Report) -> usize {
 #[test]
 #[ignore = "known failure: 118-139 of 200 connections kept, see the comment"]
 fn every_connection_continues_with_second_chance() {
-    let (report, sent) = scenario("on", None);
+    let (report, sent) = scenario("on", None, true);
     assert_eq!(report.summary.long_total, 200);
     let broken: Vec<_> = report.long.iter().filter(|l| !l.kept_flowing).collect();
     assert!(broken.is_empty(), "connections broke: {broken:?}");
@@ -175,11 +179,23 @@ fn every_connection_continues_with_second_chance() {
 
 #[test]
 fn without_second_chance_connections_reset() {
-    let (report, sent) = scenario("off", Some(false));
+    let (report, sent) = scenario("off", Some(false), true);
     assert_eq!(report.summary.long_total, 200);
     assert_eq!(sent, 0, "second chance off, yet packets went twice");
     assert!(
         resets(&report) > 0,
         "no connection broke without second chance: the scenario moved no flow"
     );
+}
+
+/// One change of the table (b3 out, weight 0), the LB's conntrack
+/// emptied: every connection continues, b3's through their slots' new
+/// owners' decapsulators.
+#[test]
+fn one_table_change_loses_no_connection() {
+    let (report, sent) = scenario("one", None, false);
+    assert_eq!(report.summary.long_total, 200);
+    let broken: Vec<_> = report.long.iter().filter(|l| !l.kept_flowing).collect();
+    assert!(broken.is_empty(), "connections broke: {broken:?}");
+    assert!(sent > 0, "no packet was given a second chance");
 }
