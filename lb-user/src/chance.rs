@@ -20,6 +20,9 @@ pub struct History {
     /// Per slot: when it last changed owner (ns on [`now_ns`]'s clock);
     /// meaningful where `prev` is not 0.
     pub changed_ns: Vec<u64>,
+    /// The oldest change still remembered, kept so the daemon's tick does
+    /// not walk every slot to learn nothing is due. `None`: none.
+    oldest_ns: Option<u64>,
 }
 
 impl History {
@@ -28,6 +31,22 @@ impl History {
         Self {
             prev: vec![0; len],
             changed_ns: vec![0; len],
+            oldest_ns: None,
+        }
+    }
+
+    /// A history of these previous owners and change times.
+    pub fn new(prev: Vec<u32>, changed_ns: Vec<u64>) -> Self {
+        let oldest_ns = prev
+            .iter()
+            .zip(&changed_ns)
+            .filter(|&(&p, _)| p != 0)
+            .map(|(_, &t)| t)
+            .min();
+        Self {
+            prev,
+            changed_ns,
+            oldest_ns,
         }
     }
 
@@ -36,18 +55,13 @@ impl History {
     /// saw them change is gone), so they live one window more at most.
     pub fn adopted(prev: Vec<u32>, now: u64) -> Self {
         let changed_ns = vec![now; prev.len()];
-        Self { prev, changed_ns }
+        Self::new(prev, changed_ns)
     }
 
     /// When the first remembered previous owner expires, given `window`;
     /// `None` if none is remembered.
     pub fn next_expiry(&self, window: u64) -> Option<u64> {
-        self.prev
-            .iter()
-            .zip(&self.changed_ns)
-            .filter(|&(&p, _)| p != 0)
-            .map(|(_, &t)| t.saturating_add(window))
-            .min()
+        self.oldest_ns.map(|t| t.saturating_add(window))
     }
 }
 
@@ -93,7 +107,7 @@ pub fn next(
             out.changed_ns[j] = at;
         }
     }
-    out
+    History::new(out.prev, out.changed_ns)
 }
 
 /// `daemon.second_chance_window` in ns, as last applied (start, reload).
@@ -204,17 +218,7 @@ mod tests {
         // Back to its previous owner: nothing to pass on.
         let h3 = next(&[3], &[2], &h2, 3, WINDOW, all);
         assert_eq!(h3.prev, [3]);
-        let h4 = next(
-            &[2],
-            &[2],
-            &History {
-                prev: vec![2],
-                changed_ns: vec![3],
-            },
-            4,
-            WINDOW,
-            all,
-        );
+        let h4 = next(&[2], &[2], &History::new(vec![2], vec![3]), 4, WINDOW, all);
         assert_eq!(h4.prev, [0]);
     }
 
@@ -245,10 +249,7 @@ mod tests {
         let h = next(&old, &new, &History::empty(3), 1, WINDOW, all);
         assert_eq!(h.prev, [0, 0, 0, 2, 2, 3, 3]);
         // And the other way, with what the old slots remembered.
-        let hist = History {
-            prev: vec![0, 9, 9, 0, 0, 0, 5],
-            changed_ns: vec![1; 7],
-        };
+        let hist = History::new(vec![0, 9, 9, 0, 0, 0, 5], vec![1; 7]);
         let h = next(&new, &[1, 1, 7], &hist, 2, WINDOW, all);
         // new slot j ← old slot j*7/3: 0, 2, 4.
         assert_eq!(h.prev, [0, 9, 1]);
