@@ -13,15 +13,17 @@ mod decap;
 pub mod guard;
 pub mod hash;
 mod reply;
+mod ring;
 mod vip_addr;
 
 pub use decap::{
-    DECAP_ADDR_ACCEPT, DECAP_ADDR_SECOND_CHANCE, DECAP_STATS_LEN, DecapAddrKey, DecapSrcV4, DecapSrcV6, DecapStat, MAX_DECAP_ADDRS,
-    MAX_DECAP_SOURCES,
+    DECAP_ADDR_ACCEPT, DECAP_ADDR_SECOND_CHANCE, DECAP_STATS_LEN, DecapAddrKey, DecapSrcV4,
+    DecapSrcV6, DecapStat, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES,
 };
 pub use guard::*;
 pub use hash::{flow_hash, siphash13};
 pub use reply::{DEFAULT_REPLY_RATE, ReplyRate, reply_limit};
+pub use ring::{RingSlot, ring_index};
 pub use vip_addr::{VIP_ADDR_BALANCED, VIP_ADDR_HOST_SERVICES, VIP_ADDR_INDEX_LEN, vip_addr_slot};
 
 /// Version of every pinned map layout below. Stored in [`Globals::layout_version`]
@@ -689,28 +691,6 @@ impl FlowKey {
     }
 }
 
-/// Value of `XLB_RING`: one slot of a VIP's Maglev table. The kernel
-/// rounds array values up to 8 bytes, so the previous owner next to the
-/// backend id costs no memory over the `u32` ring of layout 4.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct RingSlot {
-    /// Backend id that takes new flows hashed to this slot; 0 = none.
-    pub backend_id: u32,
-    /// Backend id that held this slot before it last changed, if that
-    /// change is younger than `daemon.second_chance_window`; 0 = none (or
-    /// expired). Written by the daemon with the table, cleared when it
-    /// expires or the id leaves the VIP.
-    pub prev_id: u32,
-}
-const _: () = assert!(core::mem::size_of::<RingSlot>() == 8);
-
-/// Ring index of `slot` in half `half` of VIP `vip_id`'s table.
-#[inline(always)]
-pub fn ring_index(vip_id: u32, half: u32, stride: u32, slot: u32) -> u32 {
-    (vip_id * 2 + half) * stride + slot
-}
-
 /// Socket marks of data-path health probes: [`HC_MARK_BASE`] | backend id.
 /// A probe socket carries the mark (`SO_MARK`); `xlb_hc` sends every packet
 /// with such a mark to that backend exactly as `xlb_lb` would send a
@@ -801,7 +781,6 @@ mod pod {
     unsafe impl aya::Pod for TrafficStats {}
     unsafe impl aya::Pod for NextHop {}
     unsafe impl aya::Pod for HcReal {}
-    unsafe impl aya::Pod for RingSlot {}
 }
 
 #[cfg(test)]

@@ -133,7 +133,14 @@ fn encap_twice<const V6: bool>(
     } else {
         let spread = encap_hash_v4(&pkt.flow.src, pkt.flow.sport);
         let src = spread_v4(word(&g.encap_src_v4, 0), g.encap_v4_host_bits, spread);
-        headers4(ctx, off, pkt.ip_len, src, word(&t.be.addr, 0), word(&prev.addr, 0))
+        headers4(
+            ctx,
+            off,
+            pkt.ip_len,
+            src,
+            word(&t.be.addr, 0),
+            word(&prev.addr, 0),
+        )
     };
     if written.is_none() {
         return aborted();

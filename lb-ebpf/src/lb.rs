@@ -127,21 +127,26 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
         return drop_with(Stat::DropNoBackend);
     };
     let t = Target::new(&vip, id, be);
-    // Only what starts a flow is tracked: a TCP SYN or a UDP packet (and an
-    // existing entry that went stale is replaced). A TCP packet without SYN
-    // that misses (a spoofed ACK, RST or FIN, or a flow whose entry was
-    // evicted) follows the table without inserting, so a flood of them cannot
-    // wash real flows out of the LRU.
-    // ... and records nothing: it goes to the table's backend.
-    if !pkt.icmp && (!missed || pkt.flow.proto == PROTO_UDP) {
-        conntrack::record(pkt, vip_id, &t, now, guard.ct_insert_cap);
-    }
+    record_if_new(pkt, missed, vip_id, &t, now, guard.ct_insert_cap);
     // A TCP packet without SYN that missed may be of a connection the
     // slot's previous owner holds: it gets a second chance (`chance.rs`).
     if missed && let Some(p) = chance::previous(pkt, &vip, id, be, prev) {
         return chance::forward(ctx, pkt, &t, p, g, now);
     }
     forward(ctx, pkt, &t, g, now, !pkt.icmp)
+}
+
+/// Only what starts a flow is tracked: a TCP SYN or a UDP packet (and an
+/// existing entry that went stale is replaced). A TCP packet without SYN
+/// that misses (a spoofed ACK, RST or FIN, or a flow whose entry was
+/// evicted) follows the table without inserting, so a flood of them cannot
+/// wash real flows out of the LRU; it records nothing and goes to the
+/// table's backend.
+#[inline(always)]
+fn record_if_new(pkt: &Packet, missed: bool, vip_id: u32, t: &Target, now: u64, cap: u64) {
+    if !pkt.icmp && (!missed || pkt.flow.proto == PROTO_UDP) {
+        conntrack::record(pkt, vip_id, t, now, cap);
+    }
 }
 
 /// A TCP/UDP packet (or an ICMP error about one) that no VIP balances:

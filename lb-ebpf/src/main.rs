@@ -58,8 +58,8 @@ use lb_common::{
     BACKEND_IDS, BackendInfo, CtEntry, CtRate, DECAP_STATS_LEN, DEFAULT_CT_SIZE,
     DEFAULT_TABLE_SIZE, DecapAddrKey, DecapSrcV4, DecapSrcV6, FlowKey, Globals, HC_STATS_LEN,
     HcReal, ListEntry, ListV4, ListV6, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES, MAX_LIST_RULES,
-    MAX_SOURCES, MAX_VIPS, NextHop, ReplyRate, RingSlot, STATS_LEN, SourceKey, SourceState, TrafficStats,
-    VipAddrKey, VipGuard, VipInfo, VipKey,
+    MAX_SOURCES, MAX_VIPS, NextHop, ReplyRate, RingSlot, STATS_LEN, SourceKey, SourceState,
+    TrafficStats, VipAddrKey, VipGuard, VipInfo, VipKey,
 };
 
 /// VIP services: (address, port, protocol) → VIP id.

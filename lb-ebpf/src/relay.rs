@@ -6,16 +6,17 @@
 //! time-wait socket; a listener does not count), both headers are
 //! stripped and the packet goes up; otherwise the outer one is stripped
 //! and the rest, now a plain tunnel LB → previous owner, is sent on to it
-//! (`bpf_fib_lookup`, TTL decremented, `XDP_TX` or redirect). With no route
-//! the packet goes up as it would have without second chance.
+//! (`bpf_fib_lookup`, TTL decremented, `XDP_TX` or redirect; with a route
+//! but no resolved neighbour, passed to the stack, which forwards it). With
+//! no route the packet goes up as it would have without second chance.
 //!
 //! Only exactly that shape is relayed; every other tunnel in a tunnel is
 //! dropped (`drop_unchecked`) as before.
 
 use aya_ebpf::{
     bindings::{
-        BPF_F_CURRENT_NETNS, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams, bpf_sock_tuple,
-        xdp_action,
+        BPF_F_CURRENT_NETNS, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+        bpf_fib_lookup as FibParams, bpf_sock_tuple, xdp_action,
     },
     helpers::{
         bpf_fib_lookup, bpf_redirect, bpf_sk_release, bpf_skc_lookup_tcp, bpf_xdp_adjust_head,
@@ -66,7 +67,11 @@ pub(crate) fn run(ctx: &XdpContext, l3off: usize, outer: usize) -> u32 {
     let v6 = outer != IPV4_LEN;
     let mut slot = Zeroed::<Relay>::uninit();
     let r = slot.zero();
-    let checked = if v6 { check6(ctx, l3off, r) } else { check4(ctx, l3off, r) };
+    let checked = if v6 {
+        check6(ctx, l3off, r)
+    } else {
+        check4(ctx, l3off, r)
+    };
     if checked.is_none() {
         return done(DecapStat::DropUnchecked, xdp_action::XDP_DROP);
     }
@@ -75,7 +80,14 @@ pub(crate) fn run(ctx: &XdpContext, l3off: usize, outer: usize) -> u32 {
     }
     let mut fib = Zeroed::<FibParams>::uninit();
     let p = fib.zero();
-    fib_params(p, ctx.ingress_ifindex() as u32, v6, &r.src, &r.dst, r.tot_len);
+    fib_params(
+        p,
+        ctx.ingress_ifindex() as u32,
+        v6,
+        &r.src,
+        &r.dst,
+        r.tot_len,
+    );
     // SAFETY: a zeroed, filled parameter block of the size passed.
     let rc = unsafe {
         bpf_fib_lookup(
@@ -85,8 +97,14 @@ pub(crate) fn run(ctx: &XdpContext, l3off: usize, outer: usize) -> u32 {
             0,
         )
     };
-    // No route, no neighbour, forwarding off on this interface, or the
-    // packet's hops spent: the stack answers it as without second chance.
+    // A route but no resolved neighbour (backends seldom talk to each
+    // other, and XDP cannot resolve one): the stack forwards the plain
+    // tunnel to the previous owner itself, resolving it on the way.
+    if rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) && r.ttl > 1 {
+        return up(ctx, l3off, outer, DecapStat::ChanceForward);
+    }
+    // No route, forwarding off on this interface, or the packet's hops
+    // spent: the stack answers it as without second chance.
     if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) || r.ttl <= 1 {
         return up(ctx, l3off, 2 * outer, DecapStat::ChanceNoRoute);
     }

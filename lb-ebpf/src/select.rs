@@ -2,8 +2,8 @@
 //! (the flow's slot in the VIP's live Maglev table).
 
 use lb_common::{
-    BackendInfo, FlowKey, Globals, RingSlot, VIP_INDEX_MANY, VipAddrKey, VipInfo, VipKey, ring_index,
-    vip_index_slot,
+    BackendInfo, FlowKey, Globals, RingSlot, VIP_INDEX_MANY, VipAddrKey, VipInfo, VipKey,
+    ring_index, vip_index_slot,
 };
 
 use crate::{

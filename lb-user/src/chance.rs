@@ -136,7 +136,10 @@ impl Halves {
 /// restart: an adopted history is dated at adoption ([`History::adopted`]).
 pub fn now_ns() -> u64 {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
 }
 
 #[cfg(test)]
@@ -150,9 +153,12 @@ mod tests {
         true
     }
 
+    /// Name, old table, new table, previous owners wanted.
+    type Case<'a> = (&'a str, &'a [u32], &'a [u32], &'a [u32]);
+
     #[test]
     fn a_changed_slot_remembers_its_old_owner() {
-        let cases: &[(&str, &[u32], &[u32], &[u32])] = &[
+        let cases: &[Case<'_>] = &[
             ("nothing changes", &[1, 2, 3], &[1, 2, 3], &[0, 0, 0]),
             ("backend 4 takes slot 1", &[1, 2, 3], &[1, 4, 3], &[0, 2, 0]),
             ("2 removed", &[1, 2, 2], &[1, 3, 1], &[0, 2, 2]),
@@ -198,13 +204,30 @@ mod tests {
         // Back to its previous owner: nothing to pass on.
         let h3 = next(&[3], &[2], &h2, 3, WINDOW, all);
         assert_eq!(h3.prev, [3]);
-        let h4 = next(&[2], &[2], &History { prev: vec![2], changed_ns: vec![3] }, 4, WINDOW, all);
+        let h4 = next(
+            &[2],
+            &[2],
+            &History {
+                prev: vec![2],
+                changed_ns: vec![3],
+            },
+            4,
+            WINDOW,
+            all,
+        );
         assert_eq!(h4.prev, [0]);
     }
 
     #[test]
     fn ids_that_leave_the_vip_are_forgotten() {
-        let h = next(&[1, 2, 3], &[4, 4, 4], &History::empty(3), 1, WINDOW, |id| id != 2);
+        let h = next(
+            &[1, 2, 3],
+            &[4, 4, 4],
+            &History::empty(3),
+            1,
+            WINDOW,
+            |id| id != 2,
+        );
         assert_eq!(h.prev, [1, 0, 3]);
     }
 
@@ -222,7 +245,10 @@ mod tests {
         let h = next(&old, &new, &History::empty(3), 1, WINDOW, all);
         assert_eq!(h.prev, [0, 0, 0, 2, 2, 3, 3]);
         // And the other way, with what the old slots remembered.
-        let hist = History { prev: vec![0, 9, 9, 0, 0, 0, 5], changed_ns: vec![1; 7] };
+        let hist = History {
+            prev: vec![0, 9, 9, 0, 0, 0, 5],
+            changed_ns: vec![1; 7],
+        };
         let h = next(&new, &[1, 1, 7], &hist, 2, WINDOW, all);
         // new slot j ← old slot j*7/3: 0, 2, 4.
         assert_eq!(h.prev, [0, 9, 1]);

@@ -65,9 +65,9 @@ pub async fn run(s: DecapSettings) -> anyhow::Result<()> {
     }
     if s.second_chance {
         let v6 = s.vips.iter().any(IpAddr::is_ipv6);
-        if let Some(w) = forwarding_advice(interface, v6, &|path| {
-            std::fs::read_to_string(path).ok()
-        }) {
+        if let Some(w) =
+            forwarding_advice(interface, v6, &|path| std::fs::read_to_string(path).ok())
+        {
             warn!("{w}");
         }
     }
@@ -125,7 +125,10 @@ pub fn forwarding_advice(
          where a connection the previous backend holds is reset; run `sysctl -w {}` (with \
          net.ipv6.conf.{iface}.accept_ra = 2 if {iface} takes router advertisements), or \
          pass --second-chance off",
-        off.iter().map(|k| format!("{k}=1")).collect::<Vec<_>>().join(" ")
+        off.iter()
+            .map(|k| format!("{k}=1"))
+            .collect::<Vec<_>>()
+            .join(" ")
     ))
 }
 
@@ -160,10 +163,19 @@ mod tests {
                 Some(if path.contains("ipv4") { v4 } else { v6 }.to_owned())
             }
         };
-        assert_eq!(super::forwarding_advice("eth0", true, &sysctls("1\n", "1\n")), None);
-        assert_eq!(super::forwarding_advice("eth0", false, &sysctls("1\n", "0\n")), None);
+        assert_eq!(
+            super::forwarding_advice("eth0", true, &sysctls("1\n", "1\n")),
+            None
+        );
+        assert_eq!(
+            super::forwarding_advice("eth0", false, &sysctls("1\n", "0\n")),
+            None
+        );
         let w = super::forwarding_advice("eth0", true, &sysctls("0\n", "1\n")).unwrap();
-        assert!(w.contains("`sysctl -w net.ipv4.conf.eth0.forwarding=1`"), "{w}");
+        assert!(
+            w.contains("`sysctl -w net.ipv4.conf.eth0.forwarding=1`"),
+            "{w}"
+        );
         let w = super::forwarding_advice("eth0", true, &sysctls("0\n", "0\n")).unwrap();
         assert!(
             w.contains(

@@ -287,7 +287,14 @@ mod tests {
 
     #[test]
     fn second_chance_is_on_unless_turned_off() {
-        let base = ["-i", "eth0", "--allow-source", "10.0.0.2", "--vip", "10.100.0.1"];
+        let base = [
+            "-i",
+            "eth0",
+            "--allow-source",
+            "10.0.0.2",
+            "--vip",
+            "10.100.0.1",
+        ];
         let with = |extra: &[&str], file: Option<&str>| {
             let a: Vec<&str> = base.iter().chain(extra).copied().collect();
             settings(&a, file).map(|s| s.second_chance)
@@ -298,13 +305,18 @@ mod tests {
         let off = "second_chance = false";
         assert_eq!(with(&["--config", "decap.toml"], Some(off)), Ok(false));
         assert_eq!(
-            with(&["--config", "decap.toml", "--second-chance", "on"], Some(off)),
+            with(
+                &["--config", "decap.toml", "--second-chance", "on"],
+                Some(off)
+            ),
             Ok(true),
             "the argument overrides the file"
         );
         let err = with(&["--second-chance", "maybe"], None).unwrap_err();
         assert!(
-            err.contains("invalid value 'maybe' for '--second-chance <on|off>': \"maybe\": write on or off"),
+            err.contains(
+                "invalid value 'maybe' for '--second-chance <on|off>': \"maybe\": write on or off"
+            ),
             "{err}"
         );
     }

@@ -75,7 +75,12 @@ mod tests {
             ("ipip off", "second_chance = false", Mode::DsrIpip, false),
             ("ipip on", "second_chance = true", Mode::DsrIpip, true),
             ("l2 default", "mode = \"dsr-l2\"", Mode::DsrL2, false),
-            ("l2 off", "mode = \"dsr-l2\"\nsecond_chance = false", Mode::DsrL2, false),
+            (
+                "l2 off",
+                "mode = \"dsr-l2\"\nsecond_chance = false",
+                Mode::DsrL2,
+                false,
+            ),
         ];
         for (name, settings, mode, want) in cases {
             let c = ok(name, &api_with_backend(settings));
@@ -107,14 +112,18 @@ mod tests {
         assert!(c.daemon.live.second_chance_window.is_zero());
         assert_rejected(
             &format!("{DAEMON}second_chance_window = \"25h\"\n"),
-            &["xlb.toml: daemon: second_chance_window 90000s is too long: a slot remembers \
+            &[
+                "xlb.toml: daemon: second_chance_window 90000s is too long: a slot remembers \
                one previous owner, and after a day it is seldom the one a connection is on; \
-               use at most 86400s (24h), or 0 to turn second chance off"],
+               use at most 86400s (24h), or 0 to turn second chance off",
+            ],
         );
         assert_rejected(
             &format!("{DAEMON}second_chance_window = \"ten\"\n"),
-            &["xlb.toml: daemon: second_chance_window \"ten\" is not a duration; write a \
-               number and a unit (ms, s, m or h), e.g. \"500ms\", \"2s\", \"1.5s\", \"1m\""],
+            &[
+                "xlb.toml: daemon: second_chance_window \"ten\" is not a duration; write a \
+               number and a unit (ms, s, m or h), e.g. \"500ms\", \"2s\", \"1.5s\", \"1m\"",
+            ],
         );
     }
 }

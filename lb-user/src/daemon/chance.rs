@@ -15,8 +15,13 @@ impl Daemon {
                 continue;
             }
             match model::rebuild(&mut self.dp, vip) {
-                Ok(_) => debug!(vip = %vip.cfg.name, "second chance: expired previous owners cleared"),
-                Err(e) => error!("vip {:?}: clearing expired previous owners: {e:#}", vip.cfg.name),
+                Ok(_) => {
+                    debug!(vip = %vip.cfg.name, "second chance: expired previous owners cleared");
+                }
+                Err(e) => error!(
+                    "vip {:?}: clearing expired previous owners: {e:#}",
+                    vip.cfg.name
+                ),
             }
         }
     }

@@ -23,8 +23,8 @@ use aya::{
 };
 use lb_common::{
     BackendInfo, CtEntry, CtRate, DecapAddrKey, DecapSrcV4, DecapSrcV6, FlowKey, Globals, HcReal,
-    HcStat, LAYOUT_VERSION, ListEntry, ListV4, ListV6, MAX_VIPS, RingSlot, SourceKey, SourceState, Stat,
-    TrafficStats, VIP_INDEX_LEN, VIP_INDEX_MANY, VipAddrKey, VipGuard, VipInfo, VipKey,
+    HcStat, LAYOUT_VERSION, ListEntry, ListV4, ListV6, MAX_VIPS, RingSlot, SourceKey, SourceState,
+    Stat, TrafficStats, VIP_INDEX_LEN, VIP_INDEX_MANY, VipAddrKey, VipGuard, VipInfo, VipKey,
     vip_index_slot,
 };
 
@@ -497,7 +497,15 @@ impl Dataplane {
     /// ring, with no previous owner.
     pub fn write_ring(&mut self, vip_id: u32, half: u32, slots: &[(u32, u32)]) -> Result<()> {
         for &(slot, id) in slots {
-            self.set_ring_slot(vip_id, half, slot, RingSlot { backend_id: id, prev_id: 0 })?;
+            self.set_ring_slot(
+                vip_id,
+                half,
+                slot,
+                RingSlot {
+                    backend_id: id,
+                    prev_id: 0,
+                },
+            )?;
         }
         Ok(())
     }

@@ -17,6 +17,7 @@ use lb_common::{
 use tracing::{info, warn};
 
 use crate::{
+    chance,
     config::{BackendConfig, VipConfig},
     dataplane::Dataplane,
     health::{
@@ -26,7 +27,7 @@ use crate::{
         scheduler::{AutoTimeout, Scheduler},
         spec::{AUTO_SAMPLES, Via, auto_timeout},
     },
-    chance, maglev,
+    maglev,
 };
 
 mod adopt;
@@ -383,8 +384,8 @@ fn spare_writes(vip: &Vip, spare: usize, want: &[u32], prev: &[u32]) -> Vec<(u32
         prev_id: prev[i],
     };
     match (&vip.halves[spare], &vip.chance.0[spare]) {
-        (Some(old), Some(h)) if old.len() == want.len() && h.prev.len() == want.len() => (0
-            ..want.len())
+        (Some(old), Some(h)) if old.len() == want.len() && h.prev.len() == want.len() => (0..want
+            .len())
             .filter(|&i| old[i] != want[i] || h.prev[i] != prev[i])
             .map(|i| (i as u32, slot(i)))
             .collect(),
