@@ -10,14 +10,13 @@ use serde::{Deserialize, Serialize};
 pub const ANNOUNCE_STATES: [&str; 3] = ["announced", "withdrawn", "off"];
 
 /// Every value of [`VipAnnounce::code`], stable (metrics labels, scripts).
-pub const ANNOUNCE_CODES: [&str; 7] = [
+pub const ANNOUNCE_CODES: [&str; 6] = [
     "off",
     "starting",
     "serving",
     "panic",
     "too_few_up",
     "operator",
-    "stopping",
 ];
 
 /// A VIP's announce state and why.

@@ -50,6 +50,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             instance,
             config,
             force,
+            withdraw_wait,
         } => {
             let instance = match (instance, config) {
                 (Some(name), _) => name.clone(),
@@ -64,7 +65,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 (None, None) => config::defaults::INSTANCE.to_owned(),
             };
-            println!("{}", lb_user::daemon::detach(&instance, *force)?);
+            println!(
+                "{}",
+                lb_user::daemon::detach(&instance, *force, *withdraw_wait)?
+            );
             Ok(())
         }
         Command::Decap(args) => {

@@ -301,10 +301,12 @@ mod tests {
         ];
         assert_eq!(
             local_vip_errors(&cfg, &local),
-            ["vip \"web\": address 10.100.0.2 is an address of interface eth0 on this host; an \
+            [
+                "vip \"web\": address 10.100.0.2 is an address of interface eth0 on this host; an \
               announced VIP must not be one (the host would attract its traffic whatever xlb \
               announces): remove it from eth0 (ip addr del 10.100.0.2/32 dev eth0) or remove \
-              [announce]"]
+              [announce]"
+            ]
         );
         let off = Config {
             announce: None,

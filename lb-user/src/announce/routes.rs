@@ -98,7 +98,9 @@ pub struct Writer {
 
 impl fmt::Debug for Writer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Writer").field("table", &self.table).finish()
+        f.debug_struct("Writer")
+            .field("table", &self.table)
+            .finish()
     }
 }
 

@@ -58,8 +58,6 @@ pub enum Reason {
     TooFewUp { up: u32, total: u32, min_up: u32 },
     /// `xlb withdraw`, with the operator's reason.
     Operator(String),
-    /// `xlb detach`: routes go before the data plane.
-    Stopping,
     /// The VIP left the configuration (events only: it has no state after).
     Removed,
 }
@@ -74,7 +72,6 @@ impl Reason {
             Self::Panic { .. } => "panic",
             Self::TooFewUp { .. } => "too_few_up",
             Self::Operator(_) => "operator",
-            Self::Stopping => "stopping",
             Self::Removed => "removed",
         }
     }
@@ -95,7 +92,6 @@ impl fmt::Display for Reason {
                 "too_few_up: {up} of {total} backends up, announce_min_up = {min_up}"
             ),
             Self::Operator(reason) => write!(f, "operator: {reason}"),
-            Self::Stopping => f.write_str("stopping: xlb detach withdraws before detaching"),
             Self::Removed => f.write_str("removed: the VIP left the configuration"),
         }
     }
@@ -119,20 +115,17 @@ pub struct VipFacts<'a> {
     pub min_up: u32,
     /// Withdrawn by an operator, with the reason.
     pub operator: Option<&'a str>,
-    /// `xlb detach` is withdrawing everything.
-    pub stopping: bool,
 }
 
 /// The decision for one VIP. The order of the rules is the order an
-/// operator reads them: off beats everything, a deliberate stop and an
-/// operator's withdraw beat health, and health waits for the first round.
+/// operator reads them: off beats everything, an operator's withdraw beats
+/// health, and health waits for the first round. (A deliberate stop is
+/// `xlb detach`, which runs without the daemon and deletes the routes
+/// itself: no daemon state says "stopping".)
 pub fn decide(f: &VipFacts<'_>) -> (AnnounceState, Reason) {
     use AnnounceState::{Announced, Withdrawn};
     if !f.enabled {
         return (AnnounceState::Off, Reason::Off);
-    }
-    if f.stopping {
-        return (Withdrawn, Reason::Stopping);
     }
     if let Some(r) = f.operator {
         return (Withdrawn, Reason::Operator(r.to_string()));
@@ -183,7 +176,6 @@ mod tests {
             panic: false,
             min_up: 1,
             operator: None,
-            stopping: false,
         }
     }
 
@@ -230,10 +222,7 @@ mod tests {
             ),
             (
                 "none up",
-                VipFacts {
-                    up: 0,
-                    ..serving()
-                },
+                VipFacts { up: 0, ..serving() },
                 Withdrawn,
                 "too_few_up",
                 "too_few_up: 0 of 3 backends up, announce_min_up = 1",
@@ -293,21 +282,10 @@ mod tests {
                 "operator: m",
             ),
             (
-                "stop beats the operator",
-                VipFacts {
-                    operator: Some("m"),
-                    stopping: true,
-                    ..serving()
-                },
-                Withdrawn,
-                "stopping",
-                "stopping: xlb detach withdraws before detaching",
-            ),
-            (
-                "off beats stop",
+                "off beats the operator",
                 VipFacts {
                     enabled: false,
-                    stopping: true,
+                    operator: Some("m"),
                     ..serving()
                 },
                 Off,
@@ -334,6 +312,37 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    /// The codes a VIP's state can have are the ones the protocol lists
+    /// (`Removed` is told in events only: a removed VIP has no state).
+    #[test]
+    fn codes_are_the_protocols() {
+        let codes: Vec<&str> = [
+            Reason::Off,
+            Reason::Starting,
+            Reason::Serving { up: 1, total: 1 },
+            Reason::Panic { up: 1, total: 1 },
+            Reason::TooFewUp {
+                up: 0,
+                total: 1,
+                min_up: 1,
+            },
+            Reason::Operator("x".into()),
+        ]
+        .iter()
+        .map(Reason::code)
+        .collect();
+        assert_eq!(codes, lb_ctl::ANNOUNCE_CODES);
+        let states: Vec<&str> = [
+            AnnounceState::Announced,
+            AnnounceState::Withdrawn,
+            AnnounceState::Off,
+        ]
+        .iter()
+        .map(|s| s.as_str())
+        .collect();
+        assert_eq!(states, lb_ctl::ANNOUNCE_STATES);
     }
 
     #[test]

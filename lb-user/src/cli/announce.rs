@@ -1,10 +1,24 @@
 //! `xlb withdraw` and `xlb announce`: an operator takes VIPs out of (and
 //! back into) the routers' ECMP sets, e.g. for maintenance of this node.
 
+use std::time::Duration;
+
 use clap::Subcommand;
 
 use super::blocks::{parse_reason, parse_vip};
 use crate::ctl::{Request, StatusReport, VipStatus};
+
+/// `--withdraw-wait`: a duration up to 10 minutes.
+pub fn parse_withdraw_wait(s: &str) -> Result<Duration, String> {
+    let d = crate::config::parse_duration(s)?;
+    if d > Duration::from_secs(600) {
+        return Err(format!(
+            "{s:?} is longer than 10m; routers move flows within seconds (BGP hold time at \
+             most), use e.g. 3s"
+        ));
+    }
+    Ok(d)
+}
 
 #[derive(Debug, PartialEq, Subcommand)]
 pub enum AnnounceCommand {
@@ -168,6 +182,12 @@ mod tests {
             Ok(Request::Announce {
                 vip: Some("web".into())
             })
+        );
+        assert_eq!(parse_withdraw_wait("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(
+            parse_withdraw_wait("11m").unwrap_err(),
+            "\"11m\" is longer than 10m; routers move flows within seconds (BGP hold time at \
+             most), use e.g. 3s"
         );
         for bad in [
             &["withdraw"][..],

@@ -138,6 +138,11 @@ pub enum Command {
         /// with nothing attached until restarted).
         #[arg(long)]
         force: bool,
+        /// With [announce]: after deleting the instance's routes (the
+        /// routers stop sending flows here), wait this long before
+        /// detaching XDP, so flows move to the other nodes first.
+        #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = announce::parse_withdraw_wait)]
+        withdraw_wait: Duration,
     },
     /// On a backend: decapsulate dsr-ipip traffic in XDP.
     ///
@@ -929,6 +934,7 @@ mod tests {
                     instance: None,
                     config: None,
                     force: false,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
             (
@@ -938,6 +944,7 @@ mod tests {
                     instance: Some("prod".into()),
                     config: None,
                     force: false,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
             (
@@ -947,6 +954,7 @@ mod tests {
                     instance: None,
                     config: Some("x.toml".into()),
                     force: false,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
             (
@@ -956,6 +964,7 @@ mod tests {
                     instance: Some("prod".into()),
                     config: None,
                     force: true,
+                    withdraw_wait: Duration::from_secs(3),
                 },
             ),
         ];

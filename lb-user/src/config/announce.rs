@@ -232,7 +232,10 @@ mod tests {
     use crate::config::tests::{DAEMON, ONE_BACKEND, api_with_backend, ok};
 
     fn with_announce(announce: &str, vip_settings: &str) -> String {
-        format!("{}\n[announce]\n{announce}\n", api_with_backend(vip_settings))
+        format!(
+            "{}\n[announce]\n{announce}\n",
+            api_with_backend(vip_settings)
+        )
     }
 
     #[test]
@@ -281,8 +284,10 @@ mod tests {
         let c = ok("warn", &with_announce("table = 100", "announce_min_up = 3"));
         assert_eq!(
             c.warnings,
-            ["xlb.toml: vip \"api\": announce_min_up = 3 but the VIP has 1 backends: it is \
-              never announced"]
+            [
+                "xlb.toml: vip \"api\": announce_min_up = 3 but the VIP has 1 backends: it is \
+              never announced"
+            ]
         );
     }
 

@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -37,6 +39,10 @@ pub(super) struct Announcing {
     live: bool,
     /// Every backend has had a probe result: the table follows decisions.
     first_round: bool,
+    /// VIPs whose backends have all had a probe result since this start:
+    /// a backend added later by a reload does not send its VIP back to
+    /// `starting` (which would withdraw a VIP that serves).
+    ready: std::collections::BTreeSet<String>,
     /// VIP name → the operator's reason.
     pub(super) withdrawn: BTreeMap<String, String>,
     /// VIP name → the last decision told.
@@ -94,7 +100,8 @@ impl Daemon {
         VipFacts {
             enabled: self.cfg.announce.is_some(),
             attached: self.announcing.live,
-            probed: v.backends.iter().all(|b| b.snapshot.is_some()),
+            probed: self.announcing.ready.contains(&v.cfg.name)
+                || v.backends.iter().all(|b| b.snapshot.is_some()),
             up,
             total: v.backends.len() as u32,
             panic: v.policy.panic.is_some(),
@@ -108,7 +115,6 @@ impl Daemon {
                 .withdrawn
                 .get(&v.cfg.name)
                 .map(String::as_str),
-            stopping: false,
         }
     }
 
@@ -119,6 +125,12 @@ impl Daemon {
     pub(super) fn announce_update(&mut self) {
         let mut now = BTreeMap::new();
         let mut addrs = Vec::new();
+        let live = self.announcing.live;
+        for v in &self.vips {
+            if live && v.backends.iter().all(|b| b.snapshot.is_some()) {
+                self.announcing.ready.insert(v.cfg.name.clone());
+            }
+        }
         for vi in 0..self.vips.len() {
             let (s, r) = announce::decide(&self.announce_facts(vi));
             addrs.push((self.vips[vi].cfg.addr, s));
@@ -186,7 +198,15 @@ impl Daemon {
                 None => ("ok", "routes written again".to_string()),
             };
             self.announcing.told_error = o.error.clone();
-            self.event(EventKind::Announce, None, None, None, Some(to), reason, None);
+            self.event(
+                EventKind::Announce,
+                None,
+                None,
+                None,
+                Some(to),
+                reason,
+                None,
+            );
         }
         if let Some(speaker) = &o.speaker {
             let up = speaker.is_ok();
@@ -328,6 +348,9 @@ impl Daemon {
         self.announcing
             .withdrawn
             .retain(|n, _| vips.iter().any(|v| v.cfg.name == *n));
+        self.announcing
+            .ready
+            .retain(|n| vips.iter().any(|v| v.cfg.name == *n));
         self.announce_update();
     }
 }
@@ -372,7 +395,10 @@ pub(super) fn keep_running_table(
 ///
 /// # Errors
 /// Either, said for the operator.
-pub(super) async fn check_at_start(cfg: &crate::config::Config, origin: &str) -> anyhow::Result<()> {
+pub(super) async fn check_at_start(
+    cfg: &crate::config::Config,
+    origin: &str,
+) -> anyhow::Result<()> {
     let Some(a) = &cfg.announce else {
         return Ok(());
     };
@@ -386,6 +412,47 @@ pub(super) async fn check_at_start(cfg: &crate::config::Config, origin: &str) ->
         anyhow::bail!("{origin}: announce: {e}");
     }
     Ok(())
+}
+
+/// `xlb detach`, before XDP goes: deletes the routes of the table and
+/// protocol the state file names, then waits `wait` if there were any.
+/// What was done (or why not), for the operator; `None` without
+/// `[announce]` in the state file.
+pub(super) fn withdraw_for_detach(state: &std::path::Path, wait: Duration) -> Option<String> {
+    let a = super::persist::Saved::load(state).ok()??.announce?;
+    let table = Table {
+        id: a.table,
+        protocol: a.protocol,
+    };
+    // A runtime of its own on a thread of its own: the CLI already runs one.
+    let deleted = std::thread::spawn(move || announce::delete_all_blocking(table))
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the route writer panicked")));
+    match deleted {
+        Ok(addrs) if addrs.is_empty() => Some(format!(
+            "announce: no routes in table {} to withdraw",
+            a.table
+        )),
+        Ok(addrs) => {
+            let list: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+            info!(
+                "announce: withdrew {} from table {}; waiting {wait:?} before detaching",
+                list.join(", "),
+                a.table
+            );
+            std::thread::sleep(wait);
+            Some(format!(
+                "announce: withdrew {} from table {}, then waited {wait:?} for the routers",
+                list.join(", "),
+                a.table
+            ))
+        }
+        Err(e) => Some(format!(
+            "announce: routes in table {} NOT withdrawn ({e:#}); delete them with `ip route \
+             flush table {} proto {}`",
+            a.table, a.table, a.protocol
+        )),
+    }
 }
 
 fn speaker_line(s: &Result<String, String>) -> String {

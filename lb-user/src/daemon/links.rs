@@ -212,7 +212,11 @@ fn remove_pins(instance: &str) -> anyhow::Result<Vec<String>> {
 /// balanced at once. Refused while a daemon runs the instance (it holds the
 /// instance lock) unless `force`: XDP would go from under it while it goes
 /// on probing and reporting a VIP that no longer forwards.
-pub fn detach(instance: &str, force: bool) -> anyhow::Result<String> {
+pub fn detach(
+    instance: &str,
+    force: bool,
+    withdraw_wait: std::time::Duration,
+) -> anyhow::Result<String> {
     // The name becomes part of paths under /sys/fs/bpf/xlb and /run/xlb:
     // `../..` must not walk out of them.
     crate::config::check_instance(instance)
@@ -231,8 +235,11 @@ pub fn detach(instance: &str, force: bool) -> anyhow::Result<String> {
             STOPPING_GRACE.as_secs()
         );
     }
-    let mut removed = remove_pins(instance)?;
     let state = persist::state_path(instance);
+    // Routes first: the routers move flows to the other nodes while XDP
+    // still forwards what reaches this one.
+    let withdrawn = super::announce::withdraw_for_detach(&state, withdraw_wait);
+    let mut removed = remove_pins(instance)?;
     // The sysctls `xlb run` changed go back before the state file that
     // records them goes.
     let restored = match persist::Saved::load(&state) {
@@ -254,7 +261,8 @@ pub fn detach(instance: &str, force: bool) -> anyhow::Result<String> {
             .with_context(|| format!("unlocking {}", lock_path.display()))?;
         removed.push(lock_path.display().to_string());
     }
-    let mut out = if removed.is_empty() {
+    let mut out = withdrawn.map_or_else(String::new, |w| format!("{w}\n"));
+    out += &if removed.is_empty() {
         format!("xlb instance {instance:?}: nothing pinned, nothing to remove")
     } else {
         format!("xlb instance {instance:?}: removed {}", removed.join(", "))
@@ -279,7 +287,9 @@ mod tests {
     fn detach_refuses_a_name_that_is_not_an_instance() {
         let long = "a".repeat(33);
         for name in ["../..", "..", "a/../../b", "", "Prod", "x y", long.as_str()] {
-            let err = detach(name, false).unwrap_err().to_string();
+            let err = detach(name, false, std::time::Duration::ZERO)
+                .unwrap_err()
+                .to_string();
             assert_eq!(
                 err,
                 format!(

@@ -37,7 +37,7 @@ pub(super) const FAMILIES: [Family<VipStatus>; 12] = [
     Family {
         name: "xlb_vip_announce_info",
         kind: Kind::Gauge,
-        help: "Always 1; state (announced, withdrawn, off) and code (serving, panic, starting, too_few_up, operator, stopping, off) say why.",
+        help: "Always 1; state (announced, withdrawn, off) and code (serving, panic, starting, too_few_up, operator, off) say why.",
         value: |v| {
             let (state, code) = v
                 .announce

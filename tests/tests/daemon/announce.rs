@@ -148,29 +148,32 @@ fn routes_follow_the_backends() {
             "{m}"
         );
     });
-    step("a health transition reaches the table within 100 ms", || {
-        // Measured from the event that says the backend went down (the
-        // health transition) to the moment the table no longer holds the
-        // route, polled every 2 ms.
-        let since = e.events().unwrap().as_array().unwrap().len();
-        e.set_fault(BACKENDS[0], Fault::Error503).unwrap();
-        let t0 = Instant::now();
-        while !routes(&e).is_empty() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "not withdrawn");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let gone_ms = now_ms();
-        let ev = e.events().unwrap();
-        let down = ev.as_array().unwrap()[since..]
-            .iter()
-            .find(|x| x["kind"] == "transition" && x["to"] == "down")
-            .expect("a transition event")["at_unix_ms"]
-            .as_u64()
-            .unwrap();
-        let lag = gone_ms.saturating_sub(down);
-        println!("health transition to route deleted: {lag} ms");
-        assert!(lag <= 100, "{lag} ms");
-    });
+    step(
+        "a health transition reaches the table within 100 ms",
+        || {
+            // Measured from the event that says the backend went down (the
+            // health transition) to the moment the table no longer holds the
+            // route, polled every 2 ms.
+            let since = e.events().unwrap().as_array().unwrap().len();
+            e.set_fault(BACKENDS[0], Fault::Error503).unwrap();
+            let t0 = Instant::now();
+            while !routes(&e).is_empty() {
+                assert!(t0.elapsed() < Duration::from_secs(10), "not withdrawn");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let gone_ms = now_ms();
+            let ev = e.events().unwrap();
+            let down = ev.as_array().unwrap()[since..]
+                .iter()
+                .find(|x| x["kind"] == "transition" && x["to"] == "down")
+                .expect("a transition event")["at_unix_ms"]
+                .as_u64()
+                .unwrap();
+            let lag = gone_ms.saturating_sub(down);
+            println!("health transition to route deleted: {lag} ms");
+            assert!(lag <= 100, "{lag} ms");
+        },
+    );
 }
 
 fn now_ms() -> u64 {
@@ -252,7 +255,10 @@ fn withdraw_announce_and_restarts() {
     });
     step("refusals: unknown VIP, reason with a newline", || {
         let err = e.xlb(&["withdraw", "nope"]).unwrap_err().to_string();
-        assert!(err.contains("no VIP named \"nope\"; the VIPs are: api, web"), "{err}");
+        assert!(
+            err.contains("no VIP named \"nope\"; the VIPs are: api, web"),
+            "{err}"
+        );
         let err = e
             .xlb(&["withdraw", "--all", "--reason", "a\nb"])
             .unwrap_err()
@@ -260,6 +266,32 @@ fn withdraw_announce_and_restarts() {
         assert!(err.contains("control characters"), "{err}");
         assert_eq!(routes(&e), ["10.100.0.2"]);
     });
+    step(
+        "a backend added by a reload: its VIP stays announced",
+        || {
+            // The new backend has no probe result yet: its VIP must not go
+            // back to `starting` (withdrawn) while it waits for one.
+            let text = std::fs::read_to_string(&e.config).unwrap().replace(
+                "\n[[vip]]\nname = \"web\"",
+                "[[vip.backend]]\naddress = \"10.0.0.14\"\n\n[[vip]]\nname = \"web\"",
+            );
+            assert!(text.contains("10.0.0.14"));
+            std::fs::write(&e.config, text).unwrap();
+            e.xlb(&["announce", "api"]).unwrap();
+            wait_routes(&e, &["10.100.0.1", "10.100.0.2"], "api announced again");
+            e.xlb(&["reload"]).unwrap();
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(1) {
+                let r = routes(&e);
+                if r != ["10.100.0.1", "10.100.0.2"] {
+                    panic!("{r:?}: {}", vip_announce(&e.status().unwrap(), "api"));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let api = vip_announce(&e.status().unwrap(), "api");
+            assert_eq!(api["code"], "serving", "{api}");
+        },
+    );
     step("withdraw --all, then announce --all", || {
         e.xlb(&["withdraw", "--all"]).unwrap();
         wait_routes(&e, &[], "all withdrawn");
@@ -331,17 +363,23 @@ fn bad_input_is_refused() {
         e.ns.ip(&["addr", "del", "10.100.0.2/32", "dev", "lo"])
             .unwrap();
     });
-    step("the same address added while running: reload refused", || {
-        start_announced(&mut e, "");
-        e.ns.ip(&["addr", "add", "10.100.0.1/32", "dev", "lo"])
-            .unwrap();
-        let err = e.xlb(&["reload"]).unwrap_err().to_string();
-        assert!(err.contains("vip \"api\": address 10.100.0.1 is an address"), "{err}");
-        assert!(err.contains("still running the previous one"), "{err}");
-        assert_eq!(routes(&e), ["10.100.0.1", "10.100.0.2"]);
-        e.ns.ip(&["addr", "del", "10.100.0.1/32", "dev", "lo"])
-            .unwrap();
-    });
+    step(
+        "the same address added while running: reload refused",
+        || {
+            start_announced(&mut e, "");
+            e.ns.ip(&["addr", "add", "10.100.0.1/32", "dev", "lo"])
+                .unwrap();
+            let err = e.xlb(&["reload"]).unwrap_err().to_string();
+            assert!(
+                err.contains("vip \"api\": address 10.100.0.1 is an address"),
+                "{err}"
+            );
+            assert!(err.contains("still running the previous one"), "{err}");
+            assert_eq!(routes(&e), ["10.100.0.1", "10.100.0.2"]);
+            e.ns.ip(&["addr", "del", "10.100.0.1/32", "dev", "lo"])
+                .unwrap();
+        },
+    );
 }
 
 /// BIRD inside the test namespace, its config, socket and pid file in a
@@ -355,11 +393,8 @@ struct Bird {
 
 impl Bird {
     fn start(e: &Env) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "xlb-bird-{}-{}",
-            std::process::id(),
-            e.instance
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("xlb-bird-{}-{}", std::process::id(), e.instance));
         std::fs::create_dir_all(&dir).unwrap();
         let conf = dir.join("bird.conf");
         std::fs::write(
@@ -435,26 +470,29 @@ fn bird_learns_the_routes() {
         e.instance
     ));
     let extra = format!("speaker_socket = \"{}\"", socket_of_bird.display());
-    step("BIRD not running: status says so, routes still written", || {
-        start_announced(&mut e, &extra);
-        wait_for(Duration::from_secs(10), "speaker line", || {
-            Ok(e.status()?["announce"]["speaker"]
-                .as_str()
-                .is_some_and(|s| s.starts_with("speaker: not running (")))
-        })
-        .unwrap();
-        let text = e.xlb(&["status"]).unwrap();
-        assert!(text.contains("speaker: not running ("), "{text}");
-        assert!(e.xdp_attached().unwrap());
-        let ev = e.events().unwrap();
-        assert!(
-            ev.as_array()
-                .unwrap()
-                .iter()
-                .any(|x| x["kind"] == "announce" && x["to"] == "speaker_down"),
-            "{ev}"
-        );
-    });
+    step(
+        "BIRD not running: status says so, routes still written",
+        || {
+            start_announced(&mut e, &extra);
+            wait_for(Duration::from_secs(10), "speaker line", || {
+                Ok(e.status()?["announce"]["speaker"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("speaker: not running (")))
+            })
+            .unwrap();
+            let text = e.xlb(&["status"]).unwrap();
+            assert!(text.contains("speaker: not running ("), "{text}");
+            assert!(e.xdp_attached().unwrap());
+            let ev = e.events().unwrap();
+            assert!(
+                ev.as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x["kind"] == "announce" && x["to"] == "speaker_down"),
+                "{ev}"
+            );
+        },
+    );
     let bird = Bird::start(&e);
     step("BIRD running: it shows both VIPs", || {
         wait_for(Duration::from_secs(10), "bird learns", || {
@@ -479,4 +517,148 @@ fn bird_learns_the_routes() {
         .unwrap_or_else(|err| panic!("{err}: {}", bird.show_route()));
     });
     drop(bird);
+}
+
+/// SIGTERM (systemctl stop/restart) keeps the routes; `xlb detach`
+/// deletes them first, waits, and only then detaches XDP.
+#[test]
+fn detach_withdraws_before_xdp_goes() {
+    let _serial = serial();
+    let mut e = Env::new().unwrap();
+    step("start", || start_announced(&mut e, ""));
+    step("SIGTERM: the daemon stops, the routes stay", || {
+        let pid = e.daemon_pid().unwrap().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        wait_for(Duration::from_secs(10), "daemon gone", || {
+            Ok(!e.socket.exists())
+        })
+        .unwrap();
+        e.kill9().unwrap(); // reaps it
+        assert_eq!(routes(&e), ["10.100.0.1", "10.100.0.2"]);
+        assert!(e.xdp_attached().unwrap());
+    });
+    step(
+        "detach: routes gone while XDP still forwards, then XDP gone",
+        || {
+            let instance = e.instance.clone();
+            let mut cmd = e.in_ns();
+            cmd.arg(xlb_bin())
+                .args(["detach", "--instance", &instance, "--withdraw-wait", "1s"]);
+            let detach = std::thread::spawn(move || cmd.output().unwrap());
+            let t0 = Instant::now();
+            let mut seen_between = false;
+            while t0.elapsed() < Duration::from_secs(10) && !detach.is_finished() {
+                if routes(&e).is_empty() && e.xdp_attached().unwrap_or(false) {
+                    seen_between = true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let out = detach.join().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                stdout.contains(
+                    "announce: withdrew 10.100.0.1, 10.100.0.2 from table 100, then waited 1s for \
+                 the routers"
+                ),
+                "{stdout}"
+            );
+            assert!(
+                seen_between,
+                "routes withdrawn while XDP was still attached"
+            );
+            assert!(routes(&e).is_empty());
+            assert!(!e.xdp_attached().unwrap());
+        },
+    );
+}
+
+/// The route writer alone, in a namespace of its own: both families, a
+/// table id above 255 (kept only in `RTA_TABLE`), other tables and other
+/// protocols left alone and reported, a delete of a route already gone.
+#[test]
+fn the_writer_in_both_families() {
+    use std::collections::BTreeSet;
+    use std::net::IpAddr;
+
+    use lb_user::announce::{Table, Writer, routes::Foreign};
+
+    xlb_tests::require_root();
+    let ns = xlb_tests::netns::NetNs::new("annw").unwrap();
+    ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    // Neighbours the writer must not touch: another table, another protocol.
+    ns.ip(&[
+        "route",
+        "add",
+        "blackhole",
+        "10.100.0.9/32",
+        "table",
+        "4000",
+        "proto",
+        "static",
+    ])
+    .unwrap();
+    ns.ip(&[
+        "route",
+        "add",
+        "blackhole",
+        "10.100.0.8/32",
+        "table",
+        "4001",
+        "proto",
+        "252",
+    ])
+    .unwrap();
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let want = BTreeSet::from([ip("10.100.0.1"), ip("fd00:100::1")]);
+    let (plan, listing, after_delete) = xlb_lab::topology::in_netns(ns.name(), || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let w = Writer::new(Table {
+                    id: 4000,
+                    protocol: 252,
+                })
+                .unwrap();
+                let plan = w.reconcile(&want).await.unwrap();
+                let listing = w.list().await.unwrap();
+                w.delete(ip("10.100.0.1")).await.unwrap();
+                // Gone already: not an error.
+                w.delete(ip("10.100.0.1")).await.unwrap();
+                (plan, listing, w.list().await.unwrap().ours)
+            })
+    })
+    .unwrap();
+    assert_eq!(plan.add, [ip("10.100.0.1"), ip("fd00:100::1")]);
+    assert_eq!(listing.ours, want);
+    assert_eq!(
+        listing.foreign,
+        [Foreign {
+            dest: "10.100.0.9/32".into(),
+            protocol: 4
+        }]
+    );
+    assert_eq!(after_delete, BTreeSet::from([ip("fd00:100::1")]));
+    let v6 = ns.ip(&["-6", "route", "show", "table", "4000"]).unwrap();
+    assert!(
+        v6.starts_with("blackhole fd00:100::1 ") && v6.contains(" proto 252 "),
+        "{v6}"
+    );
+    let other = ns.ip(&["route", "show", "table", "4001"]).unwrap();
+    assert!(
+        other.contains("10.100.0.8"),
+        "another table untouched: {other}"
+    );
 }
