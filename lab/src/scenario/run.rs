@@ -277,11 +277,18 @@ impl LabRun {
     fn start_helpers(&mut self) -> Result<()> {
         let lab = self.lab_ref();
         let bridge = lab.ns_bridge();
-        let peers: Vec<String> = lab
+        let mut peers: Vec<String> = lab
             .nodes()
             .into_iter()
             .map(|n| lab.node_peer_ifname(n).to_string())
             .collect();
+        // Second chance: a backend's decapsulator relays a packet to the
+        // previous owner with XDP_TX out of its eth0, which its bridge-side
+        // peer drops unless it runs XDP too (see `topology`). Only the
+        // two-node lab runs second-chance scenarios.
+        if lab.node_count() > 1 {
+            peers.extend((1..=lab.backend_count()).map(|i| lab.backend_peer_ifname(i)));
+        }
         let backend_ns: Vec<String> = lab.backend_namespaces();
         let xlb = self.bins.xlb.clone();
         let backend_bin = self.bins.backend.clone();
