@@ -311,22 +311,7 @@ impl LabRun {
             let pid = self.spawn(&format!("decap-b{i}"), ns, &xlb, &decap_args, &log)?;
             started.push((format!("xlb decap in {ns}"), pid, log));
         }
-        for (n, peer) in peers.iter().enumerate() {
-            // The one-node lab's names stay as they were.
-            let role = if n == 0 {
-                "xdp-pass".to_string()
-            } else {
-                format!("xdp-pass-{peer}")
-            };
-            let log = self.work_dir.join(format!("{role}.log"));
-            let args = [
-                "xdp-pass".to_string(),
-                "--interface".to_string(),
-                peer.clone(),
-            ];
-            let pid = self.spawn(&role, &bridge, &xlb, &args, &log)?;
-            started.push((format!("xlb xdp-pass on {peer} in {bridge}"), pid, log));
-        }
+        started.extend(self.start_xdp_pass(&bridge, &peers)?);
 
         // Ready means: every XDP program attached, every admin port answering.
         let deadline = Instant::now() + HELPER_START_TIMEOUT;
@@ -358,6 +343,34 @@ impl LabRun {
             }
             thread::sleep(POLL);
         }
+    }
+
+    /// `xlb xdp-pass` on each of `peers` (bridge ports) in `bridge`;
+    /// returns what it started, as `start_helpers` watches it.
+    fn start_xdp_pass(
+        &mut self,
+        bridge: &str,
+        peers: &[String],
+    ) -> Result<Vec<(String, u32, PathBuf)>> {
+        let xlb = self.bins.xlb.clone();
+        let mut started = Vec::new();
+        for (n, peer) in peers.iter().enumerate() {
+            // The one-node lab's names stay as they were.
+            let role = if n == 0 {
+                "xdp-pass".to_string()
+            } else {
+                format!("xdp-pass-{peer}")
+            };
+            let log = self.work_dir.join(format!("{role}.log"));
+            let args = [
+                "xdp-pass".to_string(),
+                "--interface".to_string(),
+                peer.clone(),
+            ];
+            let pid = self.spawn(&role, bridge, &xlb, &args, &log)?;
+            started.push((format!("xlb xdp-pass on {peer} in {bridge}"), pid, log));
+        }
+        Ok(started)
     }
 
     /// Starts `xlb run` and waits until it answers `status` (not for the
