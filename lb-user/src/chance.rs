@@ -7,9 +7,10 @@
 //! A flow that lands on a node without its conntrack entry (ECMP moved it,
 //! or the node restarted) is sent to its slot's current owner and, inside,
 //! to the previous one; the current owner's decapsulator keeps it when it
-//! has the connection and passes it to the previous owner otherwise. Only
-//! one change per slot is remembered: a flow older than two changes of its
-//! slot is not saved.
+//! has the connection and passes it to the previous owner otherwise. One
+//! owner per slot is remembered: changes within a minute of each other (one
+//! reload's rebuilds) count as one, and a flow older than two changes of
+//! its slot further apart is not saved.
 
 /// What one VIP's live table remembers of its slots' previous owners.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -67,8 +68,9 @@ impl History {
 
 /// The history of table `new` about to replace `old` (the live table,
 /// whose history is `hist`) at `now`: a slot whose owner changes remembers
-/// the old owner from now on; a slot that keeps its owner keeps what it
-/// remembered. Then every remembered owner is forgotten if it is older
+/// the old owner from now on (or, changing again within [`SETTLE_NS`], the
+/// owner from before its first change); a slot that keeps its owner keeps
+/// what it remembered. Then every remembered owner is forgotten if it is older
 /// than `window`, is the slot's owner again, or is no longer one of the
 /// VIP's backends (`is_member`: its id may be given to another backend).
 ///
@@ -95,7 +97,7 @@ pub fn next(
         let i = (j as u64 * old.len() as u64 / new.len() as u64) as usize;
         let before = old[i];
         let (prev, at) = if before != 0 && before != owner {
-            (before, now)
+            settled(hist, known, i, owner, now, window).unwrap_or((before, now))
         } else if known {
             (hist.prev[i], hist.changed_ns[i])
         } else {
@@ -108,6 +110,35 @@ pub fn next(
         }
     }
     History::new(out.prev, out.changed_ns)
+}
+
+/// How long after a slot's change a further change keeps the first
+/// previous owner. One reload is several rebuilds in a few seconds (a
+/// backend leaves at once, a new one joins after its first probes, then
+/// ramps through slow start), and a slot can change at each: the flows it
+/// held before the reload are what a second chance is for, so the owner
+/// from before the first change is kept. A change after this long is a new
+/// event, and the owner it displaces (which then held the slot's flows for
+/// a minute or more) is remembered instead.
+pub const SETTLE_NS: u64 = 60_000_000_000;
+
+/// The owner slot `i` remembers from a change less than [`SETTLE_NS`]
+/// ago (and within `window`), if any, to keep across its change to
+/// `owner` now.
+fn settled(
+    hist: &History,
+    known: bool,
+    i: usize,
+    owner: u32,
+    now: u64,
+    window: u64,
+) -> Option<(u32, u64)> {
+    if !known {
+        return None;
+    }
+    let (p, t) = (hist.prev[i], hist.changed_ns[i]);
+    let age = now.saturating_sub(t);
+    (p != 0 && p != owner && age < SETTLE_NS && age < window).then_some((p, t))
 }
 
 /// `daemon.second_chance_window` in ns, as last applied (start, reload).
@@ -211,15 +242,33 @@ mod tests {
     }
 
     #[test]
-    fn only_the_last_change_is_remembered() {
+    fn a_later_change_remembers_the_owner_it_displaced() {
         let h1 = next(&[1], &[2], &History::empty(1), 1, WINDOW, all);
-        let h2 = next(&[2], &[3], &h1, 2, WINDOW, all);
-        assert_eq!((h2.prev[0], h2.changed_ns[0]), (2, 2));
+        let t2 = 1 + SETTLE_NS;
+        let h2 = next(&[2], &[3], &h1, t2, WINDOW, all);
+        assert_eq!((h2.prev[0], h2.changed_ns[0]), (2, t2));
         // Back to its previous owner: nothing to pass on.
-        let h3 = next(&[3], &[2], &h2, 3, WINDOW, all);
+        let h3 = next(&[3], &[2], &h2, t2 + SETTLE_NS, WINDOW, all);
         assert_eq!(h3.prev, [3]);
         let h4 = next(&[2], &[2], &History::new(vec![2], vec![3]), 4, WINDOW, all);
         assert_eq!(h4.prev, [0]);
+    }
+
+    #[test]
+    fn changes_in_quick_succession_keep_the_first_owner() {
+        // A reload: backend 3 leaves (slot → 1), then backend 4 joins and
+        // takes the slot a second later: the flows are still backend 3's.
+        let h1 = next(&[3], &[1], &History::empty(1), 10, WINDOW, all);
+        let h2 = next(&[1], &[4], &h1, 10 + SETTLE_NS / 60, WINDOW, all);
+        assert_eq!((h2.prev[0], h2.changed_ns[0]), (3, 10));
+        // Back to the first owner within the minute: nothing to pass on.
+        let h3 = next(&[4], &[3], &h2, 10 + SETTLE_NS / 30, WINDOW, all);
+        assert_eq!(h3.prev, [4]);
+        // A window shorter than the minute bounds it too.
+        let short = SETTLE_NS / 2;
+        let h1 = next(&[3], &[1], &History::empty(1), 10, short, all);
+        let h2 = next(&[1], &[4], &h1, 10 + short, short, all);
+        assert_eq!(h2.prev, [1]);
     }
 
     #[test]

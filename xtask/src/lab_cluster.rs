@@ -5,7 +5,7 @@
 //! cluster tests; `lab down` tears it down like the one-node lab (plus
 //! node B's instance).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context as _, Result};
 use xlb_lab::{
@@ -90,7 +90,7 @@ fn instructions(p: &str, xlb: &Path, run: &ClusterRun) -> String {
     let xlb = short(xlb);
     let dir = short(run.run().work_dir());
     let sock = |n: Node| run.socket(n).display().to_string();
-    let ctl = |n: Node| PathBuf::from(run.bird_files(scenario::Speaker::Node(n)).ctl);
+    let ctl = |n: Node| run.bird_files(scenario::Speaker::Node(n)).ctl;
     format!(
         "two-node lab {p:?} is up; logs, configurations and state in {dir}/\n\n\
          try it (through the router, ECMP over both nodes):\n\
