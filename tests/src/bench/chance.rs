@@ -6,9 +6,7 @@
 
 use std::net::{TcpListener, TcpStream};
 
-use lb_common::{
-    CtEntry, DOWN_POLICY_REHASH, MODE_DSR_IPIP, PROTO_TCP, RingSlot, VipInfo, VipKey,
-};
+use lb_common::{CtEntry, DOWN_POLICY_REHASH, MODE_DSR_IPIP, PROTO_TCP, RingSlot, VipInfo, VipKey};
 
 use crate::{
     harness::{LB_MAC, LB_V4, PEER_MAC, World},
@@ -41,11 +39,25 @@ pub struct Chance {
 pub fn install(w: &mut World) -> anyhow::Result<Chance> {
     let size = lb_common::DEFAULT_TABLE_SIZE;
     let table: Vec<u32> = (0..size).map(|i| 1 + i % 2).collect();
-    let key = w.add_vip(2, VIP, 80, PROTO_TCP, MODE_DSR_IPIP, DOWN_POLICY_REHASH, &table)?;
+    let key = w.add_vip(
+        2,
+        VIP,
+        80,
+        PROTO_TCP,
+        MODE_DSR_IPIP,
+        DOWN_POLICY_REHASH,
+        &table,
+    )?;
     let prev: Vec<(u32, RingSlot)> = (0..size)
         .map(|i| {
             let id = 1 + i % 2;
-            (i, RingSlot { backend_id: id, prev_id: 3 - id })
+            (
+                i,
+                RingSlot {
+                    backend_id: id,
+                    prev_id: 3 - id,
+                },
+            )
         })
         .collect();
     w.dp.write_ring_slots(2, 0, &prev)?;
@@ -54,7 +66,13 @@ pub fn install(w: &mut World) -> anyhow::Result<Chance> {
     let est = Flow::tcp("192.0.2.1", 40001, VIP, 80);
     w.dp.ct_insert(
         &est.key(),
-        &CtEntry { backend_id: 1, generation: 0, vip_id: 2, flags: 0, last_seen_ns: 0 },
+        &CtEntry {
+            backend_id: 1,
+            generation: 0,
+            vip_id: 2,
+            flags: 0,
+            last_seen_ns: 0,
+        },
     )?;
     for a in [LB_V4] {
         w.dp.add_decap_addr_with(a.parse()?, true)?;
@@ -66,7 +84,12 @@ pub fn install(w: &mut World) -> anyhow::Result<Chance> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let c = TcpStream::connect(l.local_addr()?)?;
     let (s, _) = l.accept()?;
-    let conn = Flow::tcp("127.0.0.1", c.local_addr()?.port(), "127.0.0.1", l.local_addr()?.port());
+    let conn = Flow::tcp(
+        "127.0.0.1",
+        c.local_addr()?.port(),
+        "127.0.0.1",
+        l.local_addr()?.port(),
+    );
     let inner = |f: &Flow| f.ip(ACK, &[0u8; 18]);
     let ack = Flow::tcp("192.0.2.1", 40001, "10.100.0.1", 80);
     Ok(Chance {
@@ -82,7 +105,13 @@ pub fn install(w: &mut World) -> anyhow::Result<Chance> {
 
 fn second_chance_on(w: &mut World, key: &VipKey) -> anyhow::Result<()> {
     let info = w.dp.vip(key)?.expect("VIP configured");
-    w.dp.set_vip(key, &VipInfo { second_chance: 1, ..info })?;
+    w.dp.set_vip(
+        key,
+        &VipInfo {
+            second_chance: 1,
+            ..info
+        },
+    )?;
     Ok(())
 }
 

@@ -153,12 +153,37 @@ fn chance_cases(c: &xlb_tests::bench::chance::Chance) -> Vec<Case> {
     let lb = lb_common::PROG_LB;
     let decap = lb_common::PROG_DECAP;
     vec![
-        Case::new("established hit, dsr-ipip, second chance on", lb, frame(&c.est, ACK), XDP_TX),
-        Case::new("miss (ACK), second chance on, no previous owner", lb, frame(&c.miss_no_prev, ACK), XDP_TX),
-        Case::new("miss (ACK), previous owner: two headers", lb, frame(&c.miss, ACK), XDP_TX),
+        Case::new(
+            "established hit, dsr-ipip, second chance on",
+            lb,
+            frame(&c.est, ACK),
+            XDP_TX,
+        ),
+        Case::new(
+            "miss (ACK), second chance on, no previous owner",
+            lb,
+            frame(&c.miss_no_prev, ACK),
+            XDP_TX,
+        ),
+        Case::new(
+            "miss (ACK), previous owner: two headers",
+            lb,
+            frame(&c.miss, ACK),
+            XDP_TX,
+        ),
         Case::new("decap: plain IPIP", decap, c.plain.clone(), XDP_PASS),
-        Case::new("decap: second chance, kept (local socket)", decap, c.local.clone(), XDP_PASS),
-        Case::new("decap: second chance, relayed (fib + XDP_TX)", decap, c.relay.clone(), XDP_TX),
+        Case::new(
+            "decap: second chance, kept (local socket)",
+            decap,
+            c.local.clone(),
+            XDP_PASS,
+        ),
+        Case::new(
+            "decap: second chance, relayed (fib + XDP_TX)",
+            decap,
+            c.relay.clone(),
+            XDP_TX,
+        ),
     ]
 }
 

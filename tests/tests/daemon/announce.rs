@@ -148,29 +148,32 @@ fn routes_follow_the_backends() {
             "{m}"
         );
     });
-    step("a health transition reaches the table within 100 ms", || {
-        // Measured from the event that says the backend went down (the
-        // health transition) to the moment the table no longer holds the
-        // route, polled every 2 ms.
-        let since = e.events().unwrap().as_array().unwrap().len();
-        e.set_fault(BACKENDS[0], Fault::Error503).unwrap();
-        let t0 = Instant::now();
-        while !routes(&e).is_empty() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "not withdrawn");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let gone_ms = now_ms();
-        let ev = e.events().unwrap();
-        let down = ev.as_array().unwrap()[since..]
-            .iter()
-            .find(|x| x["kind"] == "transition" && x["to"] == "down")
-            .expect("a transition event")["at_unix_ms"]
-            .as_u64()
-            .unwrap();
-        let lag = gone_ms.saturating_sub(down);
-        println!("health transition to route deleted: {lag} ms");
-        assert!(lag <= 100, "{lag} ms");
-    });
+    step(
+        "a health transition reaches the table within 100 ms",
+        || {
+            // Measured from the event that says the backend went down (the
+            // health transition) to the moment the table no longer holds the
+            // route, polled every 2 ms.
+            let since = e.events().unwrap().as_array().unwrap().len();
+            e.set_fault(BACKENDS[0], Fault::Error503).unwrap();
+            let t0 = Instant::now();
+            while !routes(&e).is_empty() {
+                assert!(t0.elapsed() < Duration::from_secs(10), "not withdrawn");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let gone_ms = now_ms();
+            let ev = e.events().unwrap();
+            let down = ev.as_array().unwrap()[since..]
+                .iter()
+                .find(|x| x["kind"] == "transition" && x["to"] == "down")
+                .expect("a transition event")["at_unix_ms"]
+                .as_u64()
+                .unwrap();
+            let lag = gone_ms.saturating_sub(down);
+            println!("health transition to route deleted: {lag} ms");
+            assert!(lag <= 100, "{lag} ms");
+        },
+    );
 }
 
 fn now_ms() -> u64 {
@@ -252,7 +255,10 @@ fn withdraw_announce_and_restarts() {
     });
     step("refusals: unknown VIP, reason with a newline", || {
         let err = e.xlb(&["withdraw", "nope"]).unwrap_err().to_string();
-        assert!(err.contains("no VIP named \"nope\"; the VIPs are: api, web"), "{err}");
+        assert!(
+            err.contains("no VIP named \"nope\"; the VIPs are: api, web"),
+            "{err}"
+        );
         let err = e
             .xlb(&["withdraw", "--all", "--reason", "a\nb"])
             .unwrap_err()
@@ -331,17 +337,23 @@ fn bad_input_is_refused() {
         e.ns.ip(&["addr", "del", "10.100.0.2/32", "dev", "lo"])
             .unwrap();
     });
-    step("the same address added while running: reload refused", || {
-        start_announced(&mut e, "");
-        e.ns.ip(&["addr", "add", "10.100.0.1/32", "dev", "lo"])
-            .unwrap();
-        let err = e.xlb(&["reload"]).unwrap_err().to_string();
-        assert!(err.contains("vip \"api\": address 10.100.0.1 is an address"), "{err}");
-        assert!(err.contains("still running the previous one"), "{err}");
-        assert_eq!(routes(&e), ["10.100.0.1", "10.100.0.2"]);
-        e.ns.ip(&["addr", "del", "10.100.0.1/32", "dev", "lo"])
-            .unwrap();
-    });
+    step(
+        "the same address added while running: reload refused",
+        || {
+            start_announced(&mut e, "");
+            e.ns.ip(&["addr", "add", "10.100.0.1/32", "dev", "lo"])
+                .unwrap();
+            let err = e.xlb(&["reload"]).unwrap_err().to_string();
+            assert!(
+                err.contains("vip \"api\": address 10.100.0.1 is an address"),
+                "{err}"
+            );
+            assert!(err.contains("still running the previous one"), "{err}");
+            assert_eq!(routes(&e), ["10.100.0.1", "10.100.0.2"]);
+            e.ns.ip(&["addr", "del", "10.100.0.1/32", "dev", "lo"])
+                .unwrap();
+        },
+    );
 }
 
 /// BIRD inside the test namespace, its config, socket and pid file in a
@@ -355,11 +367,8 @@ struct Bird {
 
 impl Bird {
     fn start(e: &Env) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "xlb-bird-{}-{}",
-            std::process::id(),
-            e.instance
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("xlb-bird-{}-{}", std::process::id(), e.instance));
         std::fs::create_dir_all(&dir).unwrap();
         let conf = dir.join("bird.conf");
         std::fs::write(
@@ -435,26 +444,29 @@ fn bird_learns_the_routes() {
         e.instance
     ));
     let extra = format!("speaker_socket = \"{}\"", socket_of_bird.display());
-    step("BIRD not running: status says so, routes still written", || {
-        start_announced(&mut e, &extra);
-        wait_for(Duration::from_secs(10), "speaker line", || {
-            Ok(e.status()?["announce"]["speaker"]
-                .as_str()
-                .is_some_and(|s| s.starts_with("speaker: not running (")))
-        })
-        .unwrap();
-        let text = e.xlb(&["status"]).unwrap();
-        assert!(text.contains("speaker: not running ("), "{text}");
-        assert!(e.xdp_attached().unwrap());
-        let ev = e.events().unwrap();
-        assert!(
-            ev.as_array()
-                .unwrap()
-                .iter()
-                .any(|x| x["kind"] == "announce" && x["to"] == "speaker_down"),
-            "{ev}"
-        );
-    });
+    step(
+        "BIRD not running: status says so, routes still written",
+        || {
+            start_announced(&mut e, &extra);
+            wait_for(Duration::from_secs(10), "speaker line", || {
+                Ok(e.status()?["announce"]["speaker"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("speaker: not running (")))
+            })
+            .unwrap();
+            let text = e.xlb(&["status"]).unwrap();
+            assert!(text.contains("speaker: not running ("), "{text}");
+            assert!(e.xdp_attached().unwrap());
+            let ev = e.events().unwrap();
+            assert!(
+                ev.as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x["kind"] == "announce" && x["to"] == "speaker_down"),
+                "{ev}"
+            );
+        },
+    );
     let bird = Bird::start(&e);
     step("BIRD running: it shows both VIPs", || {
         wait_for(Duration::from_secs(10), "bird learns", || {
