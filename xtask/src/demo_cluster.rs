@@ -252,8 +252,8 @@ fn summary(report: &HeldReport, m: &Moments) -> String {
         ends.join(", ")
     );
     out += &format!(
-        "node A's death: {} of {} connections went through node A and waited; {} lost; the \
-         router moved them after {} ms\n",
+        "node A's death: {} of {} connections waited over 200 ms for an answer (a packet \
+         lost with node A); {} lost; the router moved node A's flows after {} ms\n",
         death.waited, death.held, death.lost, m.router_ms
     );
     out += &format!(
@@ -313,7 +313,7 @@ mod tests {
         for want in [
             "2 connections: 2 answered to the end",
             "ended: 2 open",
-            "1 of 2 connections went through node A and waited; 0 lost; the router moved them after 310 ms",
+            "1 of 2 connections waited over 200 ms for an answer (a packet lost with node A); 0 lost; the router moved node A's flows after 310 ms",
             "node A's return: 0 connections waited, 0 lost",
             "convergence time: 612 ms, from node A's death",
         ] {
