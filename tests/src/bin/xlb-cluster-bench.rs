@@ -36,11 +36,13 @@ use xlb_tests::bench::{
     print_command,
 };
 
-const USAGE: &str = "usage: xlb-cluster-bench [--quick] [--rounds N] [--connections N] [--cycles N]
+const USAGE: &str =
+    "usage: xlb-cluster-bench [--quick] [--rounds N] [--connections N] [--cycles N] [--timers T]
   --quick          BFD only, process death and silent link, one round, 3 cycles
   --rounds N       deaths per case (default 3)
   --connections N  held connections (default 100)
-  --cycles N       fail/heal cycles for the announcement latency (default 5)";
+  --cycles N       fail/heal cycles for the announcement latency (default 5)
+  --timers T       the labs to run: bfd, defaults or both (default)";
 
 /// A number after `--name`, or `default`.
 fn num(name: &str, default: usize) -> Result<usize> {
@@ -58,6 +60,8 @@ struct Settings {
     rounds: usize,
     connections: u32,
     cycles: usize,
+    /// `bfd`, `defaults` or `both`: the labs to run.
+    timers: String,
 }
 
 fn settings() -> Result<Option<Settings>> {
@@ -70,17 +74,22 @@ fn settings() -> Result<Option<Settings>> {
                 return Ok(None);
             }
             "--quick" => {}
-            "--rounds" | "--connections" | "--cycles" => i += 1,
+            "--rounds" | "--connections" | "--cycles" | "--timers" => i += 1,
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
         i += 1;
     }
     let quick = args.iter().any(|a| a == "--quick");
+    let timers = arg("--timers").unwrap_or_else(|| "both".to_string());
+    if !["bfd", "defaults", "both"].contains(&timers.as_str()) {
+        bail!("--timers {timers:?}: bfd, defaults or both\n{USAGE}");
+    }
     Ok(Some(Settings {
         quick,
         rounds: num("--rounds", if quick { 1 } else { 3 })?,
         connections: u32::try_from(num("--connections", 100)?)?,
         cycles: num("--cycles", if quick { 3 } else { 5 })?,
+        timers,
     }))
 }
 
@@ -110,8 +119,7 @@ fn run_lab(timers: Timers, tag: &str, s: &Settings, figs: &mut Vec<Figure>) -> R
     println!("\nlab {prefix}: {}", timers.name());
     let mut c = cluster_lab::up(&prefix, timers)?;
     for (death, t) in cases() {
-        let needs_announcer = death == Death::Graceful && cluster_lab::ANNOUNCE.is_empty();
-        if t != timers || (s.quick && death == Death::Graceful) || needs_announcer {
+        if t != timers || (s.quick && death == Death::Graceful) {
             continue;
         }
         let mut ms = Vec::new();
@@ -126,7 +134,7 @@ fn run_lab(timers: Timers, tag: &str, s: &Settings, figs: &mut Vec<Figure>) -> R
             figs.push(convergence_figure(death, timers, &ms));
         }
     }
-    if timers == Timers::Bfd && !cluster_lab::ANNOUNCE.is_empty() {
+    if timers == Timers::Bfd {
         let l = cluster_lab::latency_cycles(&c, s.cycles)?;
         println!(
             "  announcement latency, ms: withdraw {:?}, announce {:?}; node changes the router \
@@ -159,8 +167,10 @@ fn main() -> Result<()> {
         cluster_lab::LATENCY_VIP
     );
     let mut figs = Vec::new();
-    run_lab(Timers::Bfd, "bf", &s, &mut figs)?;
-    if !s.quick {
+    if s.timers != "defaults" {
+        run_lab(Timers::Bfd, "bf", &s, &mut figs)?;
+    }
+    if !s.quick && s.timers != "bfd" {
         run_lab(Timers::BirdDefaults, "bd", &s, &mut figs)?;
     }
     println!(
