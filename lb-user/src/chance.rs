@@ -8,9 +8,9 @@
 //! or the node restarted) is sent to its slot's current owner and, inside,
 //! to the previous one; the current owner's decapsulator keeps it when it
 //! has the connection and passes it to the previous owner otherwise. One
-//! owner per slot is remembered: changes within a minute of each other (one
-//! reload's rebuilds) count as one, and a flow older than two changes of
-//! its slot further apart is not saved.
+//! owner per slot is remembered: one reload's rebuilds within a minute count
+//! as one change, and a flow older than two changes of its slot otherwise
+//! is not saved.
 
 /// What one VIP's live table remembers of its slots' previous owners.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -68,9 +68,9 @@ impl History {
 
 /// The history of table `new` about to replace `old` (the live table,
 /// whose history is `hist`) at `now`: a slot whose owner changes remembers
-/// the old owner from now on (or, changing again within [`SETTLE_NS`], the
-/// owner from before its first change); a slot that keeps its owner keeps
-/// what it remembered. Then every remembered owner is forgotten if it is older
+/// the old owner from now on (or, changing again within [`SETTLE_NS`] of
+/// the reload at `reload_ns`, the owner from before the reload's first
+/// change); a slot that keeps its owner keeps what it remembered. Then every remembered owner is forgotten if it is older
 /// than `window`, is the slot's owner again, or is no longer one of the
 /// VIP's backends (`is_member`: its id may be given to another backend).
 ///
@@ -86,6 +86,7 @@ pub fn next(
     hist: &History,
     now: u64,
     window: u64,
+    reload_ns: Option<u64>,
     is_member: impl Fn(u32) -> bool,
 ) -> History {
     let mut out = History::empty(new.len());
@@ -97,7 +98,7 @@ pub fn next(
         let i = (j as u64 * old.len() as u64 / new.len() as u64) as usize;
         let before = old[i];
         let (prev, at) = if before != 0 && before != owner {
-            settled(hist, known, i, owner, now, window).unwrap_or((before, now))
+            settled(hist, known, i, owner, now, window, reload_ns).unwrap_or((before, now))
         } else if known {
             (hist.prev[i], hist.changed_ns[i])
         } else {
@@ -112,19 +113,19 @@ pub fn next(
     History::new(out.prev, out.changed_ns)
 }
 
-/// How long after a slot's change a further change keeps the first
-/// previous owner. One reload is several rebuilds in a few seconds (a
-/// backend leaves at once, a new one joins after its first probes, then
-/// ramps through slow start), and a slot can change at each: the flows it
-/// held before the reload are what a second chance is for, so the owner
-/// from before the first change is kept. A change after this long is a new
-/// event, and the owner it displaces (which then held the slot's flows for
-/// a minute or more) is remembered instead.
+/// How long after a reload its rebuilds count as one change. One reload is
+/// several rebuilds in a few seconds (a backend leaves at once, a new one
+/// joins after its first probes, then ramps through slow start), and a
+/// slot can change at each: the flows it held before the reload are what a
+/// second chance is for, so within this time a slot keeps the owner it
+/// remembered from the reload's first change. Outside a reload (the start,
+/// health changes) a change remembers the owner it displaced: flows may
+/// have been made on it in between.
 pub const SETTLE_NS: u64 = 60_000_000_000;
 
-/// The owner slot `i` remembers from a change less than [`SETTLE_NS`]
-/// ago (and within `window`), if any, to keep across its change to
-/// `owner` now.
+/// The owner slot `i` remembers from a change made since the reload at
+/// `reload_ns` (if that is less than [`SETTLE_NS`] ago, and within
+/// `window`), to keep across its change to `owner` now.
 fn settled(
     hist: &History,
     known: bool,
@@ -132,13 +133,30 @@ fn settled(
     owner: u32,
     now: u64,
     window: u64,
+    reload_ns: Option<u64>,
 ) -> Option<(u32, u64)> {
+    let start = reload_ns.filter(|&r| now.saturating_sub(r) < SETTLE_NS)?;
     if !known {
         return None;
     }
     let (p, t) = (hist.prev[i], hist.changed_ns[i]);
-    let age = now.saturating_sub(t);
-    (p != 0 && p != owner && age < SETTLE_NS && age < window).then_some((p, t))
+    (p != 0 && p != owner && t >= start && now.saturating_sub(t) < window).then_some((p, t))
+}
+
+/// When the last reload began (ns on [`now_ns`]'s clock, + 1; 0: none).
+static RELOAD_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Marks the start of a reload: its rebuilds count as one change.
+pub fn mark_reload() {
+    RELOAD_NS.store(now_ns() + 1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// When the last reload began, if one did.
+pub fn reload_ns() -> Option<u64> {
+    match RELOAD_NS.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => None,
+        t => Some(t - 1),
+    }
 }
 
 /// `daemon.second_chance_window` in ns, as last applied (start, reload).
@@ -212,7 +230,7 @@ mod tests {
             ("first table", &[], &[1, 2], &[0, 0]),
         ];
         for &(name, old, new, want) in cases {
-            let h = next(old, new, &History::empty(old.len()), 5, WINDOW, all);
+            let h = next(old, new, &History::empty(old.len()), 5, WINDOW, None, all);
             assert_eq!(h.prev, want, "{name}");
             for (p, t) in h.prev.iter().zip(&h.changed_ns) {
                 assert_eq!(*t, if *p == 0 { 0 } else { 5 }, "{name}");
@@ -223,51 +241,71 @@ mod tests {
     #[test]
     fn remembered_owners_carry_then_expire() {
         let t0 = 1_000;
-        let h1 = next(&[1, 2], &[1, 3], &History::empty(2), t0, WINDOW, all);
+        let h1 = next(&[1, 2], &[1, 3], &History::empty(2), t0, WINDOW, None, all);
         assert_eq!(h1.prev, [0, 2]);
         // An unrelated rebuild later keeps slot 1's memory and its date.
-        let h2 = next(&[1, 3], &[4, 3], &h1, t0 + MIN, WINDOW, all);
+        let h2 = next(&[1, 3], &[4, 3], &h1, t0 + MIN, WINDOW, None, all);
         assert_eq!(h2.prev, [1, 2]);
         assert_eq!(h2.changed_ns, [t0 + MIN, t0]);
         assert_eq!(h2.next_expiry(WINDOW), Some(t0 + WINDOW));
         // Just before the window ends, still there; at its end, gone.
-        let h3 = next(&[4, 3], &[4, 3], &h2, t0 + WINDOW - 1, WINDOW, all);
+        let h3 = next(&[4, 3], &[4, 3], &h2, t0 + WINDOW - 1, WINDOW, None, all);
         assert_eq!(h3.prev, [1, 2]);
-        let h4 = next(&[4, 3], &[4, 3], &h2, t0 + WINDOW, WINDOW, all);
+        let h4 = next(&[4, 3], &[4, 3], &h2, t0 + WINDOW, WINDOW, None, all);
         assert_eq!(h4.prev, [1, 0]);
         assert_eq!(h4.next_expiry(WINDOW), Some(t0 + MIN + WINDOW));
-        let h5 = next(&[4, 3], &[4, 3], &h4, t0 + MIN + WINDOW, WINDOW, all);
+        let h5 = next(&[4, 3], &[4, 3], &h4, t0 + MIN + WINDOW, WINDOW, None, all);
         assert_eq!(h5.prev, [0, 0]);
         assert_eq!(h5.next_expiry(WINDOW), None);
     }
 
     #[test]
-    fn a_later_change_remembers_the_owner_it_displaced() {
-        let h1 = next(&[1], &[2], &History::empty(1), 1, WINDOW, all);
-        let t2 = 1 + SETTLE_NS;
-        let h2 = next(&[2], &[3], &h1, t2, WINDOW, all);
-        assert_eq!((h2.prev[0], h2.changed_ns[0]), (2, t2));
+    fn outside_a_reload_a_change_remembers_the_owner_it_displaced() {
+        // Backends coming up one after the other at the start: flows are
+        // made on each owner in turn, so the last displaced one counts.
+        let h1 = next(&[1], &[2], &History::empty(1), 1, WINDOW, None, all);
+        let h2 = next(&[2], &[3], &h1, 2, WINDOW, None, all);
+        assert_eq!((h2.prev[0], h2.changed_ns[0]), (2, 2));
         // Back to its previous owner: nothing to pass on.
-        let h3 = next(&[3], &[2], &h2, t2 + SETTLE_NS, WINDOW, all);
+        let h3 = next(&[3], &[2], &h2, 3, WINDOW, None, all);
         assert_eq!(h3.prev, [3]);
-        let h4 = next(&[2], &[2], &History::new(vec![2], vec![3]), 4, WINDOW, all);
+        let h4 = next(
+            &[2],
+            &[2],
+            &History::new(vec![2], vec![3]),
+            4,
+            WINDOW,
+            None,
+            all,
+        );
         assert_eq!(h4.prev, [0]);
     }
 
     #[test]
-    fn changes_in_quick_succession_keep_the_first_owner() {
-        // A reload: backend 3 leaves (slot → 1), then backend 4 joins and
-        // takes the slot a second later: the flows are still backend 3's.
-        let h1 = next(&[3], &[1], &History::empty(1), 10, WINDOW, all);
-        let h2 = next(&[1], &[4], &h1, 10 + SETTLE_NS / 60, WINDOW, all);
+    fn a_reloads_rebuilds_keep_the_owner_from_before_it() {
+        // Startup changes (before the reload) are not the reload's.
+        let h0 = next(&[1], &[3], &History::empty(1), 5, WINDOW, None, all);
+        // The reload at 10: backend 3 leaves (slot → 1), then backend 4
+        // joins and takes the slot a second later: the flows are still
+        // backend 3's.
+        let r = Some(10);
+        let h1 = next(&[3], &[1], &h0, 10, WINDOW, r, all);
+        assert_eq!(h1.prev, [3]);
+        let h2 = next(&[1], &[4], &h1, 10 + SETTLE_NS / 60, WINDOW, r, all);
         assert_eq!((h2.prev[0], h2.changed_ns[0]), (3, 10));
         // Back to the first owner within the minute: nothing to pass on.
-        let h3 = next(&[4], &[3], &h2, 10 + SETTLE_NS / 30, WINDOW, all);
+        let h3 = next(&[4], &[3], &h2, 10 + SETTLE_NS / 30, WINDOW, r, all);
         assert_eq!(h3.prev, [4]);
-        // A window shorter than the minute bounds it too.
+        // A minute after the reload, a change is an event of its own.
+        let h4 = next(&[1], &[4], &h1, 10 + SETTLE_NS, WINDOW, r, all);
+        assert_eq!(h4.prev, [1]);
+        // An owner remembered from before the reload is not kept.
+        let h5 = next(&[3], &[2], &h0, 10, WINDOW, r, all);
+        assert_eq!(h5.prev, [3]);
+        // A window shorter than the time since the change bounds it too.
         let short = SETTLE_NS / 2;
-        let h1 = next(&[3], &[1], &History::empty(1), 10, short, all);
-        let h2 = next(&[1], &[4], &h1, 10 + short, short, all);
+        let h1 = next(&[3], &[1], &History::empty(1), 10, short, r, all);
+        let h2 = next(&[1], &[4], &h1, 10 + short, short, r, all);
         assert_eq!(h2.prev, [1]);
     }
 
@@ -279,6 +317,7 @@ mod tests {
             &History::empty(3),
             1,
             WINDOW,
+            None,
             |id| id != 2,
         );
         assert_eq!(h.prev, [1, 0, 3]);
@@ -286,7 +325,7 @@ mod tests {
 
     #[test]
     fn window_zero_remembers_nothing() {
-        let h = next(&[1, 2], &[2, 1], &History::empty(2), 1, 0, all);
+        let h = next(&[1, 2], &[2, 1], &History::empty(2), 1, 0, None, all);
         assert_eq!(h, History::empty(2));
     }
 
@@ -295,11 +334,11 @@ mod tests {
         // 3 slots to 7: new slot j came from old slot j*3/7.
         let old = [1, 2, 3];
         let new = [1, 1, 1, 1, 1, 1, 1];
-        let h = next(&old, &new, &History::empty(3), 1, WINDOW, all);
+        let h = next(&old, &new, &History::empty(3), 1, WINDOW, None, all);
         assert_eq!(h.prev, [0, 0, 0, 2, 2, 3, 3]);
         // And the other way, with what the old slots remembered.
         let hist = History::new(vec![0, 9, 9, 0, 0, 0, 5], vec![1; 7]);
-        let h = next(&new, &[1, 1, 7], &hist, 2, WINDOW, all);
+        let h = next(&new, &[1, 1, 7], &hist, 2, WINDOW, None, all);
         // new slot j ← old slot j*7/3: 0, 2, 4.
         assert_eq!(h.prev, [0, 9, 1]);
     }
@@ -308,7 +347,7 @@ mod tests {
     fn adopted_history_expires_one_window_after_adoption() {
         let h = History::adopted(vec![0, 7], 100);
         assert_eq!(h.next_expiry(WINDOW), Some(100 + WINDOW));
-        let h = next(&[1, 2], &[1, 2], &h, 100 + WINDOW, WINDOW, all);
+        let h = next(&[1, 2], &[1, 2], &h, 100 + WINDOW, WINDOW, None, all);
         assert_eq!(h.prev, [0, 0]);
     }
 }

@@ -7,8 +7,8 @@
 //! for the flows whose slot moved, that owner has no socket. With second
 //! chance every connection keeps flowing (the lab client's own counts);
 //! with `second_chance = false` the test counts how many reset (> 0). With
-//! one table change (b3 out alone) all 200 continue; with the two of the
-//! issue's scenario not all yet (that test is ignored, with its numbers).
+//! one table change (b3 out alone) and with the two (b4 in, b3
+//! out) all 200 continue.
 //!
 //! Needs root and fresh binaries: `cargo build -p lb-user -p xlb-lab`, then
 //! `cargo test -p xlb-tests --test second_chance -- --test-threads 1 --nocapture`.
@@ -161,14 +161,13 @@ fn resets(r: &Report) -> usize {
     r.long.iter().filter(|l| !l.kept_flowing).count()
 }
 
-/// Known failure, left for the next step: 118–139 of 200 kept flowing in
-/// three runs (without second chance: 56), the resets sent by current
-/// owners b1/b2 that had no socket. One reload rebuilds the table more
-/// than once (b3 out at once, b4 in once probed up, its slow start) and a
-/// slot remembers one previous owner; "keep the first owner in the window"
-/// instead was tried and did worse (90 of 200).
+/// The scenario on one node: a reload that adds b4 and takes b3
+/// out, then the LB forgets every flow (as a second node would know none).
+/// One reload is several rebuilds (b3 out at once, b4 in once probed up,
+/// then its slow start); the daemon counts them as one change of each slot
+/// (`chance::SETTLE_NS`), so each slot still names the owner from before
+/// the reload. Before that rule: 118–139 of 200 kept.
 #[test]
-#[ignore = "known failure: 118-139 of 200 connections kept, see the comment"]
 fn every_connection_continues_with_second_chance() {
     let (report, sent) = scenario("on", None, true);
     assert_eq!(report.summary.long_total, 200);

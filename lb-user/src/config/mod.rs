@@ -58,8 +58,8 @@ macro_rules! rejects {
 
 mod address;
 mod announce;
-mod cluster;
 mod chance;
+mod cluster;
 
 /// `daemon.second_chance_window`'s default, in ns.
 pub const fn chance_default_window_ns() -> u64 {

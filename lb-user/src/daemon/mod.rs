@@ -25,8 +25,8 @@
 
 pub mod alarms;
 mod announce;
-mod cluster;
 mod chance;
+mod cluster;
 mod conntrack;
 mod control;
 mod drain;

@@ -47,6 +47,8 @@ impl Daemon {
     /// Re-reads the configuration and applies only what changed. An
     /// unchanged VIP is not touched at all: same table, same flows.
     pub fn reload(&mut self) -> anyhow::Result<String> {
+        // Its rebuilds count as one change for second chance.
+        crate::chance::mark_reload();
         let result = self.apply_reload();
         // Whatever was applied, even if a step failed part-way.
         self.index = model::backend_index(&self.vips);

@@ -220,9 +220,15 @@ impl Vip {
         let empty = chance::History::default();
         let hist = self.chance.0[live].as_ref().unwrap_or(&empty);
         let members: HashSet<u32> = self.backends.iter().map(|b| b.id).collect();
-        chance::next(old, want, hist, now, chance::window_ns(), |id| {
-            members.contains(&id)
-        })
+        chance::next(
+            old,
+            want,
+            hist,
+            now,
+            chance::window_ns(),
+            chance::reload_ns(),
+            |id| members.contains(&id),
+        )
     }
 
     /// The table this VIP should have now (slow-start ramps included).
