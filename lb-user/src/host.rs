@@ -303,21 +303,32 @@ pub fn open_private(path: &Path) -> anyhow::Result<fs::File> {
     Ok(file)
 }
 
-/// Every address of `iface`, in the order the kernel lists them.
-pub fn interface_addresses(iface: &str) -> anyhow::Result<Vec<IpAddr>> {
+/// Every IPv4 and IPv6 address of this host with its interface's name, in
+/// the order the kernel lists them.
+///
+/// # Errors
+/// `getifaddrs` fails.
+pub fn host_addresses() -> std::io::Result<Vec<(String, IpAddr)>> {
     let mut out = Vec::new();
-    for ifa in nix::ifaddrs::getifaddrs().context("getifaddrs")? {
-        if ifa.interface_name != iface {
-            continue;
-        }
+    for ifa in nix::ifaddrs::getifaddrs()? {
         let Some(addr) = ifa.address else { continue };
         if let Some(sin) = addr.as_sockaddr_in() {
-            out.push(IpAddr::V4(sin.ip()));
+            out.push((ifa.interface_name, IpAddr::V4(sin.ip())));
         } else if let Some(sin6) = addr.as_sockaddr_in6() {
-            out.push(IpAddr::V6(sin6.ip()));
+            out.push((ifa.interface_name, IpAddr::V6(sin6.ip())));
         }
     }
     Ok(out)
+}
+
+/// Every address of `iface`, in the order the kernel lists them.
+pub fn interface_addresses(iface: &str) -> anyhow::Result<Vec<IpAddr>> {
+    Ok(host_addresses()
+        .context("getifaddrs")?
+        .into_iter()
+        .filter(|(name, _)| name == iface)
+        .map(|(_, ip)| ip)
+        .collect())
 }
 
 /// The interface's first IPv4 and first global IPv6 address.

@@ -67,33 +67,13 @@ pub fn local_vip_errors(cfg: &Config, local: &[(String, IpAddr)]) -> Vec<String>
     out
 }
 
-/// This host's addresses, with their interfaces.
-///
-/// # Errors
-/// `getifaddrs` fails.
-pub fn host_addresses() -> std::io::Result<Vec<(String, IpAddr)>> {
-    let mut out = Vec::new();
-    for ifa in nix::ifaddrs::getifaddrs()? {
-        let Some(addr) = ifa.address else { continue };
-        let ip = if let Some(sin) = addr.as_sockaddr_in() {
-            IpAddr::V4(sin.ip())
-        } else if let Some(sin6) = addr.as_sockaddr_in6() {
-            IpAddr::V6(sin6.ip())
-        } else {
-            continue;
-        };
-        out.push((ifa.interface_name, ip));
-    }
-    Ok(out)
-}
-
 /// [`local_vip_errors`] on this host, each prefixed with `origin`.
 ///
 /// # Errors
 /// One line per VIP on a local address, or why the addresses could not be
 /// read.
 pub fn check_local_addresses(cfg: &Config, origin: &str) -> Result<(), Vec<String>> {
-    let local = host_addresses()
+    let local = crate::host::host_addresses()
         .map_err(|e| vec![format!("{origin}: reading this host's addresses: {e}")])?;
     let errors: Vec<String> = local_vip_errors(cfg, &local)
         .into_iter()
