@@ -172,6 +172,42 @@ pub fn set_window(window: std::time::Duration) {
     );
 }
 
+/// The window a reload's rebuilds use, set before them (so a reload that
+/// changes `second_chance_window` builds its tables' histories with the
+/// new one) and put back when dropped unless the reload [`kept`] it.
+///
+/// [`kept`]: StagedWindow::keep
+#[must_use = "dropping it puts the old window back"]
+pub struct StagedWindow {
+    before: u64,
+    keep: bool,
+}
+
+impl StagedWindow {
+    /// Applies `window` until this is dropped or kept.
+    pub fn stage(window: std::time::Duration) -> Self {
+        let before = window_ns();
+        set_window(window);
+        Self {
+            before,
+            keep: false,
+        }
+    }
+
+    /// The reload succeeded: the window stays.
+    pub fn keep(mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for StagedWindow {
+    fn drop(&mut self) {
+        if !self.keep {
+            WINDOW_NS.store(self.before, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 /// `daemon.second_chance_window` in ns.
 pub fn window_ns() -> u64 {
     WINDOW_NS.load(std::sync::atomic::Ordering::Relaxed)

@@ -92,6 +92,9 @@ impl Daemon {
         ));
         // The VIPs first, as one step: if one cannot be changed, those
         // changed before it are put back, and nothing else is done.
+        // The tables this reload builds remember previous owners for the
+        // new window; a failed reload puts the old one back.
+        let window = crate::chance::StagedWindow::stage(new.daemon.live.second_chance_window);
         self.release_moved_keys(&new)?;
         let applied = self.add_or_change_vips(&new)?;
         let (added, changed, guarded) = self.finish_vips(applied)?;
@@ -130,6 +133,7 @@ impl Daemon {
         }
         notes.extend(lists_note);
         self.announce_after_reload();
+        window.keep();
         self.save();
         let summary = format!(
             "reloaded: {added} VIPs added, {changed} changed, {removed} removed, {} unchanged",

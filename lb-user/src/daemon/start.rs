@@ -265,6 +265,10 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
         .as_ref()
         .map(|s| s.forwarding.clone())
         .unwrap_or_default();
+    // Before the first tables are built: their rebuilds remember previous
+    // owners for the configured window, not the default (a window of 0
+    // must mean no second chance from the first rebuild on).
+    crate::chance::set_window(d.live.second_chance_window);
     let mut daemon = Daemon::new(config_path, cfg, dp, saved)?;
     daemon.globals = globals;
     // Last, so a start that fails before has changed nothing on the host.

@@ -24,6 +24,7 @@
 )]
 
 mod announce;
+mod chance;
 mod control;
 mod env;
 mod guard;
