@@ -332,6 +332,48 @@ fn example_config_passes_check_config() {
     assert!(!out.contains("warning"), "{out}");
 }
 
+const BENCHMARKS: &str = "docs/benchmarks.md";
+
+/// docs/benchmarks.md: every benchmark binary of this crate
+/// (`tests/src/bin/xlb-*-bench`) is described under "What each benchmark
+/// measures" and has a row in "Current figures" run by `--bin NAME`, and
+/// every `--bin NAME` the file names is a binary.
+#[test]
+fn benchmarks_doc_covers_every_benchmark() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bin");
+    let bins: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("a directory entry").file_name())
+        .map(|n| n.to_string_lossy().trim_end_matches(".rs").to_owned())
+        .filter(|n| n.starts_with("xlb-") && n.ends_with("-bench"))
+        .collect();
+    assert!(bins.len() >= 10, "{bins:?}");
+    let doc = read(BENCHMARKS);
+    let figures = section(&doc, "## Current figures", "## Method");
+    let measures = section(&doc, "## What each benchmark measures", "## Decisions");
+    for bin in &bins {
+        assert!(
+            measures.contains(&format!("- **`{bin}")),
+            "{BENCHMARKS} does not describe {bin} under \"What each benchmark measures\""
+        );
+        assert!(
+            figures.contains(&format!("--bin {bin}`"))
+                || figures.contains(&format!("--bin {bin} ")),
+            "{BENCHMARKS} has no row run by `--bin {bin}` under \"Current figures\""
+        );
+    }
+    for (at, _) in doc.match_indices("--bin ") {
+        let name: String = doc[at + "--bin ".len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        assert!(
+            name == "NAME" || bins.contains(&name),
+            "{BENCHMARKS} runs `--bin {name}`, which is not a benchmark binary"
+        );
+    }
+}
+
 #[test]
 fn helpers() {
     assert_eq!(backticked("a `b` c `d`"), ["b", "d"]);
