@@ -10,6 +10,11 @@
 //! (`xtask/src/setup.rs`, `development_md_names_every_package`): xtask is a
 //! binary this crate cannot import.
 
+#![allow(
+    unused_crate_dependencies,
+    reason = "one dependency list serves the package's library and every target"
+)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -170,10 +175,10 @@ fn mtu_paragraph_matches_the_fixtures() {
             "the paragraph does not cite {name}"
         );
         assert!(para.contains(said), "the paragraph does not say {said:?}");
-        let case = fixtures
-            .find(&format!("    {name} |"))
-            .map(|i| &fixtures[i..])
-            .unwrap_or_else(|| panic!("{MTU_FIXTURES} has no fixture {name}"));
+        let Some(at) = fixtures.find(&format!("    {name} |")) else {
+            panic!("{MTU_FIXTURES} has no fixture {name}");
+        };
+        let case = &fixtures[at..];
         let case = &case[..case.find("\n\n").unwrap_or(case.len())];
         assert!(case.contains(counter), "{name} does not expect {counter}");
     }
