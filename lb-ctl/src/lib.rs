@@ -8,7 +8,7 @@
 //! `events` with `follow` turns the connection into a stream of
 //! [`Response::Event`] lines that ends when the client closes it.
 //!
-//! Every line carries `"version": 1` ([`PROTOCOL_VERSION`]):
+//! Every line carries `"version": 2` ([`PROTOCOL_VERSION`]):
 //!
 //! ```text
 //! → {"version":2,"command":"drain","vip":"api","backend":"10.99.0.12:80"}

@@ -358,9 +358,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_command_is_listed() {
-        let reqs = [
+    /// One of each request, in the order of [`COMMANDS`]. The match makes a
+    /// new variant a compile error here until it is added to the list (and
+    /// so to `COMMANDS`, and to the README, which `tests/tests/docs.rs`
+    /// checks against `COMMANDS`).
+    fn one_of_each() -> Vec<Request> {
+        let reqs = vec![
             Request::Status,
             Request::Events {
                 since_seq: None,
@@ -402,6 +405,28 @@ mod tests {
             },
             Request::Announce { vip: None },
         ];
+        for r in &reqs {
+            match r {
+                Request::Status
+                | Request::Events { .. }
+                | Request::Explain { .. }
+                | Request::Drain { .. }
+                | Request::Enable { .. }
+                | Request::Reload
+                | Request::Block { .. }
+                | Request::Unblock { .. }
+                | Request::Blocks
+                | Request::Sources { .. }
+                | Request::Withdraw { .. }
+                | Request::Announce { .. } => {}
+            }
+        }
+        reqs
+    }
+
+    #[test]
+    fn every_command_is_listed() {
+        let reqs = one_of_each();
         let names: Vec<String> = reqs
             .iter()
             .map(|r| {

@@ -73,6 +73,10 @@ const LAB_PACKAGES: &[&str] = &[
     "clang", "bpftool",
 ];
 
+/// Every Debian package setup installs: `docs/development.md` names each
+/// (`development_md_names_every_package`).
+pub(crate) const PACKAGES: &[&[&str]] = &[BUILD_PACKAGES, TEST_PACKAGES, LAB_PACKAGES];
+
 /// The LLVM that [`BUILD_PACKAGES`] installs.
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
@@ -91,8 +95,7 @@ pub(crate) fn ensure() -> Result<()> {
     for &(toolchain, component, why) in COMPONENTS {
         ensure_component(&host, toolchain, component, why)?;
     }
-    let packages: Vec<&str> = [BUILD_PACKAGES, TEST_PACKAGES, LAB_PACKAGES].concat();
-    ensure_packages(&packages)?;
+    ensure_packages(&PACKAGES.concat())?;
     ensure_bpf_linker()?;
     Ok(())
 }
@@ -339,10 +342,30 @@ mod tests {
 
     #[test]
     fn package_lists_have_no_duplicates() {
-        let all = [BUILD_PACKAGES, TEST_PACKAGES, LAB_PACKAGES].concat();
+        let all = PACKAGES.concat();
         let mut sorted = all.clone();
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), all.len(), "{all:?}");
+    }
+
+    /// The packages listed in docs/development.md are the ones setup
+    /// installs: a package added here without its line there fails.
+    #[test]
+    fn development_md_names_every_package() {
+        let doc = include_str!("../../docs/development.md");
+        let doc = doc
+            .split_once("\n## Building")
+            .and_then(|(_, rest)| rest.split_once("\n## ").map(|(b, _)| b))
+            .expect("docs/development.md has a \"## Building\" section");
+        let missing: Vec<&str> = PACKAGES
+            .concat()
+            .into_iter()
+            .filter(|p| !doc.contains(&format!("`{p}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "docs/development.md (\"Building\") does not name {missing:?}"
+        );
     }
 }

@@ -70,6 +70,7 @@ mod dns;
 mod grpc;
 mod guard;
 mod health;
+mod keys;
 mod protection;
 mod raw;
 mod tls;
@@ -87,6 +88,7 @@ pub use guard::{
     AutoBlock, GuardConfig, ListRule, MAX_TTL, SourceAlert, SourceLimit, VipGuardConfig,
     defaults as guard_defaults, parse_rate,
 };
+pub use keys::{ConfigKey, accepted_keys};
 pub use vip::{BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, ip_proto};
 
 use raw::RawConfig;
