@@ -77,6 +77,25 @@ impl LatencyHistogram {
     }
 }
 
+/// Failed probes of one backend by reason code (`FailReason::code`:
+/// `no_response`, `unexpected_status`, `dns_rcode`…). A code appears at its
+/// first failure: the set of codes is per probe kind and open-ended, and a
+/// series of zeros for every code of every kind would bury the real ones.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProbeFailures(BTreeMap<&'static str, u64>);
+
+impl ProbeFailures {
+    /// Counts one failed probe.
+    pub fn count(&mut self, code: &'static str) {
+        *self.0.entry(code).or_default() += 1;
+    }
+
+    /// `(code, failed probes)` in code order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        self.0.iter().map(|(&c, &n)| (c, n))
+    }
+}
+
 /// What the metrics need beyond a [`StatusReport`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MetricsExtra {
@@ -84,6 +103,8 @@ pub struct MetricsExtra {
     /// [`crate::ctl::BackendStatus::address`]): the backend's probe
     /// latencies and its number of state transitions since the daemon started.
     pub per_backend: BTreeMap<(String, String), (LatencyHistogram, u64)>,
+    /// Same keys: failed probes by reason code; absent before the first.
+    pub probe_failures: BTreeMap<(String, String), ProbeFailures>,
     /// Sources and lists (abuse control).
     pub guard: guard::GuardExtra,
 }
@@ -134,6 +155,13 @@ mod tests {
         extra
             .per_backend
             .insert(("api".to_owned(), "10.99.0.11:80".to_owned()), (h, 3));
+        let mut failures = ProbeFailures::default();
+        for code in ["no_response", "unexpected_status", "no_response"] {
+            failures.count(code);
+        }
+        extra
+            .probe_failures
+            .insert(("api".to_owned(), "10.99.0.12:80".to_owned()), failures);
         extra.guard = guard::GuardExtra {
             vips: vec![guard::VipGuardExtra {
                 vip: "api".to_owned(),
@@ -253,6 +281,9 @@ mod tests {
             "xlb_backend_probe_latency_seconds_sum{vip=\"api\",backend=\"10.99.0.12:80\"} 0",
             "xlb_backend_transitions_total{vip=\"api\",backend=\"10.99.0.11:80\"} 3",
             "xlb_backend_transitions_total{vip=\"api\",backend=\"10.99.0.12:80\"} 0",
+            "# TYPE xlb_backend_probe_failures_total counter",
+            "xlb_backend_probe_failures_total{vip=\"api\",backend=\"10.99.0.12:80\",code=\"no_response\"} 2",
+            "xlb_backend_probe_failures_total{vip=\"api\",backend=\"10.99.0.12:80\",code=\"unexpected_status\"} 1",
             "xlb_backend_packets_total{vip=\"api\",backend=\"10.99.0.11:80\"} 600000",
             "xlb_backend_bytes_total{vip=\"api\",backend=\"10.99.0.12:80\"} 400000000",
             "xlb_backend_new_flows_total{vip=\"api\",backend=\"10.99.0.11:80\"} 30000",
