@@ -14,6 +14,7 @@ mod daemon;
 mod endpoint;
 mod exposition;
 pub mod guard;
+mod page;
 mod vip;
 
 use std::collections::BTreeMap;
