@@ -80,11 +80,14 @@ fn sha256_base64(text: &str) -> String {
 }
 
 fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -166,7 +169,14 @@ mod tests {
         ];
         assert_eq!(directives, want);
         // Nothing looser slipped in.
-        for loose in ["unsafe-inline", "unsafe-eval", "*", "http:", "https:", "data:"] {
+        for loose in [
+            "unsafe-inline",
+            "unsafe-eval",
+            "*",
+            "http:",
+            "https:",
+            "data:",
+        ] {
             assert!(!csp.contains(loose), "{loose} in {csp}");
         }
     }
@@ -175,7 +185,10 @@ mod tests {
     fn head_has_no_body_and_other_methods_are_refused() {
         let (head, body) = split(&respond("HEAD"));
         assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
-        assert_eq!(header(&head, "Content-Length"), Some(DOCUMENT.len().to_string().as_str()));
+        assert_eq!(
+            header(&head, "Content-Length"),
+            Some(DOCUMENT.len().to_string().as_str())
+        );
         assert_eq!(body, "");
         for method in ["POST", "PUT", "DELETE", ""] {
             let (head, _) = split(&respond(method));
