@@ -131,6 +131,34 @@ pub enum MetricsError {
     },
 }
 
+/// Every metric family this build exports, as (name, type).
+fn families() -> Vec<(&'static str, exposition::Kind)> {
+    let names = daemon::FAMILIES.iter().map(|f| (f.name, f.kind));
+    let names = names.chain(vip::FAMILIES.iter().map(|f| (f.name, f.kind)));
+    let names = names.chain(backend::FAMILIES.iter().map(|f| (f.name, f.kind)));
+    let names = names.chain(guard::VIP_FAMILIES.iter().map(|f| (f.name, f.kind)));
+    let names = names.chain(guard::SOURCE_FAMILIES.iter().map(|f| (f.name, f.kind)));
+    names
+        .chain(guard::LIST_FAMILIES.iter().map(|f| (f.name, f.kind)))
+        .collect()
+}
+
+/// Every series name a scrape can hold: each family's, a histogram's as its
+/// `_bucket`, `_sum` and `_count`. What the dashboard and alert rules in
+/// `contrib/` are checked against, so they cannot name a metric xlb does
+/// not have.
+pub fn series_names() -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, kind) in families() {
+        if kind == exposition::Kind::Histogram {
+            out.extend(["_bucket", "_sum", "_count"].map(|s| format!("{name}{s}")));
+        } else {
+            out.push(name.to_owned());
+        }
+    }
+    out
+}
+
 /// Renders the exposition text of one snapshot.
 pub fn render(status: &StatusReport, extra: &MetricsExtra) -> String {
     let mut out = Out::default();
@@ -353,6 +381,21 @@ mod tests {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "bad value in {line:?}");
         }
+    }
+
+    /// [`series_names`] lists exactly the series [`render`] writes (the
+    /// sample has every family).
+    #[test]
+    fn series_names_are_what_is_rendered() {
+        let text = render(&sample_report(), &sample_extra());
+        let rendered: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        let listed = series_names();
+        let listed: std::collections::BTreeSet<&str> = listed.iter().map(String::as_str).collect();
+        assert_eq!(listed, rendered);
     }
 
     #[test]
