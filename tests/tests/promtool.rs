@@ -185,6 +185,20 @@ fn dashboard_and_rules_use_only_real_metric_names() {
             exprs.push(expr.to_owned());
         }
     }
+    // Grafana's own constraints: unique panel ids, panels within the
+    // 24-column grid, every query on the dashboard's data source variable
+    // (so an import asks for a Prometheus, not a uid of ours).
+    let mut ids = BTreeSet::new();
+    for p in panels {
+        let id = p["id"].as_u64().expect("a panel id");
+        assert!(ids.insert(id), "panel id {id} twice");
+        let (x, w) = (p["gridPos"]["x"].as_u64(), p["gridPos"]["w"].as_u64());
+        let (x, w) = (x.expect("gridPos.x"), w.expect("gridPos.w"));
+        assert!(w >= 1 && x + w <= 24, "{}: x {x} w {w}", p["title"]);
+        if p["type"] != "row" {
+            assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+        }
+    }
     let all = exprs.join("\n");
     for needed in [
         "xlb_backend_state",
