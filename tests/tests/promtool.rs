@@ -213,3 +213,38 @@ fn dashboard_and_rules_use_only_real_metric_names() {
         assert!(all.contains(needed), "the dashboard shows no {needed}");
     }
 }
+
+/// README, "Metrics": its table names every metric family xlb exports (a
+/// histogram by its family name), so a new metric is documented with it.
+#[test]
+fn readme_metrics_table_names_every_family() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = manifest.parent().unwrap_or(manifest).join("README.md");
+    let readme = std::fs::read_to_string(&readme).unwrap();
+    let table = readme
+        .split_once("\n## Metrics\n")
+        .and_then(|(_, rest)| rest.split_once("\n## ").map(|(t, _)| t))
+        .expect("README has a \"## Metrics\" section");
+    let series = lb_user::metrics::series_names();
+    let families: BTreeSet<&str> = series
+        .iter()
+        .map(|s| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|x| {
+                    let base = s.strip_suffix(x)?;
+                    series.contains(&format!("{base}_bucket")).then_some(base)
+                })
+                .unwrap_or(s)
+        })
+        .collect();
+    let missing: Vec<&&str> = families
+        .iter()
+        .filter(|f| !table.contains(&format!("`{f}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README's metrics table lacks {missing:?}"
+    );
+    assert!(families.contains("xlb_backend_probe_latency_seconds"));
+}
