@@ -276,23 +276,36 @@ fn status_page_and_metrics_of_a_lab_daemon() {
     eprintln!("[{p}] b2 hung: {hung_reason:?}; b3: {script_reason:?}");
     assert!(script_reason.contains(SCRIPT_TEXT), "{script_reason}");
 
-    // /metrics: Prometheus's linter finds nothing, and the failed probes
-    // are counted by code.
-    let (line, metrics) = get(&run, "/metrics");
-    assert_eq!(line, "HTTP/1.1 200 OK", "{metrics}");
-    promtool_check_metrics(&metrics);
-    for (b, code) in [(b2, "no_response"), (b3, "body_mismatch")] {
+    // /metrics: the failed probes are counted by code, at least `fall` (2)
+    // of each down backend's. The metrics are the snapshot of the last 1 s
+    // tick, which may not hold the probe that took a backend down yet:
+    // scrape again until they do (bounded).
+    let failures = |metrics: &str, b: SocketAddr, code: &str| -> Option<u64> {
         let prefix = format!(
             "xlb_backend_probe_failures_total{{vip=\"api\",backend=\"{b}\",code=\"{code}\"}} "
         );
-        let n: u64 = metrics
+        metrics
             .lines()
             .find_map(|l| l.strip_prefix(&prefix))
-            .unwrap_or_else(|| panic!("no {prefix:?} in\n{metrics}"))
-            .parse()
-            .unwrap();
-        assert!(n >= 2, "{prefix}{n}: fall = 2 failures at least");
-    }
+            .map(|n| n.parse().unwrap())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let (line, metrics) = get(&run, "/metrics");
+        assert_eq!(line, "HTTP/1.1 200 OK", "{metrics}");
+        let counted = [(b2, "no_response"), (b3, "body_mismatch")]
+            .map(|(b, code)| failures(&metrics, b, code).unwrap_or(0));
+        if counted.iter().all(|&n| n >= 2) {
+            break metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "failed probes counted {counted:?} (b2 no_response, b3 body_mismatch), want 2 each:\n{metrics}"
+        );
+        thread::sleep(Duration::from_millis(500));
+    };
+    // Prometheus's linter finds nothing in it.
+    promtool_check_metrics(&metrics);
 
     // The page, after its script ran.
     let dom = chromium(&run, &["--dump-dom"]);
