@@ -58,6 +58,11 @@ const TEST_PACKAGES: &[&str] = &[
     // BIRD 2 (`bird`, `birdc`): the BGP speaker of the two-node lab's router
     // and LB nodes (issue 26), each instance run inside its namespace.
     "bird2",
+    // `promtool` checks /metrics (`check metrics`) and the alert rules in
+    // contrib/ (`check rules`, `test rules`), issue 28.
+    "prometheus",
+    // Headless Chromium loads the status page in the lab (status_page.rs).
+    "chromium",
 ];
 
 /// Debian packages for the lab (`xlb-lab`) and the benchmarks.

@@ -78,6 +78,12 @@ impl Daemon {
                 .entry(id)
                 .or_default()
                 .observe(result.latency);
+            if let ProbeClass::Failed(fail) = &r.class {
+                self.probe_failures
+                    .entry(id)
+                    .or_default()
+                    .count(fail.code());
+            }
             // Passing answers only: a hung backend must not drag the
             // VIP's automatic timeout up.
             if matches!(r.class, ProbeClass::Ok | ProbeClass::Slow { .. }) {

@@ -63,7 +63,7 @@ use crate::{
     ctl::{self, Event, EventKind, StatusReport},
     dataplane::Dataplane,
     health::scheduler::{Report, Scheduler},
-    metrics::{LatencyHistogram, MetricsExtra},
+    metrics::{LatencyHistogram, MetricsExtra, ProbeFailures},
 };
 
 pub use self::{
@@ -107,6 +107,8 @@ pub struct Daemon {
     /// Heavy hitters: rates, alerts, auto_block (`sources`).
     sources: sources::Watch,
     histograms: HashMap<u32, LatencyHistogram>,
+    /// Failed probes per backend, by reason code (`xlb_backend_probe_failures_total`).
+    probe_failures: HashMap<u32, ProbeFailures>,
     transitions: HashMap<u32, u64>,
     /// Backend id → (VIP index, backend index); rebuilt whenever `vips`
     /// changes shape (start, reload), not per health report.
@@ -181,6 +183,7 @@ impl Daemon {
             path_alarms: alarms::PathAlarms::default(),
             sources: sources::Watch::default(),
             histograms: HashMap::new(),
+            probe_failures: HashMap::new(),
             index,
             ct_entries: Arc::new(AtomicU64::new(0)),
             flows: Arc::default(),

@@ -323,6 +323,7 @@ impl Daemon {
             s.remove(u64::from(id));
         }
         self.histograms.remove(&id);
+        self.probe_failures.remove(&id);
         self.transitions.remove(&id);
     }
 

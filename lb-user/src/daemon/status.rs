@@ -112,10 +112,11 @@ impl Daemon {
             for b in &v.backends {
                 let h = self.histograms.get(&b.id).cloned().unwrap_or_default();
                 let t = self.transitions.get(&b.id).copied().unwrap_or(0);
-                extra.per_backend.insert(
-                    (v.cfg.name.clone(), b.cfg.socket_addr().to_string()),
-                    (h, t),
-                );
+                let key = (v.cfg.name.clone(), b.cfg.socket_addr().to_string());
+                if let Some(f) = self.probe_failures.get(&b.id) {
+                    extra.probe_failures.insert(key.clone(), f.clone());
+                }
+                extra.per_backend.insert(key, (h, t));
             }
         }
         extra

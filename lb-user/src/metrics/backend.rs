@@ -1,7 +1,9 @@
 //! The metric families of each backend, labelled `vip` and `backend`.
 
+use std::borrow::Cow;
+
 use super::exposition::{Family, Kind, Subject, Value};
-use super::{LatencyHistogram, MetricsExtra};
+use super::{LatencyHistogram, MetricsExtra, ProbeFailures};
 use crate::ctl::{BACKEND_STATES, BackendStatus, PLACEMENTS, StatusReport};
 
 /// One backend of one VIP, with what the metrics add to its status. A copy
@@ -12,6 +14,7 @@ pub(super) struct BackendView {
     status: BackendStatus,
     latency: LatencyHistogram,
     transitions: u64,
+    failures: ProbeFailures,
 }
 
 impl Subject for BackendView {
@@ -30,7 +33,9 @@ pub(super) fn views(status: &StatusReport, extra: &MetricsExtra) -> Vec<BackendV
                 .get(&(v.name.clone(), b.address.clone()))
                 .cloned()
                 .unwrap_or_default();
+            let key = (v.name.clone(), b.address.clone());
             BackendView {
+                failures: extra.probe_failures.get(&key).cloned().unwrap_or_default(),
                 vip: v.name.clone(),
                 status: b.clone(),
                 latency,
@@ -44,7 +49,7 @@ pub(super) fn views(status: &StatusReport, extra: &MetricsExtra) -> Vec<BackendV
 /// Every value of `xlb_backend_agent_state`'s `state` label.
 const AGENT_STATES: [&str; 4] = ["normal", "drain", "maint", "down"];
 
-pub(super) const FAMILIES: [Family<BackendView>; 16] = [
+pub(super) const FAMILIES: [Family<BackendView>; 17] = [
     Family {
         name: "xlb_backend_agent_state",
         kind: Kind::Gauge,
@@ -130,6 +135,15 @@ pub(super) const FAMILIES: [Family<BackendView>; 16] = [
         kind: Kind::Counter,
         help: "State transitions of the backend since the daemon started.",
         value: |b| Value::Int(b.transitions),
+    },
+    Family {
+        name: "xlb_backend_probe_failures_total",
+        kind: Kind::Counter,
+        help: "Failed health probes of the backend by reason code (connection_refused, no_response, unexpected_status, ...), each counted once; a code appears at its first failure.",
+        value: |b| {
+            let samples = b.failures.iter().map(|(c, n)| (Cow::Borrowed(c), n));
+            Value::ByLabel("code", samples.collect())
+        },
     },
     Family {
         name: "xlb_backend_packets_total",

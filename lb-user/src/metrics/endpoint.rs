@@ -1,6 +1,7 @@
 //! The HTTP endpoint: `GET /metrics` (and `HEAD`) over HTTP/1.1, one
-//! request per connection, and `GET /status`, the JSON of `xlb status
-//! --json` that other nodes' `xlb peers` read. It names every VIP and
+//! request per connection, `GET /status`, the JSON of `xlb status
+//! --json` that other nodes' `xlb peers` read, and the status page at `GET /`
+//! ([`super::page`]). It names every VIP and
 //! backend, so it serves strangers nothing else, is read-only, caps the
 //! request head and the connections served at once, and gives slow or
 //! silent clients a few seconds at most.
@@ -177,6 +178,9 @@ fn respond(request: Request, source: &dyn MetricsSource) -> Vec<u8> {
         }
     };
     let path = target.split('?').next().unwrap_or("");
+    if path == "/" {
+        return super::page::respond(&method);
+    }
     let json = match path {
         "/metrics" => false,
         "/status" => true,
@@ -184,7 +188,7 @@ fn respond(request: Request, source: &dyn MetricsSource) -> Vec<u8> {
             return plain(
                 404,
                 "Not Found",
-                "not found; metrics are at /metrics, the status at /status\n",
+                "not found; metrics are at /metrics, the status at /status, the status page at /\n",
                 &[],
             );
         }
@@ -229,7 +233,7 @@ fn respond(request: Request, source: &dyn MetricsSource) -> Vec<u8> {
     }
 }
 
-fn plain(code: u16, reason: &str, body: &str, headers: &[&str]) -> Vec<u8> {
+pub(super) fn plain(code: u16, reason: &str, body: &str, headers: &[&str]) -> Vec<u8> {
     let mut out =
         format!("HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n");
     for h in headers {
@@ -314,9 +318,21 @@ mod tests {
             ),
             (
                 "other path",
-                b"GET / HTTP/1.1\r\n\r\n",
+                b"GET /nope HTTP/1.1\r\n\r\n",
                 "HTTP/1.1 404 Not Found",
                 "metrics are at /metrics",
+            ),
+            (
+                "status page",
+                b"GET / HTTP/1.1\r\n\r\n",
+                "HTTP/1.1 200 OK",
+                "<title>xlb status</title>",
+            ),
+            (
+                "status page is read-only",
+                b"POST / HTTP/1.1\r\n\r\n",
+                "HTTP/1.1 405 Method Not Allowed",
+                "only GET",
             ),
             (
                 "other method",
@@ -340,7 +356,10 @@ mod tests {
                 assert_eq!(body, "", "{name}");
             }
         }
-        // The same limit guards /status.
+        // The same limit guards /status and the page.
+        let huge_page = [b"GET / HTTP/1.1\r\nX: ".as_slice(), &[b'a'; MAX_HEAD + 10]].concat();
+        let resp = exchange(addr, &huge_page).await;
+        assert!(resp.starts_with("HTTP/1.1 431"), "{resp}");
         let huge_status = [
             b"GET /status HTTP/1.1\r\nX: ".as_slice(),
             &[b'a'; MAX_HEAD + 10],

@@ -14,6 +14,7 @@ mod daemon;
 mod endpoint;
 mod exposition;
 pub mod guard;
+mod page;
 mod vip;
 
 use std::collections::BTreeMap;
@@ -77,6 +78,25 @@ impl LatencyHistogram {
     }
 }
 
+/// Failed probes of one backend by reason code (`FailReason::code`:
+/// `no_response`, `unexpected_status`, `dns_rcode`…). A code appears at its
+/// first failure: the set of codes is per probe kind and open-ended, and a
+/// series of zeros for every code of every kind would bury the real ones.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProbeFailures(BTreeMap<&'static str, u64>);
+
+impl ProbeFailures {
+    /// Counts one failed probe.
+    pub fn count(&mut self, code: &'static str) {
+        *self.0.entry(code).or_default() += 1;
+    }
+
+    /// `(code, failed probes)` in code order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        self.0.iter().map(|(&c, &n)| (c, n))
+    }
+}
+
 /// What the metrics need beyond a [`StatusReport`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MetricsExtra {
@@ -84,6 +104,8 @@ pub struct MetricsExtra {
     /// [`crate::ctl::BackendStatus::address`]): the backend's probe
     /// latencies and its number of state transitions since the daemon started.
     pub per_backend: BTreeMap<(String, String), (LatencyHistogram, u64)>,
+    /// Same keys: failed probes by reason code; absent before the first.
+    pub probe_failures: BTreeMap<(String, String), ProbeFailures>,
     /// Sources and lists (abuse control).
     pub guard: guard::GuardExtra,
 }
@@ -107,6 +129,34 @@ pub enum MetricsError {
         #[source]
         source: io::Error,
     },
+}
+
+/// Every metric family this build exports, as (name, type).
+fn families() -> Vec<(&'static str, exposition::Kind)> {
+    let names = daemon::FAMILIES.iter().map(|f| (f.name, f.kind));
+    let names = names.chain(vip::FAMILIES.iter().map(|f| (f.name, f.kind)));
+    let names = names.chain(backend::FAMILIES.iter().map(|f| (f.name, f.kind)));
+    let names = names.chain(guard::VIP_FAMILIES.iter().map(|f| (f.name, f.kind)));
+    let names = names.chain(guard::SOURCE_FAMILIES.iter().map(|f| (f.name, f.kind)));
+    names
+        .chain(guard::LIST_FAMILIES.iter().map(|f| (f.name, f.kind)))
+        .collect()
+}
+
+/// Every series name a scrape can hold: each family's, a histogram's as its
+/// `_bucket`, `_sum` and `_count`. What the dashboard and alert rules in
+/// `contrib/` are checked against, so they cannot name a metric xlb does
+/// not have.
+pub fn series_names() -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, kind) in families() {
+        if kind == exposition::Kind::Histogram {
+            out.extend(["_bucket", "_sum", "_count"].map(|s| format!("{name}{s}")));
+        } else {
+            out.push(name.to_owned());
+        }
+    }
+    out
 }
 
 /// Renders the exposition text of one snapshot.
@@ -134,6 +184,13 @@ mod tests {
         extra
             .per_backend
             .insert(("api".to_owned(), "10.99.0.11:80".to_owned()), (h, 3));
+        let mut failures = ProbeFailures::default();
+        for code in ["no_response", "unexpected_status", "no_response"] {
+            failures.count(code);
+        }
+        extra
+            .probe_failures
+            .insert(("api".to_owned(), "10.99.0.12:80".to_owned()), failures);
         extra.guard = guard::GuardExtra {
             vips: vec![guard::VipGuardExtra {
                 vip: "api".to_owned(),
@@ -253,6 +310,9 @@ mod tests {
             "xlb_backend_probe_latency_seconds_sum{vip=\"api\",backend=\"10.99.0.12:80\"} 0",
             "xlb_backend_transitions_total{vip=\"api\",backend=\"10.99.0.11:80\"} 3",
             "xlb_backend_transitions_total{vip=\"api\",backend=\"10.99.0.12:80\"} 0",
+            "# TYPE xlb_backend_probe_failures_total counter",
+            "xlb_backend_probe_failures_total{vip=\"api\",backend=\"10.99.0.12:80\",code=\"no_response\"} 2",
+            "xlb_backend_probe_failures_total{vip=\"api\",backend=\"10.99.0.12:80\",code=\"unexpected_status\"} 1",
             "xlb_backend_packets_total{vip=\"api\",backend=\"10.99.0.11:80\"} 600000",
             "xlb_backend_bytes_total{vip=\"api\",backend=\"10.99.0.12:80\"} 400000000",
             "xlb_backend_new_flows_total{vip=\"api\",backend=\"10.99.0.11:80\"} 30000",
@@ -321,6 +381,21 @@ mod tests {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "bad value in {line:?}");
         }
+    }
+
+    /// [`series_names`] lists exactly the series [`render`] writes (the
+    /// sample has every family).
+    #[test]
+    fn series_names_are_what_is_rendered() {
+        let text = render(&sample_report(), &sample_extra());
+        let rendered: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        let listed = series_names();
+        let listed: std::collections::BTreeSet<&str> = listed.iter().map(String::as_str).collect();
+        assert_eq!(listed, rendered);
     }
 
     #[test]
