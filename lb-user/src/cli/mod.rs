@@ -27,7 +27,11 @@ use crate::ctl::{
 
 /// xlb: an XDP layer-4 load balancer (Maglev hashing, direct server return).
 #[derive(Debug, Parser)]
-#[command(name = "xlb", version, propagate_version = true)]
+#[command(
+    name = "xlb",
+    version = crate::version::long(),
+    propagate_version = true
+)]
 pub struct Cli {
     /// Control socket of the daemon, for every command that talks to it.
     #[arg(
