@@ -78,6 +78,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             lb_user::decap::run(settings).await
         }
         Command::XdpPass { interface } => lb_user::decap::run_pass(interface.clone()).await,
+        Command::Generate { what } => {
+            for path in what.run().context("generating")? {
+                println!("{}", path.display());
+            }
+            Ok(())
+        }
         Command::Peers(cli::peers::PeersCommand::Peers { json }) => peers(socket, *json).await,
         Command::Events {
             follow: true, json, ..

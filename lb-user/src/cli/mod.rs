@@ -7,6 +7,7 @@ pub mod blocks;
 pub mod decap;
 mod drain;
 mod explain;
+pub mod generate;
 pub mod peers;
 pub mod sources;
 
@@ -176,6 +177,12 @@ pub enum Command {
     Peers(peers::PeersCommand),
     #[command(flatten)]
     Announce(announce::AnnounceCommand),
+    /// Write shell completions or man pages (for packaging).
+    #[command(hide = true)]
+    Generate {
+        #[command(subcommand)]
+        what: generate::Generate,
+    },
 }
 
 impl Command {
@@ -222,7 +229,8 @@ impl Command {
             | Command::CheckConfig { .. }
             | Command::Detach { .. }
             | Command::Decap(_)
-            | Command::XdpPass { .. } => return None,
+            | Command::XdpPass { .. }
+            | Command::Generate { .. } => return None,
         })
     }
 }
