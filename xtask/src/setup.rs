@@ -58,6 +58,12 @@ const TEST_PACKAGES: &[&str] = &[
     // BIRD 2 (`bird`, `birdc`): the BGP speaker of the two-node lab's router
     // and LB nodes (issue 26), each instance run inside its namespace.
     "bird2",
+    // The package test (`xtask/src/dist/tests.rs`): `man -l` on every page,
+    // `systemd-analyze verify` on the units (no systemd as PID 1 needed),
+    // `zsh -n` on the zsh completion.
+    "man-db",
+    "systemd",
+    "zsh",
 ];
 
 /// Debian packages for the lab (`xlb-lab`) and the benchmarks.
