@@ -77,9 +77,12 @@ fn git_commit() {
     // A new commit (HEAD moving, or the branch it names) rebuilds with the
     // new hash; `--git-path` finds both in a worktree too. aya-build already
     // names the eBPF sources, so these add to its list.
-    for path in [Some("HEAD".to_owned()), git(&["symbolic-ref", "-q", "HEAD"])]
-        .into_iter()
-        .flatten()
+    for path in [
+        Some("HEAD".to_owned()),
+        git(&["symbolic-ref", "-q", "HEAD"]),
+    ]
+    .into_iter()
+    .flatten()
     {
         // A file that does not exist (a packed ref) would rerun every build.
         if let Some(file) = git(&["rev-parse", "--git-path", &path])

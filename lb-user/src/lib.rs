@@ -23,4 +23,5 @@ pub mod host;
 pub mod maglev;
 pub mod metrics;
 pub mod route;
+pub mod upgrade;
 pub mod version;

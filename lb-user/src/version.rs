@@ -48,6 +48,10 @@ mod tests {
     #[test]
     fn subcommands_show_the_same_version() {
         let err = Cli::try_parse_from(["xlb", "status", "--version"]).unwrap_err();
-        assert!(err.render().to_string().contains(long()), "{}", err.render());
+        assert!(
+            err.render().to_string().contains(long()),
+            "{}",
+            err.render()
+        );
     }
 }

@@ -103,7 +103,7 @@ mod tests {
         );
         for path in &written {
             let text = fs::read_to_string(path).unwrap();
-            for word in ["drain", "check-config", "deadline"] {
+            for word in ["drain", "check-config", "check-upgrade", "deadline"] {
                 assert!(text.contains(word), "{}: no {word}", path.display());
             }
         }
@@ -127,8 +127,11 @@ mod tests {
         assert!(drain.contains(".TH xlb-drain 1"), "{drain}");
         assert!(drain.contains("deadline"), "{drain}");
         let top = fs::read_to_string(dir.join("xlb.1")).unwrap();
-        assert!(top.contains("check\\-config"), "{top}");
-        assert!(top.contains(crate::version::COMMIT), "the version names the commit");
+        assert!(top.contains("check\\-upgrade"), "{top}");
+        assert!(
+            top.contains(crate::version::COMMIT),
+            "the version names the commit"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -68,6 +68,19 @@ pub enum Command {
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
+    /// Check before restarting onto this binary (an upgrade): whether the
+    /// restart keeps every established flow, and whether the host has the
+    /// interface and socket_group the configuration names.
+    ///
+    /// Compares this binary's map layout version (`xlb --version`) and the
+    /// configuration's conntrack_size and max_table_size with the maps
+    /// pinned for the instance. Exits with 1 if flows would be lost or the
+    /// host is not ready. Run it as root.
+    CheckUpgrade {
+        /// The configuration the restarted daemon will run.
+        #[arg(long, short, value_name = "FILE", default_value = "/etc/xlb/xlb.toml")]
+        config: PathBuf,
+    },
     /// Show the daemon, its VIPs and their backends.
     Status {
         /// Print the daemon's report as JSON.
@@ -227,6 +240,7 @@ impl Command {
             Command::Run { .. }
             | Command::Peers(_)
             | Command::CheckConfig { .. }
+            | Command::CheckUpgrade { .. }
             | Command::Detach { .. }
             | Command::Decap(_)
             | Command::XdpPass { .. }

@@ -115,13 +115,38 @@ mod tests {
     fn first_round_cases() {
         let cases: &[(&str, &[(bool, Duration)], Duration, FirstRound)] = &[
             ("no backends", &[], Duration::ZERO, FirstRound::Done),
-            ("all probed", &[(true, S), (true, S)], Duration::ZERO, FirstRound::Done),
-            ("one left", &[(true, S), (false, 3 * S)], 2 * S, FirstRound::Waiting(1)),
+            (
+                "all probed",
+                &[(true, S), (true, S)],
+                Duration::ZERO,
+                FirstRound::Done,
+            ),
+            (
+                "one left",
+                &[(true, S), (false, 3 * S)],
+                2 * S,
+                FirstRound::Waiting(1),
+            ),
             // 3 s interval + timeout, one tick for the report.
-            ("at the bound", &[(false, 3 * S)], 4 * S, FirstRound::Waiting(1)),
-            ("past it", &[(false, 3 * S), (false, S)], 5 * S, FirstRound::Overdue(2)),
+            (
+                "at the bound",
+                &[(false, 3 * S)],
+                4 * S,
+                FirstRound::Waiting(1),
+            ),
+            (
+                "past it",
+                &[(false, 3 * S), (false, S)],
+                5 * S,
+                FirstRound::Overdue(2),
+            ),
             // The slowest unprobed backend sets the bound.
-            ("slowest", &[(false, 10 * S), (false, S)], 5 * S, FirstRound::Waiting(2)),
+            (
+                "slowest",
+                &[(false, 10 * S), (false, S)],
+                5 * S,
+                FirstRound::Waiting(2),
+            ),
         ];
         for (name, backends, elapsed, want) in cases {
             let got = first_round(backends.iter().copied(), *elapsed);
@@ -140,9 +165,14 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("notify.sock");
         let sock = UnixDatagram::bind(&path).unwrap();
-        sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "daemon::notify::tests::send_as_child", "--ignored"])
+            .args([
+                "--exact",
+                "daemon::notify::tests::send_as_child",
+                "--ignored",
+            ])
             .env("NOTIFY_SOCKET", &path)
             .stdout(std::process::Stdio::null())
             .status()
