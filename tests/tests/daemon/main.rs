@@ -27,6 +27,7 @@ mod announce;
 mod control;
 mod env;
 mod guard;
+mod notify;
 mod reload;
 mod restart;
 mod sources;
