@@ -113,44 +113,47 @@ mod tests {
 
     #[test]
     fn first_round_cases() {
-        let cases: &[(&str, &[(bool, Duration)], Duration, FirstRound)] = &[
-            ("no backends", &[], Duration::ZERO, FirstRound::Done),
+        /// Name, each backend's (probed, interval + timeout), time since
+        /// going live, the answer.
+        type Case = (&'static str, Vec<(bool, Duration)>, Duration, FirstRound);
+        let cases: Vec<Case> = vec![
+            ("no backends", vec![], Duration::ZERO, FirstRound::Done),
             (
                 "all probed",
-                &[(true, S), (true, S)],
+                vec![(true, S), (true, S)],
                 Duration::ZERO,
                 FirstRound::Done,
             ),
             (
                 "one left",
-                &[(true, S), (false, 3 * S)],
+                vec![(true, S), (false, 3 * S)],
                 2 * S,
                 FirstRound::Waiting(1),
             ),
             // 3 s interval + timeout, one tick for the report.
             (
                 "at the bound",
-                &[(false, 3 * S)],
+                vec![(false, 3 * S)],
                 4 * S,
                 FirstRound::Waiting(1),
             ),
             (
                 "past it",
-                &[(false, 3 * S), (false, S)],
+                vec![(false, 3 * S), (false, S)],
                 5 * S,
                 FirstRound::Overdue(2),
             ),
             // The slowest unprobed backend sets the bound.
             (
                 "slowest",
-                &[(false, 10 * S), (false, S)],
+                vec![(false, 10 * S), (false, S)],
                 5 * S,
                 FirstRound::Waiting(2),
             ),
         ];
         for (name, backends, elapsed, want) in cases {
-            let got = first_round(backends.iter().copied(), *elapsed);
-            assert_eq!(&got, want, "{name}");
+            let got = first_round(backends, elapsed);
+            assert_eq!(got, want, "{name}");
         }
     }
 
