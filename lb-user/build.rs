@@ -14,6 +14,7 @@ use aya_build::Toolchain;
 const EBPF_BINS: &[&str] = &["xlb"];
 
 fn main() -> anyhow::Result<()> {
+    git_commit();
     let skip =
         env::var_os("AYA_BUILD_SKIP").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     if skip {
@@ -50,6 +51,47 @@ fn main() -> anyhow::Result<()> {
     };
     select_bpf_cpu();
     aya_build::build_ebpf([ebpf_package], Toolchain::default())
+}
+
+/// Sets `XLB_GIT_COMMIT` for `xlb --version`: the commit this build comes
+/// from, or "unknown" outside a git checkout (a source tarball, a vendored
+/// build), which is never a reason to fail the build.
+fn git_commit() {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    };
+    // A packager building outside git can name the commit itself.
+    let commit = env::var("XLB_GIT_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
+        .unwrap_or_else(|| "unknown".to_owned());
+    println!("cargo:rustc-env=XLB_GIT_COMMIT={commit}");
+    // A new commit (HEAD moving, or the branch it names) rebuilds with the
+    // new hash; `--git-path` finds both in a worktree too. aya-build already
+    // names the eBPF sources, so these add to its list.
+    for path in [
+        Some("HEAD".to_owned()),
+        git(&["symbolic-ref", "-q", "HEAD"]),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        // A file that does not exist (a packed ref) would rerun every build.
+        if let Some(file) = git(&["rev-parse", "--git-path", &path])
+            && std::path::Path::new(&file).exists()
+        {
+            println!("cargo:rerun-if-changed={file}");
+        }
+    }
+    println!("cargo:rerun-if-env-changed=XLB_GIT_COMMIT");
 }
 
 /// The BPF instruction set the object is compiled for: v3 (32-bit ALU

@@ -5,11 +5,8 @@
 // `unused_crate_dependencies` holds for the library too.
 use tracing_subscriber as _;
 // Issue 28 placeholders: whoever first uses one of these deletes its line.
-use clap_complete as _;
-use clap_mangen as _;
 use crossterm as _;
 use ratatui as _;
-use sd_notify as _;
 
 pub mod announce;
 pub mod chance;
@@ -26,3 +23,5 @@ pub mod host;
 pub mod maglev;
 pub mod metrics;
 pub mod route;
+pub mod upgrade;
+pub mod version;

@@ -48,6 +48,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Command::Run { config } => lb_user::daemon::run(config.clone()).await,
         Command::CheckConfig { file } => check_config(file),
+        Command::CheckUpgrade { config } => check_upgrade(config),
         Command::Detach {
             instance,
             config,
@@ -78,6 +79,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             lb_user::decap::run(settings).await
         }
         Command::XdpPass { interface } => lb_user::decap::run_pass(interface.clone()).await,
+        Command::Generate { what } => {
+            for path in what.run().context("generating")? {
+                println!("{}", path.display());
+            }
+            Ok(())
+        }
         Command::Peers(cli::peers::PeersCommand::Peers { json }) => peers(socket, *json).await,
         Command::Events {
             follow: true, json, ..
@@ -146,6 +153,18 @@ fn check_config(file: &Path) -> anyhow::Result<()> {
                 if n == 1 { "" } else { "s" }
             )
         }
+    }
+}
+
+/// `xlb check-upgrade`: prints the verdict; exit 1 unless all is well.
+fn check_upgrade(file: &Path) -> anyhow::Result<()> {
+    let cfg = Config::from_file(file).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let verdict = lb_user::upgrade::verdict(&cfg, &lb_user::upgrade::gather(&cfg)?);
+    emit(&verdict.text)?;
+    if verdict.ok {
+        Ok(())
+    } else {
+        Err(ExitWith(1).into())
     }
 }
 

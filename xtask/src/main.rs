@@ -11,6 +11,7 @@ mod bench_summary;
 mod build_cmd;
 mod demo;
 mod demo_cluster;
+mod dist;
 mod fuzz;
 mod lab;
 mod lab_cluster;
@@ -75,6 +76,17 @@ enum Command {
         /// Passed to `xlb`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Build `xlb` (release) and the lab binaries and pack them: a Debian
+    /// package (binary, configuration, systemd units, completions, man
+    /// pages) and a tarball, in target/dist/.
+    Dist {
+        /// Build and pack the dev profile (quicker; for tests).
+        #[arg(long)]
+        debug: bool,
+        /// Where to write the package and the tarball.
+        #[arg(long, value_name = "DIR")]
+        out: Option<std::path::PathBuf>,
     },
     /// Bring the namespaced lab (client, LB host, three backends) up with
     /// xlb running in it and leave it running, or take it down.
@@ -166,6 +178,7 @@ fn main() -> ExitCode {
         Command::Test { args } => test::run(&args),
         Command::Bench { bin, runs, args } => bench::run(&bin, runs, &args),
         Command::Run { args } => run::run(&args),
+        Command::Dist { debug, out } => dist::run(debug, out),
         Command::Lab {
             action:
                 LabAction::Up {

@@ -63,6 +63,12 @@ const TEST_PACKAGES: &[&str] = &[
     "prometheus",
     // Headless Chromium loads the status page in the lab (status_page.rs).
     "chromium",
+    // The package test (`xtask/src/dist/tests.rs`): `man -l` on every page,
+    // `systemd-analyze verify` on the units (no systemd as PID 1 needed),
+    // `zsh -n` on the zsh completion.
+    "man-db",
+    "systemd",
+    "zsh",
 ];
 
 /// Debian packages for the lab (`xlb-lab`) and the benchmarks.

@@ -7,6 +7,7 @@ pub mod blocks;
 pub mod decap;
 mod drain;
 mod explain;
+pub mod generate;
 pub mod peers;
 pub mod sources;
 
@@ -27,7 +28,11 @@ use crate::ctl::{
 
 /// xlb: an XDP layer-4 load balancer (Maglev hashing, direct server return).
 #[derive(Debug, Parser)]
-#[command(name = "xlb", version, propagate_version = true)]
+#[command(
+    name = "xlb",
+    version = crate::version::long(),
+    propagate_version = true
+)]
 pub struct Cli {
     /// Control socket of the daemon, for every command that talks to it.
     #[arg(
@@ -62,6 +67,19 @@ pub enum Command {
         /// The configuration file.
         #[arg(value_name = "FILE")]
         file: PathBuf,
+    },
+    /// Check before restarting onto this binary (an upgrade): whether the
+    /// restart keeps every established flow, and whether the host has the
+    /// interface and socket_group the configuration names.
+    ///
+    /// Compares this binary's map layout version (`xlb --version`) and the
+    /// configuration's conntrack_size and max_table_size with the maps
+    /// pinned for the instance. Exits with 1 if flows would be lost or the
+    /// host is not ready. Run it as root.
+    CheckUpgrade {
+        /// The configuration the restarted daemon will run.
+        #[arg(long, short, value_name = "FILE", default_value = "/etc/xlb/xlb.toml")]
+        config: PathBuf,
     },
     /// Show the daemon, its VIPs and their backends.
     Status {
@@ -172,6 +190,12 @@ pub enum Command {
     Peers(peers::PeersCommand),
     #[command(flatten)]
     Announce(announce::AnnounceCommand),
+    /// Write shell completions or man pages (for packaging).
+    #[command(hide = true)]
+    Generate {
+        #[command(subcommand)]
+        what: generate::Generate,
+    },
 }
 
 impl Command {
@@ -216,9 +240,11 @@ impl Command {
             Command::Run { .. }
             | Command::Peers(_)
             | Command::CheckConfig { .. }
+            | Command::CheckUpgrade { .. }
             | Command::Detach { .. }
             | Command::Decap(_)
-            | Command::XdpPass { .. } => return None,
+            | Command::XdpPass { .. }
+            | Command::Generate { .. } => return None,
         })
     }
 }

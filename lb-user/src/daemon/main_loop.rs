@@ -50,6 +50,7 @@ impl Daemon {
         self.sample();
         let reports = self.reports.take().context("probes not started")?;
         self.select_loop(reports, calls).await?;
+        self.notify_stopping();
         info!(
             "xlb stopping; the XDP program stays attached with the last state (xlb detach removes it)"
         );
@@ -160,5 +161,6 @@ impl Daemon {
         self.announce_update();
         self.announce_tick();
         self.sample();
+        self.notify_tick();
     }
 }

@@ -36,6 +36,7 @@ mod guard;
 mod links;
 mod main_loop;
 pub mod model;
+mod notify;
 pub mod persist;
 mod reload;
 mod sources;
@@ -136,6 +137,8 @@ pub struct Daemon {
     globals: lb_common::Globals,
     /// Announcements: decisions, the route writer, withdrawals (`announce`).
     announcing: announce::Announcing,
+    /// What systemd has been told (`notify`).
+    notify: notify::Notify,
 }
 
 impl Daemon {
@@ -201,6 +204,7 @@ impl Daemon {
             announcing: announce::Announcing::from_saved(
                 saved.as_ref().and_then(|s| s.announce.as_ref()),
             ),
+            notify: notify::Notify::default(),
         };
         // Guards and lists before the VIPs go live: a VIP's first packet
         // is judged by its configuration.

@@ -28,9 +28,11 @@ mod chance;
 mod control;
 mod env;
 mod guard;
+mod notify;
 mod reload;
 mod restart;
 mod sources;
+mod upgrade;
 
 use std::{
     collections::BTreeSet,
