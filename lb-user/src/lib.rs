@@ -7,8 +7,6 @@ use tracing_subscriber as _;
 // Issue 28 placeholders: whoever first uses one of these deletes its line.
 use clap_complete as _;
 use clap_mangen as _;
-use crossterm as _;
-use ratatui as _;
 use sd_notify as _;
 
 pub mod announce;

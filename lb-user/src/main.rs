@@ -79,6 +79,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::XdpPass { interface } => lb_user::decap::run_pass(interface.clone()).await,
         Command::Peers(cli::peers::PeersCommand::Peers { json }) => peers(socket, *json).await,
+        Command::Top(args) => cli::top::run(socket, args).await,
+        Command::Status { watch, .. } if watch.watch => {
+            cli::top::watch(socket, watch.interval, color()).await
+        }
         Command::Events {
             follow: true, json, ..
         } => {
@@ -153,7 +157,7 @@ fn check_config(file: &Path) -> anyhow::Result<()> {
 fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
     let json = matches!(
         command,
-        Command::Status { json: true }
+        Command::Status { json: true, .. }
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
             | Command::Guard(GuardCommand::Blocks { json: true })

@@ -58,6 +58,9 @@ const TEST_PACKAGES: &[&str] = &[
     // BIRD 2 (`bird`, `birdc`): the BGP speaker of the two-node lab's router
     // and LB nodes (issue 26), each instance run inside its namespace.
     "bird2",
+    // A real terminal for `xlb top`'s lab test (a detached session read
+    // with `capture-pane`).
+    "tmux",
 ];
 
 /// Debian packages for the lab (`xlb-lab`) and the benchmarks.
