@@ -12,6 +12,11 @@
 //!   says so while it waits, then exits with status 1 and the message, the
 //!   terminal restored.
 //!
+//! - `top_and_watch_say_what_is_wrong_at_once`: `xlb top` into a pipe
+//!   refuses and points to `status --watch`; both, given a socket no
+//!   daemon listens on, exit 1 at once saying so (no 5 s wait: it never
+//!   answered). No lab, no root.
+//!
 //! Needs root, tmux (`cargo xtask setup`) and the binaries:
 //! `cargo build -p lb-user -p xlb-lab`, then
 //! `cargo test -p xlb-tests --test top -- --nocapture`.
@@ -350,6 +355,49 @@ fn top_follows_the_lab_and_gives_the_terminal_back() {
     tmux.assert_restored();
     drop(tmux);
     teardown(run);
+}
+
+#[test]
+fn top_and_watch_say_what_is_wrong_at_once() {
+    let xlb = xlb_tests::lab::xlb_binary();
+    let socket = std::env::temp_dir().join(format!("xlb-top-test-{}.sock", std::process::id()));
+    let cases: [(&str, Vec<&str>, &str); 3] = [
+        (
+            "top into a pipe",
+            vec!["top"],
+            "xlb: xlb top draws on a terminal and stdout is not one; use `xlb status --watch` \
+             for a refreshing plain table, or `xlb status --json`",
+        ),
+        (
+            "status --watch, nobody listening",
+            vec!["status", "--watch"],
+            "is `xlb run` running?",
+        ),
+        (
+            "status --watch, bad interval",
+            vec!["status", "--watch", "--interval", "5ms"],
+            "use 100ms or more",
+        ),
+    ];
+    for (name, args, want) in cases {
+        let start = Instant::now();
+        let out = Command::new(&xlb)
+            .args(&args)
+            .arg("--socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: exit status {}", out.status);
+        assert!(stderr.contains(want), "{name}: {stderr}");
+        assert!(out.stdout.is_empty(), "{name}: nothing on stdout");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{name}: said at once, not after {:?}",
+            start.elapsed()
+        );
+    }
 }
 
 /// `xlb status --watch` into a pipe: three frames, each with the status,

@@ -81,6 +81,18 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// An interval as the screens show it: `1s`, `500ms`, `2.5s`.
+fn interval_text(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else if ms < 1000 {
+        format!("{ms}ms")
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
 /// How long the daemon may not answer before `top` and `status --watch`
 /// give up: long enough to ride out a quick restart, short enough that a
 /// daemon that went away is said soon.
@@ -115,6 +127,19 @@ mod tests {
             assert_eq!(parse_interval(text), want, "{text}");
         }
         assert!(parse_interval("soon").is_err());
+    }
+
+    #[test]
+    fn intervals_read_as_written() {
+        let cases = [
+            (1000, "1s"),
+            (500, "500ms"),
+            (2500, "2.5s"),
+            (10_000, "10s"),
+        ];
+        for (ms, want) in cases {
+            assert_eq!(interval_text(Duration::from_millis(ms)), want);
+        }
     }
 
     #[test]

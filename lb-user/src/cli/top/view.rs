@@ -100,7 +100,7 @@ fn header_line(s: &Screen) -> Line<'static> {
         "  sort {}  vip {}  every {}",
         s.view.sort.label(),
         s.view.filter.as_deref().unwrap_or("all"),
-        humantime_short(s.interval)
+        super::interval_text(s.interval)
     )));
     if s.view.paused {
         spans.push(Span::raw("  "));
@@ -110,18 +110,6 @@ fn header_line(s: &Screen) -> Line<'static> {
         ));
     }
     Line::from(spans)
-}
-
-/// `1s`, `500ms`, `2.5s`.
-fn humantime_short(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms % 1000 == 0 {
-        format!("{}s", ms / 1000)
-    } else if ms < 1000 {
-        format!("{ms}ms")
-    } else {
-        format!("{:.1}s", d.as_secs_f64())
-    }
 }
 
 fn right(text: impl Into<String>) -> Cell<'static> {
@@ -507,18 +495,5 @@ mod tests {
             screen.contains("xlb top  connecting to /run/xlb/xlb.sock"),
             "{screen}"
         );
-    }
-
-    #[test]
-    fn intervals_read_as_written() {
-        let cases = [
-            (1000, "1s"),
-            (500, "500ms"),
-            (2500, "2.5s"),
-            (10_000, "10s"),
-        ];
-        for (ms, want) in cases {
-            assert_eq!(humantime_short(Duration::from_millis(ms)), want);
-        }
     }
 }

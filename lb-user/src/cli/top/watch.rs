@@ -29,7 +29,7 @@ pub fn render_watch(
     if tty {
         out.push_str(CLEAR);
     }
-    let every = humantime(interval);
+    let every = super::interval_text(interval);
     out.push_str(&format!(
         "xlb status every {every}  {} UTC\n\n",
         format_utc(now_unix_ms)
@@ -40,14 +40,6 @@ pub fn render_watch(
         out.push('\n');
     }
     out
-}
-
-fn humantime(d: Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
-    }
 }
 
 /// Runs `xlb status --watch` until interrupted, a closed pipe (`Ok`), or a
