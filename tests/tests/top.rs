@@ -53,16 +53,17 @@ fn prefix(tag: &str) -> String {
     format!("top{tag}{}", std::process::id() % 1000)
 }
 
-/// A tmux server of our own (`tmux -L NAME`), with one session running
-/// `sh` in a `COLS`×`ROWS` window; the server is killed when dropped.
+/// A tmux server of our own (`tmux -S PATH`, a socket in the temporary
+/// directory), with one session running `sh` in a `COLS`×`ROWS` window;
+/// the server is killed and its socket removed when dropped.
 struct Tmux {
-    server: String,
+    socket: std::path::PathBuf,
 }
 
 impl Tmux {
     fn start(name: &str) -> Tmux {
         let tmux = Tmux {
-            server: format!("xlb-test-{name}-{}", std::process::id()),
+            socket: std::env::temp_dir().join(format!("xlb-tmux-{name}-{}", std::process::id())),
         };
         // `-f /dev/null`: no user configuration changes what we read.
         tmux.run(&[
@@ -85,8 +86,8 @@ impl Tmux {
 
     fn run(&self, args: &[&str]) -> String {
         let out = Command::new("tmux")
-            .arg("-L")
-            .arg(&self.server)
+            .arg("-S")
+            .arg(&self.socket)
             .args(args)
             .output()
             .unwrap_or_else(|e| panic!("tmux {args:?}: {e}; install it (cargo xtask setup)"));
@@ -151,10 +152,11 @@ impl Drop for Tmux {
     fn drop(&mut self) {
         // Ends every process of the session (xlb top, the shell) with it.
         let _ = Command::new("tmux")
-            .arg("-L")
-            .arg(&self.server)
+            .arg("-S")
+            .arg(&self.socket)
             .arg("kill-server")
             .output();
+        let _ = std::fs::remove_file(&self.socket);
     }
 }
 
