@@ -4,9 +4,6 @@
 // The `xlb` binary sets up logging with it; named here so that
 // `unused_crate_dependencies` holds for the library too.
 use tracing_subscriber as _;
-// Issue 28 placeholders: whoever first uses one of these deletes its line.
-use crossterm as _;
-use ratatui as _;
 
 pub mod announce;
 pub mod chance;

@@ -86,6 +86,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Peers(cli::peers::PeersCommand::Peers { json }) => peers(socket, *json).await,
+        Command::Top(args) => cli::top::run(socket, args).await,
+        Command::Status { watch, .. } if watch.watch => {
+            cli::top::watch(socket, watch.interval, color()).await
+        }
         Command::Events {
             follow: true, json, ..
         } => {
@@ -172,7 +176,7 @@ fn check_upgrade(file: &Path) -> anyhow::Result<()> {
 fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
     let json = matches!(
         command,
-        Command::Status { json: true }
+        Command::Status { json: true, .. }
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
             | Command::Guard(GuardCommand::Blocks { json: true })

@@ -69,6 +69,9 @@ const TEST_PACKAGES: &[&str] = &[
     "man-db",
     "systemd",
     "zsh",
+    // A real terminal for `xlb top`'s lab test (a detached session read
+    // with `capture-pane`).
+    "tmux",
 ];
 
 /// Debian packages for the lab (`xlb-lab`) and the benchmarks.

@@ -10,6 +10,7 @@ mod explain;
 pub mod generate;
 pub mod peers;
 pub mod sources;
+pub mod top;
 
 pub use drain::{DrainProgress, drain_progress};
 pub use explain::render_explain;
@@ -86,7 +87,15 @@ pub enum Command {
         /// Print the daemon's report as JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        watch: top::WatchArgs,
     },
+    /// A full-screen live view: VIPs, backends, rates and the latest events.
+    ///
+    /// Refreshes every --interval over the control socket. Keys: s sorts
+    /// by the next column, v shows the next VIP, / types a VIP's name, p
+    /// pauses, ? lists the keys, q, Esc or Ctrl-C quits.
+    Top(top::TopArgs),
     /// Show recent events: state changes, table rebuilds, drains, reloads.
     Events {
         /// Keep running and print each new event as it happens.
@@ -238,6 +247,7 @@ impl Command {
             Command::Guard(g) => g.request(),
             Command::Announce(a) => a.request(),
             Command::Run { .. }
+            | Command::Top(_)
             | Command::Peers(_)
             | Command::CheckConfig { .. }
             | Command::CheckUpgrade { .. }
@@ -799,11 +809,21 @@ mod tests {
                     file: "x.toml".into(),
                 },
             ),
-            ("status", vec!["status"], Command::Status { json: false }),
+            (
+                "status",
+                vec!["status"],
+                Command::Status {
+                    json: false,
+                    watch: top::WatchArgs::default(),
+                },
+            ),
             (
                 "status --json",
                 vec!["status", "--json"],
-                Command::Status { json: true },
+                Command::Status {
+                    json: true,
+                    watch: top::WatchArgs::default(),
+                },
             ),
             (
                 "events",
