@@ -338,7 +338,7 @@ timeout = "250ms""#,
             r#"xlb.toml: cluster: timeout "soon" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
         ];
         unknown_setting: with_cluster(r#"nodes = ["a"]"#) => [
-            "xlb.toml: TOML parse error at line 5, column 1\n  |\n5 | nodes = [\"a\"]\n  | ^^^^^\nunknown field `nodes`, expected one of `name`, `peers`, `timeout`",
+            "xlb.toml:5:1: cluster: unknown field `nodes`, expected one of `name`, `peers`, `timeout`",
         ];
     }
 }

@@ -602,7 +602,7 @@ probe_concurrency = 0
             r#"xlb.toml: daemon: reply_rate "0/s" is out of range; use "1/s" to "10000000/s" (replies each CPU may generate per second; default "1000/s")"#,
         ];
         reply_rate_not_a_rate: format!(r#"{DAEMON}reply_rate = 1000"#) => [
-            "xlb.toml: TOML parse error at line 4, column 14\n  |\n4 | reply_rate = 1000\n  |              ^^^^\ninvalid type: integer `1000`, expected a string",
+            "xlb.toml:4:14: daemon: reply_rate: invalid type: integer `1000`, expected a string",
         ];
         reply_rate_without_a_unit: format!(r#"{DAEMON}reply_rate = "1000""#) => [
             r#"xlb.toml: daemon: reply_rate "1000" is not a rate; write a number per second or per minute, e.g. "200/s", "30/min""#,

@@ -1243,7 +1243,7 @@ expect_status = ["200"]
             r#"xlb.toml: vip "a": health_check: reopen_every applies only to kind = "http", but this check's kind is "tcp"; remove reopen_every or set kind = "http""#,
         ];
         reuse_connection_not_a_boolean: layered("reuse_connection = \"yes\"", "", "") => [
-            "xlb.toml: TOML parse error at line 6, column 20\n  |\n6 | reuse_connection = \"yes\"\n  |                    ^^^^^\ninvalid type: string \"yes\", expected a boolean",
+            r#"xlb.toml:6:20: health_check: reuse_connection: invalid type: string "yes", expected a boolean"#,
         ];
         port_in_health_check_tables: api_vip(r#"
 [vip.health_check]

@@ -60,6 +60,7 @@ mod address;
 mod announce;
 mod chance;
 mod cluster;
+mod collect;
 
 /// `daemon.second_chance_window`'s default, in ns.
 pub const fn chance_default_window_ns() -> u64 {
@@ -174,9 +175,8 @@ impl Config {
     /// Parses and validates configuration `text`; `origin` (usually the file
     /// name) prefixes every message.
     pub fn from_str(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigErrors {
-            problems: vec![format!("{origin}: {}", e.to_string().trim_end())],
-        })?;
+        let raw: RawConfig =
+            collect::deserialize(text, origin).map_err(|problems| ConfigErrors { problems })?;
         let mut p = Problems {
             origin,
             errors: Vec::new(),

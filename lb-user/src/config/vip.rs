@@ -645,7 +645,7 @@ protocol = "udp"
             r#"xlb.toml: vip "dns": host_services = false, but vip "api" at the same address 10.100.0.1 has host_services = true; it applies to the whole address (what no VIP there balances goes to the host, or is dropped), so set it alike on every VIP at 10.100.0.1"#,
         ];
         host_services_not_a_bool: api_with_backend(r#"host_services = "yes""#) => [
-            "xlb.toml: TOML parse error at line 9, column 17\n  |\n9 | host_services = \"yes\"\n  |                 ^^^^^\ninvalid type: string \"yes\", expected a boolean",
+            r#"xlb.toml:9:17: vip "api": host_services: invalid type: string "yes", expected a boolean"#,
         ];
         vip_name_reused: format!(r#"{}
 [[vip]]
