@@ -333,12 +333,12 @@ mod tests {
             (
                 "zero TTL",
                 vec!["block", "192.0.2.7", "--ttl", "0s"],
-                "a TTL of 0s is out of range; use 1s to 720h",
+                "a TTL of 0s is out of range; use 1s to 30d",
             ),
             (
                 "TTL under a second",
                 vec!["block", "192.0.2.7", "--ttl", "500ms"],
-                "a TTL of 500ms is out of range; use 1s to 720h",
+                "a TTL of 500ms is out of range; use 1s to 30d",
             ),
             (
                 "TTL without unit",

@@ -983,7 +983,7 @@ mod tests {
             (
                 "deadline without unit",
                 &["drain", "api", "10.0.0.1:80", "--deadline", "5"],
-                "\"5\" is not a duration; write a number and a unit (ms, s, m or h)",
+                "\"5\" is not a duration; write a number and a unit (ms, s, m, h or d)",
             ),
             (
                 "deadline zero",

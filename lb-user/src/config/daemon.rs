@@ -529,9 +529,11 @@ fn reply_rate(raw: &RawDaemon, p: &mut Problems<'_>) -> u32 {
             p.error(
                 CTX,
                 format!(
-                    "reply_rate {text:?} is out of range; use \"1/s\" to \"{MAX_REPLY_RATE}/s\" \
-                     (replies each CPU may generate per second; default \"{}/s\")",
-                    defaults::REPLY_RATE
+                    "reply_rate {text:?} is out of range; use {} to {} \
+                     (replies each CPU may generate per second; default {})",
+                    super::shown::rate(1.0),
+                    super::shown::rate(f64::from(MAX_REPLY_RATE)),
+                    super::shown::rate(f64::from(defaults::REPLY_RATE))
                 ),
             );
             defaults::REPLY_RATE
@@ -591,7 +593,7 @@ probe_concurrency = 0
             r"xlb.toml: daemon: socket_group is empty; name a group, or remove socket_group to keep the control socket root-only (mode 0600)",
             r#"xlb.toml: daemon: metrics_address "localhost" is not an address:port; use e.g. "127.0.0.1:9813" or "[::1]:9813", or "" to disable metrics"#,
             r"xlb.toml: daemon: conntrack_size 0 is too small: the kernel's LRU evicts in batches per CPU, so a smaller map evicts live flows; use at least 4096 (default 1048576)",
-            r#"xlb.toml: daemon: udp_timeout "30" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+            r#"xlb.toml: daemon: udp_timeout "30" is not a duration; write a number and a unit (ms, s, m, h or d), e.g. "500ms", "2s", "1.5s", "1m""#,
             r"xlb.toml: daemon: max_table_size 65536 is not prime; use a prime such as 65537",
             r"xlb.toml: daemon: hash_seed must be 32 hexadecimal digits (128 bits), got 3 characters; generate one with `openssl rand -hex 16`, or remove hash_seed to get a random one on first start",
             r"xlb.toml: daemon: encap_source_v4 0.0.0.0 cannot be a packet's source; use an address of this host that backends can reach, or remove it to use the interface's address",

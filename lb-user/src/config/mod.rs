@@ -73,6 +73,7 @@ mod guard;
 mod health;
 mod protection;
 mod raw;
+mod shown;
 mod tls;
 mod vip;
 
@@ -88,6 +89,7 @@ pub use guard::{
     AutoBlock, GuardConfig, ListRule, MAX_TTL, SourceAlert, SourceLimit, VipGuardConfig,
     defaults as guard_defaults, parse_rate,
 };
+pub use shown::{duration as shown_duration, rate as shown_rate};
 pub use vip::{BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, ip_proto};
 
 use raw::RawConfig;
@@ -358,13 +360,13 @@ fn check_backend_count(raw: &RawConfig, p: &mut Problems<'_>) {
 // ---------------------------------------------------------------------------
 // Value forms shared by several tables.
 
-/// Parses a duration such as `"500ms"`, `"2s"`, `"1.5s"`, `"1m"` or `"1h"`:
-/// one decimal number and one unit (`ms`, `s`, `m`, `h`). The error says
+/// Parses a duration such as `"500ms"`, `"2s"`, `"1.5s"`, `"1m"`, `"1h"` or
+/// `"7d"`: one decimal number and one unit (`ms`, `s`, `m`, `h`, `d`). The error says
 /// what was wrong, without saying where.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let bad = || {
         format!(
-            "{text:?} is not a duration; write a number and a unit (ms, s, m or h), \
+            "{text:?} is not a duration; write a number and a unit (ms, s, m, h or d), \
              e.g. \"500ms\", \"2s\", \"1.5s\", \"1m\""
         )
     };
@@ -378,6 +380,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => 1_000_000_000,
         "m" => 60_000_000_000,
         "h" => 3_600_000_000_000,
+        // Block TTLs run to days (`--ttl 7d`); weeks are left out: no
+        // bound in the file reaches one.
+        "d" => 86_400_000_000_000,
         _ => return Err(bad()),
     };
     let (int, frac) = number.split_once('.').unwrap_or((number, ""));
@@ -865,6 +870,7 @@ address = "10.0.0.11"
             ("decimal seconds", "1.5s", Duration::from_millis(1500)),
             ("minutes", "1m", Duration::from_secs(60)),
             ("hours", "2h", Duration::from_secs(7200)),
+            ("days", "7d", Duration::from_secs(7 * 86_400)),
             ("zero", "0s", Duration::ZERO),
             ("leading dot", ".5s", Duration::from_millis(500)),
             ("trailing dot", "3.s", Duration::from_secs(3)),
@@ -882,7 +888,7 @@ address = "10.0.0.11"
             ("no unit", "5"),
             ("no number", "s"),
             ("empty", ""),
-            ("unknown unit", "5d"),
+            ("unknown unit", "5w"),
             ("space before unit", "5 s"),
             ("negative", "-1s"),
             ("two dots", "1.2.3s"),
@@ -894,7 +900,7 @@ address = "10.0.0.11"
             assert_eq!(
                 parse_duration(text),
                 Err(format!(
-                    "{text:?} is not a duration; write a number and a unit (ms, s, m or h), \
+                    "{text:?} is not a duration; write a number and a unit (ms, s, m, h or d), \
                      e.g. \"500ms\", \"2s\", \"1.5s\", \"1m\""
                 )),
                 "{name}"

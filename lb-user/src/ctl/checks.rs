@@ -102,9 +102,10 @@ pub fn check_reason(s: &str) -> Result<(), String> {
 pub fn check_ttl(d: Duration, spelled: &str) -> Result<(), String> {
     if d < MIN_TTL || d > MAX_TTL {
         return Err(format!(
-            "a TTL of {spelled} is out of range; use 1s to {}h, or leave the TTL out for an \
+            "a TTL of {spelled} is out of range; use {} to {}, or leave the TTL out for an \
              entry that stays until `xlb unblock`",
-            MAX_TTL.as_secs() / 3600
+            crate::config::shown_duration(MIN_TTL),
+            crate::config::shown_duration(MAX_TTL)
         ));
     }
     Ok(())
@@ -192,7 +193,7 @@ mod tests {
             (
                 "block, ttl 0",
                 block(Some(0), None),
-                Some("ttl_ms: a TTL of 0 ms is out of range; use 1s to 720h"),
+                Some("ttl_ms: a TTL of 0 ms is out of range; use 1s to 30d"),
             ),
             (
                 "block, ttl 999 ms",
