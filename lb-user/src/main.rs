@@ -44,7 +44,16 @@ fn color() -> bool {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let socket = cli.socket.as_path();
+    let socket = match (cli.command.target(), &cli.socket) {
+        (Some(target), outer) => target.socket(outer.as_ref()).map_err(anyhow::Error::msg)?,
+        // Only `xlb --socket PATH run` gets here: clap refuses it after.
+        (None, Some(_)) => bail!(
+            "--socket is for the commands that talk to a running daemon (status, drain, \
+             block, ...); this one does not use it: leave it out"
+        ),
+        (None, None) => std::path::PathBuf::new(),
+    };
+    let socket = socket.as_path();
     match &cli.command {
         Command::Run { config } => lb_user::daemon::run(config.clone()).await,
         Command::CheckConfig { file } => check_config(file),
@@ -78,7 +87,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             lb_user::decap::run(settings).await
         }
         Command::XdpPass { interface } => lb_user::decap::run_pass(interface.clone()).await,
-        Command::Peers(cli::peers::PeersCommand::Peers { json }) => peers(socket, *json).await,
+        Command::Peers(cli::peers::PeersCommand::Peers { json, .. }) => peers(socket, *json).await,
         Command::Events {
             follow: true, json, ..
         } => {
@@ -153,10 +162,10 @@ fn check_config(file: &Path) -> anyhow::Result<()> {
 fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
     let json = matches!(
         command,
-        Command::Status { json: true }
+        Command::Status { json: true, .. }
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
-            | Command::Guard(GuardCommand::Blocks { json: true })
+            | Command::Guard(GuardCommand::Blocks { json: true, .. })
     ) || matches!(command, Command::Sources(s) if s.json())
         || matches!(command, Command::Announce(a) if a.json());
     let text = match resp {

@@ -38,6 +38,9 @@ pub enum GuardCommand {
         /// RST: the client fails at once).
         #[arg(long, value_name = "drop|reset", value_parser = parse_action, default_value = "drop")]
         action: GuardAction,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
     /// Never refuse a source prefix by a deny entry (add it to an allow list).
     ///
@@ -56,6 +59,9 @@ pub enum GuardCommand {
         /// Why, shown by `xlb blocks` and in the event.
         #[arg(long, value_name = "TEXT", value_parser = parse_reason)]
         reason: Option<String>,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
     /// Remove an entry added by `xlb block` (or `xlb allow`, with --allow).
     ///
@@ -71,12 +77,18 @@ pub enum GuardCommand {
         /// Remove an allow entry instead of a deny entry.
         #[arg(long)]
         allow: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
     /// List the deny and allow entries, with their hits.
     Blocks {
         /// Print the entries as JSON.
         #[arg(long)]
         json: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
 }
 
@@ -90,6 +102,7 @@ impl GuardCommand {
                 ttl,
                 reason,
                 action,
+                ..
             } => Request::Block {
                 list: ListKind::Deny,
                 prefix: prefix.to_string(),
@@ -103,6 +116,7 @@ impl GuardCommand {
                 vip,
                 ttl,
                 reason,
+                ..
             } => Request::Block {
                 list: ListKind::Allow,
                 prefix: prefix.to_string(),
@@ -111,7 +125,9 @@ impl GuardCommand {
                 reason: reason.clone(),
                 action: GuardAction::Drop,
             },
-            GuardCommand::Unblock { prefix, vip, allow } => Request::Unblock {
+            GuardCommand::Unblock {
+                prefix, vip, allow, ..
+            } => Request::Unblock {
                 list: if *allow {
                     ListKind::Allow
                 } else {

@@ -9,6 +9,7 @@ mod drain;
 mod explain;
 pub mod peers;
 pub mod sources;
+pub mod target;
 
 pub use drain::{DrainProgress, drain_progress};
 pub use explain::render_explain;
@@ -21,23 +22,17 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use crate::config::{self, Config, ConfigErrors};
-use crate::ctl::{
-    BackendStatus, DEFAULT_CONTROL_SOCKET, Event, Protocol, Request, StatusReport, VipStatus,
-};
+use crate::ctl::{BackendStatus, Event, Protocol, Request, StatusReport, VipStatus};
 
 /// xlb: an XDP layer-4 load balancer (Maglev hashing, direct server return).
 #[derive(Debug, Parser)]
 #[command(name = "xlb", version, propagate_version = true)]
 pub struct Cli {
-    /// Control socket of the daemon, for every command that talks to it.
-    #[arg(
-        long,
-        global = true,
-        env = "XLB_SOCKET",
-        value_name = "PATH",
-        default_value = DEFAULT_CONTROL_SOCKET
-    )]
-    pub socket: PathBuf,
+    /// `xlb --socket PATH status`, as scripts wrote it when --socket was
+    /// global: still accepted before a client command, hidden (each client
+    /// command has its own --socket; see `target`).
+    #[arg(long, value_name = "PATH", hide = true)]
+    pub socket: Option<PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -68,6 +63,9 @@ pub enum Command {
         /// Print the daemon's report as JSON.
         #[arg(long)]
         json: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
     },
     /// Show recent events: state changes, table rebuilds, drains, reloads.
     Events {
@@ -80,6 +78,9 @@ pub enum Command {
         /// Print events as JSON (with --follow, one object per line).
         #[arg(long)]
         json: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
     },
     /// Stop sending new flows to a backend; established flows continue.
     ///
@@ -101,6 +102,9 @@ pub enum Command {
         /// `xlb enable` cancels it.
         #[arg(long, value_name = "DURATION", value_parser = parse_deadline)]
         deadline: Option<Duration>,
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
     },
     /// Undo `xlb drain`: the backend takes new flows again once healthy.
     Enable {
@@ -108,6 +112,9 @@ pub enum Command {
         vip: String,
         /// Backend address: IP:PORT, [IPv6]:PORT, or just the IP.
         backend: String,
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
     },
     /// Show which backend a flow goes to, and why.
     Explain {
@@ -123,9 +130,16 @@ pub enum Command {
         /// Print the daemon's report as JSON.
         #[arg(long)]
         json: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
     },
     /// Re-read the configuration file and apply the changes (as SIGHUP does).
-    Reload,
+    Reload {
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
+    },
     /// Remove the XDP program and pinned maps that `xlb run` left behind.
     ///
     /// Established flows stop being balanced at once. Stop `xlb run` first:
@@ -195,7 +209,7 @@ impl Command {
                 // Rounded up: a sub-millisecond deadline is not "now".
                 deadline_ms: deadline.map(|d| d.as_nanos().div_ceil(1_000_000) as u64),
             },
-            Command::Enable { vip, backend } => Request::Enable {
+            Command::Enable { vip, backend, .. } => Request::Enable {
                 vip: vip.clone(),
                 backend: backend.clone(),
             },
@@ -209,7 +223,7 @@ impl Command {
                 client: *client,
                 vip: *vip,
             },
-            Command::Reload => Request::Reload,
+            Command::Reload { .. } => Request::Reload,
             Command::Sources(s) => s.request(),
             Command::Guard(g) => g.request(),
             Command::Announce(a) => a.request(),
@@ -749,8 +763,6 @@ mod tests {
 
     #[test]
     fn subcommands_parse() {
-        // Keep XLB_SOCKET from the environment out of the expectations.
-        let socket = |cli: &Cli| cli.socket.clone();
         let cases: Vec<(&str, Vec<&str>, Command)> = vec![
             (
                 "run",
@@ -773,16 +785,27 @@ mod tests {
                     file: "x.toml".into(),
                 },
             ),
-            ("status", vec!["status"], Command::Status { json: false }),
+            (
+                "status",
+                vec!["status"],
+                Command::Status {
+                    target: Default::default(),
+                    json: false,
+                },
+            ),
             (
                 "status --json",
                 vec!["status", "--json"],
-                Command::Status { json: true },
+                Command::Status {
+                    target: Default::default(),
+                    json: true,
+                },
             ),
             (
                 "events",
                 vec!["events"],
                 Command::Events {
+                    target: Default::default(),
                     follow: false,
                     since: None,
                     json: false,
@@ -792,6 +815,7 @@ mod tests {
                 "events all flags",
                 vec!["events", "-f", "--since", "42", "--json"],
                 Command::Events {
+                    target: Default::default(),
                     follow: true,
                     since: Some(42),
                     json: true,
@@ -801,6 +825,7 @@ mod tests {
                 "drain",
                 vec!["drain", "api", "10.99.0.12:80"],
                 Command::Drain {
+                    target: Default::default(),
                     vip: "api".into(),
                     backend: "10.99.0.12:80".into(),
                     wait: false,
@@ -818,6 +843,7 @@ mod tests {
                     "5m",
                 ],
                 Command::Drain {
+                    target: Default::default(),
                     vip: "api".into(),
                     backend: "10.99.0.12:80".into(),
                     wait: true,
@@ -828,6 +854,7 @@ mod tests {
                 "drain --deadline before the arguments",
                 vec!["drain", "--deadline", "1.5s", "api", "10.99.0.12"],
                 Command::Drain {
+                    target: Default::default(),
                     vip: "api".into(),
                     backend: "10.99.0.12".into(),
                     wait: false,
@@ -838,6 +865,7 @@ mod tests {
                 "enable v6",
                 vec!["enable", "api", "[fd00::2]:80"],
                 Command::Enable {
+                    target: Default::default(),
                     vip: "api".into(),
                     backend: "[fd00::2]:80".into(),
                 },
@@ -846,6 +874,7 @@ mod tests {
                 "explain",
                 vec!["explain", "tcp", "192.0.2.10:51234", "10.100.0.1:80"],
                 Command::Explain {
+                    target: Default::default(),
                     protocol: Protocol::Tcp,
                     client: "192.0.2.10:51234".parse().unwrap(),
                     vip: "10.100.0.1:80".parse().unwrap(),
@@ -862,13 +891,20 @@ mod tests {
                     "--json",
                 ],
                 Command::Explain {
+                    target: Default::default(),
                     protocol: Protocol::Udp,
                     client: "[2001:db8::1]:5353".parse().unwrap(),
                     vip: "[2001:db8::100]:53".parse().unwrap(),
                     json: true,
                 },
             ),
-            ("reload", vec!["reload"], Command::Reload),
+            (
+                "reload",
+                vec!["reload"],
+                Command::Reload {
+                    target: Default::default(),
+                },
+            ),
             (
                 "detach",
                 vec!["detach"],
@@ -913,22 +949,16 @@ mod tests {
         for (name, args, want) in cases {
             let cli = parse(&args).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(cli.command, want, "{name}");
-            let _ = socket(&cli);
         }
     }
 
     #[test]
-    fn socket_flag_is_global() {
+    fn socket_flag_after_or_before_the_command() {
         let cli = parse(&["status", "--socket", "/tmp/x.sock"]).unwrap();
-        assert_eq!(cli.socket, PathBuf::from("/tmp/x.sock"));
+        let target = cli.command.target().unwrap();
+        assert_eq!(target.socket, Some(PathBuf::from("/tmp/x.sock")));
         let cli = parse(&["--socket", "/tmp/y.sock", "reload"]).unwrap();
-        assert_eq!(cli.socket, PathBuf::from("/tmp/y.sock"));
-        if std::env::var_os("XLB_SOCKET").is_none() {
-            assert_eq!(
-                parse(&["status"]).unwrap().socket,
-                PathBuf::from("/run/xlb/xlb.sock")
-            );
-        }
+        assert_eq!(cli.socket, Some(PathBuf::from("/tmp/y.sock")));
     }
 
     #[test]

@@ -248,11 +248,24 @@ pub fn check_instance(instance: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The socket of an instance whose configuration does not set
+/// `control_socket`: [`defaults::CONTROL_SOCKET`] for the default instance
+/// (and an unset one), `/run/xlb/<instance>.sock` for the others, so two
+/// instances on one host do not fight over one socket, and `xlb status
+/// --instance NAME` finds it.
+pub fn default_control_socket(instance: &str) -> PathBuf {
+    if instance.is_empty() || instance == defaults::INSTANCE {
+        PathBuf::from(defaults::CONTROL_SOCKET)
+    } else {
+        std::path::Path::new(defaults::CONTROL_SOCKET).with_file_name(format!("{instance}.sock"))
+    }
+}
+
 fn control_socket(raw: &RawDaemon, p: &mut Problems<'_>) -> PathBuf {
     let control_socket = raw
         .control_socket
         .clone()
-        .unwrap_or_else(|| PathBuf::from(defaults::CONTROL_SOCKET));
+        .unwrap_or_else(|| default_control_socket(raw.instance.as_deref().unwrap_or_default()));
     if !control_socket.is_absolute() {
         p.error(
             CTX,

@@ -84,6 +84,7 @@ pub use cluster::{
 pub use daemon::{
     DaemonConfig, LiveSettings, MAX_CONNTRACK_SIZE, MAX_RING_STRIDE, MIN_CONNTRACK_SIZE,
     MIN_UDP_TIMEOUT, PinnedSettings, RestartSettings, XdpMode, check_instance,
+    default_control_socket,
 };
 pub use guard::{
     AutoBlock, GuardConfig, ListRule, MAX_TTL, SourceAlert, SourceLimit, VipGuardConfig,
