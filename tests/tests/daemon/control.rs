@@ -59,7 +59,7 @@ fn refusals(e: &Env) {
         (
             "ttl 0",
             block(r#""ttl_ms":0"#),
-            "ttl_ms: a TTL of 0 ms is out of range; use 1s to 720h",
+            "ttl_ms: a TTL of 0 ms is out of range; use 1s to 30d",
         ),
         (
             "ttl u64::MAX",
