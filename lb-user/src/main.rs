@@ -56,7 +56,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let socket = socket.as_path();
     match &cli.command {
         Command::Run { config } => lb_user::daemon::run(config.clone()).await,
-        Command::CheckConfig { file } => check_config(file),
+        Command::CheckConfig { file, config } => {
+            // One of the two: clap requires it.
+            let file = file.as_ref().or(config.as_ref()).context("no FILE")?;
+            check_config(file)
+        }
         Command::Detach {
             instance,
             config,
@@ -101,6 +105,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let req = command
                 .request()
                 .context("every other command is a control request")?;
+            // What the daemon would refuse is refused here, with its words.
+            ctl::check_request(&req).map_err(anyhow::Error::msg)?;
             let sent_unix_ms = ctl::now_unix_ms();
             let resp = ctl::request(socket, &req).await?;
             let purging = matches!(&resp, Response::Ok { message } if message.contains(PURGING));

@@ -55,8 +55,11 @@ pub enum Command {
     /// Prints every problem (and exits with 1), or a summary and any warnings.
     CheckConfig {
         /// The configuration file.
-        #[arg(value_name = "FILE")]
-        file: PathBuf,
+        #[arg(value_name = "FILE", required_unless_present = "config")]
+        file: Option<PathBuf>,
+        /// The configuration file, as `run -c` takes it.
+        #[arg(long, short, value_name = "FILE", conflicts_with = "file")]
+        config: Option<PathBuf>,
     },
     /// Show the daemon, its VIPs and their backends.
     Status {
@@ -91,6 +94,7 @@ pub enum Command {
         /// VIP name, as in the configuration.
         vip: String,
         /// Backend address: IP:PORT, [IPv6]:PORT, or just the IP.
+        #[arg(value_parser = parse_backend)]
         backend: String,
         /// Wait until the backend has no established flows (or its deadline
         /// passes), printing the count as it falls. A flow counts until 30 s
@@ -111,6 +115,7 @@ pub enum Command {
         /// VIP name, as in the configuration.
         vip: String,
         /// Backend address: IP:PORT, [IPv6]:PORT, or just the IP.
+        #[arg(value_parser = parse_backend)]
         backend: String,
         /// Which daemon.
         #[command(flatten)]
@@ -235,6 +240,12 @@ impl Command {
             | Command::XdpPass { .. } => return None,
         })
     }
+}
+
+/// A backend as `drain` and `enable` name it (the daemon checks the same).
+pub fn parse_backend(s: &str) -> Result<String, String> {
+    crate::ctl::check_backend_name(s)?;
+    Ok(s.to_owned())
 }
 
 /// `tcp` or `udp`, any case.
@@ -782,7 +793,24 @@ mod tests {
                 "check-config",
                 vec!["check-config", "x.toml"],
                 Command::CheckConfig {
-                    file: "x.toml".into(),
+                    file: Some("x.toml".into()),
+                    config: None,
+                },
+            ),
+            (
+                "check-config -c, as run -c",
+                vec!["check-config", "-c", "x.toml"],
+                Command::CheckConfig {
+                    file: None,
+                    config: Some("x.toml".into()),
+                },
+            ),
+            (
+                "check-config --config",
+                vec!["check-config", "--config", "x.toml"],
+                Command::CheckConfig {
+                    file: None,
+                    config: Some("x.toml".into()),
                 },
             ),
             (
@@ -964,6 +992,16 @@ mod tests {
     #[test]
     fn bad_arguments_are_explained() {
         let cases: &[(&str, &[&str], &str)] = &[
+            (
+                "drain of a backend that is not an address",
+                &["drain", "api", "notanip"],
+                "backend \"notanip\" is not an address; write IP:PORT, [IPv6]:PORT or just the IP",
+            ),
+            (
+                "enable of a backend that is not an address",
+                &["enable", "api", "web-1"],
+                "backend \"web-1\" is not an address",
+            ),
             (
                 "protocol missing",
                 &["explain", "192.0.2.10:51234", "10.100.0.1:80"],

@@ -335,8 +335,12 @@ fn check_vip_count(raw: &RawConfig, p: &mut Problems<'_>) {
         p.error(
             "",
             format!(
-                "{count} VIPs configured, but xlb supports at most {}; \
-                 remove VIPs or run another xlb instance",
+                "{count} VIPs configured, but xlb supports at most {}; remove VIPs, or \
+                 serve the others from an xlb instance on another interface (one XDP \
+                 program per interface: two instances cannot share one), or raise \
+                 lb_common::MAX_VIPS and rebuild (a compile-time constant that sizes the \
+                 maps: bump LAYOUT_VERSION with it; that build starts on new maps after \
+                 `xlb detach`, losing established flows once)",
                 lb_common::MAX_VIPS
             ),
         );
@@ -352,7 +356,8 @@ fn check_backend_count(raw: &RawConfig, p: &mut Problems<'_>) {
             "",
             format!(
                 "{total} backends in total across all VIPs, but xlb supports at most \
-                 {max_backends}; remove backends or split the VIPs across instances"
+                 {max_backends}; remove backends, or split the VIPs across xlb instances on \
+                 other interfaces (two instances cannot share one)"
             ),
         );
     }
@@ -949,10 +954,10 @@ address = "10.1.{}.{}"
 
     rejects! {
         too_many_vips_are_refused: too_many_vips() => [
-            "xlb.toml: 65 VIPs configured, but xlb supports at most 64; remove VIPs or run another xlb instance",
+            "xlb.toml: 65 VIPs configured, but xlb supports at most 64; remove VIPs, or serve the others from an xlb instance on another interface (one XDP program per interface: two instances cannot share one), or raise lb_common::MAX_VIPS and rebuild (a compile-time constant that sizes the maps: bump LAYOUT_VERSION with it; that build starts on new maps after `xlb detach`, losing established flows once)",
         ];
         too_many_backends_are_refused: too_many_backends() => [
-            "xlb.toml: 4096 backends in total across all VIPs, but xlb supports at most 4095; remove backends or split the VIPs across instances",
+            "xlb.toml: 4096 backends in total across all VIPs, but xlb supports at most 4095; remove backends, or split the VIPs across xlb instances on other interfaces (two instances cannot share one)",
         ];
     }
 

@@ -382,6 +382,10 @@ fn validate_backends(
     p: &mut Problems<'_>,
 ) -> Vec<BackendConfig> {
     let mut seen: HashSet<(IpAddr, u16)> = HashSet::new();
+    if vip.max_flows == Some(0) {
+        // Named where it is written (once), not on each backend inheriting it.
+        p.error(ctx, MAX_FLOWS_ZERO);
+    }
     vip.backend
         .iter()
         .map(|b| {
@@ -488,17 +492,16 @@ fn weight(b: &RawBackend, bctx: &str, p: &mut Problems<'_>) -> u32 {
     weight
 }
 
-/// The backend's `max_flows`, else its VIP's; at least 1 when set.
+const MAX_FLOWS_ZERO: &str = "max_flows 0 would raise its alarm for every flow; use at least 1, \
+                              or leave it out for no alarm";
+
+/// The backend's `max_flows`, else its VIP's; at least 1 when set (the
+/// VIP's own is checked with the VIP).
 fn max_flows(vip: &RawVip, b: &RawBackend, bctx: &str, p: &mut Problems<'_>) -> Option<u64> {
-    let max = b.max_flows.or(vip.max_flows);
-    if max == Some(0) {
-        p.error(
-            bctx,
-            "max_flows 0 would raise its alarm for every flow; use at least 1, \
-             or leave it out for no alarm",
-        );
+    if b.max_flows == Some(0) {
+        p.error(bctx, MAX_FLOWS_ZERO);
     }
-    max
+    b.max_flows.or(vip.max_flows)
 }
 
 /// The backend's own health_check layer over the VIP's, probed on its
@@ -592,6 +595,14 @@ address = "10.0.0.1"
 max_flows = 0
 "#) => [
             r#"xlb.toml: vip "api": backend 10.0.0.1:80: max_flows 0 would raise its alarm for every flow; use at least 1, or leave it out for no alarm"#,
+        ];
+        vip_max_flows_zero_names_the_vip: api_vip(r#"max_flows = 0
+[[vip.backend]]
+address = "10.0.0.1"
+[[vip.backend]]
+address = "10.0.0.2"
+"#) => [
+            r#"xlb.toml: vip "api": max_flows 0 would raise its alarm for every flow; use at least 1, or leave it out for no alarm"#,
         ];
 
         backend_listed_twice: api_vip(r#"

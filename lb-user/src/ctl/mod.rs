@@ -13,7 +13,10 @@ mod checks;
 mod client;
 mod server;
 
-pub use checks::{MAX_REASON, MIN_TTL, check_reason, check_request, check_ttl, escape};
+pub use checks::{
+    MAX_REASON, MIN_TTL, check_backend_name, check_reason, check_request, check_ttl,
+    check_whole_family, escape,
+};
 pub use client::{CONNECT_TIMEOUT, Client, REQUEST_TIMEOUT, request};
 pub use server::{
     Handler, HandlerFuture, IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_FOLLOWERS, MAX_LINE, WRITE_TIMEOUT,
