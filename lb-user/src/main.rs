@@ -44,15 +44,7 @@ fn color() -> bool {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let socket = match (cli.command.target(), &cli.socket) {
-        (Some(target), outer) => target.socket(outer.as_ref()).map_err(anyhow::Error::msg)?,
-        // Only `xlb --socket PATH run` gets here: clap refuses it after.
-        (None, Some(_)) => bail!(
-            "--socket is for the commands that talk to a running daemon (status, drain, \
-             block, ...); this one does not use it: leave it out"
-        ),
-        (None, None) => std::path::PathBuf::new(),
-    };
+    let socket = client_socket(&cli)?;
     let socket = socket.as_path();
     match &cli.command {
         Command::Run { config } => lb_user::daemon::run(config.clone()).await,
@@ -124,6 +116,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 _ => Ok(()),
             }
         }
+    }
+}
+
+/// The control socket of a client command (`cli::target`); empty for the
+/// others.
+fn client_socket(cli: &Cli) -> anyhow::Result<std::path::PathBuf> {
+    match (cli.command.target(), &cli.socket) {
+        (Some(target), outer) => target.socket(outer.as_ref()).map_err(anyhow::Error::msg),
+        // `xlb --socket PATH run`: clap refuses --socket after the command.
+        (None, Some(_)) => bail!(
+            "--socket is for the commands that talk to a running daemon (status, drain, \
+             block, ...); this one does not use it: leave it out"
+        ),
+        (None, None) => Ok(std::path::PathBuf::new()),
     }
 }
 

@@ -233,7 +233,14 @@ mod tests {
         let env = || Some(OsString::from("/run/env.sock"));
         let t = |args: &[&str]| target_of(&[&["status"], args].concat());
         let outer = PathBuf::from("/run/outer.sock");
-        let cases: [(&str, ClientTarget, Option<&PathBuf>, Option<OsString>, &str); 7] = [
+        type Case<'a> = (
+            &'a str,
+            ClientTarget,
+            Option<&'a PathBuf>,
+            Option<OsString>,
+            &'a str,
+        );
+        let cases: [Case<'_>; 7] = [
             ("default", t(&[]), None, None, "/run/xlb/xlb.sock"),
             ("XLB_SOCKET", t(&[]), None, env(), "/run/env.sock"),
             (

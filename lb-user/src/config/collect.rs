@@ -36,9 +36,8 @@ pub(super) fn deserialize<T: DeserializeOwned>(text: &str, origin: &str) -> Resu
         Ok(v) => return Ok(v),
         Err(e) => e,
     };
-    let tree = match toml::from_str::<Tree>(text) {
-        Ok(tree) => tree,
-        Err(_) => return Err(vec![format!("{origin}: {}", first.to_string().trim_end())]),
+    let Ok(tree) = toml::from_str::<Tree>(text) else {
+        return Err(vec![format!("{origin}: {}", first.to_string().trim_end())]);
     };
     let mut masked = text.to_owned();
     let mut errors = Vec::new();

@@ -20,10 +20,13 @@ pub fn duration(d: Duration) -> String {
     if ns == 0 {
         return "0s".to_owned();
     }
-    UNITS.iter().find(|(_, unit)| ns % unit == 0).map_or_else(
-        || format!("{d:?}"),
-        |(name, unit)| format!("{}{name}", ns / unit),
-    )
+    UNITS
+        .iter()
+        .find(|(_, unit)| ns.is_multiple_of(*unit))
+        .map_or_else(
+            || format!("{d:?}"),
+            |(name, unit)| format!("{}{name}", ns / unit),
+        )
 }
 
 /// A rate per second as the file writes it, quoted: `"1000/s"`, or per
