@@ -113,6 +113,9 @@ pub enum Request {
         /// Deny entries: drop (default) or reset.
         #[serde(default)]
         action: GuardAction,
+        /// `--force`: a /0 (every address of a family) is refused without.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     /// Remove a runtime entry (`xlb unblock`, `xlb unblock --allow`).
     Unblock {
@@ -326,6 +329,7 @@ mod tests {
                     ttl_ms: Some(3_600_000),
                     reason: Some("seed 001".to_owned()),
                     action: GuardAction::Reset,
+                    force: false,
                 },
                 r#"{"version":2,"command":"block","list":"deny","prefix":"2001:db8:1:2::/64","vip":"api","ttl_ms":3600000,"reason":"seed 001","action":"reset"}"#,
             ),
@@ -391,6 +395,7 @@ mod tests {
                 ttl_ms: None,
                 reason: None,
                 action: GuardAction::Drop,
+                force: true,
             },
             Request::Unblock {
                 list: ListKind::Deny,

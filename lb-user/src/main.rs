@@ -44,11 +44,15 @@ fn color() -> bool {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let socket = cli.socket.as_path();
+    let socket = client_socket(&cli)?;
+    let socket = socket.as_path();
     match &cli.command {
         Command::Run { config } => lb_user::daemon::run(config.clone()).await,
-        Command::CheckConfig { file } => check_config(file),
-        Command::CheckUpgrade { config } => check_upgrade(config),
+        Command::CheckConfig { file, config } => {
+            // One of the two: clap requires it.
+            let file = file.as_ref().or(config.as_ref()).context("no FILE")?;
+            check_config(file)
+        }
         Command::Detach {
             instance,
             config,
@@ -85,11 +89,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Peers(cli::peers::PeersCommand::Peers { json }) => peers(socket, *json).await,
         Command::Top(args) => cli::top::run(socket, args).await,
         Command::Status { watch, .. } if watch.watch => {
             cli::top::watch(socket, watch.interval, color()).await
         }
+        Command::Peers(cli::peers::PeersCommand::Peers { json, .. }) => peers(socket, *json).await,
         Command::Events {
             follow: true, json, ..
         } => {
@@ -103,6 +107,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let req = command
                 .request()
                 .context("every other command is a control request")?;
+            // What the daemon would refuse is refused here, with its words.
+            ctl::check_request(&req).map_err(anyhow::Error::msg)?;
             let sent_unix_ms = ctl::now_unix_ms();
             let resp = ctl::request(socket, &req).await?;
             let purging = matches!(&resp, Response::Ok { message } if message.contains(PURGING));
@@ -120,6 +126,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 _ => Ok(()),
             }
         }
+    }
+}
+
+/// The control socket of a client command (`cli::target`); empty for the
+/// others.
+fn client_socket(cli: &Cli) -> anyhow::Result<std::path::PathBuf> {
+    match (cli.command.target(), &cli.socket) {
+        (Some(target), outer) => target.socket(outer.as_ref()).map_err(anyhow::Error::msg),
+        // `xlb --socket PATH run`: clap refuses --socket after the command.
+        (None, Some(_)) => bail!(
+            "--socket is for the commands that talk to a running daemon (status, drain, \
+             block, ...); this one does not use it: leave it out"
+        ),
+        (None, None) => Ok(std::path::PathBuf::new()),
     }
 }
 
@@ -179,7 +199,7 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
         Command::Status { json: true, .. }
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
-            | Command::Guard(GuardCommand::Blocks { json: true })
+            | Command::Guard(GuardCommand::Blocks { json: true, .. })
     ) || matches!(command, Command::Sources(s) if s.json())
         || matches!(command, Command::Announce(a) if a.json());
     let text = match resp {

@@ -207,6 +207,7 @@ fn request() -> impl Strategy<Value = Request> {
                     ttl_ms,
                     reason,
                     action,
+                    force: false,
                 }
             ),
         (list, name(), prop::option::of(name())).prop_map(|(list, prefix, vip)| Request::Unblock {

@@ -41,6 +41,9 @@ pub enum AnnounceCommand {
         /// Print the daemon's answer as JSON.
         #[arg(long)]
         json: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
     /// Undo `xlb withdraw`: announce again once enough backends are up.
     Announce {
@@ -53,6 +56,9 @@ pub enum AnnounceCommand {
         /// Print the daemon's answer as JSON.
         #[arg(long)]
         json: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
 }
 

@@ -38,6 +38,12 @@ pub enum GuardCommand {
         /// RST: the client fails at once).
         #[arg(long, value_name = "drop|reset", value_parser = parse_action, default_value = "drop")]
         action: GuardAction,
+        /// Needed for a /0 (0.0.0.0/0, ::/0): every address of a family.
+        #[arg(long)]
+        force: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
     /// Never refuse a source prefix by a deny entry (add it to an allow list).
     ///
@@ -56,6 +62,12 @@ pub enum GuardCommand {
         /// Why, shown by `xlb blocks` and in the event.
         #[arg(long, value_name = "TEXT", value_parser = parse_reason)]
         reason: Option<String>,
+        /// Needed for a /0 (0.0.0.0/0, ::/0): every address of a family.
+        #[arg(long)]
+        force: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
     /// Remove an entry added by `xlb block` (or `xlb allow`, with --allow).
     ///
@@ -71,12 +83,18 @@ pub enum GuardCommand {
         /// Remove an allow entry instead of a deny entry.
         #[arg(long)]
         allow: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
     /// List the deny and allow entries, with their hits.
     Blocks {
         /// Print the entries as JSON.
         #[arg(long)]
         json: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
 }
 
@@ -90,6 +108,8 @@ impl GuardCommand {
                 ttl,
                 reason,
                 action,
+                force,
+                ..
             } => Request::Block {
                 list: ListKind::Deny,
                 prefix: prefix.to_string(),
@@ -97,12 +117,15 @@ impl GuardCommand {
                 ttl_ms: ms(ttl),
                 reason: reason.clone(),
                 action: *action,
+                force: *force,
             },
             GuardCommand::Allow {
                 prefix,
                 vip,
                 ttl,
                 reason,
+                force,
+                ..
             } => Request::Block {
                 list: ListKind::Allow,
                 prefix: prefix.to_string(),
@@ -110,8 +133,11 @@ impl GuardCommand {
                 ttl_ms: ms(ttl),
                 reason: reason.clone(),
                 action: GuardAction::Drop,
+                force: *force,
             },
-            GuardCommand::Unblock { prefix, vip, allow } => Request::Unblock {
+            GuardCommand::Unblock {
+                prefix, vip, allow, ..
+            } => Request::Unblock {
                 list: if *allow {
                     ListKind::Allow
                 } else {
@@ -266,6 +292,7 @@ mod tests {
                     ttl_ms: Some(3_600_000),
                     reason: Some("seed 001".into()),
                     action: GuardAction::Reset,
+                    force: false,
                 },
             ),
             (
@@ -278,6 +305,7 @@ mod tests {
                     ttl_ms: None,
                     reason: None,
                     action: GuardAction::Drop,
+                    force: false,
                 },
             ),
             (
@@ -290,6 +318,7 @@ mod tests {
                     ttl_ms: None,
                     reason: Some("monitoring".into()),
                     action: GuardAction::Drop,
+                    force: false,
                 },
             ),
             (
@@ -333,12 +362,12 @@ mod tests {
             (
                 "zero TTL",
                 vec!["block", "192.0.2.7", "--ttl", "0s"],
-                "a TTL of 0s is out of range; use 1s to 720h",
+                "a TTL of 0s is out of range; use 1s to 30d",
             ),
             (
                 "TTL under a second",
                 vec!["block", "192.0.2.7", "--ttl", "500ms"],
-                "a TTL of 500ms is out of range; use 1s to 720h",
+                "a TTL of 500ms is out of range; use 1s to 30d",
             ),
             (
                 "TTL without unit",
@@ -369,6 +398,74 @@ mod tests {
         let e = parse(&["block", "192.0.2.7", "--reason", &long]).unwrap_err();
         assert!(
             e.contains("the reason is 201 characters long; use at most 200"),
+            "{e}"
+        );
+    }
+
+    /// A /0 is every address of a family: refused without --force, by the
+    /// check the CLI runs before sending (the daemon's own).
+    #[test]
+    fn a_whole_family_needs_force() {
+        let cases = [
+            (
+                "block 0.0.0.0/0",
+                vec!["block", "0.0.0.0/0"],
+                Err(
+                    "0.0.0.0/0 is every IPv4 address: this refuses every IPv4 client of every \
+                     VIP; add --force (\"force\": true) if that is what you mean",
+                ),
+            ),
+            (
+                "block ::/0 on a VIP",
+                vec!["block", "::/0", "--vip", "api"],
+                Err(
+                    "::/0 is every IPv6 address: this refuses every IPv6 client of VIP \"api\"; \
+                     add --force (\"force\": true) if that is what you mean",
+                ),
+            ),
+            (
+                "allow 0.0.0.0/0",
+                vec!["allow", "0.0.0.0/0"],
+                Err(
+                    "0.0.0.0/0 is every IPv4 address: this exempts every IPv4 client of every \
+                     VIP from every deny entry; add --force (\"force\": true) if that is what \
+                     you mean",
+                ),
+            ),
+            (
+                "block ::/0 --force",
+                vec!["block", "::/0", "--force"],
+                Ok(()),
+            ),
+            ("block 0.0.0.0/1", vec!["block", "0.0.0.0/1"], Ok(())),
+        ];
+        for (name, args, want) in cases {
+            let req = request(&args);
+            assert_eq!(
+                crate::ctl::check_request(&req),
+                want.map_err(str::to_owned),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_ttl_in_days() {
+        let ttl_ms = |args: &[&str]| match request(args) {
+            Request::Block { ttl_ms, .. } => ttl_ms,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            ttl_ms(&["block", "192.0.2.7", "--ttl", "7d"]),
+            Some(604_800_000)
+        );
+        assert_eq!(
+            ttl_ms(&["allow", "192.0.2.7", "--ttl", "30d"]),
+            Some(2_592_000_000)
+        );
+        let e = parse(&["block", "192.0.2.7", "--ttl", "60d"]).unwrap_err();
+        assert!(
+            e.contains("a TTL of 60d is out of range; use 1s to 30d, or leave the TTL out"),
             "{e}"
         );
     }

@@ -10,6 +10,7 @@ mod explain;
 pub mod generate;
 pub mod peers;
 pub mod sources;
+pub mod target;
 pub mod top;
 
 pub use drain::{DrainProgress, drain_progress};
@@ -23,9 +24,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use crate::config::{self, Config, ConfigErrors};
-use crate::ctl::{
-    BackendStatus, DEFAULT_CONTROL_SOCKET, Event, Protocol, Request, StatusReport, VipStatus,
-};
+use crate::ctl::{BackendStatus, Event, Protocol, Request, StatusReport, VipStatus};
 
 /// xlb: an XDP layer-4 load balancer (Maglev hashing, direct server return).
 #[derive(Debug, Parser)]
@@ -35,15 +34,11 @@ use crate::ctl::{
     propagate_version = true
 )]
 pub struct Cli {
-    /// Control socket of the daemon, for every command that talks to it.
-    #[arg(
-        long,
-        global = true,
-        env = "XLB_SOCKET",
-        value_name = "PATH",
-        default_value = DEFAULT_CONTROL_SOCKET
-    )]
-    pub socket: PathBuf,
+    /// `xlb --socket PATH status`, as scripts wrote it when --socket was
+    /// global: still accepted before a client command, hidden (each client
+    /// command has its own --socket; see `target`).
+    #[arg(long, value_name = "PATH", hide = true)]
+    pub socket: Option<PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -66,8 +61,11 @@ pub enum Command {
     /// Prints every problem (and exits with 1), or a summary and any warnings.
     CheckConfig {
         /// The configuration file.
-        #[arg(value_name = "FILE")]
-        file: PathBuf,
+        #[arg(value_name = "FILE", required_unless_present = "config")]
+        file: Option<PathBuf>,
+        /// The configuration file, as `run -c` takes it.
+        #[arg(long, short, value_name = "FILE", conflicts_with = "file")]
+        config: Option<PathBuf>,
     },
     /// Check before restarting onto this binary (an upgrade): whether the
     /// restart keeps every established flow, and whether the host has the
@@ -89,6 +87,9 @@ pub enum Command {
         json: bool,
         #[command(flatten)]
         watch: top::WatchArgs,
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
     },
     /// A full-screen live view: VIPs, backends, rates and the latest events.
     ///
@@ -107,6 +108,9 @@ pub enum Command {
         /// Print events as JSON (with --follow, one object per line).
         #[arg(long)]
         json: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
     },
     /// Stop sending new flows to a backend; established flows continue.
     ///
@@ -117,6 +121,7 @@ pub enum Command {
         /// VIP name, as in the configuration.
         vip: String,
         /// Backend address: IP:PORT, [IPv6]:PORT, or just the IP.
+        #[arg(value_parser = parse_backend)]
         backend: String,
         /// Wait until the backend has no established flows (or its deadline
         /// passes), printing the count as it falls. A flow counts until 30 s
@@ -128,13 +133,20 @@ pub enum Command {
         /// `xlb enable` cancels it.
         #[arg(long, value_name = "DURATION", value_parser = parse_deadline)]
         deadline: Option<Duration>,
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
     },
     /// Undo `xlb drain`: the backend takes new flows again once healthy.
     Enable {
         /// VIP name, as in the configuration.
         vip: String,
         /// Backend address: IP:PORT, [IPv6]:PORT, or just the IP.
+        #[arg(value_parser = parse_backend)]
         backend: String,
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
     },
     /// Show which backend a flow goes to, and why.
     Explain {
@@ -150,9 +162,16 @@ pub enum Command {
         /// Print the daemon's report as JSON.
         #[arg(long)]
         json: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
     },
     /// Re-read the configuration file and apply the changes (as SIGHUP does).
-    Reload,
+    Reload {
+        /// Which daemon.
+        #[command(flatten)]
+        target: target::ClientTarget,
+    },
     /// Remove the XDP program and pinned maps that `xlb run` left behind.
     ///
     /// Established flows stop being balanced at once. Stop `xlb run` first:
@@ -228,7 +247,7 @@ impl Command {
                 // Rounded up: a sub-millisecond deadline is not "now".
                 deadline_ms: deadline.map(|d| d.as_nanos().div_ceil(1_000_000) as u64),
             },
-            Command::Enable { vip, backend } => Request::Enable {
+            Command::Enable { vip, backend, .. } => Request::Enable {
                 vip: vip.clone(),
                 backend: backend.clone(),
             },
@@ -242,7 +261,7 @@ impl Command {
                 client: *client,
                 vip: *vip,
             },
-            Command::Reload => Request::Reload,
+            Command::Reload { .. } => Request::Reload,
             Command::Sources(s) => s.request(),
             Command::Guard(g) => g.request(),
             Command::Announce(a) => a.request(),
@@ -257,6 +276,12 @@ impl Command {
             | Command::Generate { .. } => return None,
         })
     }
+}
+
+/// A backend as `drain` and `enable` name it (the daemon checks the same).
+pub fn parse_backend(s: &str) -> Result<String, String> {
+    crate::ctl::check_backend_name(s)?;
+    Ok(s.to_owned())
 }
 
 /// `tcp` or `udp`, any case.
@@ -785,8 +810,6 @@ mod tests {
 
     #[test]
     fn subcommands_parse() {
-        // Keep XLB_SOCKET from the environment out of the expectations.
-        let socket = |cli: &Cli| cli.socket.clone();
         let cases: Vec<(&str, Vec<&str>, Command)> = vec![
             (
                 "run",
@@ -806,13 +829,31 @@ mod tests {
                 "check-config",
                 vec!["check-config", "x.toml"],
                 Command::CheckConfig {
-                    file: "x.toml".into(),
+                    file: Some("x.toml".into()),
+                    config: None,
+                },
+            ),
+            (
+                "check-config -c, as run -c",
+                vec!["check-config", "-c", "x.toml"],
+                Command::CheckConfig {
+                    file: None,
+                    config: Some("x.toml".into()),
+                },
+            ),
+            (
+                "check-config --config",
+                vec!["check-config", "--config", "x.toml"],
+                Command::CheckConfig {
+                    file: None,
+                    config: Some("x.toml".into()),
                 },
             ),
             (
                 "status",
                 vec!["status"],
                 Command::Status {
+                    target: Default::default(),
                     json: false,
                     watch: top::WatchArgs::default(),
                 },
@@ -823,12 +864,14 @@ mod tests {
                 Command::Status {
                     json: true,
                     watch: top::WatchArgs::default(),
+                    target: Default::default(),
                 },
             ),
             (
                 "events",
                 vec!["events"],
                 Command::Events {
+                    target: Default::default(),
                     follow: false,
                     since: None,
                     json: false,
@@ -838,6 +881,7 @@ mod tests {
                 "events all flags",
                 vec!["events", "-f", "--since", "42", "--json"],
                 Command::Events {
+                    target: Default::default(),
                     follow: true,
                     since: Some(42),
                     json: true,
@@ -847,6 +891,7 @@ mod tests {
                 "drain",
                 vec!["drain", "api", "10.99.0.12:80"],
                 Command::Drain {
+                    target: Default::default(),
                     vip: "api".into(),
                     backend: "10.99.0.12:80".into(),
                     wait: false,
@@ -864,6 +909,7 @@ mod tests {
                     "5m",
                 ],
                 Command::Drain {
+                    target: Default::default(),
                     vip: "api".into(),
                     backend: "10.99.0.12:80".into(),
                     wait: true,
@@ -874,6 +920,7 @@ mod tests {
                 "drain --deadline before the arguments",
                 vec!["drain", "--deadline", "1.5s", "api", "10.99.0.12"],
                 Command::Drain {
+                    target: Default::default(),
                     vip: "api".into(),
                     backend: "10.99.0.12".into(),
                     wait: false,
@@ -884,6 +931,7 @@ mod tests {
                 "enable v6",
                 vec!["enable", "api", "[fd00::2]:80"],
                 Command::Enable {
+                    target: Default::default(),
                     vip: "api".into(),
                     backend: "[fd00::2]:80".into(),
                 },
@@ -892,6 +940,7 @@ mod tests {
                 "explain",
                 vec!["explain", "tcp", "192.0.2.10:51234", "10.100.0.1:80"],
                 Command::Explain {
+                    target: Default::default(),
                     protocol: Protocol::Tcp,
                     client: "192.0.2.10:51234".parse().unwrap(),
                     vip: "10.100.0.1:80".parse().unwrap(),
@@ -908,13 +957,20 @@ mod tests {
                     "--json",
                 ],
                 Command::Explain {
+                    target: Default::default(),
                     protocol: Protocol::Udp,
                     client: "[2001:db8::1]:5353".parse().unwrap(),
                     vip: "[2001:db8::100]:53".parse().unwrap(),
                     json: true,
                 },
             ),
-            ("reload", vec!["reload"], Command::Reload),
+            (
+                "reload",
+                vec!["reload"],
+                Command::Reload {
+                    target: Default::default(),
+                },
+            ),
             (
                 "detach",
                 vec!["detach"],
@@ -959,27 +1015,31 @@ mod tests {
         for (name, args, want) in cases {
             let cli = parse(&args).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(cli.command, want, "{name}");
-            let _ = socket(&cli);
         }
     }
 
     #[test]
-    fn socket_flag_is_global() {
+    fn socket_flag_after_or_before_the_command() {
         let cli = parse(&["status", "--socket", "/tmp/x.sock"]).unwrap();
-        assert_eq!(cli.socket, PathBuf::from("/tmp/x.sock"));
+        let target = cli.command.target().unwrap();
+        assert_eq!(target.socket, Some(PathBuf::from("/tmp/x.sock")));
         let cli = parse(&["--socket", "/tmp/y.sock", "reload"]).unwrap();
-        assert_eq!(cli.socket, PathBuf::from("/tmp/y.sock"));
-        if std::env::var_os("XLB_SOCKET").is_none() {
-            assert_eq!(
-                parse(&["status"]).unwrap().socket,
-                PathBuf::from("/run/xlb/xlb.sock")
-            );
-        }
+        assert_eq!(cli.socket, Some(PathBuf::from("/tmp/y.sock")));
     }
 
     #[test]
     fn bad_arguments_are_explained() {
         let cases: &[(&str, &[&str], &str)] = &[
+            (
+                "drain of a backend that is not an address",
+                &["drain", "api", "notanip"],
+                "backend \"notanip\" is not an address; write IP:PORT, [IPv6]:PORT or just the IP",
+            ),
+            (
+                "enable of a backend that is not an address",
+                &["enable", "api", "web-1"],
+                "backend \"web-1\" is not an address",
+            ),
             (
                 "protocol missing",
                 &["explain", "192.0.2.10:51234", "10.100.0.1:80"],
@@ -1029,7 +1089,7 @@ mod tests {
             (
                 "deadline without unit",
                 &["drain", "api", "10.0.0.1:80", "--deadline", "5"],
-                "\"5\" is not a duration; write a number and a unit (ms, s, m or h)",
+                "\"5\" is not a duration; write a number and a unit (ms, s, m, h or d)",
             ),
             (
                 "deadline zero",

@@ -61,6 +61,9 @@ pub enum PeersCommand {
         /// Print the comparison as JSON.
         #[arg(long)]
         json: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
 }
 
@@ -426,7 +429,10 @@ warning: peer 10.9.0.3:9813 could not be read: no answer within 1s
             let cli = crate::cli::Cli::try_parse_from(&args).unwrap();
             assert_eq!(
                 cli.command,
-                crate::cli::Command::Peers(PeersCommand::Peers { json }),
+                crate::cli::Command::Peers(PeersCommand::Peers {
+                    target: Default::default(),
+                    json
+                }),
                 "{args:?}"
             );
             assert_eq!(cli.command.request(), None, "not a single request");

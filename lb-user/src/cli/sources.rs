@@ -20,6 +20,9 @@ pub enum SourcesCommand {
         /// Print the daemon's report as JSON.
         #[arg(long)]
         json: bool,
+        /// Which daemon.
+        #[command(flatten)]
+        target: super::target::ClientTarget,
     },
 }
 

@@ -346,9 +346,8 @@ mod tests {
              BIRD's control socket in full, e.g. \"/run/bird/bird.ctl\"",
         ];
         unknown_field: with_announce("table = 100\ntabel = 1", "") => [
-            "xlb.toml: TOML parse error at line 16, column 1\n   |\n16 | tabel = 1\n   | \
-             ^^^^^\nunknown field `tabel`, expected one of `table`, `protocol`, `min_up`, \
-             `speaker_socket`",
+            "xlb.toml:16:1: announce: unknown field `tabel`, expected one of `table`, `protocol`, \
+             `min_up`, `speaker_socket`",
         ];
     }
 }

@@ -49,9 +49,10 @@ pub(super) fn window(raw: &RawDaemon, ctx: &str, p: &mut Problems<'_>) -> Durati
             p.error(
                 ctx,
                 format!(
-                    "second_chance_window {d:?} is too long: a slot remembers one previous \
+                    "second_chance_window {text:?} is too long: a slot remembers one previous \
                      owner, and after a day it is seldom the one a connection is on; \
-                     use at most {MAX_WINDOW:?} (24h), or 0 to turn second chance off"
+                     use at most {}, or 0 to turn second chance off",
+                    super::shown::duration(MAX_WINDOW)
                 ),
             );
             DEFAULT_WINDOW
@@ -113,16 +114,16 @@ mod tests {
         assert_rejected(
             &format!("{DAEMON}second_chance_window = \"25h\"\n"),
             &[
-                "xlb.toml: daemon: second_chance_window 90000s is too long: a slot remembers \
+                "xlb.toml: daemon: second_chance_window \"25h\" is too long: a slot remembers \
                one previous owner, and after a day it is seldom the one a connection is on; \
-               use at most 86400s (24h), or 0 to turn second chance off",
+               use at most 1d, or 0 to turn second chance off",
             ],
         );
         assert_rejected(
             &format!("{DAEMON}second_chance_window = \"ten\"\n"),
             &[
                 "xlb.toml: daemon: second_chance_window \"ten\" is not a duration; write a \
-               number and a unit (ms, s, m or h), e.g. \"500ms\", \"2s\", \"1.5s\", \"1m\"",
+               number and a unit (ms, s, m, h or d), e.g. \"500ms\", \"2s\", \"1.5s\", \"1m\"",
             ],
         );
     }

@@ -185,9 +185,9 @@ fn check_timeout(text: &str, p: &mut Problems<'_>) -> Option<Duration> {
         p.error(
             CTX,
             format!(
-                "timeout {text:?} is out of range; give a duration above 0 and at most {}s, \
+                "timeout {text:?} is out of range; give a duration above 0 and at most {}, \
                  e.g. \"1s\"",
-                MAX_PEER_TIMEOUT.as_secs()
+                super::shown::duration(MAX_PEER_TIMEOUT)
             ),
         );
         return None;
@@ -332,13 +332,13 @@ timeout = "250ms""#,
             r#"xlb.toml: cluster: peer "127.0.0.1:9813": is this node's own metrics listener (daemon.metrics_address = "0.0.0.0:9813"); list only the other nodes"#,
         ];
         timeout_zero: with_cluster(r#"timeout = "0s""#) => [
-            r#"xlb.toml: cluster: timeout "0s" is out of range; give a duration above 0 and at most 60s, e.g. "1s""#,
+            r#"xlb.toml: cluster: timeout "0s" is out of range; give a duration above 0 and at most 1m, e.g. "1s""#,
         ];
         timeout_not_a_duration: with_cluster(r#"timeout = "soon""#) => [
-            r#"xlb.toml: cluster: timeout "soon" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+            r#"xlb.toml: cluster: timeout "soon" is not a duration; write a number and a unit (ms, s, m, h or d), e.g. "500ms", "2s", "1.5s", "1m""#,
         ];
         unknown_setting: with_cluster(r#"nodes = ["a"]"#) => [
-            "xlb.toml: TOML parse error at line 5, column 1\n  |\n5 | nodes = [\"a\"]\n  | ^^^^^\nunknown field `nodes`, expected one of `name`, `peers`, `timeout`",
+            "xlb.toml:5:1: cluster: unknown field `nodes`, expected one of `name`, `peers`, `timeout`",
         ];
     }
 }

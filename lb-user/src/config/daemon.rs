@@ -248,11 +248,24 @@ pub fn check_instance(instance: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The socket of an instance whose configuration does not set
+/// `control_socket`: [`defaults::CONTROL_SOCKET`] for the default instance
+/// (and an unset one), `/run/xlb/<instance>.sock` for the others, so two
+/// instances on one host do not fight over one socket, and `xlb status
+/// --instance NAME` finds it.
+pub fn default_control_socket(instance: &str) -> PathBuf {
+    if instance.is_empty() || instance == defaults::INSTANCE {
+        PathBuf::from(defaults::CONTROL_SOCKET)
+    } else {
+        std::path::Path::new(defaults::CONTROL_SOCKET).with_file_name(format!("{instance}.sock"))
+    }
+}
+
 fn control_socket(raw: &RawDaemon, p: &mut Problems<'_>) -> PathBuf {
     let control_socket = raw
         .control_socket
         .clone()
-        .unwrap_or_else(|| PathBuf::from(defaults::CONTROL_SOCKET));
+        .unwrap_or_else(|| default_control_socket(raw.instance.as_deref().unwrap_or_default()));
     if !control_socket.is_absolute() {
         p.error(
             CTX,
@@ -529,9 +542,11 @@ fn reply_rate(raw: &RawDaemon, p: &mut Problems<'_>) -> u32 {
             p.error(
                 CTX,
                 format!(
-                    "reply_rate {text:?} is out of range; use \"1/s\" to \"{MAX_REPLY_RATE}/s\" \
-                     (replies each CPU may generate per second; default \"{}/s\")",
-                    defaults::REPLY_RATE
+                    "reply_rate {text:?} is out of range; use {} to {} \
+                     (replies each CPU may generate per second; default {})",
+                    super::shown::rate(1.0),
+                    super::shown::rate(f64::from(MAX_REPLY_RATE)),
+                    super::shown::rate(f64::from(defaults::REPLY_RATE))
                 ),
             );
             defaults::REPLY_RATE
@@ -591,7 +606,7 @@ probe_concurrency = 0
             r"xlb.toml: daemon: socket_group is empty; name a group, or remove socket_group to keep the control socket root-only (mode 0600)",
             r#"xlb.toml: daemon: metrics_address "localhost" is not an address:port; use e.g. "127.0.0.1:9813" or "[::1]:9813", or "" to disable metrics"#,
             r"xlb.toml: daemon: conntrack_size 0 is too small: the kernel's LRU evicts in batches per CPU, so a smaller map evicts live flows; use at least 4096 (default 1048576)",
-            r#"xlb.toml: daemon: udp_timeout "30" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+            r#"xlb.toml: daemon: udp_timeout "30" is not a duration; write a number and a unit (ms, s, m, h or d), e.g. "500ms", "2s", "1.5s", "1m""#,
             r"xlb.toml: daemon: max_table_size 65536 is not prime; use a prime such as 65537",
             r"xlb.toml: daemon: hash_seed must be 32 hexadecimal digits (128 bits), got 3 characters; generate one with `openssl rand -hex 16`, or remove hash_seed to get a random one on first start",
             r"xlb.toml: daemon: encap_source_v4 0.0.0.0 cannot be a packet's source; use an address of this host that backends can reach, or remove it to use the interface's address",
@@ -602,7 +617,7 @@ probe_concurrency = 0
             r#"xlb.toml: daemon: reply_rate "0/s" is out of range; use "1/s" to "10000000/s" (replies each CPU may generate per second; default "1000/s")"#,
         ];
         reply_rate_not_a_rate: format!(r#"{DAEMON}reply_rate = 1000"#) => [
-            "xlb.toml: TOML parse error at line 4, column 14\n  |\n4 | reply_rate = 1000\n  |              ^^^^\ninvalid type: integer `1000`, expected a string",
+            "xlb.toml:4:14: daemon: reply_rate: invalid type: integer `1000`, expected a string",
         ];
         reply_rate_without_a_unit: format!(r#"{DAEMON}reply_rate = "1000""#) => [
             r#"xlb.toml: daemon: reply_rate "1000" is not a rate; write a number per second or per minute, e.g. "200/s", "30/min""#,

@@ -286,7 +286,7 @@ dns_type = "A"
             r#"xlb.toml: vip "dns": backend 10.0.0.21:53: health_check: body_contains applies only to kind = "http", but this check's kind is "dns"; remove body_contains or set kind = "http""#,
         ];
         bad_kind_named: dns_vip("", r#"kind = "dnss""#, "") => [
-            "xlb.toml: TOML parse error at line 14, column 8\n   |\n14 | kind = \"dnss\"\n   |        ^^^^^^\nunknown variant `dnss`, expected one of `http`, `https`, `grpc`, `tcp`, `udp`, `dns`",
+            r#"xlb.toml:14:8: vip "dns": health_check: kind: unknown variant `dnss`, expected one of `http`, `https`, `grpc`, `tcp`, `udp`, `dns`"#,
         ];
     }
 }

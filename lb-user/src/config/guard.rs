@@ -332,7 +332,11 @@ fn rate(field: &str, text: &str, max: f64, ctx: &str, p: &mut Problems<'_>) -> O
     }
     p.error(
         ctx,
-        format!("{field} {text:?} is out of range; use \"1/min\" to \"{max}/s\""),
+        format!(
+            "{field} {text:?} is out of range; use {} to {}",
+            super::shown::rate(MIN_RATE),
+            super::shown::rate(max)
+        ),
     );
     None
 }
@@ -376,7 +380,7 @@ fn source_alert(raw: &RawSourceAlert, ctx: &str, p: &mut Problems<'_>) -> Option
     let rate_per_s = raw
         .rate
         .as_deref()
-        .map(|t| rate(&format!("{field}.rate"), t, f64::MAX, ctx, p));
+        .map(|t| rate(&format!("{field}.rate"), t, MAX_RATE, ctx, p));
     let share = raw.share.as_ref().map(|s| share(s, ctx, p));
     let min_rate_per_s = match raw.min_rate.as_deref() {
         None => Some(defaults::ALERT_MIN_RATE),
@@ -416,7 +420,7 @@ fn share(raw: &RawShare, ctx: &str, p: &mut Problems<'_>) -> Option<f64> {
 }
 
 fn auto_block(raw: &RawAutoBlock, ctx: &str, p: &mut Problems<'_>) -> Option<AutoBlock> {
-    let above = rate("auto_block.above", &raw.above, f64::MAX, ctx, p);
+    let above = rate("auto_block.above", &raw.above, MAX_RATE, ctx, p);
     let sustained = bounded_duration(
         "auto_block.for",
         raw.sustained.as_deref(),
@@ -456,7 +460,11 @@ fn bounded_duration(
     if d < min || d > max {
         p.error(
             ctx,
-            format!("{field} {text:?} is out of range; use {min:?} to {max:?}"),
+            format!(
+                "{field} {text:?} is out of range; use {} to {}",
+                super::shown::duration(min),
+                super::shown::duration(max)
+            ),
         );
         return None;
     }
@@ -836,13 +844,22 @@ reason = "{}""#, "x".repeat(201)), "") => [
             r#"xlb.toml: guard: source_alert.min_rate "ten" is not a rate; write a number per second or per minute, e.g. "200/s", "30/min""#,
         ];
         auto_block_for_zero: config(r#"auto_block = { above = "100/s", for = "0s" }"#, "") => [
-            r#"xlb.toml: guard: auto_block.for "0s" is out of range; use 1s to 3600s"#,
+            r#"xlb.toml: guard: auto_block.for "0s" is out of range; use 1s to 1h"#,
         ];
         auto_block_ttl_too_long: config("", r#"auto_block = { above = "100/s", ttl = "31d" }"#) => [
-            r#"xlb.toml: vip "api": guard: auto_block.ttl "31d" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+            r#"xlb.toml: vip "api": guard: auto_block.ttl "31d" is out of range; use 1s to 30d"#,
         ];
         auto_block_ttl_over_30_days: config(r#"auto_block = { above = "100/s", ttl = "721h" }"#, "") => [
-            r#"xlb.toml: guard: auto_block.ttl "721h" is out of range; use 1s to 2592000s"#,
+            r#"xlb.toml: guard: auto_block.ttl "721h" is out of range; use 1s to 30d"#,
+        ];
+        auto_block_above_zero_names_bounds_a_person_writes: config(r#"auto_block = { above = "0/s" }"#, "") => [
+            r#"xlb.toml: guard: auto_block.above "0/s" is out of range; use "1/min" to "10000000/s""#,
+        ];
+        auto_block_above_beyond_any_source: config(r#"auto_block = { above = "20000000/s" }"#, "") => [
+            r#"xlb.toml: guard: auto_block.above "20000000/s" is out of range; use "1/min" to "10000000/s""#,
+        ];
+        alert_rate_too_high: config("", r#"source_alert = { rate = "99999999/s" }"#) => [
+            r#"xlb.toml: vip "api": guard: source_alert.rate "99999999/s" is out of range; use "1/min" to "10000000/s""#,
         ];
         auto_block_without_counts: config("", r#"track_sources = false
     auto_block = { above = "100/s" }"#) => [

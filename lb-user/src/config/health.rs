@@ -409,10 +409,11 @@ fn hang_timeout(layers: &[Layer<'_>], timeout: Duration, p: &mut Problems<'_>) -
             p.error(
                 place(layers, hang_src),
                 format!(
-                    "hang_timeout {hang:?} is longer than {:?}; a backend that has not answered \
-                     in a minute is hung, and each waiting probe holds a socket: use at most \"{}s\"",
-                    spec::MAX_HANG_TIMEOUT,
-                    spec::MAX_HANG_TIMEOUT.as_secs()
+                    "hang_timeout {} is longer than {}; a backend that has not answered \
+                     in a minute is hung, and each waiting probe holds a socket: use at most \"{}\"",
+                    super::shown::duration(hang),
+                    super::shown::duration(spec::MAX_HANG_TIMEOUT),
+                    super::shown::duration(spec::MAX_HANG_TIMEOUT)
                 ),
             );
             spec::MAX_HANG_TIMEOUT
@@ -1089,13 +1090,13 @@ interval = "5s"
             r#"xlb.toml: vip "a": health_check: hang_timeout 2s is shorter than timeout 3s; use at least the timeout (equal to it makes a late answer a failure, as without hang_timeout)"#,
         ];
         hang_timeout_longer_than_a_minute: layered(r#"hang_timeout = "2m""#, "", "") => [
-            r#"xlb.toml: health_check: hang_timeout 120s is longer than 60s; a backend that has not answered in a minute is hung, and each waiting probe holds a socket: use at most "60s""#,
+            r#"xlb.toml: health_check: hang_timeout 2m is longer than 1m; a backend that has not answered in a minute is hung, and each waiting probe holds a socket: use at most "1m""#,
         ];
         hang_timeout_zero: layered(r#"hang_timeout = "0s""#, "", "") => [
             r#"xlb.toml: health_check: hang_timeout must be longer than 0"#,
         ];
         hang_timeout_not_a_duration: layered(r#"hang_timeout = "3""#, "", "") => [
-            r#"xlb.toml: health_check: hang_timeout "3" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+            r#"xlb.toml: health_check: hang_timeout "3" is not a duration; write a number and a unit (ms, s, m, h or d), e.g. "500ms", "2s", "1.5s", "1m""#,
         ];
 
         rise_of_four_billion: api_with_backend(r#"
@@ -1165,7 +1166,7 @@ jitter = -0.1
 interval = "2x"
 fast_interval = "0ms"
 "#) => [
-            r#"xlb.toml: health_check: interval "2x" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+            r#"xlb.toml: health_check: interval "2x" is not a duration; write a number and a unit (ms, s, m, h or d), e.g. "500ms", "2s", "1.5s", "1m""#,
             r#"xlb.toml: health_check: fast_interval must be longer than 0"#,
         ];
         bad_status_codes: api_with_backend(r#"
@@ -1243,7 +1244,7 @@ expect_status = ["200"]
             r#"xlb.toml: vip "a": health_check: reopen_every applies only to kind = "http", but this check's kind is "tcp"; remove reopen_every or set kind = "http""#,
         ];
         reuse_connection_not_a_boolean: layered("reuse_connection = \"yes\"", "", "") => [
-            "xlb.toml: TOML parse error at line 6, column 20\n  |\n6 | reuse_connection = \"yes\"\n  |                    ^^^^^\ninvalid type: string \"yes\", expected a boolean",
+            r#"xlb.toml:6:20: health_check: reuse_connection: invalid type: string "yes", expected a boolean"#,
         ];
         port_in_health_check_tables: api_vip(r#"
 [vip.health_check]

@@ -60,6 +60,7 @@ mod address;
 mod announce;
 mod chance;
 mod cluster;
+mod collect;
 
 /// `daemon.second_chance_window`'s default, in ns.
 pub const fn chance_default_window_ns() -> u64 {
@@ -73,6 +74,7 @@ mod health;
 mod keys;
 mod protection;
 mod raw;
+mod shown;
 mod tls;
 mod vip;
 
@@ -83,12 +85,14 @@ pub use cluster::{
 pub use daemon::{
     DaemonConfig, LiveSettings, MAX_CONNTRACK_SIZE, MAX_RING_STRIDE, MIN_CONNTRACK_SIZE,
     MIN_UDP_TIMEOUT, PinnedSettings, RestartSettings, XdpMode, check_instance,
+    default_control_socket,
 };
 pub use guard::{
     AutoBlock, GuardConfig, ListRule, MAX_TTL, SourceAlert, SourceLimit, VipGuardConfig,
     defaults as guard_defaults, parse_rate,
 };
 pub use keys::{ConfigKey, accepted_keys};
+pub use shown::{duration as shown_duration, rate as shown_rate};
 pub use vip::{BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, ip_proto};
 
 use raw::RawConfig;
@@ -176,9 +180,8 @@ impl Config {
     /// Parses and validates configuration `text`; `origin` (usually the file
     /// name) prefixes every message.
     pub fn from_str(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigErrors {
-            problems: vec![format!("{origin}: {}", e.to_string().trim_end())],
-        })?;
+        let raw: RawConfig =
+            collect::deserialize(text, origin).map_err(|problems| ConfigErrors { problems })?;
         let mut p = Problems {
             origin,
             errors: Vec::new(),
@@ -334,8 +337,12 @@ fn check_vip_count(raw: &RawConfig, p: &mut Problems<'_>) {
         p.error(
             "",
             format!(
-                "{count} VIPs configured, but xlb supports at most {}; \
-                 remove VIPs or run another xlb instance",
+                "{count} VIPs configured, but xlb supports at most {}; remove VIPs, or \
+                 serve the others from an xlb instance on another interface (one XDP \
+                 program per interface: two instances cannot share one), or raise \
+                 lb_common::MAX_VIPS and rebuild (a compile-time constant that sizes the \
+                 maps: bump LAYOUT_VERSION with it; that build starts on new maps after \
+                 `xlb detach`, losing established flows once)",
                 lb_common::MAX_VIPS
             ),
         );
@@ -351,7 +358,8 @@ fn check_backend_count(raw: &RawConfig, p: &mut Problems<'_>) {
             "",
             format!(
                 "{total} backends in total across all VIPs, but xlb supports at most \
-                 {max_backends}; remove backends or split the VIPs across instances"
+                 {max_backends}; remove backends, or split the VIPs across xlb instances on \
+                 other interfaces (two instances cannot share one)"
             ),
         );
     }
@@ -360,13 +368,13 @@ fn check_backend_count(raw: &RawConfig, p: &mut Problems<'_>) {
 // ---------------------------------------------------------------------------
 // Value forms shared by several tables.
 
-/// Parses a duration such as `"500ms"`, `"2s"`, `"1.5s"`, `"1m"` or `"1h"`:
-/// one decimal number and one unit (`ms`, `s`, `m`, `h`). The error says
+/// Parses a duration such as `"500ms"`, `"2s"`, `"1.5s"`, `"1m"`, `"1h"` or
+/// `"7d"`: one decimal number and one unit (`ms`, `s`, `m`, `h`, `d`). The error says
 /// what was wrong, without saying where.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let bad = || {
         format!(
-            "{text:?} is not a duration; write a number and a unit (ms, s, m or h), \
+            "{text:?} is not a duration; write a number and a unit (ms, s, m, h or d), \
              e.g. \"500ms\", \"2s\", \"1.5s\", \"1m\""
         )
     };
@@ -380,6 +388,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => 1_000_000_000,
         "m" => 60_000_000_000,
         "h" => 3_600_000_000_000,
+        // Block TTLs run to days (`--ttl 7d`); weeks are left out: no
+        // bound in the file reaches one.
+        "d" => 86_400_000_000_000,
         _ => return Err(bad()),
     };
     let (int, frac) = number.split_once('.').unwrap_or((number, ""));
@@ -867,6 +878,7 @@ address = "10.0.0.11"
             ("decimal seconds", "1.5s", Duration::from_millis(1500)),
             ("minutes", "1m", Duration::from_secs(60)),
             ("hours", "2h", Duration::from_secs(7200)),
+            ("days", "7d", Duration::from_secs(7 * 86_400)),
             ("zero", "0s", Duration::ZERO),
             ("leading dot", ".5s", Duration::from_millis(500)),
             ("trailing dot", "3.s", Duration::from_secs(3)),
@@ -884,7 +896,7 @@ address = "10.0.0.11"
             ("no unit", "5"),
             ("no number", "s"),
             ("empty", ""),
-            ("unknown unit", "5d"),
+            ("unknown unit", "5w"),
             ("space before unit", "5 s"),
             ("negative", "-1s"),
             ("two dots", "1.2.3s"),
@@ -896,7 +908,7 @@ address = "10.0.0.11"
             assert_eq!(
                 parse_duration(text),
                 Err(format!(
-                    "{text:?} is not a duration; write a number and a unit (ms, s, m or h), \
+                    "{text:?} is not a duration; write a number and a unit (ms, s, m, h or d), \
                      e.g. \"500ms\", \"2s\", \"1.5s\", \"1m\""
                 )),
                 "{name}"
@@ -944,10 +956,10 @@ address = "10.1.{}.{}"
 
     rejects! {
         too_many_vips_are_refused: too_many_vips() => [
-            "xlb.toml: 65 VIPs configured, but xlb supports at most 64; remove VIPs or run another xlb instance",
+            "xlb.toml: 65 VIPs configured, but xlb supports at most 64; remove VIPs, or serve the others from an xlb instance on another interface (one XDP program per interface: two instances cannot share one), or raise lb_common::MAX_VIPS and rebuild (a compile-time constant that sizes the maps: bump LAYOUT_VERSION with it; that build starts on new maps after `xlb detach`, losing established flows once)",
         ];
         too_many_backends_are_refused: too_many_backends() => [
-            "xlb.toml: 4096 backends in total across all VIPs, but xlb supports at most 4095; remove backends or split the VIPs across instances",
+            "xlb.toml: 4096 backends in total across all VIPs, but xlb supports at most 4095; remove backends, or split the VIPs across xlb instances on other interfaces (two instances cannot share one)",
         ];
     }
 

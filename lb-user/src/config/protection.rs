@@ -125,7 +125,11 @@ fn duration(
     if d < min || d > MAX_PERIOD {
         p.error(
             ctx,
-            format!("{field} {text:?} is out of range; use {min:?} to {MAX_PERIOD:?}"),
+            format!(
+                "{field} {text:?} is out of range; use {} to {}",
+                super::shown::duration(min),
+                super::shown::duration(MAX_PERIOD)
+            ),
         );
         return None;
     }
@@ -235,10 +239,13 @@ address = "10.0.0.11"
             "xlb.toml: protection: outlier_factor 1 is out of range; use a number above 1 and at most 100 (3 = three times slower than the peers' median)",
         ];
         half_life_of_zero: config("", r#"flap_half_life = "0s""#) => [
-            r#"xlb.toml: vip "api": protection: flap_half_life "0s" is out of range; use 1s to 3600s"#,
+            r#"xlb.toml: vip "api": protection: flap_half_life "0s" is out of range; use 1s to 1h"#,
+        ];
+        slow_start_of_two_hours: config(r#"slow_start = "2h""#, "") => [
+            r#"xlb.toml: protection: slow_start "2h" is out of range; use 0s to 1h"#,
         ];
         slow_start_not_a_duration: config(r#"slow_start = "soon""#, "") => [
-            r#"xlb.toml: protection: slow_start "soon" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+            r#"xlb.toml: protection: slow_start "soon" is not a duration; write a number and a unit (ms, s, m, h or d), e.g. "500ms", "2s", "1.5s", "1m""#,
         ];
         flap_limit_below_1: config("flap_limit = 0.5", "") => [
             "xlb.toml: protection: flap_limit 0.5 is out of range; use 1 to 100 (about one per exit from the table; set flap_damping = false to turn damping off)",

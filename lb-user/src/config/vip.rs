@@ -382,6 +382,10 @@ fn validate_backends(
     p: &mut Problems<'_>,
 ) -> Vec<BackendConfig> {
     let mut seen: HashSet<(IpAddr, u16)> = HashSet::new();
+    if vip.max_flows == Some(0) {
+        // Named where it is written (once), not on each backend inheriting it.
+        p.error(ctx, MAX_FLOWS_ZERO);
+    }
     vip.backend
         .iter()
         .map(|b| {
@@ -488,17 +492,16 @@ fn weight(b: &RawBackend, bctx: &str, p: &mut Problems<'_>) -> u32 {
     weight
 }
 
-/// The backend's `max_flows`, else its VIP's; at least 1 when set.
+const MAX_FLOWS_ZERO: &str = "max_flows 0 would raise its alarm for every flow; use at least 1, \
+                              or leave it out for no alarm";
+
+/// The backend's `max_flows`, else its VIP's; at least 1 when set (the
+/// VIP's own is checked with the VIP).
 fn max_flows(vip: &RawVip, b: &RawBackend, bctx: &str, p: &mut Problems<'_>) -> Option<u64> {
-    let max = b.max_flows.or(vip.max_flows);
-    if max == Some(0) {
-        p.error(
-            bctx,
-            "max_flows 0 would raise its alarm for every flow; use at least 1, \
-             or leave it out for no alarm",
-        );
+    if b.max_flows == Some(0) {
+        p.error(bctx, MAX_FLOWS_ZERO);
     }
-    max
+    b.max_flows.or(vip.max_flows)
 }
 
 /// The backend's own health_check layer over the VIP's, probed on its
@@ -593,6 +596,14 @@ max_flows = 0
 "#) => [
             r#"xlb.toml: vip "api": backend 10.0.0.1:80: max_flows 0 would raise its alarm for every flow; use at least 1, or leave it out for no alarm"#,
         ];
+        vip_max_flows_zero_names_the_vip: api_vip(r#"max_flows = 0
+[[vip.backend]]
+address = "10.0.0.1"
+[[vip.backend]]
+address = "10.0.0.2"
+"#) => [
+            r#"xlb.toml: vip "api": max_flows 0 would raise its alarm for every flow; use at least 1, or leave it out for no alarm"#,
+        ];
 
         backend_listed_twice: api_vip(r#"
 [[vip.backend]]
@@ -645,7 +656,7 @@ protocol = "udp"
             r#"xlb.toml: vip "dns": host_services = false, but vip "api" at the same address 10.100.0.1 has host_services = true; it applies to the whole address (what no VIP there balances goes to the host, or is dropped), so set it alike on every VIP at 10.100.0.1"#,
         ];
         host_services_not_a_bool: api_with_backend(r#"host_services = "yes""#) => [
-            "xlb.toml: TOML parse error at line 9, column 17\n  |\n9 | host_services = \"yes\"\n  |                 ^^^^^\ninvalid type: string \"yes\", expected a boolean",
+            r#"xlb.toml:9:17: vip "api": host_services: invalid type: string "yes", expected a boolean"#,
         ];
         vip_name_reused: format!(r#"{}
 [[vip]]

@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use super::Request;
+use super::{ListKind, Request};
 use crate::config::MAX_TTL;
 
 /// Shortest `ttl_ms` of a block: one second, as `auto_block.ttl`.
@@ -44,16 +44,24 @@ pub fn check_request(req: &Request) -> Result<(), String> {
         // applied (`set_drain`).
         Request::Drain { vip, backend, .. } | Request::Enable { vip, backend } => {
             text("vip", vip, MAX_VIP_NAME)?;
-            text("backend", backend, MAX_ADDRESS)
+            text("backend", backend, MAX_ADDRESS)?;
+            check_backend_name(backend)
         }
         Request::Block {
+            list,
             prefix,
             vip,
             ttl_ms,
             reason,
+            force,
             ..
         } => {
             text("prefix", prefix, MAX_ADDRESS)?;
+            // An unparsable prefix is refused by the handler, with its own
+            // message.
+            if let Ok(p) = prefix.parse::<crate::guard::Prefix>() {
+                check_whole_family(*list, &p, vip.as_deref(), *force)?;
+            }
             vip.as_deref()
                 .map_or(Ok(()), |v| text("vip", v, MAX_VIP_NAME))?;
             ttl_ms.map_or(Ok(()), ttl)?;
@@ -94,6 +102,58 @@ pub fn check_reason(s: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A backend as `xlb drain` and `xlb enable` name it: `IP:PORT`,
+/// `[IPv6]:PORT` or the IP alone (`daemon::model::names_backend`). Shared
+/// with the CLI, which checks before sending.
+///
+/// # Errors
+///
+/// Anything else, with what to write.
+pub fn check_backend_name(s: &str) -> Result<(), String> {
+    if s.parse::<std::net::SocketAddr>().is_ok() || s.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    Err(format!(
+        "backend {} is not an address; write IP:PORT, [IPv6]:PORT or just the IP, as \
+         `xlb status` lists the VIP's backends",
+        escape(&format!("{s:?}"))
+    ))
+}
+
+/// A deny or allow entry for every address of a family (`0.0.0.0/0`,
+/// `::/0`) needs `force`: one typo would refuse every client, or exempt
+/// every client from every deny entry. Shared with the CLI (`--force`).
+///
+/// # Errors
+///
+/// A /0 without `force`, saying what it would do.
+pub fn check_whole_family(
+    list: ListKind,
+    prefix: &crate::guard::Prefix,
+    vip: Option<&str>,
+    force: bool,
+) -> Result<(), String> {
+    if prefix.len > 0 || force {
+        return Ok(());
+    }
+    let family = if prefix.addr.is_ipv4() {
+        "IPv4"
+    } else {
+        "IPv6"
+    };
+    let scope = vip.map_or_else(|| "every VIP".to_owned(), |v| format!("VIP {v:?}"));
+    let effect = match list {
+        ListKind::Deny => format!("refuses every {family} client of {scope}"),
+        ListKind::Allow => {
+            format!("exempts every {family} client of {scope} from every deny entry")
+        }
+    };
+    Err(format!(
+        "{prefix} is every {family} address: this {effect}; add --force (\"force\": true) \
+         if that is what you mean"
+    ))
+}
+
 /// A block's TTL: [`MIN_TTL`] to [`MAX_TTL`]. Shared with the CLI's `--ttl`.
 ///
 /// # Errors
@@ -102,9 +162,10 @@ pub fn check_reason(s: &str) -> Result<(), String> {
 pub fn check_ttl(d: Duration, spelled: &str) -> Result<(), String> {
     if d < MIN_TTL || d > MAX_TTL {
         return Err(format!(
-            "a TTL of {spelled} is out of range; use 1s to {}h, or leave the TTL out for an \
+            "a TTL of {spelled} is out of range; use {} to {}, or leave the TTL out for an \
              entry that stays until `xlb unblock`",
-            MAX_TTL.as_secs() / 3600
+            crate::config::shown_duration(MIN_TTL),
+            crate::config::shown_duration(MAX_TTL)
         ));
     }
     Ok(())
@@ -165,6 +226,7 @@ mod tests {
             ttl_ms,
             reason: reason.map(str::to_owned),
             action: GuardAction::Drop,
+            force: false,
         }
     }
 
@@ -192,7 +254,7 @@ mod tests {
             (
                 "block, ttl 0",
                 block(Some(0), None),
-                Some("ttl_ms: a TTL of 0 ms is out of range; use 1s to 720h"),
+                Some("ttl_ms: a TTL of 0 ms is out of range; use 1s to 30d"),
             ),
             (
                 "block, ttl 999 ms",
@@ -225,6 +287,52 @@ mod tests {
                 Some("the reason has control characters"),
             ),
             ("drain, no deadline", drain("api", "10.0.0.1:80"), None),
+            ("drain, an address alone", drain("api", "10.0.0.1"), None),
+            ("drain, IPv6 and port", drain("api", "[fd00::1]:80"), None),
+            (
+                "drain, not an address",
+                drain("api", "notanip"),
+                Some(
+                    "backend \"notanip\" is not an address; write IP:PORT, [IPv6]:PORT or just \
+                     the IP, as `xlb status` lists the VIP's backends",
+                ),
+            ),
+            (
+                "enable, IPv6 without brackets",
+                Request::Enable {
+                    vip: "api".into(),
+                    backend: "fd00::1:80:x".into(),
+                },
+                Some("backend \"fd00::1:80:x\" is not an address"),
+            ),
+            (
+                "block 0.0.0.0/0 without force",
+                Request::Block {
+                    list: ListKind::Deny,
+                    prefix: "0.0.0.0/0".into(),
+                    vip: None,
+                    ttl_ms: None,
+                    reason: None,
+                    action: GuardAction::Drop,
+                    force: false,
+                },
+                Some(
+                    "0.0.0.0/0 is every IPv4 address: this refuses every IPv4 client of every VIP",
+                ),
+            ),
+            (
+                "block ::/0 with force",
+                Request::Block {
+                    list: ListKind::Deny,
+                    prefix: "::/0".into(),
+                    vip: None,
+                    ttl_ms: None,
+                    reason: None,
+                    action: GuardAction::Drop,
+                    force: true,
+                },
+                None,
+            ),
             (
                 "drain, vip with a newline",
                 drain("api\nforged", "10.0.0.1:80"),

@@ -13,7 +13,10 @@ mod checks;
 mod client;
 mod server;
 
-pub use checks::{MAX_REASON, MIN_TTL, check_reason, check_request, check_ttl, escape};
+pub use checks::{
+    MAX_REASON, MIN_TTL, check_backend_name, check_reason, check_request, check_ttl,
+    check_whole_family, escape,
+};
 pub use client::{CONNECT_TIMEOUT, Client, REQUEST_TIMEOUT, request};
 pub use server::{
     Handler, HandlerFuture, IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_FOLLOWERS, MAX_LINE, WRITE_TIMEOUT,
@@ -24,7 +27,7 @@ pub use server::{
 #[derive(Debug, thiserror::Error)]
 pub enum CtlError {
     #[error(
-        "no xlb daemon listening on {}: is `xlb run` running? (--socket to choose another)",
+        "no xlb daemon listening on {}: is `xlb run` running? (--socket, --instance or --config to choose another)",
         path.display()
     )]
     NotRunning { path: PathBuf },
@@ -55,20 +58,39 @@ pub enum CtlError {
          daemon.socket_group to keep the control socket root-only"
     )]
     NoSuchGroup { group: String },
-    #[error("{what} {}: {source}", path.display())]
+    /// The message holds the cause, so it is not also the error's
+    /// `source`: `{:#}` would print it twice ("Broken pipe (os error 32):
+    /// Broken pipe (os error 32)").
+    #[error("{what} {}: {error}", path.display())]
     Io {
         /// What was being done, e.g. "connecting to".
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
+    #[error(
+        "{} is {kind}, not a socket: give --socket the daemon's control socket (its \
+         daemon.control_socket, default /run/xlb/xlb.sock), or --instance NAME or --config FILE",
+        path.display()
+    )]
+    NotASocketHere { path: PathBuf, kind: &'static str },
+    #[error(
+        "{} does not speak xlb's control protocol ({what}); is it the daemon's control \
+         socket? Give --socket the path of daemon.control_socket, or --instance NAME or \
+         --config FILE",
+        path.display()
+    )]
+    NotXlb { path: PathBuf, what: String },
     #[error("the xlb daemon on {} did not answer within {}s", path.display(), timeout.as_secs())]
     Timeout {
         path: PathBuf,
         timeout: std::time::Duration,
     },
-    #[error("the xlb daemon on {} closed the connection without answering", path.display())]
+    #[error(
+        "{} closed the connection without answering: the daemon stopped, or it is not \
+         xlb's control socket",
+        path.display()
+    )]
     Closed { path: PathBuf },
     #[error("the xlb daemon on {} sent a bad response: {reason}", path.display())]
     BadResponse { path: PathBuf, reason: String },

@@ -79,10 +79,10 @@ pub trait Handler: Send + Sync + 'static {
 /// daemon answers on it), and sets mode 0600, or 0660 with group `group`.
 /// Must be called within a tokio runtime.
 pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, CtlError> {
-    let io_err = |what, source| CtlError::Io {
+    let io_err = |what, error| CtlError::Io {
         what,
         path: path.to_owned(),
-        source,
+        error,
     };
     // Resolve the group first: a typo should fail before anything is touched.
     let gid = match group {
@@ -101,7 +101,7 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, CtlError> 
         std::fs::create_dir_all(parent).map_err(|e| CtlError::Io {
             what: "creating the directory",
             path: parent.to_owned(),
-            source: e,
+            error: e,
         })?;
         check_directory(parent)?;
     }
@@ -169,7 +169,7 @@ fn check_directory(dir: &Path) -> Result<(), CtlError> {
     let meta = std::fs::metadata(dir).map_err(|e| CtlError::Io {
         what: "inspecting the directory",
         path: dir.to_owned(),
-        source: e,
+        error: e,
     })?;
     let me = nix::unistd::geteuid().as_raw();
     let why = if meta.uid() != me && meta.uid() != 0 {
@@ -840,7 +840,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             format!(
-                "no xlb daemon listening on {}: is `xlb run` running? (--socket to choose another)",
+                "no xlb daemon listening on {}: is `xlb run` running? (--socket, --instance or --config to choose another)",
                 missing.display()
             )
         );
@@ -1004,7 +1004,7 @@ mod tests {
             (
                 "ttl 0",
                 block(r#""ttl_ms":0"#),
-                "ttl_ms: a TTL of 0 ms is out of range; use 1s to 720h",
+                "ttl_ms: a TTL of 0 ms is out of range; use 1s to 30d",
             ),
             (
                 "ttl u64::MAX",

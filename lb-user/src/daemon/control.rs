@@ -91,6 +91,8 @@ impl Daemon {
                 ttl_ms,
                 reason,
                 action,
+                // Checked with the request (`ctl::check_request`).
+                force: _,
             } => super::guard::parse_prefix(&prefix).and_then(|p| {
                 self.add_list_entry(
                     list,

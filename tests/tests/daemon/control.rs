@@ -59,7 +59,7 @@ fn refusals(e: &Env) {
         (
             "ttl 0",
             block(r#""ttl_ms":0"#),
-            "ttl_ms: a TTL of 0 ms is out of range; use 1s to 720h",
+            "ttl_ms: a TTL of 0 ms is out of range; use 1s to 30d",
         ),
         (
             "ttl u64::MAX",
@@ -82,6 +82,17 @@ fn refusals(e: &Env) {
                 .to_owned(),
             r"vip api\nFORGED has control characters",
         ),
+        (
+            "a /0 without force (the CLI checks it too: a hand-written line must not pass)",
+            r#"{"version":2,"command":"block","list":"deny","prefix":"0.0.0.0/0"}"#.to_owned(),
+            "0.0.0.0/0 is every IPv4 address: this refuses every IPv4 client of every VIP; \
+             add --force",
+        ),
+        (
+            "a drain of a backend that is not an address",
+            r#"{"version":2,"command":"drain","vip":"api","backend":"notanip"}"#.to_owned(),
+            "backend \"notanip\" is not an address",
+        ),
     ];
     for (name, line, want) in cases {
         match ask(e, &line) {
@@ -91,6 +102,7 @@ fn refusals(e: &Env) {
     }
     let blocks = e.xlb(&["blocks", "--json"]).unwrap();
     assert!(!blocks.contains("192.0.2.7"), "nothing blocked: {blocks}");
+    assert!(!blocks.contains("0.0.0.0/0"), "nothing blocked: {blocks}");
     let log = e.log(1).unwrap();
     assert!(
         !log.lines().any(|l| l.starts_with("FORGED")),

@@ -32,6 +32,9 @@ pub struct TopArgs {
     /// Start showing only this VIP (`v` and `/` change it).
     #[arg(long, value_name = "NAME")]
     pub vip: Option<String>,
+    /// Which daemon.
+    #[command(flatten)]
+    pub target: crate::cli::target::ClientTarget,
 }
 
 /// `--watch` and its interval, for `xlb status`.
@@ -152,14 +155,16 @@ mod tests {
             parse(&["top"]).unwrap(),
             Command::Top(TopArgs {
                 interval: DEFAULT_INTERVAL,
-                vip: None
+                vip: None,
+                target: Default::default()
             })
         );
         assert_eq!(
             parse(&["top", "--interval", "500ms", "--vip", "api"]).unwrap(),
             Command::Top(TopArgs {
                 interval: Duration::from_millis(500),
-                vip: Some("api".to_owned())
+                vip: Some("api".to_owned()),
+                target: Default::default()
             })
         );
         assert_eq!(
@@ -184,7 +189,8 @@ mod tests {
         assert_eq!(
             Command::Top(TopArgs {
                 interval: DEFAULT_INTERVAL,
-                vip: None
+                vip: None,
+                target: Default::default()
             })
             .request(),
             None

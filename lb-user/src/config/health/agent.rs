@@ -291,7 +291,7 @@ mod tests {
                 "",
                 &[
                     r#"xlb.toml: health_check: agent_interval must be longer than 0"#,
-                    r#"xlb.toml: vip "api": health_check: agent_timeout "soon" is not a duration; write a number and a unit (ms, s, m or h), e.g. "500ms", "2s", "1.5s", "1m""#,
+                    r#"xlb.toml: vip "api": health_check: agent_timeout "soon" is not a duration; write a number and a unit (ms, s, m, h or d), e.g. "500ms", "2s", "1.5s", "1m""#,
                 ],
             ),
             (
