@@ -148,6 +148,19 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vip: Option<String>,
     },
+    /// Change a backend's weight live (`xlb weight`): the VIP's table is
+    /// rebuilt at once, and the weight is kept across restarts until the
+    /// configuration changes that backend's weight. A weight equal to the
+    /// configured one removes the override.
+    /// [`Response::Weight`](crate::Response::Weight).
+    Weight {
+        /// VIP name, as in the configuration.
+        vip: String,
+        /// `"addr:port"` or `"[v6]:port"` (or just the address).
+        backend: String,
+        /// The new weight, in the range the configuration allows.
+        weight: u32,
+    },
 }
 
 impl Request {
@@ -166,7 +179,8 @@ impl Request {
             | Request::Block { .. }
             | Request::Unblock { .. }
             | Request::Withdraw { .. }
-            | Request::Announce { .. } => true,
+            | Request::Announce { .. }
+            | Request::Weight { .. } => true,
         }
     }
 
@@ -252,6 +266,11 @@ impl fmt::Display for Request {
             Request::Announce { vip } => {
                 write!(f, "announce {}", vip.as_deref().unwrap_or("--all"))
             }
+            Request::Weight {
+                vip,
+                backend,
+                weight,
+            } => write!(f, "weight {vip} {backend} {weight}"),
         }
     }
 }
@@ -350,6 +369,15 @@ mod tests {
                 },
                 r#"{"version":2,"command":"sources","vip":"api"}"#,
             ),
+            (
+                "weight",
+                Request::Weight {
+                    vip: "api".to_owned(),
+                    backend: "10.99.0.12:80".to_owned(),
+                    weight: 3,
+                },
+                r#"{"version":2,"command":"weight","vip":"api","backend":"10.99.0.12:80","weight":3}"#,
+            ),
         ];
         for (name, req, wire) in cases {
             let line = req.to_line();
@@ -401,6 +429,11 @@ mod tests {
                 reason: None,
             },
             Request::Announce { vip: None },
+            Request::Weight {
+                vip: "a".to_owned(),
+                backend: "b".to_owned(),
+                weight: 0,
+            },
         ];
         let names: Vec<String> = reqs
             .iter()
@@ -416,7 +449,8 @@ mod tests {
         assert_eq!(
             mutating,
             [
-                false, false, false, true, true, true, true, true, false, false, true, true
+                false, false, false, true, true, true, true, true, false, false, true, true,
+                true
             ]
         );
     }

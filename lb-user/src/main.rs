@@ -157,6 +157,7 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
             | Command::Guard(GuardCommand::Blocks { json: true })
+            | Command::Weight(cli::weight::WeightArgs { json: true, .. })
     ) || matches!(command, Command::Sources(s) if s.json())
         || matches!(command, Command::Announce(a) if a.json());
     let text = match resp {
@@ -173,6 +174,8 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
         Response::Blocks(b) => cli::blocks::render_blocks(&b, ctl::now_unix_ms(), color()),
         Response::Sources(s) if json => pretty(&s)?,
         Response::Sources(s) => cli::sources::render_sources(&s, color()),
+        Response::Weight(w) if json => pretty(&w)?,
+        Response::Weight(w) => format!("{}\n", w.summary()),
         Response::Event(e) => bail!(
             "the daemon answered with a single event (seq {}) instead of a list",
             e.seq

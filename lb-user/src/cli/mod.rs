@@ -9,6 +9,7 @@ mod drain;
 mod explain;
 pub mod peers;
 pub mod sources;
+pub mod weight;
 
 pub use drain::{DrainProgress, drain_progress};
 pub use explain::render_explain;
@@ -172,6 +173,12 @@ pub enum Command {
     Peers(peers::PeersCommand),
     #[command(flatten)]
     Announce(announce::AnnounceCommand),
+    /// Change a backend's weight live: the VIP's table is rebuilt at once.
+    ///
+    /// Kept across restarts until the configuration changes that backend's
+    /// weight (a reload or restart then drops the override and says so).
+    /// `xlb status` shows the override and the configured weight.
+    Weight(weight::WeightArgs),
 }
 
 impl Command {
@@ -213,6 +220,7 @@ impl Command {
             Command::Sources(s) => s.request(),
             Command::Guard(g) => g.request(),
             Command::Announce(a) => a.request(),
+            Command::Weight(w) => w.request(),
             Command::Run { .. }
             | Command::Peers(_)
             | Command::CheckConfig { .. }
@@ -582,8 +590,16 @@ fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
         | "agent_maint" => {
             notes.extend(b.placement_reason.clone());
         }
-        _ if b.weight != 1 => notes.push(format!("weight {}", b.weight)),
+        _ if b.weight != 1 && b.configured_weight.is_none() => {
+            notes.push(format!("weight {}", b.weight));
+        }
         _ => {}
+    }
+    if let Some(configured) = b.configured_weight {
+        notes.push(format!(
+            "weight {} by xlb weight, configured {configured}",
+            b.weight
+        ));
     }
     notes.extend(b.agent.as_ref().and_then(crate::ctl::AgentStatus::note));
     if !notes.is_empty() {

@@ -87,7 +87,9 @@ pub use guard::{
     AutoBlock, GuardConfig, ListRule, MAX_TTL, SourceAlert, SourceLimit, VipGuardConfig,
     defaults as guard_defaults, parse_rate,
 };
-pub use vip::{BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, ip_proto};
+pub use vip::{
+    BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, check_weight, ip_proto,
+};
 
 use raw::RawConfig;
 

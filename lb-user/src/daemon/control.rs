@@ -110,6 +110,13 @@ impl Daemon {
             Request::Sources { vip } => self.sources_report(vip.as_deref()).map(Response::Sources),
             Request::Withdraw { vip, reason } => Ok(self.withdraw(vip, reason)),
             Request::Announce { vip } => Ok(self.announce_again(vip)),
+            Request::Weight {
+                vip,
+                backend,
+                weight,
+            } => self
+                .set_weight(&vip, &backend, weight)
+                .map(Response::Weight),
         };
         res.unwrap_or_else(|e| Response::Error {
             message: format!("{e:#}"),

@@ -53,6 +53,7 @@ impl Daemon {
         info!(
             "xlb stopping; the XDP program stays attached with the last state (xlb detach removes it)"
         );
+        self.seq_stop();
         self.save();
         let _ = std::fs::remove_file(&self.cfg.daemon.restart.control_socket);
         Ok(())
@@ -160,5 +161,6 @@ impl Daemon {
         self.announce_update();
         self.announce_tick();
         self.sample();
+        self.seq_tick();
     }
 }

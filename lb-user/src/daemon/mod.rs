@@ -31,6 +31,7 @@ mod conntrack;
 mod control;
 mod drain;
 mod evaluate;
+mod event_seq;
 mod explain;
 mod guard;
 mod links;
@@ -41,6 +42,7 @@ mod reload;
 mod sources;
 mod start;
 mod status;
+pub mod weight;
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -89,6 +91,11 @@ pub struct Daemon {
     reports: Option<mpsc::Receiver<Report>>,
     events: VecDeque<Event>,
     next_seq: u64,
+    /// No event has a number at or above this; the state file holds it
+    /// (`event_seq`).
+    seq_reserved: u64,
+    /// Weights changed by `xlb weight` (`weight`).
+    weights: weight::Overrides,
     events_tx: broadcast::Sender<Event>,
     started: SystemTime,
     adopted: bool,
@@ -144,6 +151,10 @@ impl Daemon {
         mut dp: Dataplane,
         saved: Option<Saved>,
     ) -> anyhow::Result<Self> {
+        // Whatever the file's layout: numbers and weights do not depend on it.
+        let next_seq = event_seq::first_seq(saved.as_ref());
+        let mut cfg = cfg;
+        let (weights, dropped) = weight::from_saved(saved.as_ref()).apply_to(&mut cfg);
         let saved = saved.filter(|s| {
             let ours = s.layout_version == LAYOUT_VERSION;
             if !ours {
@@ -167,7 +178,9 @@ impl Daemon {
             sched: None,
             reports: None,
             events: VecDeque::new(),
-            next_seq: 1,
+            next_seq,
+            seq_reserved: next_seq + event_seq::SEQ_BLOCK,
+            weights: weight::Overrides::default(),
             events_tx,
             started: SystemTime::now(),
             adopted,
@@ -199,6 +212,7 @@ impl Daemon {
                 saved.as_ref().and_then(|s| s.announce.as_ref()),
             ),
         };
+        d.keep_weights(weights, dropped);
         // Guards and lists before the VIPs go live: a VIP's first packet
         // is judged by its configuration.
         d.init_lists(saved.as_ref())?;
@@ -270,6 +284,7 @@ impl Daemon {
             table_slots_changed: r.map(|r| r.slots_changed),
         };
         self.next_seq += 1;
+        self.seq_taken();
         if self.events.len() == EVENT_LOG {
             self.events.pop_front();
         }
@@ -312,6 +327,8 @@ impl Daemon {
         let mut saved = model::to_saved(&self.vips);
         saved.forwarding = self.forwarding.clone();
         saved.announce = self.announce_saved();
+        saved.weights = self.weights.to_saved();
+        saved.next_event_seq = self.seq_reserved;
         saved
     }
 

@@ -85,6 +85,9 @@ impl Daemon {
         self.ids.check(&ids_needed(&self.cfg, &new)).map_err(|e| {
             anyhow::anyhow!("{e}\nconfiguration rejected: still running the previous one")
         })?;
+        // Before any comparison: a VIP whose only difference is an
+        // override that still holds is unchanged.
+        let (weights, dropped) = self.weights.apply_to(&mut new);
         let mut notes = daemon_changes(&self.cfg.daemon, &new.daemon);
         notes.extend(super::announce::keep_running_table(
             self.cfg.announce.as_ref(),
@@ -117,6 +120,7 @@ impl Daemon {
             notes.push("cluster settings updated ([cluster])".to_string());
         }
         self.cfg = new;
+        notes.extend(self.keep_weights(weights, dropped));
         let lists_note = self.reload_lists()?;
         if guard_changed || guarded > 0 {
             notes.push(format!(
