@@ -7,6 +7,7 @@ pub mod blocks;
 pub mod decap;
 mod drain;
 mod explain;
+pub mod follow;
 pub mod peers;
 pub mod sources;
 pub mod weight;
@@ -55,6 +56,10 @@ pub enum Command {
         /// The configuration file.
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
+        /// Logs on stderr as text (colour only on a terminal) or JSON (one
+        /// object per line, for log pipelines).
+        #[arg(long, value_enum, value_name = "FORMAT", default_value_t)]
+        log_format: crate::logging::LogFormat,
     },
     /// Check a configuration file.
     ///
@@ -72,7 +77,9 @@ pub enum Command {
     },
     /// Show recent events: state changes, table rebuilds, drains, reloads.
     Events {
-        /// Keep running and print each new event as it happens.
+        /// Keep running and print each new event as it happens; when the
+        /// daemon restarts, reconnect (for up to 30 s) and go on after the
+        /// last event printed.
         #[arg(long, short)]
         follow: bool,
         /// Only events after SEQ (the number of the last event you saw).
@@ -182,6 +189,16 @@ pub enum Command {
 }
 
 impl Command {
+    /// How the command logs: `--log-format` of `run` and `decap`, text
+    /// for every other.
+    pub fn log_format(&self) -> crate::logging::LogFormat {
+        match self {
+            Command::Run { log_format, .. } => *log_format,
+            Command::Decap(d) => d.log_format,
+            _ => crate::logging::LogFormat::Text,
+        }
+    }
+
     /// The control request of a client command; `None` for commands that
     /// do not talk to the daemon.
     pub fn request(&self) -> Option<Request> {
@@ -773,6 +790,7 @@ mod tests {
                 vec!["run", "--config", "/etc/xlb.toml"],
                 Command::Run {
                     config: "/etc/xlb.toml".into(),
+                    log_format: crate::logging::LogFormat::Text,
                 },
             ),
             (
@@ -780,6 +798,15 @@ mod tests {
                 vec!["run", "-c", "x.toml"],
                 Command::Run {
                     config: "x.toml".into(),
+                    log_format: crate::logging::LogFormat::Text,
+                },
+            ),
+            (
+                "run --log-format json",
+                vec!["run", "-c", "x.toml", "--log-format", "json"],
+                Command::Run {
+                    config: "x.toml".into(),
+                    log_format: crate::logging::LogFormat::Json,
                 },
             ),
             (

@@ -137,8 +137,12 @@ pub(super) fn spawn_control(
 
 /// Serves metrics on `addr` on its own task, from what the main loop
 /// publishes in `published`.
-pub(super) fn spawn_metrics(addr: SocketAddr, published: Arc<Mutex<(StatusReport, MetricsExtra)>>) {
-    let source = Arc::new(Published(published));
+pub(super) fn spawn_metrics(
+    addr: SocketAddr,
+    published: Arc<Mutex<(StatusReport, MetricsExtra)>>,
+    events: super::event_seq::SharedEvents,
+) {
+    let source = Arc::new(Published(published, events));
     tokio::spawn(async move {
         if let Err(e) = metrics::serve(addr, source).await {
             error!("metrics on {addr}: {e:#}");
@@ -188,11 +192,18 @@ impl ctl::Handler for Bridge {
 }
 
 /// The metrics endpoint's view: refreshed by the main loop every tick.
-struct Published(Arc<Mutex<(StatusReport, MetricsExtra)>>);
+struct Published(
+    Arc<Mutex<(StatusReport, MetricsExtra)>>,
+    super::event_seq::SharedEvents,
+);
 
 impl metrics::MetricsSource for Published {
     fn snapshot(&self) -> (StatusReport, MetricsExtra) {
         self.0.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    fn events_since(&self, since: u64) -> Vec<Event> {
+        self.1.since(since)
     }
 }
 

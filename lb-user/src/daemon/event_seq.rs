@@ -9,7 +9,13 @@
 //! it extends it at once); a clean stop saves the exact next number. A
 //! crash therefore skips at most one block of numbers and never reuses one.
 
-use super::{Daemon, persist::Saved};
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex},
+};
+
+use super::{Daemon, EVENT_LOG, persist::Saved};
+use crate::ctl::Event;
 
 /// Numbers reserved at a time.
 pub(super) const SEQ_BLOCK: u64 = 100_000;
@@ -17,6 +23,32 @@ pub(super) const SEQ_BLOCK: u64 = 100_000;
 /// The first number a start gives, from the state file of the run before.
 pub(super) fn first_seq(saved: Option<&Saved>) -> u64 {
     saved.map_or(1, |s| s.next_event_seq.max(1))
+}
+
+/// The events the metrics endpoint serves (`GET /events`): a copy of the
+/// daemon's event log, kept by the main loop, read by the endpoint's task.
+#[derive(Clone, Debug, Default)]
+pub(super) struct SharedEvents(Arc<Mutex<VecDeque<Event>>>);
+
+impl SharedEvents {
+    /// Adds `e`, dropping the oldest beyond [`EVENT_LOG`] as the daemon's
+    /// own log does.
+    pub(super) fn push(&self, e: &Event) {
+        if let Ok(mut log) = self.0.lock() {
+            if log.len() == EVENT_LOG {
+                log.pop_front();
+            }
+            log.push_back(e.clone());
+        }
+    }
+
+    /// The events with `seq` above `since`, oldest first.
+    pub(super) fn since(&self, since: u64) -> Vec<Event> {
+        self.0.lock().map_or_else(
+            |_| Vec::new(),
+            |log| log.iter().filter(|e| e.seq > since).cloned().collect(),
+        )
+    }
 }
 
 impl Daemon {

@@ -37,7 +37,7 @@ impl Daemon {
         }
         let calls = control::spawn_control(listener, self.events_tx.clone());
         if let Some(addr) = self.cfg.daemon.restart.metrics_address {
-            control::spawn_metrics(addr, Arc::clone(&self.published));
+            control::spawn_metrics(addr, Arc::clone(&self.published), self.events_shared.clone());
         }
         conntrack::spawn(
             persist::pin_dir(&self.cfg.daemon.pinned.instance).join(lb_common::MAP_CT),
@@ -92,7 +92,7 @@ impl Daemon {
                 "attached"
             }
         );
-        info!("{msg}");
+        info!(event = "start", link_id, adopted = adopted_link, "{msg}");
         self.event(EventKind::Start, None, None, None, None, msg, None);
         self.save();
         self.start_probes();

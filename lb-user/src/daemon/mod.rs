@@ -94,6 +94,8 @@ pub struct Daemon {
     /// No event has a number at or above this; the state file holds it
     /// (`event_seq`).
     seq_reserved: u64,
+    /// What `GET /events` serves.
+    events_shared: event_seq::SharedEvents,
     /// Weights changed by `xlb weight` (`weight`).
     weights: weight::Overrides,
     events_tx: broadcast::Sender<Event>,
@@ -181,6 +183,7 @@ impl Daemon {
             next_seq,
             seq_reserved: next_seq + event_seq::SEQ_BLOCK,
             weights: weight::Overrides::default(),
+            events_shared: event_seq::SharedEvents::default(),
             events_tx,
             started: SystemTime::now(),
             adopted,
@@ -289,6 +292,7 @@ impl Daemon {
             self.events.pop_front();
         }
         self.events.push_back(ev.clone());
+        self.events_shared.push(&ev);
         let _ = self.events_tx.send(ev);
     }
 

@@ -27,15 +27,15 @@ impl Daemon {
             Ok(message) => {
                 let text = one_line(message);
                 if message.lines().count() > 1 {
-                    warn!(by, "reload applied, with notes: {text}");
+                    warn!(event = "reload", to = "applied", by, "reload applied, with notes: {text}");
                 } else {
-                    info!(by, "reload applied: {text}");
+                    info!(event = "reload", to = "applied", by, "reload applied: {text}");
                 }
                 ("applied", text)
             }
             Err(e) => {
                 let text = one_line(&format!("{e:#}"));
-                error!(by, "reload rejected: {text}");
+                error!(event = "reload", to = "rejected", by, "reload rejected: {text}");
                 ("rejected", text)
             }
         };
@@ -291,7 +291,15 @@ impl Daemon {
                     );
                 }
             }
-            info!(vip = %self.vips[vi].cfg.name, rebuilt = r.is_some(), "{}", why.replace(" by reload", ""));
+            info!(
+                event = "table",
+                vip = %self.vips[vi].cfg.name,
+                rebuilt = r.is_some(),
+                table_build_ms = r.map(|r| r.took.as_secs_f64() * 1e3),
+                slots_changed = r.map(|r| r.slots_changed),
+                "{}",
+                why.replace(" by reload", "")
+            );
             self.table_event(vi, why, r);
         }
         Ok((added, changed, guarded))

@@ -26,10 +26,12 @@
 mod announce;
 mod control;
 mod env;
+mod events;
 mod guard;
 mod reload;
 mod restart;
 mod sources;
+mod weight;
 
 use std::{
     collections::BTreeSet,
