@@ -449,8 +449,7 @@ mod tests {
         assert_eq!(
             mutating,
             [
-                false, false, false, true, true, true, true, true, false, false, true, true,
-                true
+                false, false, false, true, true, true, true, true, false, false, true, true, true
             ]
         );
     }

@@ -64,7 +64,7 @@ mod tests {
 
     #[test]
     fn summaries() {
-        let r = |from, to, configured, slots| WeightReport {
+        let r = |from, to, configured, slots: Option<u32>| WeightReport {
             vip: "api".into(),
             backend: "10.0.0.11:80".into(),
             from,

@@ -210,7 +210,12 @@ mod tests {
         };
         let mut got = Vec::new();
         while got.len() < 2 {
-            got.push(tokio::time::timeout(Duration::from_secs(5), seen.recv()).await.unwrap().unwrap());
+            got.push(
+                tokio::time::timeout(Duration::from_secs(5), seen.recv())
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
         }
         assert_eq!(got, [Followed::Event(event(1)), Followed::Event(event(2))]);
         assert_eq!(asked.recv().await, Some(Some(0)));
@@ -223,7 +228,12 @@ mod tests {
         let second = start(&path, 4, &asked_tx);
         let mut got = Vec::new();
         while got.len() < 3 {
-            got.push(tokio::time::timeout(Duration::from_secs(5), seen.recv()).await.unwrap().unwrap());
+            got.push(
+                tokio::time::timeout(Duration::from_secs(5), seen.recv())
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
         }
         assert_eq!(
             got,
@@ -233,7 +243,11 @@ mod tests {
                 Followed::Event(event(4)),
             ]
         );
-        assert_eq!(asked.recv().await, Some(Some(2)), "asked for what came after 2");
+        assert_eq!(
+            asked.recv().await,
+            Some(Some(2)),
+            "asked for what came after 2"
+        );
         second.abort();
         follower.abort();
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
@@ -246,9 +260,9 @@ mod tests {
         let d = start(&path, 7, &asked_tx);
         let follower = {
             let path = path.clone();
-            tokio::spawn(async move {
-                follow(&path, None, Duration::from_millis(500), |_| true).await
-            })
+            tokio::spawn(
+                async move { follow(&path, None, Duration::from_millis(500), |_| true).await },
+            )
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
         d.abort();
@@ -262,14 +276,21 @@ mod tests {
         let took = t.elapsed();
         let msg = format!("{err:#}");
         assert!(
-            msg.starts_with("the daemon closed the event stream and did not come back within 500ms"),
+            msg.starts_with(
+                "the daemon closed the event stream and did not come back within 500ms"
+            ),
             "{msg}"
         );
         assert!(
-            msg.ends_with("once it runs, `xlb events --follow --since 7` goes on from the last event shown"),
+            msg.ends_with(
+                "once it runs, `xlb events --follow --since 7` goes on from the last event shown"
+            ),
             "{msg}"
         );
-        assert!(took >= Duration::from_millis(400) && took < Duration::from_secs(3), "{took:?}");
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 }

@@ -77,10 +77,7 @@ mod tests {
         b.weight = 3;
         b.configured_weight = Some(1);
         let text = crate::cli::render_status(&report, SAMPLE_NOW_MS, false);
-        let line = text
-            .lines()
-            .find(|l| l.contains("10.99.0.11:80"))
-            .unwrap();
+        let line = text.lines().find(|l| l.contains("10.99.0.11:80")).unwrap();
         assert!(
             line.contains("ok 200 in 1.2ms  (weight 3 by xlb weight, configured 1)"),
             "{line}"

@@ -332,10 +332,22 @@ impl Daemon {
         let backend_field = backend.as_deref();
         match edge {
             Edge::Raised => {
-                warn!(event = "alarm", to = "raised", vip, backend = backend_field, "{text}");
+                warn!(
+                    event = "alarm",
+                    to = "raised",
+                    vip,
+                    backend = backend_field,
+                    "{text}"
+                );
             }
             Edge::Cleared => {
-                info!(event = "alarm", to = "cleared", vip, backend = backend_field, "{text}");
+                info!(
+                    event = "alarm",
+                    to = "cleared",
+                    vip,
+                    backend = backend_field,
+                    "{text}"
+                );
             }
         }
         self.event(EventKind::Alarm, vip, backend, None, None, text, None);

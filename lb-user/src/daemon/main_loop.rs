@@ -37,7 +37,11 @@ impl Daemon {
         }
         let calls = control::spawn_control(listener, self.events_tx.clone());
         if let Some(addr) = self.cfg.daemon.restart.metrics_address {
-            control::spawn_metrics(addr, Arc::clone(&self.published), self.events_shared.clone());
+            control::spawn_metrics(
+                addr,
+                Arc::clone(&self.published),
+                self.events_shared.clone(),
+            );
         }
         conntrack::spawn(
             persist::pin_dir(&self.cfg.daemon.pinned.instance).join(lb_common::MAP_CT),

@@ -27,15 +27,30 @@ impl Daemon {
             Ok(message) => {
                 let text = one_line(message);
                 if message.lines().count() > 1 {
-                    warn!(event = "reload", to = "applied", by, "reload applied, with notes: {text}");
+                    warn!(
+                        event = "reload",
+                        to = "applied",
+                        by,
+                        "reload applied, with notes: {text}"
+                    );
                 } else {
-                    info!(event = "reload", to = "applied", by, "reload applied: {text}");
+                    info!(
+                        event = "reload",
+                        to = "applied",
+                        by,
+                        "reload applied: {text}"
+                    );
                 }
                 ("applied", text)
             }
             Err(e) => {
                 let text = one_line(&format!("{e:#}"));
-                error!(event = "reload", to = "rejected", by, "reload rejected: {text}");
+                error!(
+                    event = "reload",
+                    to = "rejected",
+                    by,
+                    "reload rejected: {text}"
+                );
                 ("rejected", text)
             }
         };

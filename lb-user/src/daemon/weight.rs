@@ -216,7 +216,10 @@ impl Daemon {
         // The policy counts only backends with a weight above 0 toward the
         // VIP's panic threshold: a weight to or from 0 may change it.
         if let Err(e) = self.evaluate_vip(vi) {
-            error!(vip, "applying the health policy after a weight change: {e:#}");
+            error!(
+                vip,
+                "applying the health policy after a weight change: {e:#}"
+            );
         }
         self.save();
         Ok(report)
@@ -343,7 +346,9 @@ mod tests {
                 (3, true),
                 vec![1, 3],
                 overrides(&[]),
-                vec!["weight override 5 of 10.0.0.12:80 in vip \"api\" dropped: the configuration changed its weight from 2 to 3"],
+                vec![
+                    "weight override 5 of 10.0.0.12:80 in vip \"api\" dropped: the configuration changed its weight from 2 to 3",
+                ],
             ),
             (
                 "changed to the override's own value: dropped, same weight",
@@ -351,7 +356,9 @@ mod tests {
                 (5, true),
                 vec![1, 5],
                 overrides(&[]),
-                vec!["weight override 5 of 10.0.0.12:80 in vip \"api\" dropped: the configuration changed its weight from 2 to 5"],
+                vec![
+                    "weight override 5 of 10.0.0.12:80 in vip \"api\" dropped: the configuration changed its weight from 2 to 5",
+                ],
             ),
             (
                 "backend gone: dropped",
@@ -359,7 +366,9 @@ mod tests {
                 (2, false),
                 vec![0],
                 overrides(&[(11, 0, 1)]),
-                vec!["weight override 5 of 10.0.0.12:80 in vip \"api\" dropped: the configuration no longer lists the backend"],
+                vec![
+                    "weight override 5 of 10.0.0.12:80 in vip \"api\" dropped: the configuration no longer lists the backend",
+                ],
             ),
             (
                 "no overrides: the file as it is",

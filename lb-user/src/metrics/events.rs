@@ -94,7 +94,10 @@ mod tests {
             Default::default()
         }
         fn events_since(&self, since: u64) -> Vec<Event> {
-            (100_001..=100_004).filter(|&s| s > since).map(event).collect()
+            (100_001..=100_004)
+                .filter(|&s| s > since)
+                .map(event)
+                .collect()
         }
     }
 
@@ -108,8 +111,14 @@ mod tests {
     fn events_since_n_are_the_json_of_xlb_events() {
         let (head, body) = answer("GET", "since=100002");
         assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
-        assert!(head.contains("Content-Type: application/json\r\n"), "{head}");
-        assert!(head.contains(&format!("Content-Length: {}", body.len())), "{head}");
+        assert!(
+            head.contains("Content-Type: application/json\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{head}"
+        );
         // What `xlb events --json --since 100002` prints.
         let want = serde_json::to_string_pretty(&[event(100_003), event(100_004)]).unwrap() + "\n";
         assert_eq!(body, want);
@@ -158,7 +167,10 @@ mod tests {
         ];
         for (query, want) in cases {
             let (head, body) = answer("GET", query);
-            assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{query}: {head}");
+            assert!(
+                head.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+                "{query}: {head}"
+            );
             assert_eq!(body, want, "{query}");
         }
         let (head, _) = answer("POST", "since=1");

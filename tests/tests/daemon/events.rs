@@ -60,8 +60,8 @@ impl Follower {
         while t.elapsed() < limit {
             match self.lines.recv_timeout(Duration::from_millis(100)) {
                 Ok(line) => {
-                    let ev: Value = serde_json::from_str(&line)
-                        .unwrap_or_else(|err| panic!("{err}: {line:?}"));
+                    let ev: Value =
+                        serde_json::from_str(&line).unwrap_or_else(|err| panic!("{err}: {line:?}"));
                     let done = until(&ev);
                     seen.push(ev);
                     if done {
@@ -73,7 +73,9 @@ impl Follower {
             }
         }
         let err = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-        panic!("the follower did not print the event within {limit:?}; saw {seen:?}; stderr: {err}");
+        panic!(
+            "the follower did not print the event within {limit:?}; saw {seen:?}; stderr: {err}"
+        );
     }
 }
 
@@ -140,7 +142,10 @@ fn logs_and_events_hold_across_restarts() {
             .iter()
             .find(|ev| ev["kind"] == "start")
             .expect("the new start event, above the last one before");
-        println!("last before the crash {before}, start after {}", start["seq"]);
+        println!(
+            "last before the crash {before}, start after {}",
+            start["seq"]
+        );
         let all = seqs(&e.events().unwrap());
         assert!(all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
         let log = e.log(2).unwrap();
@@ -153,9 +158,15 @@ fn logs_and_events_hold_across_restarts() {
             ev["kind"] == "start" && ev["seq"].as_u64().unwrap() > before
         });
         let got: Vec<u64> = seen.iter().map(|ev| ev["seq"].as_u64().unwrap()).collect();
-        assert!(got.windows(2).all(|w| w[0] < w[1]), "no event twice: {got:?}");
+        assert!(
+            got.windows(2).all(|w| w[0] < w[1]),
+            "no event twice: {got:?}"
+        );
         let err = std::fs::read_to_string(&follower.stderr).unwrap();
-        assert!(err.contains("xlb: daemon restarted, reconnected; going on after event"), "{err}");
+        assert!(
+            err.contains("xlb: daemon restarted, reconnected; going on after event"),
+            "{err}"
+        );
     });
     step("a clean stop: the next start takes the next number", || {
         clean_stop_goes_on(&mut e);
@@ -213,7 +224,10 @@ fn events_endpoint(e: &Env) {
     assert!(http.iter().all(|ev| ev["seq"].as_u64().unwrap() > n));
     let (status, body) = e.http_get("/events?since=last").unwrap();
     assert_eq!(status, 400, "{body}");
-    assert!(body.starts_with("since=\"last\" is not an event number"), "{body}");
+    assert!(
+        body.starts_with("since=\"last\" is not an event number"),
+        "{body}"
+    );
 }
 
 /// SIGTERM saves the exact next number: the next start's event is that

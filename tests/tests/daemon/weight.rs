@@ -51,9 +51,12 @@ fn weight_changes_the_table_and_persists_until_the_file_changes_it() {
     let id = backend_id(&e, "api", B11);
     // 251 slots over three backends of weight 1.
     let before = slots_of(&dp, id);
-    step("weight 3: the table gives it about 3/5 of the slots", || {
-        set_three(&e, &dp, id, before);
-    });
+    step(
+        "weight 3: the table gives it about 3/5 of the slots",
+        || {
+            set_three(&e, &dp, id, before);
+        },
+    );
     step("bad requests are refused, nothing changes", || {
         bad_requests(&e, &dp);
     });
@@ -63,30 +66,47 @@ fn weight_changes_the_table_and_persists_until_the_file_changes_it() {
         let id12 = backend_id(&e, "api", "10.0.0.12:80");
         assert_eq!(slots_of(&dp, id12), 0, "weight 0: no slot");
         let b = e.backend("api", "10.0.0.12:80").unwrap();
-        assert_eq!((b["in_table"].as_bool(), b["state"].as_str()), (Some(false), Some("up")));
+        assert_eq!(
+            (b["in_table"].as_bool(), b["state"].as_str()),
+            (Some(false), Some("up"))
+        );
         // The configured weight removes the override.
         let r = weight(&e, &["api", "10.0.0.12", "1"]);
         assert_eq!(r["overridden"], false, "{r}");
         assert!(slots_of(&dp, id12) > 0);
         assert!(e.backend("api", "10.0.0.12:80").unwrap()["configured_weight"].is_null());
     });
-    step("kill -9 and start: the override stands, table untouched", || {
-        let t = table(&dp, API).unwrap();
-        e.kill9().unwrap();
-        std::fs::remove_file(&e.socket).ok();
-        e.start().unwrap();
-        let b = e.backend("api", B11).unwrap();
-        assert_eq!((b["weight"].as_u64(), b["configured_weight"].as_u64()), (Some(3), Some(1)), "{b}");
-        assert_eq!(table(&dp, API).unwrap(), t, "the adopted table is the override's");
-    });
+    step(
+        "kill -9 and start: the override stands, table untouched",
+        || {
+            let t = table(&dp, API).unwrap();
+            e.kill9().unwrap();
+            std::fs::remove_file(&e.socket).ok();
+            e.start().unwrap();
+            let b = e.backend("api", B11).unwrap();
+            assert_eq!(
+                (b["weight"].as_u64(), b["configured_weight"].as_u64()),
+                (Some(3), Some(1)),
+                "{b}"
+            );
+            assert_eq!(
+                table(&dp, API).unwrap(),
+                t,
+                "the adopted table is the override's"
+            );
+        },
+    );
     step("a reload of the same file keeps the override", || {
         let out = e.xlb(&["reload"]).unwrap();
         assert!(out.contains("0 changed"), "{out}");
         assert_eq!(e.backend("api", B11).unwrap()["weight"], 3);
     });
-    step("a reload that changes its weight drops the override", || {
-        drop_by_reload(&mut e, &dp, id);
-    });
+    step(
+        "a reload that changes its weight drops the override",
+        || {
+            drop_by_reload(&mut e, &dp, id);
+        },
+    );
 }
 
 fn set_three(e: &Env, dp: &Dataplane, id: u32, before: usize) {
@@ -103,15 +123,28 @@ fn set_three(e: &Env, dp: &Dataplane, id: u32, before: usize) {
     assert!((70..100).contains(&before), "{before}");
     assert!((135..165).contains(&after), "{after}");
     let differ = old.iter().zip(live(dp)).filter(|(a, b)| **a != *b).count();
-    assert_eq!(changed, differ as u64, "the slots that changed in the live table");
-    assert!(differ >= after - before, "{differ} slots changed, {after} - {before} gained");
+    assert_eq!(
+        changed, differ as u64,
+        "the slots that changed in the live table"
+    );
+    assert!(
+        differ >= after - before,
+        "{differ} slots changed, {after} - {before} gained"
+    );
     let b = e.backend("api", B11).unwrap();
     assert_eq!(b["weight"], 3, "{b}");
     assert_eq!(b["configured_weight"], 1, "{b}");
     let text = e.xlb(&["status"]).unwrap();
-    assert!(text.contains("weight 3 by xlb weight, configured 1"), "{text}");
+    assert!(
+        text.contains("weight 3 by xlb weight, configured 1"),
+        "{text}"
+    );
     let ev = last_weight_event(e);
-    assert_eq!((ev["from"].as_str(), ev["to"].as_str()), (Some("1"), Some("3")), "{ev}");
+    assert_eq!(
+        (ev["from"].as_str(), ev["to"].as_str()),
+        (Some("1"), Some("3")),
+        "{ev}"
+    );
     assert_eq!(ev["backend"], B11, "{ev}");
     assert!(ev["table_slots_changed"].is_u64(), "{ev}");
     // The same weight again: nothing to do.
@@ -123,7 +156,11 @@ fn bad_requests(e: &Env, dp: &Dataplane) {
     let t = table(dp, API).unwrap();
     // (name, args, start of the error)
     let cases: [(&str, &[&str], &str); 4] = [
-        ("unknown VIP", &["nope", "10.0.0.11", "3"], "no VIP named \"nope\"; configured: api, web"),
+        (
+            "unknown VIP",
+            &["nope", "10.0.0.11", "3"],
+            "no VIP named \"nope\"; configured: api, web",
+        ),
         (
             "unknown backend",
             &["api", "10.0.0.99", "3"],
@@ -135,7 +172,11 @@ fn bad_requests(e: &Env, dp: &Dataplane) {
             "vip \"api\": backend 10.0.0.11:80: weight 1001 is too large; use 0 to 1000 \
              (weights are relative; 0 takes no new flows)",
         ),
-        ("not a number", &["api", "10.0.0.11", "-1"], "\"-1\" is not a weight"),
+        (
+            "not a number",
+            &["api", "10.0.0.11", "-1"],
+            "\"-1\" is not a weight",
+        ),
     ];
     for (name, args, want) in cases {
         let mut all = vec!["weight"];
@@ -182,7 +223,11 @@ fn drop_by_reload(e: &mut Env, dp: &Dataplane, id: u32) {
     assert_eq!(b["weight"], 2, "{b}");
     assert!(b["configured_weight"].is_null(), "{b}");
     let ev = last_weight_event(e);
-    assert_eq!((ev["from"].as_str(), ev["to"].as_str()), (Some("3"), Some("2")), "{ev}");
+    assert_eq!(
+        (ev["from"].as_str(), ev["to"].as_str()),
+        (Some("3"), Some("2")),
+        "{ev}"
+    );
     // Shares 2/4 of 251.
     let slots = slots_of(dp, id);
     assert!((110..140).contains(&slots), "{slots}");
