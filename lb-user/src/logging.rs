@@ -29,7 +29,7 @@ pub enum LogFormat {
 /// Whether text logs get ANSI colour: only on a terminal, and never with
 /// `NO_COLOR` set to anything (no-color.org).
 pub fn ansi(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
-    terminal && no_color.is_none_or(|v| v.is_empty())
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
 }
 
 /// The subscriber for `format` writing to `writer`; `RUST_LOG` filters

@@ -327,11 +327,20 @@ mod tests {
         cfg.vips[0].backends.iter().map(|b| b.weight).collect()
     }
 
+    /// (name, overrides, the file's weight of .12 and whether it lists it,
+    /// weights after, overrides kept, dropped texts)
+    type Case = (
+        &'static str,
+        Overrides,
+        (u32, bool),
+        Vec<u32>,
+        Overrides,
+        Vec<&'static str>,
+    );
+
     #[test]
     fn a_new_configuration_keeps_or_drops_each_override() {
-        // (name, overrides, file's weight of .12 and whether it lists it,
-        //  weights after, overrides kept, dropped texts)
-        let cases: [(&str, Overrides, (u32, bool), Vec<u32>, Overrides, Vec<&str>); 5] = [
+        let cases: [Case; 5] = [
             (
                 "same configured weight: kept, the file patched",
                 overrides(&[(12, 5, 2)]),
