@@ -188,6 +188,19 @@ impl Request {
     pub fn to_line(&self) -> String {
         to_line(self)
     }
+
+    /// `weight api 10.99.0.12:80 3` (nothing for another request).
+    fn fmt_weight(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Request::Weight {
+            vip,
+            backend,
+            weight,
+        } = self
+        else {
+            return Ok(());
+        };
+        write!(f, "weight {vip} {backend} {weight}")
+    }
 }
 
 impl fmt::Display for Request {
@@ -266,11 +279,7 @@ impl fmt::Display for Request {
             Request::Announce { vip } => {
                 write!(f, "announce {}", vip.as_deref().unwrap_or("--all"))
             }
-            Request::Weight {
-                vip,
-                backend,
-                weight,
-            } => write!(f, "weight {vip} {backend} {weight}"),
+            Request::Weight { .. } => self.fmt_weight(f),
         }
     }
 }
@@ -507,6 +516,14 @@ mod tests {
                     deadline_ms: Some(300_000),
                 },
                 "drain api 10.99.0.12:80 (deadline in 300000 ms)",
+            ),
+            (
+                Request::Weight {
+                    vip: "api".to_owned(),
+                    backend: "10.99.0.12:80".to_owned(),
+                    weight: 3,
+                },
+                "weight api 10.99.0.12:80 3",
             ),
         ];
         for (req, want) in cases {

@@ -20,7 +20,8 @@ use crate::ctl::Event;
 /// Numbers reserved at a time.
 pub(super) const SEQ_BLOCK: u64 = 100_000;
 
-/// The first number a start gives, from the state file of the run before.
+/// The first number a start gives, from the state file of the run before
+/// (whatever layout it describes: the numbers do not depend on it).
 pub(super) fn first_seq(saved: Option<&Saved>) -> u64 {
     saved.map_or(1, |s| s.next_event_seq.max(1))
 }

@@ -149,13 +149,11 @@ impl Daemon {
     /// Builds the model, adopting ids, states and tables from a previous run.
     pub fn new(
         config_path: PathBuf,
-        cfg: Config,
+        mut cfg: Config,
         mut dp: Dataplane,
         saved: Option<Saved>,
     ) -> anyhow::Result<Self> {
-        // Whatever the file's layout: numbers and weights do not depend on it.
         let next_seq = event_seq::first_seq(saved.as_ref());
-        let mut cfg = cfg;
         let (weights, dropped) = weight::from_saved(saved.as_ref()).apply_to(&mut cfg);
         let saved = saved.filter(|s| {
             let ours = s.layout_version == LAYOUT_VERSION;

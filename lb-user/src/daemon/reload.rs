@@ -80,21 +80,7 @@ impl Daemon {
         for w in &new.warnings {
             warn!("{w}");
         }
-        let off_link = crate::route::dsr_l2_off_link(&new.vips);
-        if !off_link.is_empty() {
-            anyhow::bail!(
-                "{}\nconfiguration rejected: still running the previous one",
-                off_link.join("\n")
-            );
-        }
-        if let Err(lines) =
-            crate::announce::check_local_addresses(&new, &self.config_path.display().to_string())
-        {
-            anyhow::bail!(
-                "{}\nconfiguration rejected: still running the previous one",
-                lines.join("\n")
-            );
-        }
+        self.check_host(&new)?;
         // Counted before anything changes: a reload either has every id it
         // needs or is refused whole.
         self.ids.check(&ids_needed(&self.cfg, &new)).map_err(|e| {
@@ -156,6 +142,27 @@ impl Daemon {
         );
         notes.insert(0, summary);
         Ok(notes.join("\n"))
+    }
+
+    /// What the file alone cannot tell: DSR backends on the link, and
+    /// announced addresses that are this host's own.
+    fn check_host(&self, new: &Config) -> anyhow::Result<()> {
+        let off_link = crate::route::dsr_l2_off_link(&new.vips);
+        if !off_link.is_empty() {
+            anyhow::bail!(
+                "{}\nconfiguration rejected: still running the previous one",
+                off_link.join("\n")
+            );
+        }
+        if let Err(lines) =
+            crate::announce::check_local_addresses(new, &self.config_path.display().to_string())
+        {
+            anyhow::bail!(
+                "{}\nconfiguration rejected: still running the previous one",
+                lines.join("\n")
+            );
+        }
+        Ok(())
     }
 
     /// Removes the VIPs `new` no longer lists; how many.

@@ -285,7 +285,8 @@ impl Daemon {
     }
 }
 
-/// The overrides a state file recorded (none without one).
+/// The overrides a state file recorded (none without one), whatever
+/// layout it describes: weights do not depend on it.
 pub(super) fn from_saved(saved: Option<&super::persist::Saved>) -> Overrides {
     saved.map_or_else(Overrides::default, |s| Overrides::from_saved(&s.weights))
 }
