@@ -47,11 +47,15 @@ pub enum EventKind {
     /// speaker has a problem (`to` = `error`, `speaker_down`) or recovered
     /// (`to` = `ok`, `speaker_up`).
     Announce,
+    /// A backend's weight changed at run time (`xlb weight`), or its
+    /// override was dropped because the configuration changed that
+    /// backend's weight: `from` and `to` are the weights.
+    Weight,
 }
 
 impl EventKind {
     /// Every kind, in the order of the declaration.
-    pub const ALL: [EventKind; 13] = [
+    pub const ALL: [EventKind; 14] = [
         EventKind::Transition,
         EventKind::Table,
         EventKind::Admin,
@@ -65,6 +69,7 @@ impl EventKind {
         EventKind::Source,
         EventKind::Agent,
         EventKind::Announce,
+        EventKind::Weight,
     ];
 
     /// The kind as spelled in JSON, e.g. `"fleet_slow"`.
@@ -83,6 +88,7 @@ impl EventKind {
             EventKind::Source => "source",
             EventKind::Agent => "agent",
             EventKind::Announce => "announce",
+            EventKind::Weight => "weight",
         }
     }
 }
@@ -111,7 +117,10 @@ impl PartialEq<&str> for EventKind {
 /// Something that happened in the daemon.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
-    /// Increases by one per event, from 1 at daemon start.
+    /// Increases by one per event, from 1 at the instance's first start,
+    /// and on across restarts (kept in the state file), so `since_seq`
+    /// holds across them; numbers may be skipped after a crash, never
+    /// reused.
     pub seq: u64,
     /// When it happened, ms since the Unix epoch.
     pub at_unix_ms: u64,
@@ -155,7 +164,8 @@ mod tests {
                 "block",
                 "source",
                 "agent",
-                "announce"
+                "announce",
+                "weight"
             ]
         );
         for kind in EventKind::ALL {

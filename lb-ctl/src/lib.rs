@@ -33,6 +33,7 @@ mod guard;
 mod request;
 mod response;
 mod status;
+mod weight;
 mod wire;
 
 pub use agent::AgentStatus;
@@ -49,6 +50,7 @@ pub use status::{
     BACKEND_STATES, BackendStatus, ConntrackStatus, PLACEMENTS, ProbeStatus, StatusReport,
     VipStatus,
 };
+pub use weight::WeightReport;
 pub use wire::{COMMANDS, PROTOCOL_VERSION, SUPPORTED_VERSIONS, parse_request, parse_response};
 
 /// `daemon.control_socket` when the configuration does not set it, and the

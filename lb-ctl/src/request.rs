@@ -151,6 +151,19 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vip: Option<String>,
     },
+    /// Change a backend's weight live (`xlb weight`): the VIP's table is
+    /// rebuilt at once, and the weight is kept across restarts until the
+    /// configuration changes that backend's weight. A weight equal to the
+    /// configured one removes the override.
+    /// [`Response::Weight`](crate::Response::Weight).
+    Weight {
+        /// VIP name, as in the configuration.
+        vip: String,
+        /// `"addr:port"` or `"[v6]:port"` (or just the address).
+        backend: String,
+        /// The new weight, in the range the configuration allows.
+        weight: u32,
+    },
 }
 
 impl Request {
@@ -169,13 +182,27 @@ impl Request {
             | Request::Block { .. }
             | Request::Unblock { .. }
             | Request::Withdraw { .. }
-            | Request::Announce { .. } => true,
+            | Request::Announce { .. }
+            | Request::Weight { .. } => true,
         }
     }
 
     /// The request as one line of the wire format, newline included.
     pub fn to_line(&self) -> String {
         to_line(self)
+    }
+
+    /// `weight api 10.99.0.12:80 3` (nothing for another request).
+    fn fmt_weight(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Request::Weight {
+            vip,
+            backend,
+            weight,
+        } = self
+        else {
+            return Ok(());
+        };
+        write!(f, "weight {vip} {backend} {weight}")
     }
 }
 
@@ -255,6 +282,7 @@ impl fmt::Display for Request {
             Request::Announce { vip } => {
                 write!(f, "announce {}", vip.as_deref().unwrap_or("--all"))
             }
+            Request::Weight { .. } => self.fmt_weight(f),
         }
     }
 }
@@ -354,6 +382,15 @@ mod tests {
                 },
                 r#"{"version":2,"command":"sources","vip":"api"}"#,
             ),
+            (
+                "weight",
+                Request::Weight {
+                    vip: "api".to_owned(),
+                    backend: "10.99.0.12:80".to_owned(),
+                    weight: 3,
+                },
+                r#"{"version":2,"command":"weight","vip":"api","backend":"10.99.0.12:80","weight":3}"#,
+            ),
         ];
         for (name, req, wire) in cases {
             let line = req.to_line();
@@ -409,6 +446,11 @@ mod tests {
                 reason: None,
             },
             Request::Announce { vip: None },
+            Request::Weight {
+                vip: "a".to_owned(),
+                backend: "b".to_owned(),
+                weight: 0,
+            },
         ];
         for r in &reqs {
             match r {
@@ -446,7 +488,7 @@ mod tests {
         assert_eq!(
             mutating,
             [
-                false, false, false, true, true, true, true, true, false, false, true, true
+                false, false, false, true, true, true, true, true, false, false, true, true, true
             ]
         );
     }
@@ -504,6 +546,14 @@ mod tests {
                     deadline_ms: Some(300_000),
                 },
                 "drain api 10.99.0.12:80 (deadline in 300000 ms)",
+            ),
+            (
+                Request::Weight {
+                    vip: "api".to_owned(),
+                    backend: "10.99.0.12:80".to_owned(),
+                    weight: 3,
+                },
+                "weight api 10.99.0.12:80 3",
             ),
         ];
         for (req, want) in cases {

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::wire::to_line;
-use crate::{BlockEntry, Event, ExplainReport, StatusReport, VipSources};
+use crate::{BlockEntry, Event, ExplainReport, StatusReport, VipSources, WeightReport};
 
 /// What the daemon answers. On the wire the variant is the `response` field
 /// and its content is `data`:
@@ -23,6 +23,8 @@ pub enum Response {
     Blocks(Vec<BlockEntry>),
     /// Answer to `sources`: per VIP, its heaviest sources.
     Sources(Vec<VipSources>),
+    /// Answer to `weight`: the backend's weight before and now.
+    Weight(WeightReport),
     /// A change was made (`drain`, `enable`, `reload`).
     Ok {
         /// What was done, for the operator.

@@ -171,8 +171,13 @@ pub const BACKEND_STATES: [&str; 4] = ["up", "down", "draining", "unknown"];
 pub struct BackendStatus {
     /// `"ip:port"`, or `"[v6]:port"`.
     pub address: String,
-    /// Configured weight; 0 = no new flows.
+    /// Weight; 0 = no new flows. The configured one, unless `xlb weight`
+    /// overrides it (then `configured_weight` says what the file has).
     pub weight: u32,
+    /// The configuration's weight while `xlb weight` overrides it (then
+    /// `weight` is the override); `null` without an override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configured_weight: Option<u32>,
     /// What the data plane does with it: one of [`BACKEND_STATES`].
     pub state: String,
     /// What health checks say, regardless of drains: `"up"`, `"down"` or

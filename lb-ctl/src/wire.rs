@@ -14,6 +14,10 @@ use crate::{Request, Response};
 /// - 2: `ExplainReport` has no `flow_hash` (a flow's keyed hash is an
 ///   oracle for the secret key; the slot is what an operator needs).
 ///   Requests are unchanged, so version-1 requests are still accepted.
+///
+/// A new command (`block`, `sources`, `withdraw`, `weight`, ...) is an
+/// addition, not a new version: a daemon that predates it answers
+/// "unknown command" and names the commands it knows.
 pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Versions this build accepts.
@@ -22,7 +26,7 @@ pub const SUPPORTED_VERSIONS: &[u32] = &[1, PROTOCOL_VERSION];
 /// The `command` of every [`Request`], as spelled on the wire.
 pub const COMMANDS: &[&str] = &[
     "status", "events", "explain", "drain", "enable", "reload", "block", "unblock", "blocks",
-    "sources", "withdraw", "announce",
+    "sources", "withdraw", "announce", "weight",
 ];
 
 /// An example request, quoted in error messages about malformed ones.

@@ -1,10 +1,6 @@
 //! xlb userspace: configuration, Maglev, health checking, map access, the
 //! daemon, its control socket and the CLI.
 
-// The `xlb` binary sets up logging with it; named here so that
-// `unused_crate_dependencies` holds for the library too.
-use tracing_subscriber as _;
-
 pub mod announce;
 pub mod chance;
 pub mod cli;
@@ -17,6 +13,7 @@ pub mod decap;
 pub mod guard;
 pub mod health;
 pub mod host;
+pub mod logging;
 pub mod maglev;
 pub mod metrics;
 pub mod route;

@@ -17,16 +17,11 @@ use clap::Parser as _;
 use lb_user::cli::{self, Cli, Command, blocks::GuardCommand};
 use lb_user::config::{self, Config};
 use lb_user::ctl::{self, Client, Request, Response};
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    lb_user::logging::init(cli.command.log_format());
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         // Said already; only the status is left to give (`xlb peers`).
@@ -47,7 +42,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let socket = client_socket(&cli)?;
     let socket = socket.as_path();
     match &cli.command {
-        Command::Run { config } => lb_user::daemon::run(config.clone()).await,
+        Command::Run { config, .. } => lb_user::daemon::run(config.clone()).await,
         Command::CheckConfig { file, config } => {
             // One of the two: clap requires it.
             let file = file.as_ref().or(config.as_ref()).context("no FILE")?;
@@ -200,6 +195,7 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
             | Command::Events { json: true, .. }
             | Command::Explain { json: true, .. }
             | Command::Guard(GuardCommand::Blocks { json: true, .. })
+            | Command::Weight(cli::weight::WeightArgs { json: true, .. })
     ) || matches!(command, Command::Sources(s) if s.json())
         || matches!(command, Command::Announce(a) if a.json());
     let text = match resp {
@@ -216,6 +212,8 @@ fn print_response(command: &Command, resp: Response) -> anyhow::Result<()> {
         Response::Blocks(b) => cli::blocks::render_blocks(&b, ctl::now_unix_ms(), color()),
         Response::Sources(s) if json => pretty(&s)?,
         Response::Sources(s) => cli::sources::render_sources(&s, color()),
+        Response::Weight(w) if json => pretty(&w)?,
+        Response::Weight(w) => format!("{}\n", w.summary()),
         Response::Event(e) => bail!(
             "the daemon answered with a single event (seq {}) instead of a list",
             e.seq
@@ -237,36 +235,36 @@ fn pretty<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
     Ok(s)
 }
 
-/// `xlb events --follow`: prints events as they come until the daemon
-/// closes the stream (or the user interrupts).
+/// `xlb events --follow`: prints events as they come, reconnecting when
+/// the daemon restarts, until the user interrupts (or the daemon stays
+/// away).
 async fn follow_events(socket: &Path, req: &Request, json: bool) -> anyhow::Result<()> {
+    let Request::Events { since_seq, .. } = req else {
+        bail!("follow_events needs an events request");
+    };
     let color = color();
-    let mut client = Client::connect(socket).await?;
-    client.send(req).await?;
-    loop {
-        let line = match client.recv().await? {
-            None => bail!("the daemon closed the event stream (it stopped or restarted)"),
-            Some(Response::Event(e)) if json => {
-                serde_json::to_string(&e).context("encoding JSON")?
+    let mut failed = None;
+    cli::follow::follow(socket, *since_seq, cli::follow::GIVE_UP, |f| {
+        let line = match f {
+            cli::follow::Followed::Event(e) if json => match serde_json::to_string(&e) {
+                Ok(line) => line,
+                Err(e) => {
+                    failed = Some(anyhow::Error::new(e).context("encoding JSON"));
+                    return false;
+                }
+            },
+            cli::follow::Followed::Event(e) => cli::render_event(&e, color),
+            cli::follow::Followed::Note(note) => {
+                eprintln!("xlb: {note}");
+                return true;
             }
-            Some(Response::Event(e)) => cli::render_event(&e, color),
-            Some(Response::Error { message }) => {
-                // E.g. events skipped because we fell behind: worth saying,
-                // not worth stopping for.
-                eprintln!("xlb: {message}");
-                continue;
-            }
-            Some(other) => bail!(
-                "unexpected answer in the event stream: {}",
-                other.to_line().trim_end()
-            ),
         };
         let mut out = std::io::stdout().lock();
         // A closed pipe (`xlb events -f | head`) ends the command quietly.
-        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
-            return Ok(());
-        }
-    }
+        writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
+    })
+    .await?;
+    failed.map_or(Ok(()), Err)
 }
 
 /// `xlb drain --wait`: polls `status` every second and prints the backend's

@@ -46,6 +46,10 @@ pub struct DecapArgs {
     /// --interface replaces its interface.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Logs on stderr as text (colour only on a terminal) or JSON (one
+    /// object per line).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t)]
+    pub log_format: crate::logging::LogFormat,
 }
 
 /// What `xlb decap` runs with, every field checked.

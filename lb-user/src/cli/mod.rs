@@ -7,11 +7,13 @@ pub mod blocks;
 pub mod decap;
 mod drain;
 mod explain;
+pub mod follow;
 pub mod generate;
 pub mod peers;
 pub mod sources;
 pub mod target;
 pub mod top;
+pub mod weight;
 
 pub use drain::{DrainProgress, drain_progress};
 pub use explain::render_explain;
@@ -55,6 +57,10 @@ pub enum Command {
         /// The configuration file.
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
+        /// Logs on stderr as text (colour only on a terminal) or JSON (one
+        /// object per line, for log pipelines).
+        #[arg(long, value_enum, value_name = "FORMAT", default_value_t)]
+        log_format: crate::logging::LogFormat,
     },
     /// Check a configuration file.
     ///
@@ -99,7 +105,9 @@ pub enum Command {
     Top(top::TopArgs),
     /// Show recent events: state changes, table rebuilds, drains, reloads.
     Events {
-        /// Keep running and print each new event as it happens.
+        /// Keep running and print each new event as it happens; when the
+        /// daemon restarts, reconnect (for up to 30 s) and go on after the
+        /// last event printed.
         #[arg(long, short)]
         follow: bool,
         /// Only events after SEQ (the number of the last event you saw).
@@ -224,9 +232,25 @@ pub enum Command {
         #[command(subcommand)]
         what: generate::Generate,
     },
+    /// Change a backend's weight live: the VIP's table is rebuilt at once.
+    ///
+    /// Kept across restarts until the configuration changes that backend's
+    /// weight (a reload or restart then drops the override and says so).
+    /// `xlb status` shows the override and the configured weight.
+    Weight(weight::WeightArgs),
 }
 
 impl Command {
+    /// How the command logs: `--log-format` of `run` and `decap`, text
+    /// for every other.
+    pub fn log_format(&self) -> crate::logging::LogFormat {
+        match self {
+            Command::Run { log_format, .. } => *log_format,
+            Command::Decap(d) => d.log_format,
+            _ => crate::logging::LogFormat::Text,
+        }
+    }
+
     /// The control request of a client command; `None` for commands that
     /// do not talk to the daemon.
     pub fn request(&self) -> Option<Request> {
@@ -265,6 +289,7 @@ impl Command {
             Command::Sources(s) => s.request(),
             Command::Guard(g) => g.request(),
             Command::Announce(a) => a.request(),
+            Command::Weight(w) => w.request(),
             Command::Run { .. }
             | Command::Top(_)
             | Command::Peers(_)
@@ -643,8 +668,16 @@ fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
         | "agent_maint" => {
             notes.extend(b.placement_reason.clone());
         }
-        _ if b.weight != 1 => notes.push(format!("weight {}", b.weight)),
+        _ if b.weight != 1 && b.configured_weight.is_none() => {
+            notes.push(format!("weight {}", b.weight));
+        }
         _ => {}
+    }
+    if let Some(configured) = b.configured_weight {
+        notes.push(format!(
+            "weight {} by xlb weight, configured {configured}",
+            b.weight
+        ));
     }
     notes.extend(b.agent.as_ref().and_then(crate::ctl::AgentStatus::note));
     if !notes.is_empty() {
@@ -816,6 +849,7 @@ mod tests {
                 vec!["run", "--config", "/etc/xlb.toml"],
                 Command::Run {
                     config: "/etc/xlb.toml".into(),
+                    log_format: crate::logging::LogFormat::Text,
                 },
             ),
             (
@@ -823,6 +857,15 @@ mod tests {
                 vec!["run", "-c", "x.toml"],
                 Command::Run {
                     config: "x.toml".into(),
+                    log_format: crate::logging::LogFormat::Text,
+                },
+            ),
+            (
+                "run --log-format json",
+                vec!["run", "-c", "x.toml", "--log-format", "json"],
+                Command::Run {
+                    config: "x.toml".into(),
+                    log_format: crate::logging::LogFormat::Json,
                 },
             ),
             (

@@ -91,6 +91,7 @@ impl Command {
             Command::Peers(p) => Some(p.target()),
             Command::Announce(a) => Some(a.target()),
             Command::Top(t) => Some(&t.target),
+            Command::Weight(w) => Some(&w.target),
             Command::Run { .. }
             | Command::CheckConfig { .. }
             | Command::CheckUpgrade { .. }

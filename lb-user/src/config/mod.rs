@@ -93,7 +93,9 @@ pub use guard::{
 };
 pub use keys::{ConfigKey, accepted_keys};
 pub use shown::{duration as shown_duration, rate as shown_rate};
-pub use vip::{BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, ip_proto};
+pub use vip::{
+    BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, check_weight, ip_proto,
+};
 
 use raw::RawConfig;
 

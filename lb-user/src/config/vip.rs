@@ -480,20 +480,29 @@ fn check_backend_address(
 
 fn weight(b: &RawBackend, bctx: &str, p: &mut Problems<'_>) -> u32 {
     let weight = b.weight.unwrap_or(defaults::WEIGHT);
-    if weight > MAX_WEIGHT {
-        p.error(
-            bctx,
-            format!(
-                "weight {weight} is too large; use 0 to {MAX_WEIGHT} \
-                 (weights are relative; 0 takes no new flows)"
-            ),
-        );
+    if let Err(problem) = check_weight(weight) {
+        p.error(bctx, problem);
     }
     weight
 }
 
 const MAX_FLOWS_ZERO: &str = "max_flows 0 would raise its alarm for every flow; use at least 1, \
                               or leave it out for no alarm";
+
+/// Whether `weight` is one a backend may have, in the configuration or
+/// from `xlb weight` (which words its refusal the same way).
+///
+/// # Errors
+/// Above [`MAX_WEIGHT`]: what is wrong and the range to use.
+pub fn check_weight(weight: u32) -> Result<(), String> {
+    if weight > MAX_WEIGHT {
+        return Err(format!(
+            "weight {weight} is too large; use 0 to {MAX_WEIGHT} \
+             (weights are relative; 0 takes no new flows)"
+        ));
+    }
+    Ok(())
+}
 
 /// The backend's `max_flows`, else its VIP's; at least 1 when set (the
 /// VIP's own is checked with the VIP).

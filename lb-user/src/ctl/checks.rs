@@ -42,7 +42,9 @@ pub fn check_request(req: &Request) -> Result<(), String> {
         | Request::Blocks => Ok(()),
         // A deadline too far away for the clock is refused where it is
         // applied (`set_drain`).
-        Request::Drain { vip, backend, .. } | Request::Enable { vip, backend } => {
+        Request::Drain { vip, backend, .. }
+        | Request::Enable { vip, backend }
+        | Request::Weight { vip, backend, .. } => {
             text("vip", vip, MAX_VIP_NAME)?;
             text("backend", backend, MAX_ADDRESS)?;
             check_backend_name(backend)

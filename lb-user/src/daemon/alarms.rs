@@ -329,9 +329,26 @@ impl Daemon {
         backend: Option<String>,
         text: String,
     ) {
+        let backend_field = backend.as_deref();
         match edge {
-            Edge::Raised => warn!("{text}"),
-            Edge::Cleared => info!("{text}"),
+            Edge::Raised => {
+                warn!(
+                    event = "alarm",
+                    to = "raised",
+                    vip,
+                    backend = backend_field,
+                    "{text}"
+                );
+            }
+            Edge::Cleared => {
+                info!(
+                    event = "alarm",
+                    to = "cleared",
+                    vip,
+                    backend = backend_field,
+                    "{text}"
+                );
+            }
         }
         self.event(EventKind::Alarm, vip, backend, None, None, text, None);
     }

@@ -112,6 +112,13 @@ impl Daemon {
             Request::Sources { vip } => self.sources_report(vip.as_deref()).map(Response::Sources),
             Request::Withdraw { vip, reason } => Ok(self.withdraw(vip, reason)),
             Request::Announce { vip } => Ok(self.announce_again(vip)),
+            Request::Weight {
+                vip,
+                backend,
+                weight,
+            } => self
+                .set_weight(&vip, &backend, weight)
+                .map(Response::Weight),
         };
         res.unwrap_or_else(|e| Response::Error {
             message: format!("{e:#}"),
@@ -132,8 +139,12 @@ pub(super) fn spawn_control(
 
 /// Serves metrics on `addr` on its own task, from what the main loop
 /// publishes in `published`.
-pub(super) fn spawn_metrics(addr: SocketAddr, published: Arc<Mutex<(StatusReport, MetricsExtra)>>) {
-    let source = Arc::new(Published(published));
+pub(super) fn spawn_metrics(
+    addr: SocketAddr,
+    published: Arc<Mutex<(StatusReport, MetricsExtra)>>,
+    events: super::event_seq::SharedEvents,
+) {
+    let source = Arc::new(Published(published, events));
     tokio::spawn(async move {
         if let Err(e) = metrics::serve(addr, source).await {
             error!("metrics on {addr}: {e:#}");
@@ -183,11 +194,18 @@ impl ctl::Handler for Bridge {
 }
 
 /// The metrics endpoint's view: refreshed by the main loop every tick.
-struct Published(Arc<Mutex<(StatusReport, MetricsExtra)>>);
+struct Published(
+    Arc<Mutex<(StatusReport, MetricsExtra)>>,
+    super::event_seq::SharedEvents,
+);
 
 impl metrics::MetricsSource for Published {
     fn snapshot(&self) -> (StatusReport, MetricsExtra) {
         self.0.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    fn events_since(&self, since: u64) -> Vec<Event> {
+        self.1.since(since)
     }
 }
 

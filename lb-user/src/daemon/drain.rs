@@ -91,7 +91,7 @@ impl Daemon {
         }
         b.drain_deadline = Some(at);
         let reason = format!("drain deadline set: {note}");
-        info!(vip, backend = %addr, "{reason}");
+        info!(event = "admin", vip, backend = %addr, "{reason}");
         self.event(
             EventKind::Admin,
             Some(vip),
@@ -175,7 +175,7 @@ impl Daemon {
             "drain deadline passed{left}; remaining flows follow down_policy {}",
             v.cfg.down_policy
         );
-        model::log_transition(&v.cfg.name, b, from, &reason, rebuild);
+        model::log_transition(EventKind::Drain, &v.cfg.name, b, from, &reason, rebuild);
         let to = b.state_name();
         self.backend_event(EventKind::Drain, (vi, bi), (from, to), reason, rebuild);
         self.save();

@@ -131,7 +131,7 @@ impl Daemon {
     fn tell_agent(&mut self, vi: usize, bi: usize, change: AgentChange) {
         let addr = self.vips[vi].backends[bi].cfg.socket_addr();
         let vip = self.vips[vi].cfg.name.clone();
-        info!(vip = %vip, backend = %addr, "{}", change.text);
+        info!(event = "agent", vip = %vip, backend = %addr, from = change.from, to = change.to, "{}", change.text);
         self.event(
             EventKind::Agent,
             Some(&vip),
@@ -156,7 +156,7 @@ impl Daemon {
              ({n} local error{} for it so far)",
             if n == 1 { "" } else { "s" }
         );
-        warn!(vip = %vip, backend = %addr, "{text}");
+        warn!(event = "alarm", vip = %vip, backend = %addr, "{text}");
         let now = Instant::now();
         if self
             .last_alarm
@@ -235,19 +235,19 @@ impl Daemon {
                 reason,
             } => return self.tell_placement(vi, member, (from, to), reason, rebuild.take()),
             Change::PanicEnter(text) => {
-                warn!(vip = %name, "vip {name:?} enters panic: {text}");
+                warn!(event = "panic", vip = %name, from = "normal", to = "panic", "vip {name:?} enters panic: {text}");
                 (EventKind::Panic, "normal", "panic", text, rebuild.take())
             }
             Change::PanicExit(text) => {
-                info!(vip = %name, "vip {name:?} leaves panic: {text}");
+                info!(event = "panic", vip = %name, from = "panic", to = "normal", "vip {name:?} leaves panic: {text}");
                 (EventKind::Panic, "panic", "normal", text, rebuild.take())
             }
             Change::FleetSlow(text) => {
-                warn!(vip = %name, "vip {name:?}: {text}");
+                warn!(event = "fleet_slow", vip = %name, from = "normal", to = "slow", "vip {name:?}: {text}");
                 (EventKind::FleetSlow, "normal", "slow", text, None)
             }
             Change::FleetRecovered(text) => {
-                info!(vip = %name, "vip {name:?}: {text}");
+                info!(event = "fleet_slow", vip = %name, from = "slow", to = "normal", "vip {name:?}: {text}");
                 (EventKind::FleetSlow, "slow", "normal", text, None)
             }
             // The LB's own fault: an alarm, with whatever table change the
@@ -279,14 +279,14 @@ impl Daemon {
         let admin = to == policy::Placement::Draining || from == policy::Placement::Draining;
         let b = &self.vips[vi].backends[member];
         let from = model::placement_label(from);
-        model::log_transition(&name, b, from, &reason, rebuild);
-        let (id, to) = (b.id, b.placement_name());
-        *self.transitions.entry(id).or_default() += 1;
         let kind = if admin {
             EventKind::Admin
         } else {
             EventKind::Transition
         };
+        model::log_transition(kind, &name, b, from, &reason, rebuild);
+        let (id, to) = (b.id, b.placement_name());
+        *self.transitions.entry(id).or_default() += 1;
         self.backend_event(kind, (vi, member), (from, to), reason, rebuild);
     }
 }

@@ -37,7 +37,11 @@ impl Daemon {
         }
         let calls = control::spawn_control(listener, self.events_tx.clone());
         if let Some(addr) = self.cfg.daemon.restart.metrics_address {
-            control::spawn_metrics(addr, Arc::clone(&self.published));
+            control::spawn_metrics(
+                addr,
+                Arc::clone(&self.published),
+                self.events_shared.clone(),
+            );
         }
         conntrack::spawn(
             persist::pin_dir(&self.cfg.daemon.pinned.instance).join(lb_common::MAP_CT),
@@ -54,6 +58,7 @@ impl Daemon {
         info!(
             "xlb stopping; the XDP program stays attached with the last state (xlb detach removes it)"
         );
+        self.seq_stop();
         self.save();
         let _ = std::fs::remove_file(&self.cfg.daemon.restart.control_socket);
         Ok(())
@@ -92,7 +97,7 @@ impl Daemon {
                 "attached"
             }
         );
-        info!("{msg}");
+        info!(event = "start", link_id, adopted = adopted_link, "{msg}");
         self.event(EventKind::Start, None, None, None, None, msg, None);
         self.save();
         self.start_probes();
@@ -162,5 +167,6 @@ impl Daemon {
         self.announce_tick();
         self.sample();
         self.notify_tick();
+        self.seq_tick();
     }
 }

@@ -31,6 +31,7 @@ mod conntrack;
 mod control;
 mod drain;
 mod evaluate;
+mod event_seq;
 mod explain;
 mod guard;
 mod links;
@@ -42,6 +43,7 @@ mod reload;
 mod sources;
 mod start;
 mod status;
+pub mod weight;
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -90,6 +92,13 @@ pub struct Daemon {
     reports: Option<mpsc::Receiver<Report>>,
     events: VecDeque<Event>,
     next_seq: u64,
+    /// No event has a number at or above this; the state file holds it
+    /// (`event_seq`).
+    seq_reserved: u64,
+    /// What `GET /events` serves.
+    events_shared: event_seq::SharedEvents,
+    /// Weights changed by `xlb weight` (`weight`).
+    weights: weight::Overrides,
     events_tx: broadcast::Sender<Event>,
     started: SystemTime,
     adopted: bool,
@@ -145,10 +154,12 @@ impl Daemon {
     /// Builds the model, adopting ids, states and tables from a previous run.
     pub fn new(
         config_path: PathBuf,
-        cfg: Config,
+        mut cfg: Config,
         mut dp: Dataplane,
         saved: Option<Saved>,
     ) -> anyhow::Result<Self> {
+        let next_seq = event_seq::first_seq(saved.as_ref());
+        let (weights, dropped) = weight::from_saved(saved.as_ref()).apply_to(&mut cfg);
         let saved = saved.filter(|s| {
             let ours = s.layout_version == LAYOUT_VERSION;
             if !ours {
@@ -172,7 +183,10 @@ impl Daemon {
             sched: None,
             reports: None,
             events: VecDeque::new(),
-            next_seq: 1,
+            next_seq,
+            seq_reserved: next_seq + event_seq::SEQ_BLOCK,
+            weights: weight::Overrides::default(),
+            events_shared: event_seq::SharedEvents::default(),
             events_tx,
             started: SystemTime::now(),
             adopted,
@@ -206,6 +220,7 @@ impl Daemon {
             ),
             notify: notify::Notify::default(),
         };
+        d.keep_weights(weights, dropped);
         // Guards and lists before the VIPs go live: a VIP's first packet
         // is judged by its configuration.
         d.init_lists(saved.as_ref())?;
@@ -277,10 +292,12 @@ impl Daemon {
             table_slots_changed: r.map(|r| r.slots_changed),
         };
         self.next_seq += 1;
+        self.seq_taken();
         if self.events.len() == EVENT_LOG {
             self.events.pop_front();
         }
         self.events.push_back(ev.clone());
+        self.events_shared.push(&ev);
         let _ = self.events_tx.send(ev);
     }
 
@@ -319,6 +336,8 @@ impl Daemon {
         let mut saved = model::to_saved(&self.vips);
         saved.forwarding = self.forwarding.clone();
         saved.announce = self.announce_saved();
+        saved.weights = self.weights.to_saved();
+        saved.next_event_seq = self.seq_reserved;
         saved
     }
 

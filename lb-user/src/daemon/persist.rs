@@ -180,6 +180,18 @@ pub struct Saved {
     /// operators' withdrawals. Absent in files of earlier versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub announce: Option<super::announce::SavedAnnounce>,
+    /// Weights set by `xlb weight`, each with the configured weight it was
+    /// made against. Absent in files of earlier versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weights: Vec<super::weight::SavedWeight>,
+    /// The next start numbers its events from here (see `event_seq`).
+    /// Absent (0) in files of earlier versions: from 1.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub next_event_seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Saved {
@@ -378,6 +390,13 @@ mod tests {
                 protocol: 252,
                 withdrawn: [("api".to_string(), "rack 4".to_string())].into(),
             }),
+            weights: vec![super::super::weight::SavedWeight {
+                vip: "api".into(),
+                backend: "10.0.0.1:80".parse().unwrap(),
+                weight: 5,
+                configured: 1,
+            }],
+            next_event_seq: 100_042,
         };
         s.store(&path).unwrap();
         assert_eq!(Saved::load(&path).unwrap(), Some(s));
@@ -424,6 +443,8 @@ mod tests {
                 lists: vec![],
                 forwarding: vec![],
                 announce: None,
+                weights: vec![],
+                next_event_seq: 0,
             };
             s.store(&path).unwrap();
             assert_eq!(Saved::load(&path).unwrap(), Some(s), "{name}");

@@ -27,15 +27,30 @@ impl Daemon {
             Ok(message) => {
                 let text = one_line(message);
                 if message.lines().count() > 1 {
-                    warn!(by, "reload applied, with notes: {text}");
+                    warn!(
+                        event = "reload",
+                        to = "applied",
+                        by,
+                        "reload applied, with notes: {text}"
+                    );
                 } else {
-                    info!(by, "reload applied: {text}");
+                    info!(
+                        event = "reload",
+                        to = "applied",
+                        by,
+                        "reload applied: {text}"
+                    );
                 }
                 ("applied", text)
             }
             Err(e) => {
                 let text = one_line(&format!("{e:#}"));
-                error!(by, "reload rejected: {text}");
+                error!(
+                    event = "reload",
+                    to = "rejected",
+                    by,
+                    "reload rejected: {text}"
+                );
                 ("rejected", text)
             }
         };
@@ -65,26 +80,15 @@ impl Daemon {
         for w in &new.warnings {
             warn!("{w}");
         }
-        let off_link = crate::route::dsr_l2_off_link(&new.vips);
-        if !off_link.is_empty() {
-            anyhow::bail!(
-                "{}\nconfiguration rejected: still running the previous one",
-                off_link.join("\n")
-            );
-        }
-        if let Err(lines) =
-            crate::announce::check_local_addresses(&new, &self.config_path.display().to_string())
-        {
-            anyhow::bail!(
-                "{}\nconfiguration rejected: still running the previous one",
-                lines.join("\n")
-            );
-        }
+        self.check_host(&new)?;
         // Counted before anything changes: a reload either has every id it
         // needs or is refused whole.
         self.ids.check(&ids_needed(&self.cfg, &new)).map_err(|e| {
             anyhow::anyhow!("{e}\nconfiguration rejected: still running the previous one")
         })?;
+        // Before any comparison: a VIP whose only difference is an
+        // override that still holds is unchanged.
+        let (weights, dropped) = self.weights.apply_to(&mut new);
         let mut notes = daemon_changes(&self.cfg.daemon, &new.daemon);
         notes.extend(super::announce::keep_running_table(
             self.cfg.announce.as_ref(),
@@ -120,6 +124,7 @@ impl Daemon {
             notes.push("cluster settings updated ([cluster])".to_string());
         }
         self.cfg = new;
+        notes.extend(self.keep_weights(weights, dropped));
         let lists_note = self.reload_lists()?;
         if guard_changed || guarded > 0 {
             notes.push(format!(
@@ -141,6 +146,27 @@ impl Daemon {
         );
         notes.insert(0, summary);
         Ok(notes.join("\n"))
+    }
+
+    /// What the file alone cannot tell: DSR backends on the link, and
+    /// announced addresses that are this host's own.
+    fn check_host(&self, new: &Config) -> anyhow::Result<()> {
+        let off_link = crate::route::dsr_l2_off_link(&new.vips);
+        if !off_link.is_empty() {
+            anyhow::bail!(
+                "{}\nconfiguration rejected: still running the previous one",
+                off_link.join("\n")
+            );
+        }
+        if let Err(lines) =
+            crate::announce::check_local_addresses(new, &self.config_path.display().to_string())
+        {
+            anyhow::bail!(
+                "{}\nconfiguration rejected: still running the previous one",
+                lines.join("\n")
+            );
+        }
+        Ok(())
     }
 
     /// Removes the VIPs `new` no longer lists; how many.
@@ -291,7 +317,15 @@ impl Daemon {
                     );
                 }
             }
-            info!(vip = %self.vips[vi].cfg.name, rebuilt = r.is_some(), "{}", why.replace(" by reload", ""));
+            info!(
+                event = "table",
+                vip = %self.vips[vi].cfg.name,
+                rebuilt = r.is_some(),
+                table_build_ms = r.map(|r| r.took.as_secs_f64() * 1e3),
+                slots_changed = r.map(|r| r.slots_changed),
+                "{}",
+                why.replace(" by reload", "")
+            );
             self.table_event(vi, why, r);
         }
         Ok((added, changed, guarded))

@@ -223,6 +223,7 @@ impl Daemon {
         BackendStatus {
             address: b.cfg.socket_addr().to_string(),
             weight: b.cfg.weight,
+            configured_weight: self.configured_weight(&v.cfg.name, b),
             state: b.state_name().to_string(),
             health: b.health.as_str().to_string(),
             admin_drained: b.admin_drained,

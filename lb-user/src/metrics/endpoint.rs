@@ -1,7 +1,8 @@
 //! The HTTP endpoint: `GET /metrics` (and `HEAD`) over HTTP/1.1, one
 //! request per connection, `GET /status`, the JSON of `xlb status
-//! --json` that other nodes' `xlb peers` read, and the status page at `GET /`
-//! ([`super::page`]). It names every VIP and
+//! --json` that other nodes' `xlb peers` read, `GET /events?since=N`, the
+//! JSON of `xlb events --json --since N` (see `events`), and the status
+//! page at `GET /` ([`super::page`]). It names every VIP and
 //! backend, so it serves strangers nothing else, is read-only, caps the
 //! request head and the connections served at once, and gives slow or
 //! silent clients a few seconds at most.
@@ -177,9 +178,12 @@ fn respond(request: Request, source: &dyn MetricsSource) -> Vec<u8> {
             );
         }
     };
-    let path = target.split('?').next().unwrap_or("");
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     if path == "/" {
         return super::page::respond(&method);
+    }
+    if path == "/events" {
+        return super::events::respond(&method, query, source);
     }
     let json = match path {
         "/metrics" => false,
@@ -188,7 +192,8 @@ fn respond(request: Request, source: &dyn MetricsSource) -> Vec<u8> {
             return plain(
                 404,
                 "Not Found",
-                "not found; metrics are at /metrics, the status at /status, the status page at /\n",
+                "not found; metrics are at /metrics, the status at /status, events at /events, \
+                 the status page at /\n",
                 &[],
             );
         }
@@ -423,6 +428,46 @@ mod tests {
                 assert_eq!(resp.split_once("\r\n\r\n").unwrap().1, "", "{name}");
             }
         }
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn events_endpoint_is_served_under_the_same_limits() {
+        let (addr, task) = start(LIMITS).await;
+        // (name, request, status line, body)
+        let cases: &[(&str, &[u8], &str, &str)] = &[
+            (
+                "a source without events",
+                b"GET /events?since=3 HTTP/1.1\r\n\r\n",
+                "HTTP/1.1 200 OK",
+                "[]\n",
+            ),
+            (
+                "bad since",
+                b"GET /events?since=x HTTP/1.1\r\n\r\n",
+                "HTTP/1.1 400 Bad Request",
+                "since=\"x\" is not an event number",
+            ),
+            (
+                "read-only",
+                b"DELETE /events HTTP/1.1\r\n\r\n",
+                "HTTP/1.1 405",
+                "only GET",
+            ),
+        ];
+        for (name, req, status, body_part) in cases {
+            let resp = exchange(addr, req).await;
+            assert!(resp.starts_with(status), "{name}: {resp}");
+            let body = resp.split_once("\r\n\r\n").unwrap().1;
+            assert!(body.starts_with(body_part), "{name}: {resp}");
+        }
+        let huge = [
+            b"GET /events?since=1 HTTP/1.1\r\nX: ".as_slice(),
+            &[b'a'; MAX_HEAD + 10],
+        ]
+        .concat();
+        let resp = exchange(addr, &huge).await;
+        assert!(resp.starts_with("HTTP/1.1 431"), "{resp}");
         task.abort();
     }
 

@@ -12,6 +12,7 @@
 mod backend;
 mod daemon;
 mod endpoint;
+mod events;
 mod exposition;
 pub mod guard;
 mod page;
@@ -115,6 +116,14 @@ pub trait MetricsSource: Send + Sync + 'static {
     /// The current status and extras. Called on the serving task, so it
     /// should only copy prepared data, not talk to the kernel.
     fn snapshot(&self) -> (StatusReport, MetricsExtra);
+
+    /// The retained events with `seq` above `since`, oldest first, for
+    /// `GET /events` (what `xlb events --since` lists). A source that keeps
+    /// no events (a peer's snapshot, a test's) has none.
+    fn events_since(&self, since: u64) -> Vec<crate::ctl::Event> {
+        let _ = since;
+        Vec::new()
+    }
 }
 
 /// Errors of the metrics endpoint.

@@ -155,6 +155,11 @@ impl Env {
 
     /// Starts `xlb run` and waits for its control socket.
     pub(crate) fn start(&mut self) -> anyhow::Result<()> {
+        self.start_with(&[])
+    }
+
+    /// Starts `xlb run ... EXTRA` and waits for its control socket.
+    pub(crate) fn start_with(&mut self, extra: &[&str]) -> anyhow::Result<()> {
         self.starts += 1;
         let log = std::fs::File::create(self.dir.join(format!("daemon-{}.log", self.starts)))?;
         let child = self
@@ -162,6 +167,7 @@ impl Env {
             .arg(xlb_bin())
             .args(["run", "--config"])
             .arg(&self.config)
+            .args(extra)
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .spawn()?;
@@ -190,6 +196,24 @@ impl Env {
     /// The pid of the running `xlb run`, if one runs.
     pub(crate) fn daemon_pid(&self) -> Option<u32> {
         self.daemon.as_ref().map(Child::id)
+    }
+
+    /// Stops the daemon as systemd does (SIGTERM) and waits for it to exit
+    /// (10 s at most).
+    pub(crate) fn stop(&mut self) -> anyhow::Result<()> {
+        let mut c = self.daemon.take().context("no daemon")?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id())?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+        let t = Instant::now();
+        while c.try_wait()?.is_none() {
+            if t.elapsed() > Duration::from_secs(10) {
+                c.kill()?;
+                c.wait()?;
+                bail!("xlb run did not stop within 10 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
     }
 
     pub(crate) fn kill9(&mut self) -> anyhow::Result<()> {
@@ -272,6 +296,18 @@ impl Env {
             Duration::from_secs(2),
         ))??;
         Ok(())
+    }
+
+    /// `GET PATH` on the metrics listener from inside the namespace: its
+    /// status code and body.
+    pub(crate) fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let resp = self.block_on_in_ns(xlb_lab::http::request(
+            "127.0.0.1:9813".parse().unwrap(),
+            "GET",
+            path,
+            Duration::from_secs(2),
+        ))??;
+        Ok((resp.head.status, String::from_utf8(resp.body)?))
     }
 
     /// `GET /metrics` from inside the namespace.

@@ -27,12 +27,14 @@ mod announce;
 mod chance;
 mod control;
 mod env;
+mod events;
 mod guard;
 mod notify;
 mod reload;
 mod restart;
 mod sources;
 mod upgrade;
+mod weight;
 
 use std::{
     collections::BTreeSet,

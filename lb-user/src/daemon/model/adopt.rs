@@ -431,6 +431,8 @@ pub fn to_saved(vips: &[Vip]) -> Saved {
         lists: Vec::new(),
         forwarding: Vec::new(),
         announce: None,
+        weights: Vec::new(),
+        next_event_seq: 0,
     }
 }
 
@@ -481,6 +483,8 @@ mod tests {
             lists: Vec::new(),
             forwarding: Vec::new(),
             announce: None,
+            weights: Vec::new(),
+            next_event_seq: 0,
         }
     }
 

@@ -640,11 +640,21 @@ pub fn find_backend(vips: &[Vip], vip_name: &str, backend: &str) -> anyhow::Resu
     Ok((vi, bi))
 }
 
-/// Logs a backend state change: one line, with the reason.
-pub fn log_transition(vip: &str, b: &Backend, from: &str, reason: &str, rebuild: Option<Rebuild>) {
+/// Logs a backend state change: one line, with the reason; `kind` is the
+/// event it is recorded as (`event` in JSON logs).
+pub fn log_transition(
+    kind: crate::ctl::EventKind,
+    vip: &str,
+    b: &Backend,
+    from: &str,
+    reason: &str,
+    rebuild: Option<Rebuild>,
+) {
     let to = b.placement_name();
+    let event = kind.as_str();
     match rebuild {
         Some(r) => info!(
+            event,
             vip,
             backend = %b.cfg.socket_addr(),
             from,
@@ -657,6 +667,7 @@ pub fn log_transition(vip: &str, b: &Backend, from: &str, reason: &str, rebuild:
             r.slots_changed
         ),
         None => info!(
+            event,
             vip,
             backend = %b.cfg.socket_addr(),
             from,
