@@ -26,3 +26,4 @@ pub mod host;
 pub mod maglev;
 pub mod metrics;
 pub mod route;
+pub mod trace;

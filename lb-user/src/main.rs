@@ -78,6 +78,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             lb_user::decap::run(settings).await
         }
         Command::XdpPass { interface } => lb_user::decap::run_pass(interface.clone()).await,
+        Command::Trace(args) => lb_user::trace::run(args).await,
         Command::Peers(cli::peers::PeersCommand::Peers { json }) => peers(socket, *json).await,
         Command::Events {
             follow: true, json, ..

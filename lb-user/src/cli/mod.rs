@@ -9,6 +9,7 @@ mod drain;
 mod explain;
 pub mod peers;
 pub mod sources;
+pub mod trace;
 
 pub use drain::{DrainProgress, drain_progress};
 pub use explain::render_explain;
@@ -164,6 +165,14 @@ pub enum Command {
         #[arg(long, short, value_name = "IF")]
         interface: String,
     },
+    /// Show the verdict, and its reason, for live packets.
+    ///
+    /// Prints one line per packet: time, verdict (drop, pass, tx,
+    /// redirect), the reason counter it bumped, protocol, source ->
+    /// destination, the backend and flags (ct hit, picked, second chance).
+    /// Reads the pinned maps directly (root). One trace at a time; tracing
+    /// stops when this exits (or within 3 s if it is killed).
+    Trace(trace::TraceArgs),
     #[command(flatten)]
     Guard(blocks::GuardCommand),
     #[command(flatten)]
@@ -218,6 +227,7 @@ impl Command {
             | Command::CheckConfig { .. }
             | Command::Detach { .. }
             | Command::Decap(_)
+            | Command::Trace(_)
             | Command::XdpPass { .. } => return None,
         })
     }
