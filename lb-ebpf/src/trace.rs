@@ -12,7 +12,10 @@
 //! copied, and rendered by userspace as lines or JSON: a ring buffer of
 //! fixed records does that, and costs nothing while unread.
 
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
+use core::{
+    intrinsics::{AtomicOrdering, atomic_xadd},
+    num::NonZeroU32,
+};
 
 use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
@@ -63,8 +66,13 @@ fn emit(pkt: &Packet, verdict: u32, cfg: *mut TraceConfig, ifindex: u32) {
     if now > c.until_ns || pkt.flow.family == 0 || !trace_matches(c, &pkt.flow, action) {
         return;
     }
-    // SAFETY: a helper without arguments.
-    if c.sample > 1 && unsafe { bpf_get_prandom_u32() } % c.sample != 0 {
+    // A `NonZeroU32` divisor: no division-by-zero panic path, which the
+    // loader would refuse.
+    if let Some(every) = NonZeroU32::new(c.sample)
+        && every.get() > 1
+        // SAFETY: a helper without arguments.
+        && unsafe { bpf_get_prandom_u32() } % every != 0
+    {
         return;
     }
     let Some(mut e) = XLB_TRACE.reserve::<TraceEvent>(0) else {

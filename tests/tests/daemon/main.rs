@@ -30,6 +30,7 @@ mod guard;
 mod reload;
 mod restart;
 mod sources;
+mod trace;
 
 use std::{
     collections::BTreeSet,
