@@ -72,11 +72,17 @@ fn trace(run: &LabRun, args: &[&str]) -> Reaped {
     Reaped(child)
 }
 
-/// Waits up to `limit` for `child` to exit; its output.
+/// Waits up to `limit` for `child` to exit; its output. Fails, with what
+/// it printed, if it is still running then.
 fn finish(mut child: Reaped, limit: Duration) -> Output {
     let t = Instant::now();
+    let mut late = false;
     while child.0.try_wait().unwrap().is_none() {
-        assert!(t.elapsed() < limit, "xlb trace still running after {limit:?}");
+        if t.elapsed() > limit {
+            late = true;
+            let _ = child.0.kill();
+            break;
+        }
         thread::sleep(Duration::from_millis(20));
     }
     let mut out = Output {
@@ -86,6 +92,12 @@ fn finish(mut child: Reaped, limit: Duration) -> Output {
     };
     child.0.stdout.take().unwrap().read_to_end(&mut out.stdout).unwrap();
     child.0.stderr.take().unwrap().read_to_end(&mut out.stderr).unwrap();
+    assert!(
+        !late,
+        "xlb trace still running after {limit:?}; it printed {:?} and {:?}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 

@@ -111,16 +111,14 @@ impl Session {
         let backends = open_pin(dir, MAP_BACKENDS)
             .ok()
             .and_then(|m| m.try_into().ok());
-        let mut s = Session {
-            config,
-            ring,
-            backends,
-            filter,
-            pid: std::process::id(),
-        };
-        let now = s.current()?;
+        let pid = std::process::id();
+        // Checked before the session exists: its Drop would turn the other
+        // trace off.
+        let now = config
+            .get(&0, 0)
+            .context("reading the trace configuration")?;
         if now.until_ns > ktime_ns()
-            && now.owner_pid != s.pid
+            && now.owner_pid != pid
             && Path::new(&format!("/proc/{}", now.owner_pid)).exists()
         {
             bail!(
@@ -129,6 +127,13 @@ impl Session {
                 now.owner_pid
             );
         }
+        let mut s = Session {
+            config,
+            ring,
+            backends,
+            filter,
+            pid,
+        };
         // Records and losses a dead trace left behind are not this trace's.
         while s.ring.next().is_some() {}
         s.config
