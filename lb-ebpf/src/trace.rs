@@ -24,8 +24,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::trace::{
-    TRACE_FLAG_ICMP_ERROR, TRACE_RING_BYTES, TraceConfig, TraceEvent, VERDICT_ACTION_MASK, VERDICT_BACKEND_SHIFT,
-    VERDICT_FLAGS_SHIFT, VERDICT_REASON_SHIFT, trace_matches,
+    TRACE_FLAG_ICMP_ERROR, TRACE_RING_BYTES, TraceConfig, TraceEvent, VERDICT_ACTION_MASK,
+    VERDICT_BACKEND_SHIFT, VERDICT_FLAGS_SHIFT, VERDICT_REASON_SHIFT, trace_matches,
 };
 
 use crate::parse::Packet;

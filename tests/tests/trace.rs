@@ -54,7 +54,10 @@ fn trace_config(run: &LabRun) -> TraceConfig {
 fn wait_tracing(run: &LabRun, pid: u32) {
     let t = Instant::now();
     while trace_config(run).owner_pid != pid || trace_config(run).until_ns == 0 {
-        assert!(t.elapsed() < Duration::from_secs(5), "xlb trace {pid} never turned tracing on");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "xlb trace {pid} never turned tracing on"
+        );
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -90,8 +93,20 @@ fn finish(mut child: Reaped, limit: Duration) -> Output {
         stdout: Vec::new(),
         stderr: Vec::new(),
     };
-    child.0.stdout.take().unwrap().read_to_end(&mut out.stdout).unwrap();
-    child.0.stderr.take().unwrap().read_to_end(&mut out.stderr).unwrap();
+    child
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut out.stdout)
+        .unwrap();
+    child
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut out.stderr)
+        .unwrap();
     assert!(
         !late,
         "xlb trace still running after {limit:?}; it printed {:?} and {:?}",
@@ -124,7 +139,13 @@ fn get(run: &LabRun) -> String {
 fn lab_up(prefix: &str) -> LabRun {
     let cfg = XlbConfig {
         health: Health::default(),
-        vips: vec![Vip::new("api", topology::VIP_V4.into(), 80, Mode::DsrIpip, 3)],
+        vips: vec![Vip::new(
+            "api",
+            topology::VIP_V4.into(),
+            80,
+            Mode::DsrIpip,
+            3,
+        )],
         ..XlbConfig::for_prefix(prefix)
     };
     up(prefix, &cfg)
@@ -140,7 +161,17 @@ fn trace_shows_a_connection_and_stops_after_its_count() {
 
     let first = trace(
         &run,
-        &["--vip", &vip, "--source", &client, "--verdict", "tx", "--count", "3", "--json"],
+        &[
+            "--vip",
+            &vip,
+            "--source",
+            &client,
+            "--verdict",
+            "tx",
+            "--count",
+            "3",
+            "--json",
+        ],
     );
     let first_pid = first.0.id();
     wait_tracing(&run, first_pid);
@@ -155,7 +186,11 @@ fn trace_shows_a_connection_and_stops_after_its_count() {
 
     let answered_by = get(&run);
     let out = finish(first, Duration::from_secs(10));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
@@ -172,11 +207,19 @@ fn trace_shows_a_connection_and_stops_after_its_count() {
         assert_eq!(l["dst"], topology::VIP_V4.to_string(), "line {n}");
         assert_eq!(l["dport"], 80, "line {n}");
         assert_eq!(l["sport"], lines[0]["sport"], "line {n}: one connection");
-        assert_eq!(l["backend"], backend.as_str(), "line {n}: the backend that answered");
+        assert_eq!(
+            l["backend"],
+            backend.as_str(),
+            "line {n}: the backend that answered"
+        );
     }
     assert_eq!(lines[0]["tcp"], "S", "the connection's SYN first");
     assert_eq!(lines[0]["flags"], serde_json::json!(["picked"]));
-    assert_eq!(lines[1]["flags"], serde_json::json!(["ct"]), "then conntrack hits");
+    assert_eq!(
+        lines[1]["flags"],
+        serde_json::json!(["ct"]),
+        "then conntrack hits"
+    );
     assert_eq!(trace_config(&run).until_ns, 0, "tracing off after --count");
 
     // SIGKILL: no Drop runs, tracing stays on until its expiry; the next
@@ -185,13 +228,20 @@ fn trace_shows_a_connection_and_stops_after_its_count() {
     let killed_pid = killed.0.id();
     wait_tracing(&run, killed_pid);
     drop(killed);
-    assert!(trace_config(&run).until_ns != 0, "a killed trace leaves its until_ns");
+    assert!(
+        trace_config(&run).until_ns != 0,
+        "a killed trace leaves its until_ns"
+    );
     let next = trace(&run, &["--count", "1", "--verdict", "tx"]);
     let next_pid = next.0.id();
     wait_tracing(&run, next_pid);
     get(&run);
     let out = finish(next, Duration::from_secs(10));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
     teardown(run);
 }

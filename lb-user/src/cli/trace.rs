@@ -74,7 +74,15 @@ mod tests {
 
     #[test]
     fn arguments() {
-        let t = parse(&["--vip", "10.100.0.1:80", "--source", "192.0.2.0/24", "-n", "3"]).unwrap();
+        let t = parse(&[
+            "--vip",
+            "10.100.0.1:80",
+            "--source",
+            "192.0.2.0/24",
+            "-n",
+            "3",
+        ])
+        .unwrap();
         assert_eq!(t.count, Some(3));
         let f = t.filter();
         assert_eq!(f.vip.unwrap().port, Some(80));
@@ -85,11 +93,17 @@ mod tests {
         assert_eq!(t.verdict, lb_common::trace::TRACE_VERDICT_DROP);
         assert!(t.json);
         let cases = [
-            (&["--verdict", "dropped"][..], "\"dropped\" is not a verdict"),
+            (
+                &["--verdict", "dropped"][..],
+                "\"dropped\" is not a verdict",
+            ),
             (&["--source", "192.0.2.1/24"][..], "has host bits set"),
             (&["--vip", "api"][..], "\"api\" is not a VIP address"),
             (&["--sample", "0"][..], "0 is not in 1.."),
-            (&["--instance", "a", "--config", "x.toml"][..], "cannot be used with"),
+            (
+                &["--instance", "a", "--config", "x.toml"][..],
+                "cannot be used with",
+            ),
         ];
         for (args, want) in cases {
             let e = parse(args).unwrap_err();

@@ -8,7 +8,7 @@ use aya::{
 };
 use lb_common::trace::{MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, TraceConfig, TraceEvent};
 
-use super::{DataplaneError, Dataplane, Result, map_err};
+use super::{Dataplane, DataplaneError, Result, map_err};
 
 /// `XLB_TRACE_CFG` and `XLB_TRACE`, typed.
 pub(super) struct TraceMaps {

@@ -127,7 +127,10 @@ mod tests {
             ("fd00::1", Ok(("fd00::1", None))),
             ("[fd00::1]", Ok(("fd00::1", None))),
             ("[fd00::1]:443", Ok(("fd00::1", Some(443)))),
-            ("api", Err("\"api\" is not a VIP address; write ADDR or ADDR:PORT")),
+            (
+                "api",
+                Err("\"api\" is not a VIP address; write ADDR or ADDR:PORT"),
+            ),
         ];
         for (text, want) in cases {
             match (parse_vip(text), want) {
@@ -152,8 +155,10 @@ mod tests {
         assert_eq!(parse_verdicts("all"), Ok(TRACE_VERDICT_ALL));
         assert_eq!(
             parse_verdicts("forward"),
-            Err("\"forward\" is not a verdict; use drop, pass, tx or all (or several: drop,pass)"
-                .to_owned())
+            Err(
+                "\"forward\" is not a verdict; use drop, pass, tx or all (or several: drop,pass)"
+                    .to_owned()
+            )
         );
     }
 
@@ -182,27 +187,104 @@ mod tests {
         };
         let tx = u32::from(lb_common::trace::XDP_TX);
         let cases = [
-            ("v4 /24", filter(None, Some("192.0.2.0/24")), "192.0.2.200", "10.0.0.1", 80, true),
-            ("v4 /24, outside", filter(None, Some("192.0.2.0/24")), "192.0.3.1", "10.0.0.1", 80, false),
-            ("v6 /64", filter(None, Some("2001:db8:0:7::/64")), "2001:db8:0:7::99", "fd00::1", 80, true),
-            ("v6 /64, next /64", filter(None, Some("2001:db8:0:7::/64")), "2001:db8:0:8::99", "fd00::1", 80, false),
-            ("v6 /61, odd bits", filter(None, Some("2001:db8:0:8::/61")), "2001:db8:0:f::1", "fd00::1", 80, true),
-            ("vip with port", filter(Some("10.0.0.1:80"), None), "192.0.2.1", "10.0.0.1", 80, true),
-            ("vip, other port", filter(Some("10.0.0.1:80"), None), "192.0.2.1", "10.0.0.1", 443, false),
-            ("vip, any port", filter(Some("10.0.0.1"), None), "192.0.2.1", "10.0.0.1", 443, true),
-            ("vip, other address", filter(Some("10.0.0.1"), None), "192.0.2.1", "10.0.0.2", 80, false),
-            ("v6 vip", filter(Some("[fd00::1]:80"), None), "2001:db8::1", "fd00::1", 80, true),
+            (
+                "v4 /24",
+                filter(None, Some("192.0.2.0/24")),
+                "192.0.2.200",
+                "10.0.0.1",
+                80,
+                true,
+            ),
+            (
+                "v4 /24, outside",
+                filter(None, Some("192.0.2.0/24")),
+                "192.0.3.1",
+                "10.0.0.1",
+                80,
+                false,
+            ),
+            (
+                "v6 /64",
+                filter(None, Some("2001:db8:0:7::/64")),
+                "2001:db8:0:7::99",
+                "fd00::1",
+                80,
+                true,
+            ),
+            (
+                "v6 /64, next /64",
+                filter(None, Some("2001:db8:0:7::/64")),
+                "2001:db8:0:8::99",
+                "fd00::1",
+                80,
+                false,
+            ),
+            (
+                "v6 /61, odd bits",
+                filter(None, Some("2001:db8:0:8::/61")),
+                "2001:db8:0:f::1",
+                "fd00::1",
+                80,
+                true,
+            ),
+            (
+                "vip with port",
+                filter(Some("10.0.0.1:80"), None),
+                "192.0.2.1",
+                "10.0.0.1",
+                80,
+                true,
+            ),
+            (
+                "vip, other port",
+                filter(Some("10.0.0.1:80"), None),
+                "192.0.2.1",
+                "10.0.0.1",
+                443,
+                false,
+            ),
+            (
+                "vip, any port",
+                filter(Some("10.0.0.1"), None),
+                "192.0.2.1",
+                "10.0.0.1",
+                443,
+                true,
+            ),
+            (
+                "vip, other address",
+                filter(Some("10.0.0.1"), None),
+                "192.0.2.1",
+                "10.0.0.2",
+                80,
+                false,
+            ),
+            (
+                "v6 vip",
+                filter(Some("[fd00::1]:80"), None),
+                "2001:db8::1",
+                "fd00::1",
+                80,
+                true,
+            ),
         ];
         for (name, f, src, dst, port, want) in cases {
             let cfg = f.config(1, 1);
-            assert_eq!(trace_matches(&cfg, &flow(src, dst, port), tx), want, "{name}");
+            assert_eq!(
+                trace_matches(&cfg, &flow(src, dst, port), tx),
+                want,
+                "{name}"
+            );
         }
     }
 
     #[test]
     fn masks() {
         assert_eq!(mask16(true, 24)[..5], [255, 255, 255, 0, 0]);
-        assert_eq!(mask16(false, 61)[..9], [255, 255, 255, 255, 255, 255, 255, 0xf8, 0]);
+        assert_eq!(
+            mask16(false, 61)[..9],
+            [255, 255, 255, 255, 255, 255, 255, 0xf8, 0]
+        );
         assert_eq!(mask16(true, 0), [0; 16]);
     }
 }

@@ -47,17 +47,20 @@ fn restart_over_pins_without_the_trace_maps_creates_them_and_keeps_flows() {
             std::fs::remove_file(e.pins().join(name)).unwrap();
         }
     });
-    step("start again: adopted, trace maps pinned, the flow kept", || {
-        std::fs::remove_file(&e.socket).ok();
-        e.start().unwrap();
-        assert_eq!(e.status().unwrap()["adopted"], true);
-        for name in [MAP_TRACE_CONFIG, MAP_TRACE_EVENTS] {
-            assert!(e.pins().join(name).exists(), "{name} pinned again");
-        }
-        let dp = e.maps().unwrap();
-        let entry = dp.ct_get(&flow).unwrap().expect("the flow's entry kept");
-        assert_eq!(entry.backend_id, id);
-        let cfg = dp.trace_config().unwrap();
-        assert_eq!(cfg.until_ns, 0, "tracing off in the new map");
-    });
+    step(
+        "start again: adopted, trace maps pinned, the flow kept",
+        || {
+            std::fs::remove_file(&e.socket).ok();
+            e.start().unwrap();
+            assert_eq!(e.status().unwrap()["adopted"], true);
+            for name in [MAP_TRACE_CONFIG, MAP_TRACE_EVENTS] {
+                assert!(e.pins().join(name).exists(), "{name} pinned again");
+            }
+            let dp = e.maps().unwrap();
+            let entry = dp.ct_get(&flow).unwrap().expect("the flow's entry kept");
+            assert_eq!(entry.backend_id, id);
+            let cfg = dp.trace_config().unwrap();
+            assert_eq!(cfg.until_ns, 0, "tracing off in the new map");
+        },
+    );
 }
