@@ -119,9 +119,12 @@ mod tests {
 
     use super::*;
 
+    /// An address and port, or the start of the error.
+    type Expected = Result<(&'static str, Option<u16>), &'static str>;
+
     #[test]
     fn vip_forms() {
-        let cases: [(&str, Result<(&str, Option<u16>), &str>); 6] = [
+        let cases: [(&str, Expected); 6] = [
             ("10.100.0.1", Ok(("10.100.0.1", None))),
             ("10.100.0.1:80", Ok(("10.100.0.1", Some(80)))),
             ("fd00::1", Ok(("fd00::1", None))),

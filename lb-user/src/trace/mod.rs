@@ -160,7 +160,7 @@ impl Session {
     }
 
     /// The next record, if one is waiting.
-    pub fn next(&mut self) -> Option<TraceEvent> {
+    pub fn next_event(&mut self) -> Option<TraceEvent> {
         loop {
             let item = self.ring.next()?;
             if let Some(e) = decode(&item) {
@@ -219,7 +219,7 @@ pub async fn run(args: &TraceArgs) -> anyhow::Result<()> {
     let mut refreshed = Instant::now();
     let mut out = std::io::stdout();
     'outer: loop {
-        while let Some(e) = session.next() {
+        while let Some(e) = session.next_event() {
             let line = TraceLine::new(&e, offset, session.backend(e.backend));
             let text = if args.json {
                 serde_json::to_string(&line)?
