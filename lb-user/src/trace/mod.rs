@@ -153,6 +153,8 @@ impl Session {
     pub fn refresh(&mut self) -> anyhow::Result<()> {
         let until = ktime_ns() + TRACE_TTL.as_nanos() as u64;
         let mut c = self.filter.config(until, self.pid);
+        // The entry is written whole: a loss the kernel counts between this
+        // read and the write is itself lost (the report is a lower bound).
         c.lost = self.current()?.lost;
         self.config
             .set(0, c, 0)
