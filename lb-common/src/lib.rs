@@ -14,6 +14,7 @@ pub mod guard;
 pub mod hash;
 mod reply;
 mod ring;
+pub mod trace;
 mod vip_addr;
 
 pub use decap::{

@@ -465,7 +465,8 @@ mod tests {
                 | Request::Blocks
                 | Request::Sources { .. }
                 | Request::Withdraw { .. }
-                | Request::Announce { .. } => {}
+                | Request::Announce { .. }
+                | Request::Weight { .. } => {}
             }
         }
         reqs

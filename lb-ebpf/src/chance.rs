@@ -9,17 +9,18 @@
 //! Only the miss path reads any of this: a conntrack hit returns before
 //! the table is read, so established flows pay nothing for it.
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::XdpContext};
+use aya_ebpf::{helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use lb_common::{
     BACKEND_DRAINING, BACKEND_UP, BackendInfo, FAMILY_V6, Globals, IPIP4_OVERHEAD, IPIP6_OVERHEAD,
     MODE_DSR_IPIP, PROTO_TCP, Stat, VipInfo, encap_hash, encap_hash_v4,
+    trace::{TRACE_FLAG_CHANCE, VERDICT_BACKEND_SHIFT, flag_bits},
 };
 
 use crate::{
     XLB_BACKENDS, XLB_BE_STATS, XLB_VIP_STATS,
     conntrack::Target,
     encap::{self, ipip4_header, ipip6_header, spread_v4, vlan_tci, write_l2},
-    forward::{account, nexthop, send},
+    forward::{account, nexthop, send, sent},
     key::word,
     packet::{ETH_P_IP, ETH_P_IPV6, Ipv4Hdr, Ipv6Hdr, len, ptr_at},
     parse::Packet,
@@ -68,11 +69,11 @@ pub(crate) fn forward(
     } else {
         encap_twice::<false>(ctx, pkt, t, prev, g, now)
     };
-    if verdict == xdp_action::XDP_TX || verdict == xdp_action::XDP_REDIRECT {
+    if sent(verdict) {
         account(XLB_VIP_STATS.get_ptr_mut(t.vip_id), bytes, true);
         account(XLB_BE_STATS.get_ptr_mut(t.id), bytes, true);
     }
-    verdict
+    verdict | t.id << VERDICT_BACKEND_SHIFT | flag_bits(TRACE_FLAG_CHANCE)
 }
 
 /// Outer, middle and the inner IPv4 header (its TOS is carried out).

@@ -14,6 +14,7 @@ use aya_ebpf::{
 use lb_common::{
     BackendInfo, FAMILY_V4, FAMILY_V6, Globals, MODE_DSR_IPIP, NEXTHOP_TTL_NS, NextHop, Stat,
     TrafficStats,
+    trace::{VERDICT_ACTION_MASK, VERDICT_BACKEND_SHIFT, reason_bits},
 };
 
 use crate::{
@@ -30,7 +31,8 @@ use crate::{
 pub(crate) const AF_INET: u8 = 2;
 pub(crate) const AF_INET6: u8 = 10;
 
-/// Sends `pkt` to `t`'s backend as its VIP's mode says, and counts it.
+/// Sends `pkt` to `t`'s backend as its VIP's mode says, and counts it. The
+/// verdict word carries the backend id for `xlb trace`.
 #[inline(always)]
 pub(crate) fn forward(
     ctx: &XdpContext,
@@ -48,11 +50,19 @@ pub(crate) fn forward(
     } else {
         encap::encap::<false>(ctx, pkt, t.id, t.be, g, now)
     };
-    if verdict == xdp_action::XDP_TX || verdict == xdp_action::XDP_REDIRECT {
+    if sent(verdict) {
         account(XLB_VIP_STATS.get_ptr_mut(t.vip_id), bytes, new_flow);
         account(XLB_BE_STATS.get_ptr_mut(t.id), bytes, new_flow);
     }
-    verdict
+    verdict | t.id << VERDICT_BACKEND_SHIFT
+}
+
+/// Whether verdict word `verdict` sends the packet out (`XDP_TX` or
+/// `XDP_REDIRECT`).
+#[inline(always)]
+pub(crate) fn sent(verdict: u32) -> bool {
+    let action = verdict & VERDICT_ACTION_MASK;
+    action == xdp_action::XDP_TX || action == xdp_action::XDP_REDIRECT
 }
 
 #[inline(always)]
@@ -261,9 +271,9 @@ pub(crate) fn copy_macs(eth: &mut EthHdr, nh: &NextHop) {
 pub(crate) fn send(ctx: &XdpContext, nh: &NextHop) -> u32 {
     if nh.ifindex as usize == ctx.ingress_ifindex() {
         count(Stat::FwdTx);
-        xdp_action::XDP_TX
+        xdp_action::XDP_TX | reason_bits(Stat::FwdTx)
     } else {
         count(Stat::FwdRedirect);
-        unsafe { bpf_redirect(nh.ifindex, 0) as u32 }
+        unsafe { bpf_redirect(nh.ifindex, 0) as u32 | reason_bits(Stat::FwdRedirect) }
     }
 }

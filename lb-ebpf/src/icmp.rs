@@ -23,7 +23,6 @@
 //!   discovery shrinks its packets instead of retrying into a silent drop.
 
 use aya_ebpf::{
-    bindings::xdp_action,
     helpers::{bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
     programs::XdpContext,
 };
@@ -40,7 +39,7 @@ use crate::{
     parse::{Packet, unbalanced, unbalanced_at},
     reply,
     select::vip_addr,
-    stats::{count, drop_with, pass},
+    stats::{count, drop_with, pass, tx},
 };
 
 pub(crate) const PROTO_ICMP: u8 = 1;
@@ -239,8 +238,7 @@ fn reply(ctx: &XdpContext, stat: Stat) -> u32 {
     if swap_macs(ctx).is_none() {
         return drop_with(Stat::DropBadL4);
     }
-    count(stat);
-    xdp_action::XDP_TX
+    tx(stat)
 }
 
 /// The client's packet `pkt` does not fit the backend's path once

@@ -40,11 +40,18 @@
 //!   lists and its per-source rate before it may take a backend
 //!   (`guard.rs`): refused packets are dropped, or a SYN is answered with a
 //!   RST. Conntrack hits are never judged.
+//!
+//! Every stage returns a verdict word (`lb_common::trace`): the XDP action
+//! with the reason and backend above it. `run` hands it to `trace::after`
+//! (one flag test while no trace is on) and returns the action alone.
 
 use core::mem::MaybeUninit;
 
 use aya_ebpf::programs::XdpContext;
-use lb_common::{PROTO_UDP, Stat};
+use lb_common::{
+    PROTO_UDP, Stat,
+    trace::{TRACE_FLAG_PICKED, VERDICT_ACTION_MASK, flag_bits},
+};
 
 use crate::{
     XLB_GLOBALS, XLB_GUARD, chance, clock,
@@ -55,19 +62,30 @@ use crate::{
     parse::{self, L2Error, Packet},
     select,
     stats::{aborted, count, drop_with, pass},
+    trace,
 };
 
 #[inline(always)]
 pub(crate) fn run(ctx: &XdpContext) -> u32 {
     let l2 = match parse::l2(ctx) {
         Ok(l2) => l2,
-        Err(L2Error::Truncated) => return pass(Stat::PassTruncatedL2),
-        Err(L2Error::QinQ) => return pass(Stat::PassQinQ),
+        // Not traced: no address to show or filter by.
+        Err(L2Error::Truncated) => return pass(Stat::PassTruncatedL2) & VERDICT_ACTION_MASK,
+        Err(L2Error::QinQ) => return pass(Stat::PassQinQ) & VERDICT_ACTION_MASK,
     };
     // One Packet, filled in place by either parser.
     let mut slot = MaybeUninit::uninit();
     let pkt = Packet::init(&mut slot, l2.l3off);
-    let parsed = match l2.ethertype {
+    let verdict = decide(ctx, pkt, l2.ethertype);
+    trace::after(ctx, pkt, verdict);
+    verdict & VERDICT_ACTION_MASK
+}
+
+/// The verdict word for `pkt` (zeroed, its IP header at `pkt.l3off`, of
+/// `ethertype`): parse, then the stages.
+#[inline(always)]
+fn decide(ctx: &XdpContext, pkt: &mut Packet, ethertype: u16) -> u32 {
+    let parsed = match ethertype {
         ETH_P_IP => parse::ipv4(ctx, pkt),
         ETH_P_IPV6 => parse::ipv6(ctx, pkt),
         _ => return pass(Stat::PassNotIp),
@@ -123,6 +141,7 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
             return judged;
         }
     }
+    // The table's answer: picked, not a conntrack hit (for `xlb trace`).
     let Some((id, be, prev)) = select::pick(&pkt.flow, &vip, g) else {
         return drop_with(Stat::DropNoBackend);
     };
@@ -131,9 +150,9 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     // A TCP packet without SYN that missed may be of a connection the
     // slot's previous owner holds: it gets a second chance (`chance.rs`).
     if missed && let Some(p) = chance::previous(pkt, &vip, id, be, prev) {
-        return chance::forward(ctx, pkt, &t, p, g, now);
+        return chance::forward(ctx, pkt, &t, p, g, now) | flag_bits(TRACE_FLAG_PICKED);
     }
-    forward(ctx, pkt, &t, g, now, !pkt.icmp)
+    forward(ctx, pkt, &t, g, now, !pkt.icmp) | flag_bits(TRACE_FLAG_PICKED)
 }
 
 /// Only what starts a flow is tracked: a TCP SYN or a UDP packet (and an

@@ -47,6 +47,7 @@ mod reply;
 mod reset;
 mod select;
 mod stats;
+mod trace;
 
 use aya_ebpf::{
     bindings::xdp_action,

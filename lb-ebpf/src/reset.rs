@@ -8,7 +8,7 @@
 //! 64, DF, id 0) or IPv6 header (hop limit 64, flow label 0). An 802.1Q tag
 //! stays as it was.
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_tail, programs::XdpContext};
+use aya_ebpf::{helpers::bpf_xdp_adjust_tail, programs::XdpContext};
 use lb_common::{ENCAP_TTL, FAMILY_V4, PROTO_TCP, Stat};
 
 use crate::{
@@ -18,7 +18,7 @@ use crate::{
         ptr_at, swap_macs,
     },
     parse::Packet,
-    stats::{count, drop_with},
+    stats::{drop_with, tx},
 };
 
 const TCP_LEN: usize = core::mem::size_of::<TcpHdr>();
@@ -61,8 +61,7 @@ pub(crate) fn reply(ctx: &XdpContext, pkt: &Packet, sent: Stat, dropped: Stat) -
     if done.is_none() || swap_macs(ctx).is_none() {
         return drop_with(dropped);
     }
-    count(sent);
-    xdp_action::XDP_TX
+    tx(sent)
 }
 
 /// The IPv4 header and TCP RST of the reply.

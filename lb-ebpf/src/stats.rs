@@ -1,10 +1,12 @@
 //! Reason counters: every outcome of `xlb_lb` that is not a forward bumps a
 //! named per-CPU counter (`lb_common::Stat`), and so does every verdict of
 //! `xlb_decap` and `xlb_hc` (their own maps). The verdict helpers here pair
-//! a verdict with its counter so that neither is forgotten.
+//! a verdict with its counter so that neither is forgotten, and put the
+//! counter's index into the verdict word as its reason for `xlb trace`
+//! (`lb_common::trace`: a constant OR, masked off at the program's entry).
 
 use aya_ebpf::{bindings::xdp_action, maps::PerCpuArray};
-use lb_common::Stat;
+use lb_common::{Stat, trace::reason_bits};
 
 use crate::XLB_STATS;
 
@@ -37,18 +39,25 @@ pub(crate) fn count_sampled(stat: Stat, every: u64) -> bool {
     }
 }
 
+/// `XDP_TX` (a reply sent back out), counted as `stat`.
+#[inline(always)]
+pub(crate) fn tx(stat: Stat) -> u32 {
+    count(stat);
+    xdp_action::XDP_TX | reason_bits(stat)
+}
+
 /// `XDP_PASS`, counted as `stat`.
 #[inline(always)]
 pub(crate) fn pass(stat: Stat) -> u32 {
     count(stat);
-    xdp_action::XDP_PASS
+    xdp_action::XDP_PASS | reason_bits(stat)
 }
 
 /// `XDP_DROP`, counted as `stat`.
 #[inline(always)]
 pub(crate) fn drop_with(stat: Stat) -> u32 {
     count(stat);
-    xdp_action::XDP_DROP
+    xdp_action::XDP_DROP | reason_bits(stat)
 }
 
 /// `XDP_ABORTED`, for a broken invariant only (a map entry that must exist,
@@ -56,5 +65,5 @@ pub(crate) fn drop_with(stat: Stat) -> u32 {
 #[inline(always)]
 pub(crate) fn aborted() -> u32 {
     count(Stat::Aborted);
-    xdp_action::XDP_ABORTED
+    xdp_action::XDP_ABORTED | reason_bits(Stat::Aborted)
 }

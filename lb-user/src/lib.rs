@@ -17,5 +17,6 @@ pub mod logging;
 pub mod maglev;
 pub mod metrics;
 pub mod route;
+pub mod trace;
 pub mod upgrade;
 pub mod version;

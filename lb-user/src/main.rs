@@ -89,6 +89,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             cli::top::watch(socket, watch.interval, color()).await
         }
         Command::Peers(cli::peers::PeersCommand::Peers { json, .. }) => peers(socket, *json).await,
+        Command::Trace(args) => lb_user::trace::run(args).await,
         Command::Events {
             follow: true, json, ..
         } => {

@@ -13,6 +13,7 @@ pub mod peers;
 pub mod sources;
 pub mod target;
 pub mod top;
+pub mod trace;
 pub mod weight;
 
 pub use drain::{DrainProgress, drain_progress};
@@ -218,6 +219,14 @@ pub enum Command {
         #[arg(long, short, value_name = "IF")]
         interface: String,
     },
+    /// Show the verdict, and its reason, for live packets.
+    ///
+    /// Prints one line per packet: time, verdict (drop, pass, tx,
+    /// redirect), the reason counter it bumped, protocol, source ->
+    /// destination, the backend and flags (ct hit, picked, second chance).
+    /// Reads the pinned maps directly (root). One trace at a time; tracing
+    /// stops when this exits (or within 3 s if it is killed).
+    Trace(trace::TraceArgs),
     #[command(flatten)]
     Guard(blocks::GuardCommand),
     #[command(flatten)]
@@ -297,6 +306,7 @@ impl Command {
             | Command::CheckUpgrade { .. }
             | Command::Detach { .. }
             | Command::Decap(_)
+            | Command::Trace(_)
             | Command::XdpPass { .. }
             | Command::Generate { .. } => return None,
         })

@@ -96,6 +96,7 @@ impl Command {
             | Command::CheckConfig { .. }
             | Command::CheckUpgrade { .. }
             | Command::Generate { .. }
+            | Command::Trace(_)
             | Command::Detach { .. }
             | Command::Decap(_)
             | Command::XdpPass { .. } => None,

@@ -6,6 +6,7 @@ pub mod batch;
 mod decap;
 mod guard;
 mod reply;
+mod trace;
 mod vip_addr;
 
 pub use guard::{ListKey, source_key};
@@ -135,6 +136,8 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_SOURCES,
     lb_common::MAP_CT_RATE,
     lb_common::MAP_REPLY_RATE,
+    lb_common::trace::MAP_TRACE_CONFIG,
+    lb_common::trace::MAP_TRACE_EVENTS,
 ];
 
 /// `XLB_VIP_INDEX` for the VIPs `entries` (key, id): each slot 0, the id
@@ -186,6 +189,7 @@ pub struct Dataplane {
     sources: HashMap<MapData, SourceKey, SourceState>,
     ct_rate: PerCpuArray<MapData, CtRate>,
     reply_rate: PerCpuArray<MapData, lb_common::ReplyRate>,
+    trace: trace::TraceMaps,
     ring_stride: u32,
 }
 
@@ -279,6 +283,7 @@ impl Dataplane {
             vip_stats: second_handle(&ebpf, lb_common::MAP_VIP_STATS)?,
             be_stats: second_handle(&ebpf, lb_common::MAP_BE_STATS)?,
         };
+        let trace = trace::TraceMaps::take(&mut ebpf)?;
         let mut take = |name: &'static str| -> Result<Map> {
             ebpf.take_map(name)
                 .ok_or(DataplaneError::MissingMap { name })
@@ -321,6 +326,7 @@ impl Dataplane {
             sources: typed!(lb_common::MAP_SOURCES),
             ct_rate: typed!(lb_common::MAP_CT_RATE),
             reply_rate: typed!(lb_common::MAP_REPLY_RATE),
+            trace,
             ebpf,
             ring_stride,
         })

@@ -33,6 +33,7 @@ mod notify;
 mod reload;
 mod restart;
 mod sources;
+mod trace;
 mod upgrade;
 mod weight;
 
