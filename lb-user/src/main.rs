@@ -48,6 +48,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let file = file.as_ref().or(config.as_ref()).context("no FILE")?;
             check_config(file)
         }
+        Command::CheckUpgrade { config } => check_upgrade(config),
         Command::Detach {
             instance,
             config,

@@ -57,7 +57,7 @@ fn the_window_holds_from_the_start_and_for_a_reloads_own_rebuilds() {
     let mut e = Env::new().unwrap();
     std::fs::write(&e.config, config(&e, "0s", 1)).unwrap();
     step("start with second_chance_window 0s", || {
-        start_all_up(&mut e)
+        start_all_up(&mut e);
     });
     step(
         "a table change with window 0s remembers no previous owner",

@@ -174,7 +174,8 @@ mod tests {
                 watch: WatchArgs {
                     watch: true,
                     interval: Duration::from_secs(2)
-                }
+                },
+                target: Default::default(),
             }
         );
         let errors = [
