@@ -54,26 +54,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             config,
             force,
             withdraw_wait,
-        } => {
-            let instance = match (instance, config) {
-                (Some(name), _) => name.clone(),
-                (None, Some(path)) => {
-                    Config::from_file(path)
-                        .with_context(|| {
-                            format!("reading the instance name from {}", path.display())
-                        })?
-                        .daemon
-                        .pinned
-                        .instance
-                }
-                (None, None) => config::defaults::INSTANCE.to_owned(),
-            };
-            println!(
-                "{}",
-                lb_user::daemon::detach(&instance, *force, *withdraw_wait)?
-            );
-            Ok(())
-        }
+        } => detach(
+            instance.as_deref(),
+            config.as_deref(),
+            *force,
+            *withdraw_wait,
+        ),
         Command::Decap(args) => {
             let settings = args.settings().map_err(anyhow::Error::msg)?;
             lb_user::decap::run(settings).await
@@ -124,6 +110,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// `xlb detach`: the instance named, or the one `config` runs, or the
+/// default one.
+fn detach(
+    instance: Option<&str>,
+    config: Option<&Path>,
+    force: bool,
+    withdraw_wait: std::time::Duration,
+) -> anyhow::Result<()> {
+    let instance = match (instance, config) {
+        (Some(name), _) => name.to_owned(),
+        (None, Some(path)) => {
+            Config::from_file(path)
+                .with_context(|| format!("reading the instance name from {}", path.display()))?
+                .daemon
+                .pinned
+                .instance
+        }
+        (None, None) => config::defaults::INSTANCE.to_owned(),
+    };
+    println!(
+        "{}",
+        lb_user::daemon::detach(&instance, force, withdraw_wait)?
+    );
+    Ok(())
 }
 
 /// The control socket of a client command (`cli::target`); empty for the

@@ -68,7 +68,7 @@ const README: &str = "README.md";
 #[test]
 fn control_protocol_section_matches_lb_ctl() {
     let readme = read(README);
-    let text = section(&readme, "**Control socket.**", "## Metrics");
+    let text = section(&readme, "**Control socket.**", "### Logs");
     let version = format!("\"version\": {PROTOCOL_VERSION}");
     assert!(
         text.contains(&version),

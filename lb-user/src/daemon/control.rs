@@ -43,6 +43,15 @@ impl Daemon {
     /// Answers one control request (on the main loop), unless its client
     /// left while it waited in the queue: a drain or block its client gave
     /// up on is not applied later.
+    /// The retained events numbered above `since`, oldest first.
+    fn events_after(&self, since: u64) -> Vec<lb_ctl::Event> {
+        self.events
+            .iter()
+            .filter(|e| e.seq > since)
+            .cloned()
+            .collect()
+    }
+
     pub(super) fn handle(&mut self, asked: Asked) -> Response {
         if asked.withdrawn() {
             let what = ctl::escape(&asked.req.to_string()).into_owned();
@@ -55,14 +64,7 @@ impl Daemon {
                 Ok(Response::Status(self.status()))
             }
             Request::Events { since_seq, .. } => {
-                let since = since_seq.unwrap_or(0);
-                Ok(Response::Events(
-                    self.events
-                        .iter()
-                        .filter(|e| e.seq > since)
-                        .cloned()
-                        .collect(),
-                ))
+                Ok(Response::Events(self.events_after(since_seq.unwrap_or(0))))
             }
             Request::Explain {
                 protocol,

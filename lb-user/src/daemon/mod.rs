@@ -150,6 +150,20 @@ pub struct Daemon {
     notify: notify::Notify,
 }
 
+/// Whether the state file describes maps of this binary's layout; if not,
+/// it is ignored (with a warning) and the pinned maps alone are adopted.
+fn state_of_this_layout(s: &Saved) -> bool {
+    let ours = s.layout_version == LAYOUT_VERSION;
+    if !ours {
+        warn!(
+            "the state file describes maps of layout version {}, these are version \
+             {LAYOUT_VERSION}: ignoring it and adopting from the pinned maps alone",
+            s.layout_version
+        );
+    }
+    ours
+}
+
 impl Daemon {
     /// Builds the model, adopting ids, states and tables from a previous run.
     pub fn new(
@@ -160,17 +174,7 @@ impl Daemon {
     ) -> anyhow::Result<Self> {
         let next_seq = event_seq::first_seq(saved.as_ref());
         let (weights, dropped) = weight::from_saved(saved.as_ref()).apply_to(&mut cfg);
-        let saved = saved.filter(|s| {
-            let ours = s.layout_version == LAYOUT_VERSION;
-            if !ours {
-                warn!(
-                    "the state file describes maps of layout version {}, these are version \
-                     {LAYOUT_VERSION}: ignoring it and adopting from the pinned maps alone",
-                    s.layout_version
-                );
-            }
-            ours
-        });
+        let saved = saved.filter(state_of_this_layout);
         let (ids, vips, adopted) = model::adopt_all(&mut dp, &cfg, saved.as_ref())?;
         let events_tx = broadcast::channel(256).0;
         let index = model::backend_index(&vips);
