@@ -120,17 +120,7 @@ fn detach(
     force: bool,
     withdraw_wait: std::time::Duration,
 ) -> anyhow::Result<()> {
-    let instance = match (instance, config) {
-        (Some(name), _) => name.to_owned(),
-        (None, Some(path)) => {
-            Config::from_file(path)
-                .with_context(|| format!("reading the instance name from {}", path.display()))?
-                .daemon
-                .pinned
-                .instance
-        }
-        (None, None) => config::defaults::INSTANCE.to_owned(),
-    };
+    let instance = config::instance_of(instance, config)?;
     println!(
         "{}",
         lb_user::daemon::detach(&instance, force, withdraw_wait)?

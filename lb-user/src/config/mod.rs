@@ -97,6 +97,23 @@ pub use vip::{
     BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, check_weight, ip_proto,
 };
 
+/// The instance a command means: the one named, else the one `config`
+/// runs, else the default one (`xlb detach`, `xlb trace`).
+pub fn instance_of(instance: Option<&str>, config: Option<&Path>) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    Ok(match (instance, config) {
+        (Some(name), _) => name.to_owned(),
+        (None, Some(path)) => {
+            Config::from_file(path)
+                .with_context(|| format!("reading the instance name from {}", path.display()))?
+                .daemon
+                .pinned
+                .instance
+        }
+        (None, None) => defaults::INSTANCE.to_owned(),
+    })
+}
+
 use raw::RawConfig;
 
 /// Defaults of the `[daemon]`, `[[vip]]` and `[[vip.backend]]` settings.

@@ -218,16 +218,7 @@ fn respond(request: Request, source: &dyn MetricsSource) -> Vec<u8> {
                     "text/plain; version=0.0.4; charset=utf-8",
                 )
             };
-            let mut out = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\n\
-                 Content-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            )
-            .into_bytes();
-            if method == "GET" {
-                out.extend_from_slice(body.as_bytes());
-            }
-            out
+            ok(&method, content_type, &body)
         }
         _ => plain(
             405,
@@ -236,6 +227,20 @@ fn respond(request: Request, source: &dyn MetricsSource) -> Vec<u8> {
             &["Allow: GET, HEAD"],
         ),
     }
+}
+
+/// A 200 answer of `body` (its head alone for `HEAD`).
+pub(super) fn ok(method: &str, content_type: &str, body: &str) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    if method == "GET" {
+        out.extend_from_slice(body.as_bytes());
+    }
+    out
 }
 
 pub(super) fn plain(code: u16, reason: &str, body: &str, headers: &[&str]) -> Vec<u8> {

@@ -30,16 +30,7 @@ pub(super) fn respond(method: &str, query: &str, source: &dyn MetricsSource) -> 
         }
     };
     body.push('\n');
-    let mut out = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    if method == "GET" {
-        out.extend_from_slice(body.as_bytes());
-    }
-    out
+    super::endpoint::ok(method, "application/json", &body)
 }
 
 /// The `since` of a query string: 0 (every retained event) without one.

@@ -28,7 +28,7 @@ use lb_common::{
 };
 
 use crate::cli::trace::TraceArgs;
-use crate::config::{self, Config};
+use crate::config;
 use crate::daemon::persist;
 use filter::TraceFilter;
 use render::{TraceLine, addr_of};
@@ -193,17 +193,7 @@ impl Drop for Session {
 
 /// The pin directory of the instance `args` names (default: `default`).
 fn pin_dir(args: &TraceArgs) -> anyhow::Result<PathBuf> {
-    let instance = match (&args.instance, &args.config) {
-        (Some(name), _) => name.clone(),
-        (None, Some(path)) => {
-            Config::from_file(path)
-                .with_context(|| format!("reading the instance name from {}", path.display()))?
-                .daemon
-                .pinned
-                .instance
-        }
-        (None, None) => config::defaults::INSTANCE.to_owned(),
-    };
+    let instance = config::instance_of(args.instance.as_deref(), args.config.as_deref())?;
     Ok(persist::pin_dir(&instance))
 }
 
