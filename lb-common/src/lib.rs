@@ -12,6 +12,7 @@ pub mod bench;
 mod decap;
 pub mod guard;
 pub mod hash;
+pub mod nat;
 mod reply;
 mod ring;
 pub mod trace;
@@ -29,7 +30,7 @@ pub use vip_addr::{VIP_ADDR_BALANCED, VIP_ADDR_HOST_SERVICES, VIP_ADDR_INDEX_LEN
 
 /// Version of every pinned map layout below. Stored in [`Globals::layout_version`]
 /// and in the pin directory; a daemon refuses pinned state of another version.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// Maximum number of VIPs. VIP ids index the Maglev ring array and the
 /// per-VIP counters; 64 VIPs × 2 halves × 65537 slots × 8 B (the kernel rounds
@@ -303,7 +304,9 @@ pub struct BackendInfo {
     pub state: u8,
     /// [`FAMILY_V4`] or [`FAMILY_V6`].
     pub family: u8,
-    pub _pad: [u8; 2],
+    /// The backend's port, network order: where NAT modes send flows
+    /// (DSR modes keep the VIP's port). Was padding before layout 6.
+    pub port: u16,
 }
 const _: () = assert!(core::mem::size_of::<BackendInfo>() == 24);
 

@@ -61,6 +61,7 @@ use lb_common::{
     HcReal, ListEntry, ListV4, ListV6, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES, MAX_LIST_RULES,
     MAX_SOURCES, MAX_VIPS, NextHop, ReplyRate, RingSlot, STATS_LEN, SourceKey, SourceState,
     TrafficStats, VipAddrKey, VipGuard, VipInfo, VipKey,
+    nat::{NatFlow, NatPool, PassiveStats},
 };
 
 /// VIP services: (address, port, protocol) → VIP id.
@@ -188,6 +189,29 @@ static XLB_CT_RATE: PerCpuArray<CtRate> = PerCpuArray::with_max_entries(1, 0);
 /// This CPU's budget of generated replies (`reply.rs`).
 #[map(name = "XLB_REPLY_RATE")]
 static XLB_REPLY_RATE: PerCpuArray<ReplyRate> = PerCpuArray::with_max_entries(1, 0);
+
+/// NAT flows by the client's key (`lb_common::nat`). Not an LRU: a live
+/// flow is never evicted; expired entries are reclaimed.
+#[map(name = "XLB_NAT_FLOWS")]
+static XLB_NAT_FLOWS: HashMap<FlowKey, NatFlow> =
+    HashMap::with_max_entries(lb_common::nat::DEFAULT_NAT_SIZE, 0);
+
+/// NAT flows by the reply's key (backend → LB) → the client's key.
+#[map(name = "XLB_NAT_REPLY")]
+static XLB_NAT_REPLY: HashMap<FlowKey, FlowKey> =
+    HashMap::with_max_entries(lb_common::nat::DEFAULT_NAT_SIZE, 0);
+
+/// Per VIP id: a NAT VIP's source pool, timeouts and passive thresholds.
+#[map(name = "XLB_NAT_POOL")]
+static XLB_NAT_POOL: Array<NatPool> = Array::with_max_entries(MAX_VIPS, 0);
+
+/// NAT backends per (protocol, backend port): the reply path's filter.
+#[map(name = "XLB_NAT_SPORTS")]
+static XLB_NAT_SPORTS: Array<u32> = Array::with_max_entries(lb_common::PORT_INDEX_LEN, 0);
+
+/// Per backend id, per CPU: what NAT traffic says about the backend.
+#[map(name = "XLB_PASSIVE")]
+static XLB_PASSIVE: PerCpuArray<PassiveStats> = PerCpuArray::with_max_entries(BACKEND_IDS, 0);
 
 #[xdp]
 pub(crate) fn xlb_lb(ctx: XdpContext) -> u32 {

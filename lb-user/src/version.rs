@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 /// The commit this binary was built from, or "unknown" outside git.
 pub const COMMIT: &str = env!("XLB_GIT_COMMIT");
 
-/// `0.1.0 (commit 0123456789ab, map layout 5)`.
+/// `0.1.0 (commit 0123456789ab, map layout 6)`.
 pub fn long() -> &'static str {
     static LONG: OnceLock<String> = OnceLock::new();
     LONG.get_or_init(|| {

@@ -347,7 +347,7 @@ impl World {
                 generation,
                 state,
                 family: family(b.addr),
-                _pad: [0; 2],
+                port: 0,
             },
         )?;
         Ok(())

@@ -507,7 +507,7 @@ mod tests {
                     generation: 6 + id,
                     state,
                     family: FAMILY_V4,
-                    _pad: [0; 2],
+                    port: 0,
                 };
                 (id, info)
             })

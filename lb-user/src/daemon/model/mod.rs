@@ -141,7 +141,7 @@ impl Backend {
             generation: self.generation,
             state: self.dp_state(),
             family: family_of(self.cfg.addr),
-            _pad: [0; 2],
+            port: self.cfg.port.to_be(),
         }
     }
 }

@@ -1,0 +1,212 @@
+//! NAT mode's shared types (issue 27): the two flow maps, the per-VIP
+//! source pools and timeouts, the reply filter, and the per-backend passive
+//! counters the data plane keeps from real traffic.
+//!
+//! A NAT flow is known by two keys, both [`FlowKey`]s:
+//! - the client's, client → VIP (as `XLB_CT` keys DSR flows): its value,
+//!   [`NatFlow`], holds the whole state of the flow (backend, translated
+//!   address and port, TCP state, timestamps);
+//! - the reply's, backend → LB (source: the backend's address and port;
+//!   destination: the pool address and the allocated port, or the client's
+//!   address and port with `preserve_client`): its value is the client's key.
+//!
+//! Neither map is an LRU: a live flow is never evicted to make room. An
+//! entry whose [`NatFlow::expires`] time has passed is reclaimed by the
+//! next flow that wants its port (data plane) or by the daemon's sweep.
+
+use crate::{Addr, FlowKey};
+
+/// [`crate::VipInfo::mode`]: full NAT. The client's packet leaves from a
+/// pool address and allocated port to the backend's address and port; the
+/// backend's answer is translated back. Backends need no change.
+pub const MODE_NAT: u8 = 3;
+/// [`crate::VipInfo::mode`]: destination NAT only (`preserve_client`): the
+/// backend sees the client's address; it must route its answers through
+/// the load balancer, which translates their source back to the VIP.
+pub const MODE_NAT_PRESERVE: u8 = 4;
+
+/// Whether `mode` is one of the NAT modes.
+#[inline(always)]
+pub const fn is_nat(mode: u8) -> bool {
+    mode == MODE_NAT || mode == MODE_NAT_PRESERVE
+}
+
+/// Pinned hash: client key → [`NatFlow`].
+pub const MAP_NAT_FLOWS: &str = "XLB_NAT_FLOWS";
+/// Pinned hash: reply key (backend → LB) → client key.
+pub const MAP_NAT_REPLY: &str = "XLB_NAT_REPLY";
+/// Pinned array of [`NatPool`], indexed by VIP id.
+pub const MAP_NAT_POOL: &str = "XLB_NAT_POOL";
+/// Pinned array of `u32`, indexed by [`crate::port_index`] of (protocol,
+/// backend port): how many NAT backends use that port. A packet whose
+/// source port has 0 is no reply to a NAT flow (one array read for the
+/// host's traffic).
+pub const MAP_NAT_SPORTS: &str = "XLB_NAT_SPORTS";
+/// Pinned per-CPU array of [`PassiveStats`], indexed by backend id.
+pub const MAP_PASSIVE: &str = "XLB_PASSIVE";
+
+/// Default capacity of each NAT flow map (entries). A NAT flow takes one
+/// entry in each.
+pub const DEFAULT_NAT_SIZE: u32 = 262_144;
+
+/// Most source addresses in one VIP's pool.
+pub const MAX_SNAT_ADDRS: usize = 16;
+
+/// Default range of allocated source ports: below Linux's ephemeral range
+/// (32768–60999), so the host's own connections from a pool address never
+/// collide with NAT flows.
+pub const DEFAULT_SNAT_PORT_MIN: u16 = 10_000;
+pub const DEFAULT_SNAT_PORT_MAX: u16 = 32_767;
+
+/// Value of `XLB_NAT_POOL`, per VIP id: where a NAT VIP's flows leave from,
+/// how long their state lives, and the passive-detection thresholds. The
+/// daemon writes it before the VIP goes live.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatPool {
+    /// Addresses in use in `addrs` (0 = not a NAT VIP, or `preserve_client`).
+    pub count: u32,
+    /// Allocated source ports, host order, inclusive.
+    pub port_min: u16,
+    pub port_max: u16,
+    /// TCP: a flow whose handshake has not completed (SYN sent, no SYN-ACK).
+    pub tcp_syn_timeout_ns: u64,
+    /// TCP: an established flow with no packet.
+    pub tcp_established_timeout_ns: u64,
+    /// TCP: after a FIN in either direction.
+    pub tcp_fin_timeout_ns: u64,
+    /// TCP: after a RST in either direction.
+    pub tcp_close_timeout_ns: u64,
+    /// UDP: a flow with no packet.
+    pub udp_timeout_ns: u64,
+    /// Passive detection: a pending request older than this when its flow
+    /// closes counts as unanswered ([`PassiveStats::unanswered`]); 0 = off.
+    pub response_timeout_ns: u64,
+    /// Passive detection: a SYN with no SYN-ACK this long counts as a
+    /// connect timeout ([`PassiveStats::connect_timeouts`]); 0 = off.
+    pub connect_timeout_ns: u64,
+    /// The pool's addresses, network order, of the VIP's family (see
+    /// [`Addr`]).
+    pub addrs: [Addr; MAX_SNAT_ADDRS],
+}
+const _: () = assert!(core::mem::size_of::<NatPool>() == 8 + 7 * 8 + 16 * MAX_SNAT_ADDRS);
+
+/// [`NatFlow::state`] values.
+pub const NAT_TCP_SYN_SENT: u8 = 1;
+pub const NAT_TCP_ESTABLISHED: u8 = 2;
+/// A FIN seen in one direction.
+pub const NAT_TCP_FIN_WAIT: u8 = 3;
+/// FINs seen in both directions.
+pub const NAT_TCP_CLOSING: u8 = 4;
+/// A RST seen in either direction.
+pub const NAT_TCP_CLOSED: u8 = 5;
+pub const NAT_UDP: u8 = 6;
+
+/// [`NatFlow::flags`]: the client sent FIN.
+pub const NAT_FLAG_CLIENT_FIN: u8 = 1;
+/// [`NatFlow::flags`]: the backend sent FIN.
+pub const NAT_FLAG_BACKEND_FIN: u8 = 2;
+
+/// Value of `XLB_NAT_FLOWS` (key: the client's [`FlowKey`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatFlow {
+    /// Backend id chosen for this flow.
+    pub backend_id: u32,
+    /// [`crate::BackendInfo::generation`] when the flow was assigned.
+    pub generation: u32,
+    /// VIP id of the flow.
+    pub vip_id: u32,
+    /// `NAT_TCP_*` or [`NAT_UDP`].
+    pub state: u8,
+    /// `NAT_FLAG_*` bits.
+    pub flags: u8,
+    /// The source port the backend sees, network order: the allocated one
+    /// (or the client's own with `preserve_client`).
+    pub nat_port: u16,
+    /// The source address the backend sees (a pool address, or the
+    /// client's with `preserve_client`), network order.
+    pub nat_addr: Addr,
+    /// The backend's port, network order.
+    pub backend_port: u16,
+    pub _pad: [u8; 6],
+    /// Coarse monotonic ns (`clock::now`) of the last packet either way,
+    /// refreshed at most every [`crate::CT_TOUCH_INTERVAL_NS`] unless the
+    /// state changes.
+    pub last_seen_ns: u64,
+    /// Passive detection: when the client's oldest unanswered payload was
+    /// sent (0 = no request pending). Set by a client packet with payload
+    /// while 0; cleared by the backend's first packet with payload.
+    pub request_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<NatFlow>() == 56);
+
+impl NatFlow {
+    /// When this entry may be reclaimed, in the units of `last_seen_ns`,
+    /// by its state's timeout in `pool`. Shared by the data plane (port
+    /// reuse) and the daemon's sweep, so both agree on what is dead.
+    #[inline(always)]
+    pub fn expires(&self, pool: &NatPool) -> u64 {
+        let timeout = match self.state {
+            NAT_TCP_SYN_SENT => pool.tcp_syn_timeout_ns,
+            NAT_TCP_ESTABLISHED => pool.tcp_established_timeout_ns,
+            NAT_TCP_FIN_WAIT | NAT_TCP_CLOSING => pool.tcp_fin_timeout_ns,
+            NAT_TCP_CLOSED => pool.tcp_close_timeout_ns,
+            _ => pool.udp_timeout_ns,
+        };
+        self.last_seen_ns.saturating_add(timeout)
+    }
+}
+
+/// Value of `XLB_PASSIVE` (per CPU, per backend id): what the backend's
+/// real traffic says, counted by the data plane of NAT VIPs, where both
+/// directions cross it. Monotonic counters; the daemon sums the CPUs and
+/// differences its samples.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassiveStats {
+    /// TCP SYNs that started a flow to this backend.
+    pub connects: u64,
+    /// SYN-ACKs from the backend answering them.
+    pub connected: u64,
+    /// Flows found still without a SYN-ACK after `connect_timeout_ns`.
+    pub connect_timeouts: u64,
+    /// RSTs from the backend.
+    pub resets: u64,
+    /// Client payload that started a request (none was pending).
+    pub requests: u64,
+    /// Backend payload that answered a pending request.
+    pub responses: u64,
+    /// Pending requests older than `response_timeout_ns` when their flow
+    /// closed or was reclaimed.
+    pub unanswered: u64,
+    /// Pending requests younger than that when their flow closed: the
+    /// client gave up first (neutral evidence).
+    pub abandoned: u64,
+    /// Sum of the answered requests' response times, ns.
+    pub response_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<PassiveStats>() == 72);
+
+/// The reply key of a NAT flow: backend:port → `nat_addr`:`nat_port`.
+#[inline(always)]
+pub fn reply_key(client: &FlowKey, flow: &NatFlow, backend: &Addr) -> FlowKey {
+    FlowKey {
+        src: *backend,
+        dst: flow.nat_addr,
+        sport: flow.backend_port,
+        dport: flow.nat_port,
+        proto: client.proto,
+        family: client.family,
+        _pad: [0; 2],
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: repr(C), Copy, integers and byte arrays only, padding explicit.
+    unsafe impl aya::Pod for NatPool {}
+    unsafe impl aya::Pod for NatFlow {}
+    unsafe impl aya::Pod for PassiveStats {}
+}
