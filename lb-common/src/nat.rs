@@ -446,3 +446,117 @@ mod pod {
     unsafe impl aya::Pod for NatFlow {}
     unsafe impl aya::Pod for PassiveStats {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn pool() -> NatPool {
+        NatPool {
+            count: 2,
+            port_min: 100,
+            port_max: 103,
+            response_timeout_ns: S,
+            connect_timeout_ns: S,
+            tcp_syn_timeout_ns: 5 * S,
+            ..Default::default()
+        }
+    }
+
+    fn syn_sent(at: u64) -> NatFlow {
+        NatFlow {
+            state: NAT_TCP_SYN_SENT,
+            last_seen_ns: at,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn candidates_cover_the_pool_and_stay_in_range() {
+        let p = pool();
+        let mut seen = [[false; 4]; 2];
+        for i in 0..NAT_ALLOC_TRIES {
+            let (a, port) = nat_candidate(&p, 0x1234_5678_9abc_def0, i).unwrap();
+            assert!(a < 2 && (100..=103).contains(&port), "{a} {port}");
+            seen[a as usize][usize::from(port - 100)] = true;
+        }
+        // Address and port advance together: 8 pairs of one parity class.
+        assert!(seen.iter().flatten().filter(|s| **s).count() >= 4, "{seen:?}");
+        assert_eq!(nat_candidate(&NatPool::default(), 1, 0), None, "empty pool");
+        let inverted = NatPool { port_min: 5, port_max: 4, ..p };
+        assert_eq!(nat_candidate(&inverted, 1, 0), None, "inverted range");
+    }
+
+    #[test]
+    fn tcp_states_follow_syn_fin_rst() {
+        let p = pool();
+        let mut f = syn_sent(10);
+        assert_eq!(f.backend_packet(TCP_SYN | TCP_ACK, false, 20).events, EV_CONNECTED);
+        assert_eq!((f.state, f.last_seen_ns), (NAT_TCP_ESTABLISHED, 20), "state change touches");
+        f.client_packet(&p, TCP_FIN | TCP_ACK, false, 30);
+        assert_eq!(f.state, NAT_TCP_FIN_WAIT);
+        f.backend_packet(TCP_FIN | TCP_ACK, false, 40);
+        assert_eq!((f.state, f.last_seen_ns), (NAT_TCP_CLOSING, 40));
+        assert_eq!(f.backend_packet(TCP_RST, false, 50).events, EV_RESET);
+        assert_eq!(f.state, NAT_TCP_CLOSED);
+        assert_eq!(f.expires(&NatPool { tcp_close_timeout_ns: 7, ..p }), 57);
+    }
+
+    #[test]
+    fn last_seen_refreshed_only_each_interval_or_on_change() {
+        let p = pool();
+        let mut f = NatFlow {
+            state: NAT_TCP_ESTABLISHED,
+            last_seen_ns: 10 * S,
+            ..Default::default()
+        };
+        f.client_packet(&p, TCP_ACK, false, 10 * S + S / 2);
+        assert_eq!(f.last_seen_ns, 10 * S, "within the interval");
+        f.client_packet(&p, TCP_ACK, false, 12 * S);
+        assert_eq!(f.last_seen_ns, 12 * S, "past it");
+        let mut s = syn_sent(S);
+        s.client_packet(&p, TCP_SYN, false, 4 * S);
+        assert_eq!(s.last_seen_ns, S, "a SYN retransmit keeps the first SYN's time");
+    }
+
+    #[test]
+    fn passive_evidence() {
+        let p = pool();
+        let mut f = NatFlow {
+            state: NAT_TCP_ESTABLISHED,
+            last_seen_ns: S,
+            ..Default::default()
+        };
+        assert_eq!(f.client_packet(&p, TCP_ACK, true, 2 * S).events, EV_REQUEST);
+        assert_eq!(f.client_packet(&p, TCP_ACK, true, 2 * S + 5).events, 0, "one pending");
+        let ev = f.backend_packet(TCP_ACK, true, 2 * S + 30);
+        assert_eq!((ev.events, ev.response_ns, f.request_ns), (EV_RESPONSE, 30, 0));
+        f.client_packet(&p, TCP_ACK, true, 3 * S);
+        let ev = f.client_packet(&p, TCP_FIN, false, 3 * S + S / 2);
+        assert_eq!(ev.events, EV_ABANDONED, "younger than the response timeout");
+        f.request_ns = 3 * S;
+        assert_eq!(f.client_packet(&p, TCP_RST, false, 5 * S).events, EV_UNANSWERED);
+        // Connect timeout: once, on a SYN seen again, or at reclaim.
+        let mut s = syn_sent(S);
+        assert_eq!(s.client_packet(&p, TCP_SYN, false, S + S / 2).events, 0);
+        assert_eq!(s.client_packet(&p, TCP_SYN, false, 3 * S).events, EV_CONNECT_TIMEOUT);
+        assert_eq!(s.client_packet(&p, TCP_SYN, false, 4 * S).events, 0);
+        assert_eq!(s.reclaimed(&p, 9 * S).events, 0, "already counted");
+        assert_eq!(syn_sent(S).reclaimed(&p, 9 * S).events, EV_CONNECT_TIMEOUT);
+        let off = NatPool { response_timeout_ns: 0, ..p };
+        let mut g = NatFlow { request_ns: S, state: NAT_TCP_ESTABLISHED, ..Default::default() };
+        assert_eq!(g.client_packet(&off, TCP_RST, false, 9 * S).events, 0, "detection off");
+        let mut stats = PassiveStats::default();
+        Evidence { events: EV_RESPONSE | EV_RESET, response_ns: 9 }.add_to(&mut stats);
+        assert_eq!((stats.responses, stats.resets, stats.response_ns, stats.requests), (1, 1, 9, 0));
+    }
+
+    #[test]
+    fn pool_address_bits_name_their_vip() {
+        assert_eq!(vip_addr_nat_vip(vip_addr_nat_pool(0)), Some(0));
+        assert_eq!(vip_addr_nat_vip(vip_addr_nat_pool(63)), Some(63));
+        assert_eq!(vip_addr_nat_vip(crate::VIP_ADDR_BALANCED), None);
+    }
+}

@@ -123,10 +123,13 @@ fn decide(ctx: &XdpContext, pkt: &mut Packet, ethertype: u16) -> u32 {
     // better.
     let now = clock::now();
     // A NAT VIP on this port: its flows are in the NAT maps, not conntrack.
-    if vips & VIP_PORT_NAT != 0
-        && let Some(verdict) = nat::client(ctx, pkt, g, now)
-    {
-        return verdict;
+    if vips & VIP_PORT_NAT != 0 {
+        match nat::client(ctx, pkt, now) {
+            nat::NOT_NAT => {}
+            nat::SEND => return nat::send(ctx, pkt, now),
+            nat::NEW => return nat::start(ctx, pkt, now),
+            verdict => return verdict,
+        }
     }
     // Established flows: conntrack first, and a hit needs no VIP lookup.
     // A SYN always picks from the current table.

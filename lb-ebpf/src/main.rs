@@ -215,6 +215,11 @@ static XLB_NAT_SPORTS: Array<u32> = Array::with_max_entries(lb_common::PORT_INDE
 #[map(name = "XLB_NAT_BEADDR")]
 static XLB_NAT_BEADDR: HashMap<VipAddrKey, u32> = HashMap::with_max_entries(BACKEND_IDS, 0);
 
+/// This CPU's NAT flow being allocated (`nat::alloc::Scratch`): off the
+/// stack. Not pinned, not read by userspace.
+#[map(name = "XLB_NAT_SCRATCH")]
+static XLB_NAT_SCRATCH: PerCpuArray<nat::alloc::Scratch> = PerCpuArray::with_max_entries(1, 0);
+
 /// Per backend id, per CPU: what NAT traffic says about the backend.
 #[map(name = "XLB_PASSIVE")]
 static XLB_PASSIVE: PerCpuArray<PassiveStats> = PerCpuArray::with_max_entries(BACKEND_IDS, 0);

@@ -23,13 +23,13 @@
 //! - ICMP errors quoting a NAT flow are dropped (`drop_nat_icmp`): not
 //!   translated yet.
 
-mod alloc;
+pub(crate) mod alloc;
 pub(crate) mod reply;
 mod rewrite;
 
 use aya_ebpf::programs::XdpContext;
 use lb_common::{
-    BackendInfo, FAMILY_V4, Globals, PROTO_TCP, Stat, VipInfo,
+    BackendInfo, FAMILY_V4, PROTO_TCP, Stat,
     nat::{
         Evidence, MODE_NAT_PRESERVE, NAT_TCP_CLOSED, NAT_TCP_CLOSING, NAT_TCP_SYN_SENT, NAT_UDP,
         NatFlow, NatPool, is_nat, reply_key,
@@ -39,8 +39,8 @@ use lb_common::{
 
 use crate::{
     XLB_BACKENDS, XLB_BE_STATS, XLB_GUARD, XLB_NAT_FLOWS, XLB_NAT_POOL, XLB_NAT_REPLY,
-    XLB_PASSIVE, XLB_VIP_STATS,
-    forward::{account, nexthop, send, sent, set_macs},
+    XLB_NAT_SCRATCH, XLB_PASSIVE, XLB_VIP_INFO, XLB_VIP_STATS,
+    forward::{account, nexthop, send as send_out, sent, set_macs},
     guard,
     packet::{IPV4_LEN, IPV6_LEN, TcpHdr, ptr_at},
     parse::Packet,
@@ -48,29 +48,63 @@ use crate::{
     stats::{aborted, count, drop_with},
 };
 
-/// The verdict for a packet to a port some NAT VIP listens on, if its VIP
-/// is a NAT VIP (`None`: a DSR VIP on the same port; the caller goes on).
-#[inline(always)]
-pub(crate) fn client(ctx: &XdpContext, pkt: &Packet, g: &Globals, now: u64) -> Option<u32> {
-    let (vip_id, vip) = select::vip(&pkt.flow)?;
+/// [`client`]'s answer for a packet to a DSR VIP (on a port a NAT VIP
+/// shares): the caller goes on.
+pub(crate) const NOT_NAT: u32 = u32::MAX - 1;
+/// [`client`]'s and [`new_flow`]'s answer for a packet to translate and
+/// send: [`send`].
+pub(crate) const SEND: u32 = u32::MAX;
+/// [`client`]'s answer for a packet of no flow (or of one just ended):
+/// [`new_flow`].
+pub(crate) const NEW: u32 = u32::MAX - 2;
+
+/// What [`send`] needs of the flow whose packet it sends, left by
+/// [`client`] in the per-CPU scratch entry: a call's frames stay apart
+/// (the 512-byte stack is shared by the calls in one chain, and the next
+/// hop's refresh is the deepest).
+#[repr(C)]
+pub(crate) struct Out {
+    pub nat_addr: [u8; 16],
+    pub id: u32,
+    pub vip_id: u32,
+    pub nat_port: u16,
+    pub backend_port: u16,
+    pub new_flow: u8,
+    pub _pad: [u8; 3],
+}
+
+/// For a packet to a port some NAT VIP listens on: [`NOT_NAT`] if its VIP
+/// is none, [`SEND`] once its flow is found or made and updated, else the
+/// verdict.
+// Not inlined: its own stack frame and verifier state, off DSR's path.
+#[inline(never)]
+pub(crate) fn client(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
+    let Some((vip_id, vip)) = select::vip(&pkt.flow) else {
+        return NOT_NAT;
+    };
     if !is_nat(vip.mode) {
-        return None;
+        return NOT_NAT;
     }
     if pkt.icmp {
-        return Some(drop_with(Stat::DropNatIcmp));
+        return drop_with(Stat::DropNatIcmp);
     }
-    let Some(pool) = XLB_NAT_POOL.get(vip_id) else {
-        return Some(aborted());
+    let (Some(pool), Some(s)) = (XLB_NAT_POOL.get(vip_id), XLB_NAT_SCRATCH.get_ptr_mut(0)) else {
+        return aborted();
     };
+    // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+    let s = unsafe { &mut *s };
     if let Some(f) = XLB_NAT_FLOWS.get_ptr_mut(&pkt.flow) {
         // SAFETY: a hash map value, valid for the program's run (RCU);
         // racing writers store whole fields.
         let f = unsafe { &mut *f };
-        if let Some(be) = usable(pkt, f, pool, now) {
-            return Some(translate(ctx, pkt, f, be, pool, now, false));
+        if usable(pkt, f, pool, now).is_some() {
+            update(ctx, pkt, f, pool, now, &mut s.out);
+            s.out.new_flow = 0;
+            return SEND;
         }
     }
-    Some(new_flow(ctx, pkt, vip_id, &vip, pool, g, now))
+    s.out.vip_id = vip_id;
+    NEW
 }
 
 /// The backend of existing flow `f`, or `None` once the flow is removed
@@ -103,21 +137,16 @@ fn usable(
     None
 }
 
-/// A packet of no flow: starts one if it may.
+/// For a packet of no flow, to the NAT VIP [`client`] found: a TCP packet
+/// without SYN is dropped; the rest is judged by the VIP's guard, then
+/// starts a flow ([`new_flow`]) and is sent. Inlined into the caller of
+/// [`client`], so each call here starts from its frame (see [`Out`]).
 #[inline(always)]
-fn new_flow(
-    ctx: &XdpContext,
-    pkt: &Packet,
-    vip_id: u32,
-    vip: &VipInfo,
-    pool: &NatPool,
-    g: &Globals,
-    now: u64,
-) -> u32 {
-    let tcp = pkt.flow.proto == PROTO_TCP;
-    if tcp && !pkt.syn() {
+pub(crate) fn start(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
+    if pkt.flow.proto == PROTO_TCP && !pkt.syn() {
         return drop_with(Stat::DropNatNoFlow);
     }
+    let vip_id = XLB_NAT_SCRATCH.get(0).map_or(0, |s| s.out.vip_id);
     let Some(gd) = XLB_GUARD.get(vip_id) else {
         return aborted();
     };
@@ -127,34 +156,57 @@ fn new_flow(
             return judged;
         }
     }
+    match new_flow(ctx, pkt, now) {
+        SEND => send(ctx, pkt, now),
+        verdict => verdict,
+    }
+}
+
+/// A packet that may start a flow, to the NAT VIP [`client`] found:
+/// starts it ([`SEND`]), else the verdict.
+// Not inlined, and called by the caller of `client`, not by it: see [`Out`].
+#[inline(never)]
+pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
+    let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
+        return aborted();
+    };
+    // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+    let s = unsafe { &mut *s };
+    let vip_id = s.out.vip_id;
+    let (Some(vip), Some(pool)) = (XLB_VIP_INFO.get(vip_id), XLB_NAT_POOL.get(vip_id)) else {
+        return aborted();
+    };
+    let tcp = pkt.flow.proto == PROTO_TCP;
+    let Some(g) = crate::XLB_GLOBALS.get(0) else {
+        return aborted();
+    };
     let Some((id, be, _)) = select::pick(&pkt.flow, vip, g) else {
         return drop_with(Stat::DropNoBackend);
     };
     let preserve = vip.mode == MODE_NAT_PRESERVE;
-    let mut f = NatFlow {
-        backend_id: id,
-        generation: be.generation,
-        vip_id,
-        state: if tcp { NAT_TCP_SYN_SENT } else { NAT_UDP },
-        flags: 0,
-        nat_port: if preserve { pkt.flow.sport } else { 0 },
-        nat_addr: if preserve { pkt.flow.src } else { [0; 16] },
-        // 0: the daemon set no port; the VIP's.
-        backend_port: if be.port != 0 { be.port } else { pkt.flow.dport },
-        _pad: [0; 6],
-        last_seen_ns: now,
-        request_ns: 0,
-    };
-    let hash = lb_common::flow_hash(&g.hash_key, &pkt.flow);
-    if alloc::allocate(&pkt.flow, &mut f, pool, hash, preserve).is_err() {
+    let f = &mut s.flow;
+    f.backend_id = id;
+    f.generation = be.generation;
+    f.vip_id = vip_id;
+    f.state = if tcp { NAT_TCP_SYN_SENT } else { NAT_UDP };
+    f.flags = 0;
+    f.nat_port = if preserve { pkt.flow.sport } else { 0 };
+    f.nat_addr = if preserve { pkt.flow.src } else { [0; 16] };
+    // 0: the daemon set no port; the VIP's.
+    f.backend_port = if be.port != 0 { be.port } else { pkt.flow.dport };
+    f._pad = [0; 6];
+    f.last_seen_ns = now;
+    f.request_ns = 0;
+    s.client = pkt.flow;
+    if alloc::allocate(s, &be.addr, preserve).is_err() {
         return if tcp {
             reset::reply(ctx, pkt, Stat::ResetNatExhausted, Stat::DropNatExhausted)
         } else {
             drop_with(Stat::DropNatExhausted)
         };
     }
-    if XLB_NAT_FLOWS.insert(&pkt.flow, &f, 0).is_err() {
-        let _ = XLB_NAT_REPLY.remove(&reply_key(&pkt.flow, &f, &be.addr));
+    if XLB_NAT_FLOWS.insert(&pkt.flow, &s.flow, 0).is_err() {
+        let _ = XLB_NAT_REPLY.remove(&s.key);
         return drop_with(Stat::DropNatInsertFail);
     }
     count(Stat::NatNew);
@@ -166,47 +218,62 @@ fn new_flow(
         return aborted();
     };
     // SAFETY: as in `client`.
-    translate(ctx, pkt, unsafe { &mut *e }, be, pool, now, true)
+    update(ctx, pkt, unsafe { &mut *e }, pool, now, &mut s.out);
+    s.out.new_flow = 1;
+    SEND
 }
 
-/// Updates flow `f` with the client's packet, translates it towards the
-/// backend `be` and sends it.
+/// Updates flow `f` with the client's packet (state, passive evidence)
+/// and leaves what [`send`] needs in `out`.
 #[inline(always)]
-fn translate(
-    ctx: &XdpContext,
-    pkt: &Packet,
-    f: &mut NatFlow,
-    be: &BackendInfo,
-    pool: &NatPool,
-    now: u64,
-    new_flow: bool,
-) -> u32 {
+fn update(ctx: &XdpContext, pkt: &Packet, f: &mut NatFlow, pool: &NatPool, now: u64, out: &mut Out) {
     let ev = f.client_packet(pool, pkt.tcp_flags, payload(ctx, pkt), now);
     passive(f.backend_id, &ev);
-    let id = f.backend_id;
+    out.nat_addr = f.nat_addr;
+    out.id = f.backend_id;
+    out.vip_id = f.vip_id;
+    out.nat_port = f.nat_port;
+    out.backend_port = f.backend_port;
+}
+
+/// Translates the client's packet `pkt` of the flow [`client`] left in the
+/// scratch entry towards its backend, and sends it.
+// Not inlined: see [`Out`].
+#[inline(never)]
+pub(crate) fn send(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
+    let Some(s) = XLB_NAT_SCRATCH.get(0) else {
+        return aborted();
+    };
+    let o = &s.out;
+    let id = o.id;
+    let Some(be) = XLB_BACKENDS.get(id) else {
+        return aborted();
+    };
     // SAFETY: null or a per-CPU map value, valid for this run.
-    let Some(nh) = (unsafe { nexthop(ctx, id, be, &f.nat_addr, now).as_ref() }) else {
+    let Some(nh) = (unsafe { nexthop(ctx, id, be, &o.nat_addr, now).as_ref() }) else {
         return drop_with(Stat::DropNoRoute);
     };
     if pkt.ip_len > nh.mtu as usize {
         return drop_with(Stat::DropNatTooBig);
     }
     let to = rewrite::To {
-        src: &f.nat_addr,
+        src: &o.nat_addr,
         dst: &be.addr,
-        sport: f.nat_port,
-        dport: f.backend_port,
+        sport: o.nat_port,
+        dport: o.backend_port,
     };
-    if let Err(v) = rewrite::rewrite(ctx, pkt, &to) {
+    let v = rewrite::rewrite(ctx, pkt, &to);
+    if v != rewrite::OK {
         return v;
     }
     if set_macs(ctx, nh).is_none() {
         return aborted();
     }
     let bytes = crate::packet::len(ctx) as u64;
-    let verdict = send(ctx, nh);
+    let verdict = send_out(ctx, nh);
     if sent(verdict) {
-        account(XLB_VIP_STATS.get_ptr_mut(f.vip_id), bytes, new_flow);
+        let new_flow = o.new_flow != 0;
+        account(XLB_VIP_STATS.get_ptr_mut(o.vip_id), bytes, new_flow);
         account(XLB_BE_STATS.get_ptr_mut(id), bytes, new_flow);
     }
     verdict | id << VERDICT_BACKEND_SHIFT

@@ -15,7 +15,8 @@ use lb_common::{
 };
 
 use crate::{
-    XLB_NAT_BEADDR, XLB_NAT_FLOWS, XLB_NAT_POOL, XLB_NAT_REPLY, XLB_NAT_SPORTS, clock,
+    XLB_NAT_BEADDR, XLB_NAT_FLOWS, XLB_NAT_POOL, XLB_NAT_REPLY, XLB_NAT_SCRATCH, XLB_NAT_SPORTS,
+    clock,
     forward::{fib_params, send, set_macs},
     key::{WordKey, Zeroed, addr_eq, addr_key, addr_words},
     parse::Packet,
@@ -32,15 +33,17 @@ pub(crate) fn from_backend_port(pkt: &Packet) -> bool {
 
 /// The verdict for `pkt` if it answers a NAT flow (`None`: it does not;
 /// the caller goes on as for any packet).
-#[inline(always)]
+// Not inlined: its own stack frame and verifier state.
+#[inline(never)]
 pub(crate) fn answer(ctx: &XdpContext, pkt: &Packet) -> Option<u32> {
     if pkt.icmp {
         return None;
     }
-    // SAFETY: copied out at once.
-    let client = (unsafe { XLB_NAT_REPLY.get(&pkt.flow) }).copied()?;
-    // SAFETY: a hash map value, valid for the program's run (RCU).
-    let f = unsafe { &mut *XLB_NAT_FLOWS.get_ptr_mut(&client)? };
+    // SAFETY: a hash map value, valid for the program's run (RCU); a
+    // racing rewrite by another CPU changes whole fields.
+    let client = unsafe { XLB_NAT_REPLY.get(&pkt.flow) }?;
+    // SAFETY: as above.
+    let f = unsafe { &mut *XLB_NAT_FLOWS.get_ptr_mut(client)? };
     // An orphan (the client's flow now holds another port): not its answer.
     if f.nat_port != pkt.flow.dport || !addr_eq(&f.nat_addr, &pkt.flow.dst) {
         return None;
@@ -48,15 +51,18 @@ pub(crate) fn answer(ctx: &XdpContext, pkt: &Packet) -> Option<u32> {
     let now = clock::now();
     let ev = f.backend_packet(pkt.tcp_flags, super::payload(ctx, pkt), now);
     super::passive(f.backend_id, &ev);
-    Some(to_client(ctx, pkt, &client) | f.backend_id << VERDICT_BACKEND_SHIFT)
+    Some(to_client(ctx, pkt, client) | f.backend_id << VERDICT_BACKEND_SHIFT)
 }
 
 /// Translates the answer `pkt` back to the flow of `client` (VIP →
 /// client) and sends it towards the client.
 #[inline(always)]
 fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey) -> u32 {
-    let mut nh = Zeroed::<NextHop>::uninit();
-    let nh = nh.zero();
+    let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
+        return aborted();
+    };
+    // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+    let nh = unsafe { &mut (*s).hop };
     let v6 = u32::from(client.family == FAMILY_V6);
     let rc = route(ctx, nh, &client.src, &client.dst, v6 << 16 | pkt.ip_len as u32);
     if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
@@ -71,7 +77,8 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey) -> u32 {
         sport: client.dport,
         dport: client.sport,
     };
-    if let Err(v) = super::rewrite::rewrite(ctx, pkt, &to) {
+    let v = super::rewrite::rewrite(ctx, pkt, &to);
+    if v != super::rewrite::OK {
         return v;
     }
     if set_macs(ctx, nh).is_none() {
