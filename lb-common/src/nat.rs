@@ -308,7 +308,13 @@ impl NatFlow {
     /// field changes (the entry is the map's own memory), and what it
     /// tells the passive counters.
     #[inline(always)]
-    pub fn client_packet(&mut self, pool: &NatPool, flags: u8, payload: bool, now: u64) -> Evidence {
+    pub fn client_packet(
+        &mut self,
+        pool: &NatPool,
+        flags: u8,
+        payload: bool,
+        now: u64,
+    ) -> Evidence {
         let mut ev = Evidence::default();
         if self.state == NAT_TCP_SYN_SENT
             && pool.connect_timeout_ns != 0
@@ -345,8 +351,7 @@ impl NatFlow {
             ev.events |= EV_RESET;
             self.request_ns = 0;
             changed |= self.set_state(NAT_TCP_CLOSED);
-        } else if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK
-            && self.state == NAT_TCP_SYN_SENT
+        } else if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK && self.state == NAT_TCP_SYN_SENT
         {
             ev.events |= EV_CONNECTED;
             changed |= self.set_state(NAT_TCP_ESTABLISHED);
@@ -483,9 +488,16 @@ mod tests {
             seen[a as usize][usize::from(port - 100)] = true;
         }
         // Address and port advance together: 8 pairs of one parity class.
-        assert!(seen.iter().flatten().filter(|s| **s).count() >= 4, "{seen:?}");
+        assert!(
+            seen.iter().flatten().filter(|s| **s).count() >= 4,
+            "{seen:?}"
+        );
         assert_eq!(nat_candidate(&NatPool::default(), 1, 0), None, "empty pool");
-        let inverted = NatPool { port_min: 5, port_max: 4, ..p };
+        let inverted = NatPool {
+            port_min: 5,
+            port_max: 4,
+            ..p
+        };
         assert_eq!(nat_candidate(&inverted, 1, 0), None, "inverted range");
     }
 
@@ -493,15 +505,28 @@ mod tests {
     fn tcp_states_follow_syn_fin_rst() {
         let p = pool();
         let mut f = syn_sent(10);
-        assert_eq!(f.backend_packet(TCP_SYN | TCP_ACK, false, 20).events, EV_CONNECTED);
-        assert_eq!((f.state, f.last_seen_ns), (NAT_TCP_ESTABLISHED, 20), "state change touches");
+        assert_eq!(
+            f.backend_packet(TCP_SYN | TCP_ACK, false, 20).events,
+            EV_CONNECTED
+        );
+        assert_eq!(
+            (f.state, f.last_seen_ns),
+            (NAT_TCP_ESTABLISHED, 20),
+            "state change touches"
+        );
         f.client_packet(&p, TCP_FIN | TCP_ACK, false, 30);
         assert_eq!(f.state, NAT_TCP_FIN_WAIT);
         f.backend_packet(TCP_FIN | TCP_ACK, false, 40);
         assert_eq!((f.state, f.last_seen_ns), (NAT_TCP_CLOSING, 40));
         assert_eq!(f.backend_packet(TCP_RST, false, 50).events, EV_RESET);
         assert_eq!(f.state, NAT_TCP_CLOSED);
-        assert_eq!(f.expires(&NatPool { tcp_close_timeout_ns: 7, ..p }), 57);
+        assert_eq!(
+            f.expires(&NatPool {
+                tcp_close_timeout_ns: 7,
+                ..p
+            }),
+            57
+        );
     }
 
     #[test]
@@ -518,7 +543,10 @@ mod tests {
         assert_eq!(f.last_seen_ns, 12 * S, "past it");
         let mut s = syn_sent(S);
         s.client_packet(&p, TCP_SYN, false, 4 * S);
-        assert_eq!(s.last_seen_ns, S, "a SYN retransmit keeps the first SYN's time");
+        assert_eq!(
+            s.last_seen_ns, S,
+            "a SYN retransmit keeps the first SYN's time"
+        );
     }
 
     #[test]
@@ -530,27 +558,63 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(f.client_packet(&p, TCP_ACK, true, 2 * S).events, EV_REQUEST);
-        assert_eq!(f.client_packet(&p, TCP_ACK, true, 2 * S + 5).events, 0, "one pending");
+        assert_eq!(
+            f.client_packet(&p, TCP_ACK, true, 2 * S + 5).events,
+            0,
+            "one pending"
+        );
         let ev = f.backend_packet(TCP_ACK, true, 2 * S + 30);
-        assert_eq!((ev.events, ev.response_ns, f.request_ns), (EV_RESPONSE, 30, 0));
+        assert_eq!(
+            (ev.events, ev.response_ns, f.request_ns),
+            (EV_RESPONSE, 30, 0)
+        );
         f.client_packet(&p, TCP_ACK, true, 3 * S);
         let ev = f.client_packet(&p, TCP_FIN, false, 3 * S + S / 2);
         assert_eq!(ev.events, EV_ABANDONED, "younger than the response timeout");
         f.request_ns = 3 * S;
-        assert_eq!(f.client_packet(&p, TCP_RST, false, 5 * S).events, EV_UNANSWERED);
+        assert_eq!(
+            f.client_packet(&p, TCP_RST, false, 5 * S).events,
+            EV_UNANSWERED
+        );
         // Connect timeout: once, on a SYN seen again, or at reclaim.
         let mut s = syn_sent(S);
         assert_eq!(s.client_packet(&p, TCP_SYN, false, S + S / 2).events, 0);
-        assert_eq!(s.client_packet(&p, TCP_SYN, false, 3 * S).events, EV_CONNECT_TIMEOUT);
+        assert_eq!(
+            s.client_packet(&p, TCP_SYN, false, 3 * S).events,
+            EV_CONNECT_TIMEOUT
+        );
         assert_eq!(s.client_packet(&p, TCP_SYN, false, 4 * S).events, 0);
         assert_eq!(s.reclaimed(&p, 9 * S).events, 0, "already counted");
         assert_eq!(syn_sent(S).reclaimed(&p, 9 * S).events, EV_CONNECT_TIMEOUT);
-        let off = NatPool { response_timeout_ns: 0, ..p };
-        let mut g = NatFlow { request_ns: S, state: NAT_TCP_ESTABLISHED, ..Default::default() };
-        assert_eq!(g.client_packet(&off, TCP_RST, false, 9 * S).events, 0, "detection off");
+        let off = NatPool {
+            response_timeout_ns: 0,
+            ..p
+        };
+        let mut g = NatFlow {
+            request_ns: S,
+            state: NAT_TCP_ESTABLISHED,
+            ..Default::default()
+        };
+        assert_eq!(
+            g.client_packet(&off, TCP_RST, false, 9 * S).events,
+            0,
+            "detection off"
+        );
         let mut stats = PassiveStats::default();
-        Evidence { events: EV_RESPONSE | EV_RESET, response_ns: 9 }.add_to(&mut stats);
-        assert_eq!((stats.responses, stats.resets, stats.response_ns, stats.requests), (1, 1, 9, 0));
+        Evidence {
+            events: EV_RESPONSE | EV_RESET,
+            response_ns: 9,
+        }
+        .add_to(&mut stats);
+        assert_eq!(
+            (
+                stats.responses,
+                stats.resets,
+                stats.response_ns,
+                stats.requests
+            ),
+            (1, 1, 9, 0)
+        );
     }
 
     #[test]

@@ -136,7 +136,9 @@ fn claim(key: &FlowKey, client: &FlowKey, now: u64) -> bool {
         return false;
     }
     count(Stat::NatReclaim);
-    XLB_NAT_REPLY.insert(key, client, u64::from(BPF_ANY)).is_ok()
+    XLB_NAT_REPLY
+        .insert(key, client, u64::from(BPF_ANY))
+        .is_ok()
 }
 
 /// Whether the flow of `old` (the client key reply key `key` holds) may

@@ -110,12 +110,7 @@ pub(crate) fn client(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
 /// The backend of existing flow `f`, or `None` once the flow is removed
 /// (its backend recycled, or a SYN on a closed or expired flow).
 #[inline(always)]
-fn usable(
-    pkt: &Packet,
-    f: &NatFlow,
-    pool: &NatPool,
-    now: u64,
-) -> Option<&'static BackendInfo> {
+fn usable(pkt: &Packet, f: &NatFlow, pool: &NatPool, now: u64) -> Option<&'static BackendInfo> {
     let be = XLB_BACKENDS.get(f.backend_id);
     let stale = match be {
         Some(be) => be.state == 0 || be.generation != f.generation,
@@ -193,7 +188,11 @@ pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
     f.nat_port = if preserve { pkt.flow.sport } else { 0 };
     f.nat_addr = if preserve { pkt.flow.src } else { [0; 16] };
     // 0: the daemon set no port; the VIP's.
-    f.backend_port = if be.port != 0 { be.port } else { pkt.flow.dport };
+    f.backend_port = if be.port != 0 {
+        be.port
+    } else {
+        pkt.flow.dport
+    };
     f._pad = [0; 6];
     f.last_seen_ns = now;
     f.request_ns = 0;
@@ -226,7 +225,14 @@ pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
 /// Updates flow `f` with the client's packet (state, passive evidence)
 /// and leaves what [`send`] needs in `out`.
 #[inline(always)]
-fn update(ctx: &XdpContext, pkt: &Packet, f: &mut NatFlow, pool: &NatPool, now: u64, out: &mut Out) {
+fn update(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    f: &mut NatFlow,
+    pool: &NatPool,
+    now: u64,
+    out: &mut Out,
+) {
     let ev = f.client_packet(pool, pkt.tcp_flags, payload(ctx, pkt), now);
     passive(f.backend_id, &ev);
     out.nat_addr = f.nat_addr;

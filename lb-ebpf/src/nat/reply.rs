@@ -4,13 +4,14 @@
 //! packets to a pool address's port range that are no flow's answer.
 
 use aya_ebpf::{
-    bindings::{BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams},
+    bindings::{
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams,
+    },
     helpers::bpf_fib_lookup,
     programs::XdpContext,
 };
 use lb_common::{
-    FAMILY_V6, FlowKey, NextHop, Stat, VIP_ADDR_BALANCED, VipAddrKey,
-    nat::vip_addr_nat_vip,
+    FAMILY_V6, FlowKey, NextHop, Stat, VIP_ADDR_BALANCED, VipAddrKey, nat::vip_addr_nat_vip,
     trace::VERDICT_BACKEND_SHIFT,
 };
 
@@ -64,7 +65,13 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey) -> u32 {
     // SAFETY: per-CPU slot, no concurrent writer on this CPU.
     let nh = unsafe { &mut (*s).hop };
     let v6 = u32::from(client.family == FAMILY_V6);
-    let rc = route(ctx, nh, &client.src, &client.dst, v6 << 16 | pkt.ip_len as u32);
+    let rc = route(
+        ctx,
+        nh,
+        &client.src,
+        &client.dst,
+        v6 << 16 | pkt.ip_len as u32,
+    );
     if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
         return drop_with(Stat::DropNatTooBig);
     }
