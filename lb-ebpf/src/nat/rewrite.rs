@@ -54,9 +54,9 @@ pub(crate) fn rewrite(ctx: &XdpContext, pkt: &Packet, to: &To) -> u32 {
     // verifier: one bounds check covers the ports and the checksum of
     // either header.
     let ports = if tcp {
-        ptr_at::<TcpHdr>(ctx, l4off).map(|p| p.cast::<u8>())
+        ptr_at::<TcpHdr>(ctx, l4off).map(<*mut TcpHdr>::cast::<u8>)
     } else {
-        ptr_at::<UdpHdr>(ctx, l4off).map(|p| p.cast::<u8>())
+        ptr_at::<UdpHdr>(ctx, l4off).map(<*mut UdpHdr>::cast::<u8>)
     };
     let Some(l4) = ports else {
         return aborted();
