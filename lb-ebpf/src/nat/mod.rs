@@ -20,10 +20,11 @@
 //!   follows the flow (a retransmit);
 //! - TTL / hop limit ≤ 1: passed to the host (`pass_nat_ttl`), larger than
 //!   the egress MTU: dropped (`drop_nat_too_big`), either way;
-//! - ICMP errors quoting a NAT flow are dropped (`drop_nat_icmp`): not
-//!   translated yet.
+//! - ICMP errors quoting a NAT flow are translated both ways (`icmp.rs`);
+//!   from the client's side quoting no live flow, dropped (`drop_nat_icmp`).
 
 pub(crate) mod alloc;
+mod icmp;
 pub(crate) mod reply;
 mod rewrite;
 
@@ -85,14 +86,14 @@ pub(crate) fn client(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
     if !is_nat(vip.mode) {
         return NOT_NAT;
     }
-    if pkt.icmp {
-        return drop_with(Stat::DropNatIcmp);
-    }
     let (Some(pool), Some(s)) = (XLB_NAT_POOL.get(vip_id), XLB_NAT_SCRATCH.get_ptr_mut(0)) else {
         return aborted();
     };
     // SAFETY: per-CPU slot, no concurrent writer on this CPU.
     let s = unsafe { &mut *s };
+    if pkt.icmp {
+        return quoted(pkt, &mut s.out);
+    }
     if let Some(f) = XLB_NAT_FLOWS.get_ptr_mut(&pkt.flow) {
         // SAFETY: a hash map value, valid for the program's run (RCU);
         // racing writers store whole fields.
@@ -105,6 +106,32 @@ pub(crate) fn client(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
     }
     s.out.vip_id = vip_id;
     NEW
+}
+
+/// For an ICMP error from the client's side about flow `pkt.flow`:
+/// [`SEND`] with what [`send`] needs in `out` if the flow lives and its
+/// backend still holds it (the flow's state is not touched: an error is
+/// no packet of the flow's), else dropped (`drop_nat_icmp`).
+#[inline(always)]
+fn quoted(pkt: &Packet, out: &mut Out) -> u32 {
+    let Some(f) = XLB_NAT_FLOWS.get_ptr(&pkt.flow) else {
+        return drop_with(Stat::DropNatIcmp);
+    };
+    // SAFETY: as in `client`.
+    let f = unsafe { &*f };
+    let live = XLB_BACKENDS
+        .get(f.backend_id)
+        .is_some_and(|be| be.state != 0 && be.generation == f.generation);
+    if !live {
+        return drop_with(Stat::DropNatIcmp);
+    }
+    out.nat_addr = f.nat_addr;
+    out.id = f.backend_id;
+    out.vip_id = f.vip_id;
+    out.nat_port = f.nat_port;
+    out.backend_port = f.backend_port;
+    out.new_flow = 0;
+    SEND
 }
 
 /// The backend of existing flow `f`, or `None` once the flow is removed
@@ -268,7 +295,16 @@ pub(crate) fn send(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
         sport: o.nat_port,
         dport: o.backend_port,
     };
-    let v = rewrite::rewrite(ctx, pkt, &to);
+    let v = if pkt.icmp {
+        icmp::rewrite(ctx, pkt, &to)
+    } else {
+        rewrite::OK
+    };
+    let v = if v == rewrite::OK {
+        rewrite::rewrite(ctx, pkt, &to)
+    } else {
+        v
+    };
     if v != rewrite::OK {
         return v;
     }

@@ -16,9 +16,9 @@ use lb_common::{
 };
 
 use crate::{
-    XLB_NAT_BEADDR, XLB_NAT_FLOWS, XLB_NAT_POOL, XLB_NAT_REPLY, XLB_NAT_SCRATCH, XLB_NAT_SPORTS,
-    clock,
-    forward::{fib_params, send, set_macs},
+    XLB_BE_STATS, XLB_NAT_BEADDR, XLB_NAT_FLOWS, XLB_NAT_POOL, XLB_NAT_REPLY, XLB_NAT_SCRATCH,
+    XLB_NAT_SPORTS, XLB_VIP_STATS, clock,
+    forward::{account, fib_params, send, sent, set_macs},
     key::{WordKey, Zeroed, addr_eq, addr_key, addr_words},
     parse::Packet,
     stats::{aborted, drop_with, pass},
@@ -37,9 +37,6 @@ pub(crate) fn from_backend_port(pkt: &Packet) -> bool {
 // Not inlined: its own stack frame and verifier state.
 #[inline(never)]
 pub(crate) fn answer(ctx: &XdpContext, pkt: &Packet) -> Option<u32> {
-    if pkt.icmp {
-        return None;
-    }
     // SAFETY: a hash map value, valid for the program's run (RCU); a
     // racing rewrite by another CPU changes whole fields.
     let client = unsafe { XLB_NAT_REPLY.get(&pkt.flow) }?;
@@ -49,16 +46,24 @@ pub(crate) fn answer(ctx: &XdpContext, pkt: &Packet) -> Option<u32> {
     if f.nat_port != pkt.flow.dport || !addr_eq(&f.nat_addr, &pkt.flow.dst) {
         return None;
     }
-    let now = clock::now();
-    let ev = f.backend_packet(pkt.tcp_flags, super::payload(ctx, pkt), now);
-    super::passive(f.backend_id, &ev);
-    Some(to_client(ctx, pkt, client) | f.backend_id << VERDICT_BACKEND_SHIFT)
+    // An ICMP error quoting the flow (`super::icmp`) is no packet of it:
+    // it tells nothing of the backend's state.
+    if !pkt.icmp {
+        let now = clock::now();
+        let ev = f.backend_packet(pkt.tcp_flags, super::payload(ctx, pkt), now);
+        super::passive(f.backend_id, &ev);
+    }
+    Some(
+        to_client(ctx, pkt, client, f.vip_id, f.backend_id) | f.backend_id << VERDICT_BACKEND_SHIFT,
+    )
 }
 
-/// Translates the answer `pkt` back to the flow of `client` (VIP →
-/// client) and sends it towards the client.
+/// Translates the answer `pkt` (or an ICMP error quoting the flow) back to
+/// the flow of `client` (VIP → client) and sends it towards the client,
+/// counted in VIP `vip_id`'s and backend `id`'s traffic like the flow's
+/// forwarded packets.
 #[inline(always)]
-fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey) -> u32 {
+fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, vip_id: u32, id: u32) -> u32 {
     let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
         return aborted();
     };
@@ -84,14 +89,29 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey) -> u32 {
         sport: client.dport,
         dport: client.sport,
     };
-    let v = super::rewrite::rewrite(ctx, pkt, &to);
+    let v = if pkt.icmp {
+        super::icmp::rewrite(ctx, pkt, &to)
+    } else {
+        super::rewrite::OK
+    };
+    let v = if v == super::rewrite::OK {
+        super::rewrite::rewrite(ctx, pkt, &to)
+    } else {
+        v
+    };
     if v != super::rewrite::OK {
         return v;
     }
     if set_macs(ctx, nh).is_none() {
         return aborted();
     }
-    send(ctx, nh)
+    let bytes = crate::packet::len(ctx) as u64;
+    let verdict = send(ctx, nh);
+    if sent(verdict) {
+        account(XLB_VIP_STATS.get_ptr_mut(vip_id), bytes, false);
+        account(XLB_BE_STATS.get_ptr_mut(id), bytes, false);
+    }
+    verdict
 }
 
 /// `bpf_fib_lookup` towards the client `dst` from the VIP `src`, for an

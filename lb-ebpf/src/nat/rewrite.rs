@@ -26,7 +26,8 @@ pub(crate) struct To<'a> {
     pub dport: u16,
 }
 
-/// Rewrites `pkt` (parsed, TCP or UDP) to `to` and decrements its TTL /
+/// Rewrites `pkt` (parsed, TCP or UDP, or an ICMP error whose message
+/// `super::icmp::rewrite` did) to `to` and decrements its TTL /
 /// hop limit. `Err` holds the verdict when it may not be sent: a TTL that
 /// would reach 0 is passed to the host (counted `pass_nat_ttl`), which
 /// answers "time exceeded" as any router on the path would.
@@ -49,6 +50,10 @@ pub(crate) fn rewrite(ctx: &XdpContext, pkt: &Packet, to: &To) -> u32 {
         Ok(d) => d,
         Err(v) => return v,
     };
+    // An ICMP error's message was rewritten first (`super::icmp`).
+    if pkt.icmp {
+        return OK;
+    }
     let l4off = pkt.l3off + if v4 { IPV4_LEN } else { IPV6_LEN };
     let tcp = pkt.flow.proto == PROTO_TCP;
     // verifier: one bounds check covers the ports and the checksum of
@@ -145,20 +150,20 @@ fn ipv6(ctx: &XdpContext, l3off: usize, to: &To) -> Result<u64, u32> {
 /// The checksum difference of a 32-bit word changing: the old word's
 /// complement plus the new word (RFC 1624).
 #[inline(always)]
-fn diff32(old: u32, new: u32) -> u64 {
+pub(super) fn diff32(old: u32, new: u32) -> u64 {
     u64::from(!old) + u64::from(new)
 }
 
 /// The checksum difference of a 16-bit word changing.
 #[inline(always)]
-fn diff16(old: u16, new: u16) -> u64 {
+pub(super) fn diff16(old: u16, new: u16) -> u64 {
     u64::from(!old) + u64::from(new)
 }
 
 /// `check` after a change whose difference is `d`, both in memory order:
 /// HC' = ~(~HC + Σ~m + Σm') (RFC 1624, eqn. 3), folded to 16 bits.
 #[inline(always)]
-fn apply(check: u16, d: u64) -> u16 {
+pub(super) fn apply(check: u16, d: u64) -> u16 {
     let mut s = u64::from(!check) + d;
     s = (s & 0xffff_ffff) + (s >> 32);
     s = (s & 0xffff_ffff) + (s >> 32);
