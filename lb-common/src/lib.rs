@@ -662,7 +662,9 @@ stats! {
     PassNatTtl = "pass_nat_ttl",
     /// A NAT packet (either way) larger than the egress MTU: dropped.
     DropNatTooBig = "drop_nat_too_big",
-    /// An ICMP error quoting a NAT VIP's flow: dropped, not translated.
+    /// An ICMP error to a NAT VIP quoting no live NAT flow (none, or its
+    /// backend recycled): dropped. One quoting a live flow is translated
+    /// and sent on (`icmp_quoted`, then the flow's own counters).
     DropNatIcmp = "drop_nat_icmp",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
