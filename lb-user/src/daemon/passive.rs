@@ -245,3 +245,68 @@ impl Daemon {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use aya::maps::{Map, PerCpuArray, PerCpuValues};
+
+    use super::*;
+
+    #[test]
+    fn a_missing_map_is_warned_once_and_tried_again_later() {
+        let mut p = Passive::default();
+        let t0 = Instant::now();
+        let dir = Path::new("/nonexistent/xlb-passive-test");
+        assert!(p.read(dir, 4, t0).is_none());
+        assert_eq!(p.failed_at, Some(t0));
+        // Not again within RETRY: no second warning, no second attempt.
+        assert!(p.read(dir, 4, t0 + Duration::from_secs(1)).is_none());
+        assert_eq!(p.failed_at, Some(t0));
+        let later = t0 + RETRY;
+        assert!(p.read(dir, 4, later).is_none());
+        assert_eq!(p.failed_at, Some(later));
+    }
+
+    /// The daemon's read of a real per-CPU array, a different value on
+    /// every CPU. Needs root (CAP_BPF); says so and passes without it.
+    #[test]
+    fn every_cpu_is_summed_for_every_backend_id() {
+        const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+        let size = size_of::<PassiveStats>() as u32;
+        let Some(data) = batch::test_map(BPF_MAP_TYPE_PERCPU_ARRAY, 4, size, 16) else {
+            eprintln!("skipped: creating a BPF map needs root");
+            return;
+        };
+        let mut map = Map::PerCpuArray(data);
+        let cpus = aya::util::nr_cpus().unwrap() as u64;
+        let mut typed = PerCpuArray::<_, PassiveStats>::try_from(&mut map).unwrap();
+        for id in 0..3u64 {
+            let per_cpu: Vec<PassiveStats> = (0..cpus)
+                .map(|c| PassiveStats {
+                    requests: 100 * id + c,
+                    responses: 90 * id,
+                    unanswered: c,
+                    ..PassiveStats::default()
+                })
+                .collect();
+            typed
+                .set(id as u32, PerCpuValues::try_from(per_cpu).unwrap(), 0)
+                .unwrap();
+        }
+        let Map::PerCpuArray(data) = map else {
+            unreachable!()
+        };
+        let mut p = Passive {
+            map: Some(data),
+            ..Passive::default()
+        };
+        let sums = p.read(Path::new("/unused"), 4, Instant::now()).unwrap();
+        let spread: u64 = (0..cpus).sum();
+        assert_eq!(sums.len(), 4);
+        assert_eq!(
+            (sums[2].requests, sums[2].responses, sums[2].unanswered),
+            (200 * cpus + spread, 180 * cpus, spread)
+        );
+        assert_eq!(sums[3], PassiveStats::default());
+    }
+}
