@@ -30,6 +30,7 @@ mod cluster;
 mod event;
 mod explain;
 mod guard;
+mod passive;
 mod request;
 mod response;
 mod status;
@@ -44,6 +45,7 @@ pub use explain::{ExplainReport, VIA};
 pub use guard::{
     BlockEntry, EntryOrigin, GuardAction, ListKind, SourceRow, SourceVerdict, VipSources,
 };
+pub use passive::{PassiveStatus, PassiveTotals};
 pub use request::{Protocol, Request};
 pub use response::Response;
 pub use status::{

@@ -246,6 +246,10 @@ pub struct BackendStatus {
     /// its first poll.
     #[serde(default)]
     pub agent: Option<crate::AgentStatus>,
+    /// What its real traffic says (passive detection, NAT VIPs with it
+    /// on); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passive: Option<crate::PassiveStatus>,
 }
 
 /// The outcome of one health probe.

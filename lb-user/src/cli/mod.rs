@@ -692,6 +692,7 @@ fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
         ));
     }
     notes.extend(b.agent.as_ref().and_then(crate::ctl::AgentStatus::note));
+    notes.extend(b.passive.as_ref().and_then(crate::ctl::PassiveStatus::note));
     if !notes.is_empty() {
         let _ = write!(probe, "  ({})", notes.join(", "));
     }

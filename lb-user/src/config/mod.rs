@@ -72,6 +72,7 @@ mod grpc;
 mod guard;
 mod health;
 mod keys;
+mod passive;
 mod protection;
 mod raw;
 mod shown;
@@ -92,6 +93,7 @@ pub use guard::{
     defaults as guard_defaults, parse_rate,
 };
 pub use keys::{ConfigKey, accepted_keys};
+pub use passive::{PassiveConfig, apply_pool_timeouts, defaults as passive_defaults};
 pub use shown::{duration as shown_duration, rate as shown_rate};
 pub use vip::{
     BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, check_weight, ip_proto,
@@ -296,6 +298,7 @@ fn validate(raw: &RawConfig, p: &mut Problems<'_>) -> Config {
     let globals = vip::Globals {
         health: &global_health,
         protection: raw.protection.as_ref(),
+        passive: raw.passive.as_ref(),
         guard: raw.guard.as_ref(),
     };
     let vips = vip::validate_all(&raw.vip, &daemon, &globals, p);
@@ -686,6 +689,11 @@ reason = "\u001b[2J"
                 host_services: false,
                 second_chance: true,
                 protection: Policy::default(),
+                // A DSR VIP: never on.
+                passive: PassiveConfig {
+                    enabled: false,
+                    ..PassiveConfig::default()
+                },
                 guard: VipGuardConfig::default(),
                 backends: vec![BackendConfig {
                     addr: ip("10.0.0.11"),
@@ -840,6 +848,11 @@ reason = "\u001b[2J"
                 host_services: false,
                 second_chance: false,
                 protection: Policy::default(),
+                // A DSR VIP: never on.
+                passive: PassiveConfig {
+                    enabled: false,
+                    ..PassiveConfig::default()
+                },
                 guard: VipGuardConfig::default(),
                 backends: vec![
                     BackendConfig {

@@ -23,6 +23,7 @@ pub(super) struct RawConfig {
     pub(super) daemon: RawDaemon,
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
+    pub(super) passive: Option<super::passive::RawPassive>,
     pub(super) guard: Option<RawGuard>,
     pub(super) cluster: Option<super::cluster::RawCluster>,
     pub(super) announce: Option<super::announce::RawAnnounce>,
@@ -66,6 +67,7 @@ pub(super) struct RawVip {
     pub(super) second_chance: Option<bool>,
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
+    pub(super) passive: Option<super::passive::RawPassive>,
     pub(super) guard: Option<RawGuard>,
     pub(super) max_flows: Option<u64>,
     /// Overrides `announce.min_up`; i64 for a message of ours on 0 or -1.

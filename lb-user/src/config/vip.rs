@@ -10,7 +10,7 @@ use super::daemon::DaemonConfig;
 use super::guard::{self as guard_cfg, VipGuardConfig};
 use super::health::{self, HealthLayer, Layer};
 use super::raw::{RawBackend, RawGuard, RawProtection, RawVip};
-use super::{Problems, defaults, protection, suggest_prime};
+use super::{PassiveConfig, Problems, defaults, protection, suggest_prime};
 use crate::health::policy::Policy;
 use crate::health::spec::CheckSpec;
 use crate::maglev::is_prime;
@@ -109,6 +109,8 @@ pub struct VipConfig {
     /// merged with `[vip.protection]`.
     #[serde(serialize_with = "protection::ser_policy")]
     pub protection: Policy,
+    /// Passive detection (NAT VIPs): `[passive]` merged with `[vip.passive]`.
+    pub passive: PassiveConfig,
     /// Abuse control: `[guard]` merged under `[vip.guard]`, and the VIP's
     /// own deny and allow lists.
     pub guard: VipGuardConfig,
@@ -145,6 +147,7 @@ impl BackendConfig {
 pub(super) struct Globals<'a> {
     pub(super) health: &'a HealthLayer,
     pub(super) protection: Option<&'a RawProtection>,
+    pub(super) passive: Option<&'a super::passive::RawPassive>,
     pub(super) guard: Option<&'a RawGuard>,
 }
 
@@ -223,6 +226,7 @@ fn validate<'a>(
             ],
             p,
         ),
+        passive: super::passive::resolve(globals.passive, raw.passive.as_ref(), mode, &ctx, p),
         guard: guard_cfg::resolve_vip(globals.guard, raw.guard.as_ref(), &ctx, p),
         backends,
     }

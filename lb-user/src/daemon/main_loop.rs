@@ -1,7 +1,7 @@
 //! The main loop: goes live (attaches the programs, starts the probes, the
 //! control socket, metrics and the conntrack walk), then applies health
-//! reports, answers requests, reloads on SIGHUP and runs the 1 s tick until
-//! SIGTERM or SIGINT. It is the only task that writes the maps.
+//! reports, answers requests, reloads on SIGHUP and runs the 1 s tick (and
+//! passive detection's 100 ms one) until SIGTERM or SIGINT. It is the only task that writes the maps.
 
 use crate::ctl::EventKind;
 use std::sync::Arc;
@@ -114,6 +114,9 @@ impl Daemon {
         let mut hup = signal(SignalKind::hangup())?;
         let mut term = signal(SignalKind::terminate())?;
         let mut tick = tokio::time::interval(TICK);
+        // Passive detection's samples: a late one is skipped, not doubled.
+        let mut passive_tick = tokio::time::interval(crate::health::passive::SAMPLE_PERIOD);
+        passive_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
                 Some(r) = reports.recv() => {
@@ -140,6 +143,7 @@ impl Daemon {
                     let _ = self.reload_by("SIGHUP");
                 }
                 _ = tick.tick() => self.on_tick(),
+                _ = passive_tick.tick() => self.on_passive_tick(),
                 _ = term.recv() => return Ok(()),
                 _ = tokio::signal::ctrl_c() => return Ok(()),
             }

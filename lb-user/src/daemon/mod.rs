@@ -22,6 +22,8 @@
 //! - `control`: the control socket's and the metrics endpoint's bridges.
 //! - `model`, `persist`, `conntrack`: VIPs and backends and their map
 //!   writes, the state file, the conntrack walk.
+//! - `passive`: NAT VIPs' per-backend traffic counters, sampled every
+//!   100 ms and judged into passive evidence for the health machines.
 
 pub mod alarms;
 mod announce;
@@ -38,6 +40,7 @@ mod links;
 mod main_loop;
 pub mod model;
 mod notify;
+mod passive;
 pub mod persist;
 mod reload;
 mod sources;
@@ -148,6 +151,8 @@ pub struct Daemon {
     announcing: announce::Announcing,
     /// What systemd has been told (`notify`).
     notify: notify::Notify,
+    /// Passive detection's histories and verdicts (`passive`).
+    passive: passive::Passive,
 }
 
 /// Whether the state file describes maps of this binary's layout; if not,
@@ -204,6 +209,7 @@ impl Daemon {
             path_alarms: alarms::PathAlarms::default(),
             sources: sources::Watch::default(),
             histograms: HashMap::new(),
+            passive: passive::Passive::default(),
             probe_failures: HashMap::new(),
             index,
             ct_entries: Arc::new(AtomicU64::new(0)),

@@ -271,6 +271,7 @@ impl Daemon {
                 .filter(|_| b.admin_drained)
                 .map(ctl::unix_ms),
             agent: snap.and_then(|s| s.agent.as_ref().map(|a| a.to_ctl(instant_ms))),
+            passive: self.passive_status(v, b),
         }
     }
 }

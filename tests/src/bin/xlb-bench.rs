@@ -377,6 +377,7 @@ fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
         host_services: false,
         second_chance: false,
         protection: Default::default(),
+        passive: Default::default(),
         guard: Default::default(),
         backends: (0..n)
             .map(|i| BackendConfig {
