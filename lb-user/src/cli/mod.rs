@@ -391,6 +391,8 @@ pub fn check_config(path: &Path) -> Result<String, ConfigErrors> {
     let config = Config::from_file(path)?;
     crate::announce::check_local_addresses(&config, &path.display().to_string())
         .map_err(|problems| ConfigErrors { problems })?;
+    crate::config::check_pools_local(&config.vips, &path.display().to_string())
+        .map_err(|problems| ConfigErrors { problems })?;
     let backends: usize = config.vips.iter().map(|v| v.backends.len()).sum();
     let mut out = format!(
         "{}: ok ({}, {})\n",

@@ -158,8 +158,9 @@ impl Daemon {
                 off_link.join("\n")
             );
         }
-        if let Err(lines) =
-            crate::announce::check_local_addresses(new, &self.config_path.display().to_string())
+        let origin = self.config_path.display().to_string();
+        if let Err(lines) = crate::announce::check_local_addresses(new, &origin)
+            .and_then(|()| crate::config::check_pools_local(&new.vips, &origin))
         {
             anyhow::bail!(
                 "{}\nconfiguration rejected: still running the previous one",

@@ -241,6 +241,7 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     }
     let dp = Dataplane::load(&LoadOptions {
         ct_size: d.pinned.conntrack_size,
+        nat_size: d.pinned.nat_size,
         ring_stride: d.pinned.max_table_size,
         pin_dir: Some(pin_dir.clone()),
     })?;

@@ -5,6 +5,7 @@
 pub mod batch;
 mod decap;
 mod guard;
+pub mod nat;
 mod reply;
 mod trace;
 mod vip_addr;
@@ -87,6 +88,8 @@ fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DataplaneError {
 pub struct LoadOptions {
     /// Conntrack capacity (entries).
     pub ct_size: u32,
+    /// Capacity of each NAT flow map (entries).
+    pub nat_size: u32,
     /// Ring slots reserved per VIP half: the largest allowed table size.
     pub ring_stride: u32,
     /// Pin every map here, adopting maps already pinned there.
@@ -97,6 +100,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             ct_size: lb_common::DEFAULT_CT_SIZE,
+            nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: lb_common::DEFAULT_TABLE_SIZE,
             pin_dir: None,
         }
@@ -138,6 +142,11 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_REPLY_RATE,
     lb_common::trace::MAP_TRACE_CONFIG,
     lb_common::trace::MAP_TRACE_EVENTS,
+    lb_common::nat::MAP_NAT_FLOWS,
+    lb_common::nat::MAP_NAT_REPLY,
+    lb_common::nat::MAP_NAT_POOL,
+    lb_common::nat::MAP_NAT_SPORTS,
+    lb_common::nat::MAP_PASSIVE,
 ];
 
 /// `XLB_VIP_INDEX` for the VIPs `entries` (key, id): each slot 0, the id
@@ -190,6 +199,7 @@ pub struct Dataplane {
     ct_rate: PerCpuArray<MapData, CtRate>,
     reply_rate: PerCpuArray<MapData, lb_common::ReplyRate>,
     trace: trace::TraceMaps,
+    nat: nat::NatMaps,
     ring_stride: u32,
 }
 
@@ -253,7 +263,9 @@ impl Dataplane {
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(lb_common::MAP_RING, ring_entries)
-            .map_max_entries(lb_common::MAP_CT, opts.ct_size);
+            .map_max_entries(lb_common::MAP_CT, opts.ct_size)
+            .map_max_entries(lb_common::nat::MAP_NAT_FLOWS, opts.nat_size)
+            .map_max_entries(lb_common::nat::MAP_NAT_REPLY, opts.nat_size);
         let pins: Vec<(&str, PathBuf)> = match &opts.pin_dir {
             Some(dir) => MAP_NAMES.iter().map(|n| (*n, dir.join(n))).collect(),
             None => Vec::new(),
@@ -284,6 +296,7 @@ impl Dataplane {
             be_stats: second_handle(&ebpf, lb_common::MAP_BE_STATS)?,
         };
         let trace = trace::TraceMaps::take(&mut ebpf)?;
+        let nat = nat::NatMaps::take(&mut ebpf)?;
         let mut take = |name: &'static str| -> Result<Map> {
             ebpf.take_map(name)
                 .ok_or(DataplaneError::MissingMap { name })
@@ -327,6 +340,7 @@ impl Dataplane {
             ct_rate: typed!(lb_common::MAP_CT_RATE),
             reply_rate: typed!(lb_common::MAP_REPLY_RATE),
             trace,
+            nat,
             ebpf,
             ring_stride,
         })
