@@ -47,7 +47,8 @@ pub use guard::{
 pub use request::{Protocol, Request};
 pub use response::Response;
 pub use status::{
-    BACKEND_STATES, BackendStatus, ConntrackStatus, PLACEMENTS, ProbeStatus, StatusReport,
+    BACKEND_STATES, BackendStatus, ConntrackStatus, NatStatus, PLACEMENTS, ProbeStatus,
+    StatusReport, VipNatStatus,
     VipStatus,
 };
 pub use weight::WeightReport;

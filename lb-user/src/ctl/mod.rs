@@ -244,6 +244,7 @@ pub(crate) mod tests {
                 ..VipStatus::default()
             }],
             announce: None,
+            nat: None,
         }
     }
 

@@ -70,6 +70,9 @@ impl Daemon {
         if let Err(e) = self.dp.sync_hc_reals(&model::hc_reals(&self.vips)) {
             error!("updating the data-path probe map: {e:#}");
         }
+        if let Err(e) = self.sync_nat() {
+            error!("updating the NAT maps: {e:#}");
+        }
         result
     }
 
