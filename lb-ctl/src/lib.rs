@@ -48,8 +48,7 @@ pub use request::{Protocol, Request};
 pub use response::Response;
 pub use status::{
     BACKEND_STATES, BackendStatus, ConntrackStatus, NatStatus, PLACEMENTS, ProbeStatus,
-    StatusReport, VipNatStatus,
-    VipStatus,
+    StatusReport, VipNatStatus, VipStatus,
 };
 pub use weight::WeightReport;
 pub use wire::{COMMANDS, PROTOCOL_VERSION, SUPPORTED_VERSIONS, parse_request, parse_response};

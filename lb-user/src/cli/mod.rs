@@ -10,6 +10,7 @@ mod events;
 mod explain;
 pub mod follow;
 pub mod generate;
+mod nat;
 pub mod peers;
 pub mod sources;
 pub mod target;
@@ -582,6 +583,7 @@ fn daemon_lines(report: &StatusReport, now_unix_ms: u64, color: bool) -> String 
         out.push_str(" (adopted pinned state)");
     }
     out.push('\n');
+    out.push_str(&nat::daemon_line(report));
     out.push_str(&peers::node_line(report));
     let drops: Vec<String> = report
         .counters
@@ -631,6 +633,9 @@ fn vip_line(vip: &VipStatus, color: bool) -> String {
         rate(vip.new_flows_per_sec),
         peers::vip_note(vip),
     );
+    if let Some(nat) = nat::vip_line(vip) {
+        let _ = write!(line, "\n{nat}");
+    }
     if let Some(reason) = &vip.panic_reason {
         let _ = write!(line, "\n  {} {reason}", paint("PANIC:", Style::Red, color));
     }
