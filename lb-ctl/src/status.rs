@@ -41,9 +41,10 @@ pub struct StatusReport {
     /// The hand-off to the BGP speaker; `null` without `[announce]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub announce: Option<crate::AnnounceStatus>,
-    /// The NAT flow maps and their sweep; absent without NAT VIPs.
+    /// The NAT flow maps and their sweep; absent without NAT VIPs. Boxed:
+    /// most daemons have none, and `Response` keeps its variants small.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nat: Option<NatStatus>,
+    pub nat: Option<Box<NatStatus>>,
 }
 
 /// Occupancy of the NAT flow maps (`mode = "nat"` VIPs).

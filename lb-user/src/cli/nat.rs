@@ -51,13 +51,13 @@ mod tests {
     fn lines_of_a_nat_daemon_and_vip() {
         let mut report = StatusReport::default();
         assert_eq!(daemon_line(&report), "");
-        report.nat = Some(NatStatus {
+        report.nat = Some(Box::new(NatStatus {
             entries: Some(1310),
             capacity: 262_144,
             swept: 54,
             orphans_swept: 0,
             exhausted: 3,
-        });
+        }));
         assert_eq!(
             daemon_line(&report),
             "nat flows 1310/262144 (0.5%)  swept 54  refused (ports exhausted) 3\n"

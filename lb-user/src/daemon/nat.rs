@@ -225,18 +225,18 @@ impl Daemon {
     }
 
     /// `status`'s NAT block; `None` without NAT VIPs.
-    pub(super) fn nat_status(&self) -> Option<ctl::NatStatus> {
+    pub(super) fn nat_status(&self) -> Option<Box<ctl::NatStatus>> {
         if !self.vips.iter().any(|v| v.cfg.nat.is_some()) {
             return None;
         }
         let walk = self.nat_flows.latest();
-        Some(ctl::NatStatus {
+        Some(Box::new(ctl::NatStatus {
             entries: walk.as_ref().map(|w| w.entries),
             capacity: u64::from(self.cfg.daemon.pinned.nat_size),
             swept: walk.as_ref().map_or(0, |w| w.swept),
             orphans_swept: walk.as_ref().map_or(0, |w| w.orphans),
             exhausted: self.nat_exhausted().unwrap_or(0),
-        })
+        }))
     }
 
     /// A VIP's NAT block in `status`; `None` for a DSR VIP.

@@ -14,7 +14,6 @@ pub use guard::{ListKey, source_key};
 
 use std::{
     collections::HashMap as StdHashMap,
-    os::fd::AsFd as _,
     path::{Path, PathBuf},
 };
 
@@ -291,9 +290,9 @@ impl Dataplane {
     /// cache stays in `ebpf`: only the kernel uses it.
     fn with_maps(mut ebpf: Ebpf, ring_stride: u32) -> Result<Self> {
         let counter_maps = CounterMaps {
-            stats: second_handle(&ebpf, lb_common::MAP_STATS)?,
-            vip_stats: second_handle(&ebpf, lb_common::MAP_VIP_STATS)?,
-            be_stats: second_handle(&ebpf, lb_common::MAP_BE_STATS)?,
+            stats: nat::second_handle(&ebpf, lb_common::MAP_STATS)?,
+            vip_stats: nat::second_handle(&ebpf, lb_common::MAP_VIP_STATS)?,
+            be_stats: nat::second_handle(&ebpf, lb_common::MAP_BE_STATS)?,
         };
         let trace = trace::TraceMaps::take(&mut ebpf)?;
         let nat = nat::NatMaps::take(&mut ebpf)?;
@@ -751,20 +750,6 @@ struct CounterMaps {
     stats: MapData,
     vip_stats: MapData,
     be_stats: MapData,
-}
-
-/// A second handle on the per-CPU array `name` of `ebpf` (its descriptor
-/// duplicated), before the typed one is taken out.
-fn second_handle(ebpf: &Ebpf, name: &'static str) -> Result<MapData> {
-    let Some(Map::PerCpuArray(data)) = ebpf.map(name) else {
-        return Err(DataplaneError::MissingMap { name });
-    };
-    let fd = data
-        .fd()
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|source| DataplaneError::Io { name, source })?;
-    MapData::from_fd(fd).map_err(map_err(name))
 }
 
 /// Traffic counters of every VIP and backend id, read at one moment

@@ -49,7 +49,7 @@ pub(super) struct NatMaps {
 
 impl NatMaps {
     pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self> {
-        let sports_raw = second_array_handle(ebpf, MAP_NAT_SPORTS)?;
+        let sports_raw = second_handle(ebpf, MAP_NAT_SPORTS)?;
         let mut take = |name: &'static str| {
             ebpf.take_map(name)
                 .ok_or(DataplaneError::MissingMap { name })
@@ -66,9 +66,11 @@ impl NatMaps {
     }
 }
 
-/// A second handle on the array `name` of `ebpf`.
-fn second_array_handle(ebpf: &Ebpf, name: &'static str) -> Result<MapData> {
-    let Some(Map::Array(data)) = ebpf.map(name) else {
+/// A second handle on the array or per-CPU array `name` of `ebpf` (its
+/// descriptor duplicated), before the typed one is taken out: for batch
+/// reads, which aya's typed maps lack.
+pub(super) fn second_handle(ebpf: &Ebpf, name: &'static str) -> Result<MapData> {
+    let (Some(Map::Array(data)) | Some(Map::PerCpuArray(data))) = ebpf.map(name) else {
         return Err(DataplaneError::MissingMap { name });
     };
     let fd = data

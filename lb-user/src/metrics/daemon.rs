@@ -82,6 +82,7 @@ pub(super) const FAMILIES: [Family<StatusReport>; 11] = [
                absent without NAT VIPs or before the first walk.",
         value: |s| {
             s.nat
+                .as_ref()
                 .and_then(|n| n.entries)
                 .map_or(Value::Absent, Value::Int)
         },
@@ -90,13 +91,21 @@ pub(super) const FAMILIES: [Family<StatusReport>; 11] = [
         name: "xlb_nat_capacity",
         kind: Kind::Gauge,
         help: "Capacity of each NAT flow map (daemon.nat_size): new NAT flows are refused beyond it; absent without NAT VIPs.",
-        value: |s| s.nat.map_or(Value::Absent, |n| Value::Int(n.capacity)),
+        value: |s| {
+            s.nat
+                .as_ref()
+                .map_or(Value::Absent, |n| Value::Int(n.capacity))
+        },
     },
     Family {
         name: "xlb_nat_swept_total",
         kind: Kind::Counter,
         help: "Expired NAT flows the daemon's sweep deleted since it started; absent without NAT VIPs.",
-        value: |s| s.nat.map_or(Value::Absent, |n| Value::Int(n.swept)),
+        value: |s| {
+            s.nat
+                .as_ref()
+                .map_or(Value::Absent, |n| Value::Int(n.swept))
+        },
     },
 ];
 

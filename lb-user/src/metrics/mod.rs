@@ -395,13 +395,13 @@ mod tests {
     /// `report` with NAT maps and its first VIP in NAT mode, so that the
     /// NAT families have samples.
     fn with_nat(mut report: crate::ctl::StatusReport) -> crate::ctl::StatusReport {
-        report.nat = Some(crate::ctl::NatStatus {
+        report.nat = Some(Box::new(crate::ctl::NatStatus {
             entries: Some(1200),
             capacity: 262_144,
             swept: 40,
             orphans_swept: 1,
             exhausted: 0,
-        });
+        }));
         report.vips[0].mode = "nat".to_owned();
         report.vips[0].nat = Some(crate::ctl::VipNatStatus {
             preserve_client: false,
