@@ -49,8 +49,8 @@ pub use passive::{PassiveStatus, PassiveTotals};
 pub use request::{Protocol, Request};
 pub use response::Response;
 pub use status::{
-    BACKEND_STATES, BackendStatus, ConntrackStatus, PLACEMENTS, ProbeStatus, StatusReport,
-    VipStatus,
+    BACKEND_STATES, BackendStatus, ConntrackStatus, NatStatus, PLACEMENTS, ProbeStatus,
+    StatusReport, VipNatStatus, VipStatus,
 };
 pub use weight::WeightReport;
 pub use wire::{COMMANDS, PROTOCOL_VERSION, SUPPORTED_VERSIONS, parse_request, parse_response};

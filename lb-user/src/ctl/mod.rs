@@ -264,6 +264,7 @@ pub(crate) mod tests {
                 ..VipStatus::default()
             }],
             announce: None,
+            nat: None,
         }
     }
 

@@ -49,6 +49,10 @@ impl Daemon {
             self.ct_entries.clone(),
             self.flows.clone(),
         );
+        // Always: a reload may add the first NAT VIP, and flows of NAT VIPs
+        // removed before a restart still need sweeping. An empty map costs
+        // one call a second.
+        self.spawn_nat_sweep();
         // Deadlines that passed while no daemon ran apply now.
         self.check_drains();
         self.sample();
@@ -157,6 +161,7 @@ impl Daemon {
         self.check_drains();
         self.guard_tick();
         self.check_alarms();
+        self.check_nat_alarms();
         self.check_sources();
         self.expire_second_chance();
         for v in &self.vips {

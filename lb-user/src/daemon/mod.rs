@@ -39,6 +39,8 @@ mod guard;
 mod links;
 mod main_loop;
 pub mod model;
+pub mod nat;
+mod nat_sweep;
 mod notify;
 mod passive;
 pub mod persist;
@@ -130,6 +132,10 @@ pub struct Daemon {
     ct_entries: Arc<AtomicU64>,
     /// Established flows per backend from the same walk, and its pace.
     flows: Arc<conntrack::Shared>,
+    /// The NAT sweep's latest walk (`nat_sweep`).
+    nat_flows: Arc<nat_sweep::Shared>,
+    /// The NAT maps' fill and port-exhaustion alarms.
+    nat_alarms: nat::NatAlarms,
     /// When `status` was last asked for: someone polling it (`xlb drain
     /// --wait`) wants fresh flow counts of the backends being drained.
     status_asked: Option<Instant>,
@@ -214,6 +220,8 @@ impl Daemon {
             index,
             ct_entries: Arc::new(AtomicU64::new(0)),
             flows: Arc::default(),
+            nat_flows: Arc::default(),
+            nat_alarms: nat::NatAlarms::default(),
             status_asked: None,
             transitions: HashMap::new(),
             published: Arc::new(Mutex::new((
