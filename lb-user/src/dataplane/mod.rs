@@ -138,6 +138,7 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_REPLY_RATE,
     lb_common::trace::MAP_TRACE_CONFIG,
     lb_common::trace::MAP_TRACE_EVENTS,
+    lb_common::trace::MAP_TRACE_ON,
 ];
 
 /// `XLB_VIP_INDEX` for the VIPs `entries` (key, id): each slot 0, the id
