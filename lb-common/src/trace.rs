@@ -31,6 +31,19 @@ pub const MAP_TRACE_CONFIG: &str = "XLB_TRACE_CFG";
 /// one included: a daemon that restarts turns tracing off, and a running
 /// `xlb trace` turns it on again at its next refresh (every second).
 pub const MAP_TRACE_ON: &str = ".data.TRACE_ON";
+/// The pin of [`MAP_TRACE_ON`]: bpffs refuses names with a dot (`EPERM`).
+pub const PIN_TRACE_ON: &str = "XLB_TRACE_ON";
+
+/// The file name map `name` is pinned under (its name, but for
+/// [`MAP_TRACE_ON`]).
+#[must_use]
+pub fn pin_name(name: &str) -> &str {
+    if name == MAP_TRACE_ON {
+        PIN_TRACE_ON
+    } else {
+        name
+    }
+}
 /// Pinned `BPF_MAP_TYPE_RINGBUF` of [`TraceEvent`] records.
 pub const MAP_TRACE_EVENTS: &str = "XLB_TRACE";
 /// Size of `XLB_TRACE` in bytes: a power of two and a multiple of the page

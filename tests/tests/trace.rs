@@ -25,7 +25,7 @@ use std::{
 };
 
 use aya::maps::{Array, Map, MapData};
-use lb_common::trace::{MAP_TRACE_CONFIG, MAP_TRACE_ON, TraceConfig};
+use lb_common::trace::{MAP_TRACE_CONFIG, PIN_TRACE_ON, TraceConfig};
 use xlb_lab::{
     scenario::{Health, LabRun, Mode, Vip, XlbConfig},
     topology,
@@ -56,7 +56,7 @@ fn trace_config(run: &LabRun) -> TraceConfig {
 fn trace_flag(run: &LabRun) -> bool {
     let pin = Path::new(lb_user::daemon::persist::PIN_ROOT)
         .join(run.instance())
-        .join(MAP_TRACE_ON);
+        .join(PIN_TRACE_ON);
     let data = MapData::from_pin(&pin).expect("the trace flag pin");
     let map: Array<MapData, u32> = Map::Array(data).try_into().unwrap();
     map.get(&0, 0).unwrap() != 0

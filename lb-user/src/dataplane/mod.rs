@@ -256,7 +256,10 @@ impl Dataplane {
             .map_max_entries(lb_common::MAP_RING, ring_entries)
             .map_max_entries(lb_common::MAP_CT, opts.ct_size);
         let pins: Vec<(&str, PathBuf)> = match &opts.pin_dir {
-            Some(dir) => MAP_NAMES.iter().map(|n| (*n, dir.join(n))).collect(),
+            Some(dir) => MAP_NAMES
+                .iter()
+                .map(|n| (*n, dir.join(lb_common::trace::pin_name(n))))
+                .collect(),
             None => Vec::new(),
         };
         for (name, path) in &pins {

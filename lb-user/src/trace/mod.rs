@@ -1,5 +1,5 @@
 //! `xlb trace`: turns tracing on in the data plane's pinned
-//! `XLB_TRACE_CFG` and flag (`MAP_TRACE_ON`), prints the records of
+//! `XLB_TRACE_CFG` and flag (`XLB_TRACE_ON`), prints the records of
 //! `XLB_TRACE` until `--count` or Ctrl-C, and turns it off again (a Drop
 //! guard; a trace whose process is killed stops by itself when `until_ns`
 //! passes, within [`TRACE_TTL`]).
@@ -29,7 +29,7 @@ use anyhow::{Context as _, bail};
 use aya::maps::{Array, Map, MapData, RingBuf};
 use lb_common::{
     BackendInfo, MAP_BACKENDS,
-    trace::{MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, MAP_TRACE_ON, TraceConfig, TraceEvent},
+    trace::{MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, PIN_TRACE_ON, TraceConfig, TraceEvent},
 };
 
 use crate::cli::trace::TraceArgs;
@@ -113,7 +113,7 @@ impl Session {
             );
         }
         let config: Array<MapData, TraceConfig> = open_pin(dir, MAP_TRACE_CONFIG)?.try_into()?;
-        let on: Array<MapData, u32> = open_pin(dir, MAP_TRACE_ON)?.try_into()?;
+        let on: Array<MapData, u32> = open_pin(dir, PIN_TRACE_ON)?.try_into()?;
         let ring: RingBuf<MapData> = open_pin(dir, MAP_TRACE_EVENTS)?.try_into()?;
         let backends = open_pin(dir, MAP_BACKENDS)
             .ok()

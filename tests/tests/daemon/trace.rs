@@ -4,7 +4,7 @@
 
 use lb_common::{
     CtEntry, FlowKey, PROTO_TCP, addr16,
-    trace::{MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, MAP_TRACE_ON},
+    trace::{MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, PIN_TRACE_ON},
 };
 use xlb_tests::{harness::ktime_coarse_ns, lab::serial};
 
@@ -43,7 +43,7 @@ fn restart_over_pins_without_the_trace_maps_creates_them_and_keeps_flows() {
         e.kill9().unwrap();
     });
     step("the trace pins removed, as an older xlb left them", || {
-        for name in [MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, MAP_TRACE_ON] {
+        for name in [MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, PIN_TRACE_ON] {
             std::fs::remove_file(e.pins().join(name)).unwrap();
         }
     });
@@ -53,7 +53,7 @@ fn restart_over_pins_without_the_trace_maps_creates_them_and_keeps_flows() {
             std::fs::remove_file(&e.socket).ok();
             e.start().unwrap();
             assert_eq!(e.status().unwrap()["adopted"], true);
-            for name in [MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, MAP_TRACE_ON] {
+            for name in [MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, PIN_TRACE_ON] {
                 assert!(e.pins().join(name).exists(), "{name} pinned again");
             }
             let dp = e.maps().unwrap();
