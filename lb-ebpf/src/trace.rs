@@ -55,10 +55,10 @@ unsafe impl Sync for TraceFlag {}
 /// Non-zero while a trace is on: `xlb trace` sets it after writing
 /// `XLB_TRACE_CFG` and clears it when it ends; `emit` clears it when
 /// `until_ns` has passed (a trace whose process died). Alone in its section,
-/// whose layout (4 bytes) is that of the pinned map: a daemon that adopts
-/// the pin keeps it.
-// verifier: read with a volatile load, so that LLVM does not fold the
-// initial value (nothing in this program stores 1 to it).
+/// whose size (4 bytes) is the pinned map's value size: a daemon that
+/// adopts the pin keeps the map (aya writes the initial 0 into it).
+// Read with a volatile load, so that LLVM does not fold the initial value
+// (nothing in this program stores 1 to it).
 #[unsafe(link_section = ".data.TRACE_ON")]
 #[unsafe(no_mangle)]
 static XLB_TRACE_ON: TraceFlag = TraceFlag(UnsafeCell::new(0));
@@ -167,9 +167,9 @@ fn emit(pkt: &Packet, verdict: u32, ifindex: u32) {
 
 /// `xlb_lb` without the trace hook and its flag test: what the data plane
 /// costs with no `xlb trace` in it at all, beside which `xlb-bench`
-/// measures `xlb_lb` with tracing off (`lb_common::trace::PROG_LB_UNTRACED`). Bench-only, as
-/// `xlb_bench_gen`: loaded by the benchmark, never by the daemon; the same
-/// maps, so it runs in the benchmark's world unchanged.
+/// measures `xlb_lb` with tracing off (`lb_common::trace::PROG_LB_UNTRACED`).
+/// Bench-only, as `xlb_bench_gen`: loaded by the benchmark, never by the
+/// daemon; the same maps, so it runs in the benchmark's world unchanged.
 #[xdp]
 pub(crate) fn xlb_lb_untraced(ctx: XdpContext) -> u32 {
     crate::lb::run::<false>(&ctx)
