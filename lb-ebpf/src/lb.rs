@@ -42,8 +42,10 @@
 //!   RST. Conntrack hits are never judged.
 //!
 //! Every stage returns a verdict word (`lb_common::trace`): the XDP action
-//! with the reason and backend above it. `run` hands it to `trace::after`
-//! (one flag test while no trace is on) and returns the action alone.
+//! with the reason and backend above it. `run::<true>` hands it to
+//! `trace::after` and returns the action alone; `run::<false>` (no trace
+//! on: `xlb_lb` tests the flag first) returns the action, the other bits
+//! folded away.
 
 use core::mem::MaybeUninit;
 
@@ -66,8 +68,10 @@ use crate::{
     trace,
 };
 
+/// `TRACED`: with the trace hook (`trace::run_traced`, while a trace is on),
+/// or without (the untraced path of `xlb_lb`, and the benchmark's twin).
 #[inline(always)]
-pub(crate) fn run(ctx: &XdpContext) -> u32 {
+pub(crate) fn run<const TRACED: bool>(ctx: &XdpContext) -> u32 {
     let l2 = match parse::l2(ctx) {
         Ok(l2) => l2,
         // Not traced: no address to show or filter by.
@@ -78,7 +82,9 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     let mut slot = MaybeUninit::uninit();
     let pkt = Packet::init(&mut slot, l2.l3off);
     let verdict = decide(ctx, pkt, l2.ethertype);
-    trace::after(ctx, pkt, verdict);
+    if TRACED {
+        trace::after(ctx, pkt, verdict);
+    }
     verdict & VERDICT_ACTION_MASK
 }
 

@@ -147,6 +147,7 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::nat::MAP_NAT_SPORTS,
     lb_common::nat::MAP_PASSIVE,
     lb_common::nat::MAP_NAT_BACKEND_ADDRS,
+    lb_common::trace::MAP_TRACE_ON,
 ];
 
 /// `XLB_VIP_INDEX` for the VIPs `entries` (key, id): each slot 0, the id
@@ -267,7 +268,10 @@ impl Dataplane {
             .map_max_entries(lb_common::nat::MAP_NAT_FLOWS, opts.nat_size)
             .map_max_entries(lb_common::nat::MAP_NAT_REPLY, opts.nat_size);
         let pins: Vec<(&str, PathBuf)> = match &opts.pin_dir {
-            Some(dir) => MAP_NAMES.iter().map(|n| (*n, dir.join(n))).collect(),
+            Some(dir) => MAP_NAMES
+                .iter()
+                .map(|n| (*n, dir.join(lb_common::trace::pin_name(n))))
+                .collect(),
             None => Vec::new(),
         };
         for (name, path) in &pins {
