@@ -51,7 +51,7 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::programs::XdpContext;
 use lb_common::{
-    PROTO_UDP, Stat,
+    Globals, PROTO_UDP, Stat,
     nat::{VIP_ADDR_NAT_POOL, VIP_PORT_NAT},
     trace::{TRACE_FLAG_PICKED, VERDICT_ACTION_MASK, flag_bits},
 };
@@ -137,6 +137,13 @@ fn decide(ctx: &XdpContext, pkt: &mut Packet, ethertype: u16) -> u32 {
             verdict => return verdict,
         }
     }
+    balance(ctx, pkt, g, now)
+}
+
+/// The DSR stages of a packet to a VIP's port: conntrack, the VIP, the
+/// guard, the table, forward.
+#[inline(always)]
+fn balance(ctx: &XdpContext, pkt: &mut Packet, g: &Globals, now: u64) -> u32 {
     // Established flows: conntrack first, and a hit needs no VIP lookup.
     // A SYN always picks from the current table.
     let mut missed = false;
