@@ -29,6 +29,7 @@ use report::{FLOOR, FORWARD, GEN_ONLY, IPIP_EST, IPIP_NEW, L2_EST, L2_NEW, NAT};
 use crate::{
     bench::{
         dataplane::{XDP_DROP, XDP_PASS, XDP_TX},
+        nat_tput::{Masquerade, NFT_MASQ},
         print_command,
     },
     harness::{Backend, World},
@@ -114,6 +115,8 @@ pub(crate) struct Case {
     xlb: bool,
     /// The nftables DNAT table is present during the run.
     nat: bool,
+    /// … and the masquerade table (`bench::nat_tput`): full NAT.
+    masquerade: bool,
 }
 
 /// What one run of one case measured.
@@ -167,6 +170,7 @@ impl Case {
             establish: None,
             xlb: prog == PROG_LB,
             nat: false,
+            masquerade: false,
         }
     }
 
@@ -188,9 +192,17 @@ impl Case {
     fn with_nat(self) -> Self {
         Self { nat: true, ..self }
     }
+
+    fn with_masquerade(self) -> Self {
+        Self {
+            nat: true,
+            masquerade: true,
+            ..self
+        }
+    }
 }
 
-/// The eight cases, in the issue's order.
+/// The cases: issue 11's eight, in its order, then issue 27's NAT ones.
 fn cases() -> Vec<Case> {
     let (vip, vip_l2, be1) = (VIP_V4.to_string(), VIP2_V4.to_string(), backend_v4(1));
     let est = Flow::tcp("192.0.2.1", 40001, &vip, 80);
@@ -210,6 +222,7 @@ fn cases() -> Vec<Case> {
         Case::new(L2_NEW, PROG_LB, syn(&new_l2), XDP_TX).many_sources(),
         Case::new(FORWARD, PROG_PASS, ack(&routed), XDP_PASS),
         Case::new(NAT, PROG_PASS, ack(&est), XDP_PASS).with_nat(),
+        Case::new(NFT_MASQ, PROG_PASS, ack(&est), XDP_PASS).with_masquerade(),
     ]
 }
 
@@ -331,6 +344,10 @@ impl<'a> Bench<'a> {
                 let backends: Vec<String> = w.backends.iter().map(|b| b.addr.to_string()).collect();
                 topo::NatTable::add(&lab.ns_lb(), &VIP_V4.to_string(), 80, &backends)
             })
+            .transpose()?;
+        let _masquerade = case
+            .masquerade
+            .then(|| Masquerade::add(&lab.ns_lb()))
             .transpose()?;
         // Live mode reports no verdict: one plain run through the same chain.
         let (v, _) = w.run(PROG_BENCH_GEN, &case.frame)?;

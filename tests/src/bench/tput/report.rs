@@ -120,7 +120,7 @@ fn baseline(name: &str) -> Option<&'static str> {
     match name {
         GEN_ONLY => None,
         FLOOR => Some(GEN_ONLY),
-        NAT => Some(FORWARD),
+        NAT | crate::bench::nat_tput::NFT_MASQ => Some(FORWARD),
         _ => Some(FLOOR),
     }
 }
