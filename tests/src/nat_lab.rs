@@ -342,7 +342,11 @@ fn vip_net6_head() -> String {
 
 /// The pool addresses on the LB's eth0, host routes only (as
 /// `bench::lab_proxies` adds its nftables address).
-fn add_pool_addresses(run: &LabRun) -> anyhow::Result<()> {
+///
+/// # Errors
+///
+/// `ip` refuses an address (e.g. added twice).
+pub fn add_pool_addresses(run: &LabRun) -> anyhow::Result<()> {
     let lb = run.lab().ns_lb();
     for a in [format!("{POOL_V4}/32"), format!("{POOL2_V4}/32")] {
         ip(&lb, &["addr", "add", &a, "dev", HOST_IFNAME])?;
