@@ -26,7 +26,8 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use xlb_lab::scenario::{
-    LabRun, Protocol, RunOptions, StateFile, XlbConfig, command_in, xdp_attached,
+    LabRun, Protocol, RunOptions, StateFile, XlbConfig, command_in, set_tx_checksum_offload,
+    xdp_attached,
 };
 use xlb_lab::topology::{
     self, BACKEND_IFNAME, CLIENT_V4, CLIENT_V6, HOST_IFNAME, LB_V4, LB_V6, VIP_V4, VIP_V6, VIP2_V4,
@@ -39,8 +40,11 @@ use xlb_lab::topology::{
 /// LB host's own (see `bench::lab_proxies::NFT_LISTEN`).
 pub const POOL_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 4);
 pub const POOL_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x4);
-/// A second IPv4 pool address, for a second NAT VIP.
+/// The second pool, for a second NAT VIP on the same backends: xlb
+/// refuses two VIPs whose pools share an address and ports. UDP VIPs
+/// ([`NatVip::udp`]) take it.
 pub const POOL2_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 5);
+pub const POOL2_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x5);
 /// An address of the segment that no interface of the lab holds: a `snat`
 /// address xlb must refuse.
 pub const OFF_HOST_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 77);
@@ -99,10 +103,12 @@ impl NatVip {
     }
 
     /// A UDP VIP to the backends' echo on [`NAT_UDP_BACKEND_PORT`], probed
-    /// over HTTP on [`HEALTH_PORT`].
+    /// over HTTP on [`HEALTH_PORT`], from the second pool address of its
+    /// family.
     pub fn udp(name: &str, address: IpAddr, port: u16, backends: usize) -> Self {
         Self {
             protocol: Protocol::Udp,
+            snat: vec![pool2_of(address)],
             backend_port: NAT_UDP_BACKEND_PORT,
             health_port: Some(HEALTH_PORT),
             ..Self::tcp(name, address, port, backends)
@@ -172,6 +178,14 @@ pub fn pool_of(vip: IpAddr) -> IpAddr {
     match vip {
         IpAddr::V4(_) => POOL_V4.into(),
         IpAddr::V6(_) => POOL_V6.into(),
+    }
+}
+
+/// The second pool address of `vip`'s family.
+pub fn pool2_of(vip: IpAddr) -> IpAddr {
+    match vip {
+        IpAddr::V4(_) => POOL2_V4.into(),
+        IpAddr::V6(_) => POOL2_V6.into(),
     }
 }
 
@@ -311,6 +325,12 @@ pub fn make_backends_plain(run: &LabRun) -> anyhow::Result<()> {
         ] {
             ip(&ns, &["addr", "del", &vip, "dev", "lo"])?;
         }
+        // The backends' answers now cross the LB's XDP program, which
+        // turns them into raw frames: a veth's partial checksum (left to
+        // "the hardware") would reach the client as a corrupt one. Real
+        // NICs put complete checksums on the wire; as for the client
+        // (`LabRun::up_with`), the backends compute their own.
+        set_tx_checksum_offload(&ns, BACKEND_IFNAME, false)?;
         check_plain(&ns)?;
     }
     Ok(())
@@ -341,7 +361,11 @@ fn vip_net6_head() -> String {
 }
 
 /// The pool addresses on the LB's eth0, host routes only (as
-/// `bench::lab_proxies` adds its nftables address).
+/// `bench::lab_proxies` adds its nftables address). The IPv6 ones are
+/// deprecated at once (`preferred_lft 0`): still the LB's, never chosen
+/// as the source of its own connections (the probes), which the kernel
+/// would otherwise do for a backend's address that shares more leading
+/// bits with a pool address than with the LB's.
 ///
 /// # Errors
 ///
@@ -351,18 +375,22 @@ pub fn add_pool_addresses(run: &LabRun) -> anyhow::Result<()> {
     for a in [format!("{POOL_V4}/32"), format!("{POOL2_V4}/32")] {
         ip(&lb, &["addr", "add", &a, "dev", HOST_IFNAME])?;
     }
-    ip(
-        &lb,
-        &[
-            "-6",
-            "addr",
-            "add",
-            &format!("{POOL_V6}/128"),
-            "dev",
-            HOST_IFNAME,
-            "nodad",
-        ],
-    )?;
+    for a in [format!("{POOL_V6}/128"), format!("{POOL2_V6}/128")] {
+        ip(
+            &lb,
+            &[
+                "-6",
+                "addr",
+                "add",
+                &a,
+                "dev",
+                HOST_IFNAME,
+                "nodad",
+                "preferred_lft",
+                "0",
+            ],
+        )?;
+    }
     Ok(())
 }
 
@@ -466,7 +494,7 @@ mod tests {
             assert!(!web.contains(absent), "{absent} in:\n{web}");
         }
         for want in [
-            "mode = \"nat\"\nprotocol = \"udp\"\nsnat = [\"fd00:99::4\"]\nsnat_ports = \"20000-20003\"\n",
+            "mode = \"nat\"\nprotocol = \"udp\"\nsnat = [\"fd00:99::5\"]\nsnat_ports = \"20000-20003\"\n",
             "address = \"fd00:99::12\"\nport = 5354\nhealth_port = 80\n",
         ] {
             assert!(dns.contains(want), "{want:?} not in:\n{dns}");
@@ -499,7 +527,11 @@ mod tests {
             assert!(!taken.contains(&pool.into()), "{pool}");
             assert_eq!(pool.octets()[..3], topology::NET_V4.octets()[..3], "{pool}");
         }
-        assert_ne!(POOL_V6, LB_V6);
-        assert_ne!(POOL_V6, CLIENT_V6);
+        for pool in [POOL_V6, POOL2_V6] {
+            assert!(
+                ![LB_V6, CLIENT_V6, topology::backend_v6(1)].contains(&pool),
+                "{pool}"
+            );
+        }
     }
 }

@@ -61,6 +61,20 @@ fn short_load(vip: &NatVip, duration: Duration) -> LoadOptions {
     }
 }
 
+/// xlb's non-zero data-plane counters, for messages.
+fn counters(run: &LabRun) -> String {
+    match run.status() {
+        Ok(s) => s
+            .counters
+            .iter()
+            .filter(|(_, v)| **v > 0)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        Err(e) => format!("(status failed: {e})"),
+    }
+}
+
 /// Asserts that backends `which` of `vip` only ever went to `up`.
 fn assert_stayed_up(events: &[Event], vip: &NatVip, which: impl IntoIterator<Item = usize>) {
     for i in which {

@@ -100,7 +100,7 @@ fn tcp_and_udp_through_nat_vips_in_both_families() {
             .vip(&vip.name)
             .unwrap_or_else(|| panic!("{} not in status: {}", vip.name, s.summary()));
         eprintln!(
-            "[{p}] {} {} → port {}: {} requests, {} failed, per backend {:?}; xlb mode {}, {} packets, {} new flows",
+            "[{p}] {} {} → port {}: {} requests, {} failed, per backend {:?}; xlb mode {}, {} packets, {} new flows; counters {}",
             vip.name,
             vip.target(),
             vip.backend_port,
@@ -109,7 +109,8 @@ fn tcp_and_udp_through_nat_vips_in_both_families() {
             report.summary.per_backend,
             vs.mode,
             vs.packets,
-            vs.new_flows
+            vs.new_flows,
+            super::counters(&run)
         );
         assert_clean(&vip.name, &report, 50);
         assert_eq!(vs.mode, "nat", "{}", vip.name);
@@ -125,6 +126,7 @@ fn tcp_and_udp_through_nat_vips_in_both_families() {
     }
     let seen = accepted_since(&before, &run.peers().unwrap());
     eprintln!("[{p}] connections the backends accepted, by peer: {seen:?}");
+    eprintln!("[{p}] xlb counters: {}", super::counters(&run));
     let from = |a: IpAddr| seen.get(&a).copied().unwrap_or(0);
     assert!(
         from(POOL_V4.into()) > 0 && from(POOL_V6.into()) > 0,
@@ -170,8 +172,11 @@ fn preserve_client_shows_the_client_to_the_backend() {
         };
         let from = |a: IpAddr| seen.get(&a).copied().unwrap_or(0);
         eprintln!(
-            "[{p}] {}: {} requests, {} failed; connections accepted by peer {seen:?}",
-            vip.name, report.summary.requests, report.summary.failures
+            "[{p}] {}: {} requests, {} failed; connections accepted by peer {seen:?}; xlb counters: {}",
+            vip.name,
+            report.summary.requests,
+            report.summary.failures,
+            super::counters(&run)
         );
         assert_clean(&vip.name, &report, 50);
         assert!(
