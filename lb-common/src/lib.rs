@@ -630,6 +630,40 @@ stats! {
     /// not with one: sent to the current owner only, as without second
     /// chance.
     SecondChanceTooBig = "second_chance_too_big",
+    /// A NAT flow started: a source (address, port) allocated, both of its
+    /// entries inserted, the packet translated and sent.
+    NatNew = "nat_new",
+    /// A NAT flow started on the port of an expired one (its entries
+    /// reclaimed, its pending evidence counted).
+    NatReclaim = "nat_reclaim",
+    /// A NAT flow whose backend id was removed or given to another backend:
+    /// its entries removed (a SYN or UDP packet then starts a new flow).
+    NatStale = "nat_stale",
+    /// A TCP packet without SYN to a NAT VIP, of no NAT flow: dropped (no
+    /// source port was ever allocated for it).
+    DropNatNoFlow = "drop_nat_no_flow",
+    /// A new NAT flow (UDP) refused: no free (address, port) in the VIP's
+    /// pool within `NAT_ALLOC_TRIES` tries. Live flows are never evicted.
+    DropNatExhausted = "drop_nat_exhausted",
+    /// A new NAT flow (TCP SYN) refused for the same reason: answered with
+    /// a RST, so the client fails at once.
+    ResetNatExhausted = "reset_nat_exhausted",
+    /// A new NAT flow whose `XLB_NAT_FLOWS` insert failed (map full): its
+    /// port released, the packet dropped.
+    DropNatInsertFail = "drop_nat_insert_fail",
+    /// A packet from a NAT backend to a pool address's port range that is
+    /// no flow's reply: passed to the host (an old flow, the host's own).
+    PassNatUnknownPort = "pass_nat_unknown_port",
+    /// A packet to a pool address's port range from an address that is no
+    /// NAT backend's: dropped (spoofed).
+    DropNatSpoofed = "drop_nat_spoofed",
+    /// A NAT packet (either way) whose TTL / hop limit would reach 0: passed
+    /// to the host, which answers "time exceeded" as a router does.
+    PassNatTtl = "pass_nat_ttl",
+    /// A NAT packet (either way) larger than the egress MTU: dropped.
+    DropNatTooBig = "drop_nat_too_big",
+    /// An ICMP error quoting a NAT VIP's flow: dropped, not translated.
+    DropNatIcmp = "drop_nat_icmp",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
 }

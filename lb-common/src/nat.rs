@@ -44,6 +44,11 @@ pub const MAP_NAT_POOL: &str = "XLB_NAT_POOL";
 pub const MAP_NAT_SPORTS: &str = "XLB_NAT_SPORTS";
 /// Pinned per-CPU array of [`PassiveStats`], indexed by backend id.
 pub const MAP_PASSIVE: &str = "XLB_PASSIVE";
+/// Pinned hash: [`crate::VipAddrKey`] of a NAT backend's address → how
+/// many NAT backends have it. A packet to a pool address's port range
+/// that is no flow's reply is passed to the host if it comes from a
+/// backend (`pass_nat_unknown_port`), dropped as spoofed otherwise.
+pub const MAP_NAT_BACKEND_ADDRS: &str = "XLB_NAT_BEADDR";
 
 /// Default capacity of each NAT flow map (entries). A NAT flow takes one
 /// entry in each.
@@ -106,6 +111,40 @@ pub const NAT_UDP: u8 = 6;
 pub const NAT_FLAG_CLIENT_FIN: u8 = 1;
 /// [`NatFlow::flags`]: the backend sent FIN.
 pub const NAT_FLAG_BACKEND_FIN: u8 = 2;
+/// [`NatFlow::flags`]: the flow was counted in
+/// [`PassiveStats::connect_timeouts`] (once per flow).
+pub const NAT_FLAG_CONNECT_TIMEOUT: u8 = 4;
+
+/// Bit of an `XLB_VIP_PORTS` count (see [`crate::port_index`]): some NAT
+/// VIP listens on this (protocol, port). The daemon keeps it beside the
+/// count of VIPs (the low bits); the data plane then looks the VIP up
+/// before `XLB_CT`, and a NAT VIP's flows never touch `XLB_CT`.
+pub const VIP_PORT_NAT: u32 = 1 << 31;
+
+/// `XLB_VIP_ADDRS` value bit: the address is in a NAT VIP's source pool
+/// (an address of the load balancer itself, so never
+/// [`crate::VIP_ADDR_BALANCED`] too). Bits 16..32 of the value then hold
+/// the id + 1 of one NAT VIP whose pool holds it, whose port range tells
+/// the host's own traffic to the address from stray replies
+/// ([`vip_addr_nat_vip`]). VIPs that share a pool address must share its
+/// port range.
+pub const VIP_ADDR_NAT_POOL: u32 = 4;
+
+/// The `XLB_VIP_ADDRS` value of a pool address of NAT VIP `vip_id`.
+pub const fn vip_addr_nat_pool(vip_id: u32) -> u32 {
+    VIP_ADDR_NAT_POOL | ((vip_id + 1) << 16)
+}
+
+/// The NAT VIP id an `XLB_VIP_ADDRS` value names, if it is a pool
+/// address's.
+#[inline(always)]
+pub const fn vip_addr_nat_vip(bits: u32) -> Option<u32> {
+    if bits & VIP_ADDR_NAT_POOL == 0 || bits >> 16 == 0 {
+        None
+    } else {
+        Some((bits >> 16) - 1)
+    }
+}
 
 /// Value of `XLB_NAT_FLOWS` (key: the client's [`FlowKey`]).
 #[repr(C)]
@@ -202,6 +241,208 @@ pub fn reply_key(client: &FlowKey, flow: &NatFlow, backend: &Addr) -> FlowKey {
     }
 }
 
+/// Allocation tries for a new flow's source (address, port) before it is
+/// refused as exhausted: bounded for the verifier, enough that a pool
+/// half full still finds a port almost always (a random try fails with
+/// the fill ratio: 0.5^16).
+pub const NAT_ALLOC_TRIES: u32 = 16;
+
+/// The `i`-th candidate (index into [`NatPool::addrs`], port in host
+/// order) for a new flow of flow hash `hash` in `pool`: a start spread
+/// by the hash over every (address, port), then the next ports of the
+/// next addresses. `None` when the pool is empty or its range inverted.
+#[inline(always)]
+pub fn nat_candidate(pool: &NatPool, hash: u64, i: u32) -> Option<(u32, u16)> {
+    let count = pool.count;
+    if count == 0 || count > MAX_SNAT_ADDRS as u32 || pool.port_max < pool.port_min {
+        return None;
+    }
+    let range = u32::from(pool.port_max - pool.port_min) + 1;
+    let addr = ((hash as u32).wrapping_add(i)) % count;
+    let port = ((hash >> 32) as u32).wrapping_add(i) % range;
+    Some((addr, pool.port_min + port as u16))
+}
+
+/// TCP flag bits, as on the wire (RFC 9293).
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
+
+/// What one packet of a NAT flow tells [`PassiveStats`], as bits.
+pub const EV_CONNECTED: u32 = 1;
+pub const EV_RESET: u32 = 2;
+pub const EV_REQUEST: u32 = 4;
+pub const EV_RESPONSE: u32 = 8;
+pub const EV_UNANSWERED: u32 = 16;
+pub const EV_ABANDONED: u32 = 32;
+pub const EV_CONNECT_TIMEOUT: u32 = 64;
+
+/// The passive evidence of a packet: [`EV_CONNECTED`]… bits, and for
+/// [`EV_RESPONSE`] the response time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Evidence {
+    pub events: u32,
+    pub response_ns: u64,
+}
+
+impl Evidence {
+    /// Adds the evidence to `s`.
+    #[inline(always)]
+    pub fn add_to(&self, s: &mut PassiveStats) {
+        let e = self.events;
+        s.connected += u64::from(e & EV_CONNECTED != 0);
+        s.resets += u64::from(e & EV_RESET != 0);
+        s.requests += u64::from(e & EV_REQUEST != 0);
+        s.responses += u64::from(e & EV_RESPONSE != 0);
+        s.unanswered += u64::from(e & EV_UNANSWERED != 0);
+        s.abandoned += u64::from(e & EV_ABANDONED != 0);
+        s.connect_timeouts += u64::from(e & EV_CONNECT_TIMEOUT != 0);
+        s.response_ns += self.response_ns;
+    }
+}
+
+impl NatFlow {
+    /// A client packet (TCP `flags`, 0 for UDP; `payload` whether it
+    /// carries data) at `now`: the flow's new state, written only where a
+    /// field changes (the entry is the map's own memory), and what it
+    /// tells the passive counters.
+    #[inline(always)]
+    pub fn client_packet(
+        &mut self,
+        pool: &NatPool,
+        flags: u8,
+        payload: bool,
+        now: u64,
+    ) -> Evidence {
+        let mut ev = Evidence::default();
+        if self.state == NAT_TCP_SYN_SENT
+            && pool.connect_timeout_ns != 0
+            && self.flags & NAT_FLAG_CONNECT_TIMEOUT == 0
+            && now.saturating_sub(self.last_seen_ns) >= pool.connect_timeout_ns
+        {
+            self.flags |= NAT_FLAG_CONNECT_TIMEOUT;
+            ev.events |= EV_CONNECT_TIMEOUT;
+        }
+        let mut changed = false;
+        if flags & (TCP_RST | TCP_FIN) != 0 && self.request_ns != 0 {
+            ev.events |= self.pending_verdict(pool, now);
+            self.request_ns = 0;
+        } else if payload && self.request_ns == 0 {
+            self.request_ns = now;
+            ev.events |= EV_REQUEST;
+        }
+        if flags & TCP_RST != 0 {
+            changed |= self.set_state(NAT_TCP_CLOSED);
+        } else if flags & TCP_FIN != 0 && self.flags & NAT_FLAG_CLIENT_FIN == 0 {
+            self.flags |= NAT_FLAG_CLIENT_FIN;
+            changed |= self.set_state(self.fin_state());
+        }
+        self.touch(now, changed);
+        ev
+    }
+
+    /// A backend packet (as [`Self::client_packet`]).
+    #[inline(always)]
+    pub fn backend_packet(&mut self, flags: u8, payload: bool, now: u64) -> Evidence {
+        let mut ev = Evidence::default();
+        let mut changed = false;
+        if flags & TCP_RST != 0 {
+            ev.events |= EV_RESET;
+            self.request_ns = 0;
+            changed |= self.set_state(NAT_TCP_CLOSED);
+        } else if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK && self.state == NAT_TCP_SYN_SENT
+        {
+            ev.events |= EV_CONNECTED;
+            changed |= self.set_state(NAT_TCP_ESTABLISHED);
+        }
+        if payload && self.request_ns != 0 {
+            ev.events |= EV_RESPONSE;
+            ev.response_ns = now.saturating_sub(self.request_ns);
+            self.request_ns = 0;
+        }
+        if flags & TCP_FIN != 0 && self.flags & NAT_FLAG_BACKEND_FIN == 0 {
+            self.flags |= NAT_FLAG_BACKEND_FIN;
+            changed |= self.set_state(self.fin_state());
+        }
+        self.touch(now, changed);
+        ev
+    }
+
+    /// What a flow reclaimed at `now` (its port given to another) leaves
+    /// in the passive counters: its pending request, its handshake that
+    /// never completed.
+    #[inline(always)]
+    pub fn reclaimed(&self, pool: &NatPool, now: u64) -> Evidence {
+        let mut events = 0;
+        if self.request_ns != 0 {
+            events |= self.pending_verdict(pool, now);
+        }
+        if self.state == NAT_TCP_SYN_SENT
+            && pool.connect_timeout_ns != 0
+            && self.flags & NAT_FLAG_CONNECT_TIMEOUT == 0
+            && now.saturating_sub(self.last_seen_ns) >= pool.connect_timeout_ns
+        {
+            events |= EV_CONNECT_TIMEOUT;
+        }
+        Evidence {
+            events,
+            response_ns: 0,
+        }
+    }
+
+    /// A pending request given up at `now`: unanswered if older than the
+    /// response timeout, else abandoned (the client left first); nothing
+    /// with passive detection off.
+    #[inline(always)]
+    fn pending_verdict(&self, pool: &NatPool, now: u64) -> u32 {
+        if pool.response_timeout_ns == 0 {
+            0
+        } else if now.saturating_sub(self.request_ns) >= pool.response_timeout_ns {
+            EV_UNANSWERED
+        } else {
+            EV_ABANDONED
+        }
+    }
+
+    /// The state after a FIN: closing once both sides sent one.
+    #[inline(always)]
+    fn fin_state(&self) -> u8 {
+        if self.state == NAT_TCP_CLOSED {
+            NAT_TCP_CLOSED
+        } else if self.flags & (NAT_FLAG_CLIENT_FIN | NAT_FLAG_BACKEND_FIN)
+            == NAT_FLAG_CLIENT_FIN | NAT_FLAG_BACKEND_FIN
+        {
+            NAT_TCP_CLOSING
+        } else {
+            NAT_TCP_FIN_WAIT
+        }
+    }
+
+    #[inline(always)]
+    fn set_state(&mut self, state: u8) -> bool {
+        if self.state == state || self.state == NAT_UDP {
+            return false;
+        }
+        self.state = state;
+        true
+    }
+
+    /// Refreshes `last_seen_ns` at most every [`crate::CT_TOUCH_INTERVAL_NS`]
+    /// unless the state `changed`. A flow still in SYN_SENT keeps the time
+    /// of its first SYN: retransmits do not extend its handshake timeout,
+    /// and the connect timeout is measured from it.
+    #[inline(always)]
+    fn touch(&mut self, now: u64, changed: bool) {
+        if changed
+            || (self.state != NAT_TCP_SYN_SENT
+                && now.saturating_sub(self.last_seen_ns) > crate::CT_TOUCH_INTERVAL_NS)
+        {
+            self.last_seen_ns = now;
+        }
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
@@ -209,4 +450,177 @@ mod pod {
     unsafe impl aya::Pod for NatPool {}
     unsafe impl aya::Pod for NatFlow {}
     unsafe impl aya::Pod for PassiveStats {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn pool() -> NatPool {
+        NatPool {
+            count: 2,
+            port_min: 100,
+            port_max: 103,
+            response_timeout_ns: S,
+            connect_timeout_ns: S,
+            tcp_syn_timeout_ns: 5 * S,
+            ..Default::default()
+        }
+    }
+
+    fn syn_sent(at: u64) -> NatFlow {
+        NatFlow {
+            state: NAT_TCP_SYN_SENT,
+            last_seen_ns: at,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn candidates_cover_the_pool_and_stay_in_range() {
+        let p = pool();
+        let mut seen = [[false; 4]; 2];
+        for i in 0..NAT_ALLOC_TRIES {
+            let (a, port) = nat_candidate(&p, 0x1234_5678_9abc_def0, i).unwrap();
+            assert!(a < 2 && (100..=103).contains(&port), "{a} {port}");
+            seen[a as usize][usize::from(port - 100)] = true;
+        }
+        // Address and port advance together: 8 pairs of one parity class.
+        assert!(
+            seen.iter().flatten().filter(|s| **s).count() >= 4,
+            "{seen:?}"
+        );
+        assert_eq!(nat_candidate(&NatPool::default(), 1, 0), None, "empty pool");
+        let inverted = NatPool {
+            port_min: 5,
+            port_max: 4,
+            ..p
+        };
+        assert_eq!(nat_candidate(&inverted, 1, 0), None, "inverted range");
+    }
+
+    #[test]
+    fn tcp_states_follow_syn_fin_rst() {
+        let p = pool();
+        let mut f = syn_sent(10);
+        assert_eq!(
+            f.backend_packet(TCP_SYN | TCP_ACK, false, 20).events,
+            EV_CONNECTED
+        );
+        assert_eq!(
+            (f.state, f.last_seen_ns),
+            (NAT_TCP_ESTABLISHED, 20),
+            "state change touches"
+        );
+        f.client_packet(&p, TCP_FIN | TCP_ACK, false, 30);
+        assert_eq!(f.state, NAT_TCP_FIN_WAIT);
+        f.backend_packet(TCP_FIN | TCP_ACK, false, 40);
+        assert_eq!((f.state, f.last_seen_ns), (NAT_TCP_CLOSING, 40));
+        assert_eq!(f.backend_packet(TCP_RST, false, 50).events, EV_RESET);
+        assert_eq!(f.state, NAT_TCP_CLOSED);
+        assert_eq!(
+            f.expires(&NatPool {
+                tcp_close_timeout_ns: 7,
+                ..p
+            }),
+            57
+        );
+    }
+
+    #[test]
+    fn last_seen_refreshed_only_each_interval_or_on_change() {
+        let p = pool();
+        let mut f = NatFlow {
+            state: NAT_TCP_ESTABLISHED,
+            last_seen_ns: 10 * S,
+            ..Default::default()
+        };
+        f.client_packet(&p, TCP_ACK, false, 10 * S + S / 2);
+        assert_eq!(f.last_seen_ns, 10 * S, "within the interval");
+        f.client_packet(&p, TCP_ACK, false, 12 * S);
+        assert_eq!(f.last_seen_ns, 12 * S, "past it");
+        let mut s = syn_sent(S);
+        s.client_packet(&p, TCP_SYN, false, 4 * S);
+        assert_eq!(
+            s.last_seen_ns, S,
+            "a SYN retransmit keeps the first SYN's time"
+        );
+    }
+
+    #[test]
+    fn passive_evidence() {
+        let p = pool();
+        let mut f = NatFlow {
+            state: NAT_TCP_ESTABLISHED,
+            last_seen_ns: S,
+            ..Default::default()
+        };
+        assert_eq!(f.client_packet(&p, TCP_ACK, true, 2 * S).events, EV_REQUEST);
+        assert_eq!(
+            f.client_packet(&p, TCP_ACK, true, 2 * S + 5).events,
+            0,
+            "one pending"
+        );
+        let ev = f.backend_packet(TCP_ACK, true, 2 * S + 30);
+        assert_eq!(
+            (ev.events, ev.response_ns, f.request_ns),
+            (EV_RESPONSE, 30, 0)
+        );
+        f.client_packet(&p, TCP_ACK, true, 3 * S);
+        let ev = f.client_packet(&p, TCP_FIN, false, 3 * S + S / 2);
+        assert_eq!(ev.events, EV_ABANDONED, "younger than the response timeout");
+        f.request_ns = 3 * S;
+        assert_eq!(
+            f.client_packet(&p, TCP_RST, false, 5 * S).events,
+            EV_UNANSWERED
+        );
+        // Connect timeout: once, on a SYN seen again, or at reclaim.
+        let mut s = syn_sent(S);
+        assert_eq!(s.client_packet(&p, TCP_SYN, false, S + S / 2).events, 0);
+        assert_eq!(
+            s.client_packet(&p, TCP_SYN, false, 3 * S).events,
+            EV_CONNECT_TIMEOUT
+        );
+        assert_eq!(s.client_packet(&p, TCP_SYN, false, 4 * S).events, 0);
+        assert_eq!(s.reclaimed(&p, 9 * S).events, 0, "already counted");
+        assert_eq!(syn_sent(S).reclaimed(&p, 9 * S).events, EV_CONNECT_TIMEOUT);
+        let off = NatPool {
+            response_timeout_ns: 0,
+            ..p
+        };
+        let mut g = NatFlow {
+            request_ns: S,
+            state: NAT_TCP_ESTABLISHED,
+            ..Default::default()
+        };
+        assert_eq!(
+            g.client_packet(&off, TCP_RST, false, 9 * S).events,
+            0,
+            "detection off"
+        );
+        let mut stats = PassiveStats::default();
+        Evidence {
+            events: EV_RESPONSE | EV_RESET,
+            response_ns: 9,
+        }
+        .add_to(&mut stats);
+        assert_eq!(
+            (
+                stats.responses,
+                stats.resets,
+                stats.response_ns,
+                stats.requests
+            ),
+            (1, 1, 9, 0)
+        );
+    }
+
+    #[test]
+    fn pool_address_bits_name_their_vip() {
+        assert_eq!(vip_addr_nat_vip(vip_addr_nat_pool(0)), Some(0));
+        assert_eq!(vip_addr_nat_vip(vip_addr_nat_pool(63)), Some(63));
+        assert_eq!(vip_addr_nat_vip(crate::VIP_ADDR_BALANCED), None);
+    }
 }

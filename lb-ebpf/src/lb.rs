@@ -50,6 +50,7 @@ use core::mem::MaybeUninit;
 use aya_ebpf::programs::XdpContext;
 use lb_common::{
     PROTO_UDP, Stat,
+    nat::{VIP_ADDR_NAT_POOL, VIP_PORT_NAT},
     trace::{TRACE_FLAG_PICKED, VERDICT_ACTION_MASK, flag_bits},
 };
 
@@ -57,7 +58,7 @@ use crate::{
     XLB_GLOBALS, XLB_GUARD, chance, clock,
     conntrack::{self, Lookup, Target},
     forward::forward,
-    guard,
+    guard, nat,
     packet::{ETH_P_IP, ETH_P_IPV6},
     parse::{self, L2Error, Packet},
     select,
@@ -93,10 +94,18 @@ fn decide(ctx: &XdpContext, pkt: &mut Packet, ethertype: u16) -> u32 {
     if let Err(verdict) = parsed {
         return verdict;
     }
+    // A NAT backend's answer (`nat::reply`): one array read of the source
+    // port for every other packet.
+    if nat::reply::from_backend_port(pkt)
+        && let Some(verdict) = nat::reply::answer(ctx, pkt)
+    {
+        return verdict;
+    }
     // No VIP on this port: the host's own traffic, unless it is to a VIP
     // address (checked after the port filter, so the host's traffic pays
     // one array read for it).
-    if !select::port_has_vip(&pkt.flow) {
+    let vips = select::port_vips(&pkt.flow);
+    if vips == 0 {
         return unbalanced(pkt);
     }
     // SYN+RST and SYN+FIN: no TCP sends them, and taken as a SYN they
@@ -113,6 +122,15 @@ fn decide(ctx: &XdpContext, pkt: &mut Packet, ethertype: u16) -> u32 {
     // per CPU until the next tick; idle timeouts and cache expiry need no
     // better.
     let now = clock::now();
+    // A NAT VIP on this port: its flows are in the NAT maps, not conntrack.
+    if vips & VIP_PORT_NAT != 0 {
+        match nat::client(ctx, pkt, now) {
+            nat::NOT_NAT => {}
+            nat::SEND => return nat::send(ctx, pkt, now),
+            nat::NEW => return nat::start(ctx, pkt, now),
+            verdict => return verdict,
+        }
+    }
     // Established flows: conntrack first, and a hit needs no VIP lookup.
     // A SYN always picks from the current table.
     let mut missed = false;
@@ -178,5 +196,9 @@ fn unbalanced(pkt: &Packet) -> u32 {
     } else {
         Stat::PassVipHost
     };
-    parse::unbalanced(&pkt.flow.dst, pkt.flow.family, host)
+    match select::vip_addr(&pkt.flow.dst, pkt.flow.family) {
+        None => pass(Stat::PassNotVip),
+        Some(bits) if bits & VIP_ADDR_NAT_POOL != 0 => nat::reply::stray(pkt, bits),
+        Some(bits) => parse::unbalanced_at(bits, host),
+    }
 }

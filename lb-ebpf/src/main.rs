@@ -40,6 +40,7 @@ mod hc;
 mod icmp;
 mod key;
 mod lb;
+mod nat;
 mod packet;
 mod parse;
 mod relay;
@@ -208,6 +209,16 @@ static XLB_NAT_POOL: Array<NatPool> = Array::with_max_entries(MAX_VIPS, 0);
 /// NAT backends per (protocol, backend port): the reply path's filter.
 #[map(name = "XLB_NAT_SPORTS")]
 static XLB_NAT_SPORTS: Array<u32> = Array::with_max_entries(lb_common::PORT_INDEX_LEN, 0);
+
+/// NAT backends' addresses (`lb_common::nat::MAP_NAT_BACKEND_ADDRS`):
+/// tells a late answer from a backend from a spoofed one.
+#[map(name = "XLB_NAT_BEADDR")]
+static XLB_NAT_BEADDR: HashMap<VipAddrKey, u32> = HashMap::with_max_entries(BACKEND_IDS, 0);
+
+/// This CPU's NAT flow being allocated (`nat::alloc::Scratch`): off the
+/// stack. Not pinned, not read by userspace.
+#[map(name = "XLB_NAT_SCRATCH")]
+static XLB_NAT_SCRATCH: PerCpuArray<nat::alloc::Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per backend id, per CPU: what NAT traffic says about the backend.
 #[map(name = "XLB_PASSIVE")]

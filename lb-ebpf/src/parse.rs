@@ -162,7 +162,10 @@ pub(crate) fn unbalanced(dst: &[u8; 16], family: u8, host: Stat) -> u32 {
 /// client would cross the uplink a hundred times.
 #[inline(always)]
 pub(crate) fn unbalanced_at(bits: u32, host: Stat) -> u32 {
-    if bits & VIP_ADDR_HOST_SERVICES != 0 {
+    // Only a NAT pool address (the host's own): not ours.
+    if bits & lb_common::VIP_ADDR_BALANCED == 0 {
+        pass(Stat::PassNotVip)
+    } else if bits & VIP_ADDR_HOST_SERVICES != 0 {
         pass(host)
     } else {
         drop_with(Stat::DropVipUnbalanced)

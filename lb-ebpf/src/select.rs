@@ -12,12 +12,14 @@ use crate::{
     key::{WordKey, addr_eq, addr_key, addr_words},
 };
 
-/// Whether any VIP listens on the flow's (protocol, port): decided without
+/// Which VIPs listen on the flow's (protocol, port): decided without
 /// a hash lookup, so the host's own traffic pays almost nothing.
 #[inline(always)]
-pub(crate) fn port_has_vip(flow: &FlowKey) -> bool {
+/// The value is the count of VIPs, with `lb_common::nat::VIP_PORT_NAT` set
+/// when one of them is a NAT VIP (0: none).
+pub(crate) fn port_vips(flow: &FlowKey) -> u32 {
     let port = lb_common::port_index(flow.proto, u16::from_be(flow.dport));
-    XLB_VIP_PORTS.get(port).is_some_and(|n| *n != 0)
+    XLB_VIP_PORTS.get(port).copied().unwrap_or(0)
 }
 
 /// The id and settings of the VIP the flow is addressed to, if there is
@@ -81,7 +83,8 @@ fn is_key(key: &VipKey, flow: &FlowKey) -> bool {
 /// traffic that is not ours.
 #[inline(always)]
 pub(crate) fn is_vip_addr(addr: &[u8; 16], family: u8) -> bool {
-    vip_addr(addr, family).is_some()
+    // A NAT pool address alone is the host's own: not a VIP's.
+    vip_addr(addr, family).is_some_and(|b| b & lb_common::VIP_ADDR_BALANCED != 0)
 }
 
 /// The `lb_common::VIP_ADDR_*` bits of `addr` if it carries any VIP. An

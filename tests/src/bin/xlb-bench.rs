@@ -376,7 +376,9 @@ fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
         table_size: lb_common::DEFAULT_TABLE_SIZE,
         host_services: false,
         second_chance: false,
+        nat: None,
         protection: Default::default(),
+        passive: Default::default(),
         guard: Default::default(),
         backends: (0..n)
             .map(|i| BackendConfig {

@@ -291,6 +291,7 @@ impl<'a> Bench<'a> {
     fn new(lab: &'a Lab, args: &Args) -> anyhow::Result<Self> {
         let dp = Dataplane::load(&LoadOptions {
             ct_size: args.ct_size,
+            nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: lb_common::DEFAULT_TABLE_SIZE,
             pin_dir: None,
         })

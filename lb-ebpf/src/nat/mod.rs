@@ -1,0 +1,320 @@
+//! NAT mode (issue 27): both directions of a flow cross the load balancer.
+//! A client's packet to a NAT VIP leaves from a pool address and an
+//! allocated port (`MODE_NAT`), or from the client's own (`MODE_NAT_PRESERVE`),
+//! to the backend's address and port; the backend's answer is translated
+//! back (`reply.rs`). The flow's state lives in `XLB_NAT_FLOWS` (by the
+//! client's key) and `XLB_NAT_REPLY` (by the reply's), never in `XLB_CT`,
+//! so DSR's established path pays nothing for it.
+//!
+//! Policy (tested by `tests/tests/fixtures/nat*.rs`):
+//! - a TCP SYN or any UDP packet of no flow starts one: judged by the
+//!   guard, a backend picked from the table as in DSR modes, a source
+//!   allocated (`alloc.rs`). Nothing free: a SYN is answered with a RST
+//!   (`reset_nat_exhausted`), UDP dropped (`drop_nat_exhausted`);
+//! - a TCP packet without SYN of no flow is dropped (`drop_nat_no_flow`):
+//!   it has no port to leave from;
+//! - a flow keeps its backend while the backend's id and generation hold,
+//!   whatever its health (like `down_policy = "keep"`: a NAT flow cannot
+//!   move without breaking); a recycled id makes it stale (`nat_stale`);
+//! - a SYN on a closed or expired flow starts it again; on a live one it
+//!   follows the flow (a retransmit);
+//! - TTL / hop limit ≤ 1: passed to the host (`pass_nat_ttl`), larger than
+//!   the egress MTU: dropped (`drop_nat_too_big`), either way;
+//! - ICMP errors quoting a NAT flow are dropped (`drop_nat_icmp`): not
+//!   translated yet.
+
+pub(crate) mod alloc;
+pub(crate) mod reply;
+mod rewrite;
+
+use aya_ebpf::programs::XdpContext;
+use lb_common::{
+    BackendInfo, FAMILY_V4, PROTO_TCP, Stat,
+    nat::{
+        Evidence, MODE_NAT_PRESERVE, NAT_TCP_CLOSED, NAT_TCP_CLOSING, NAT_TCP_SYN_SENT, NAT_UDP,
+        NatFlow, NatPool, is_nat, reply_key,
+    },
+    trace::VERDICT_BACKEND_SHIFT,
+};
+
+use crate::{
+    XLB_BACKENDS, XLB_BE_STATS, XLB_GUARD, XLB_NAT_FLOWS, XLB_NAT_POOL, XLB_NAT_REPLY,
+    XLB_NAT_SCRATCH, XLB_PASSIVE, XLB_VIP_INFO, XLB_VIP_STATS,
+    forward::{account, nexthop, send as send_out, sent, set_macs},
+    guard,
+    packet::{IPV4_LEN, IPV6_LEN, TcpHdr, ptr_at},
+    parse::Packet,
+    reset, select,
+    stats::{aborted, count, drop_with},
+};
+
+/// [`client`]'s answer for a packet to a DSR VIP (on a port a NAT VIP
+/// shares): the caller goes on.
+pub(crate) const NOT_NAT: u32 = u32::MAX - 1;
+/// [`client`]'s and [`new_flow`]'s answer for a packet to translate and
+/// send: [`send`].
+pub(crate) const SEND: u32 = u32::MAX;
+/// [`client`]'s answer for a packet of no flow (or of one just ended):
+/// [`new_flow`].
+pub(crate) const NEW: u32 = u32::MAX - 2;
+
+/// What [`send`] needs of the flow whose packet it sends, left by
+/// [`client`] in the per-CPU scratch entry: a call's frames stay apart
+/// (the 512-byte stack is shared by the calls in one chain, and the next
+/// hop's refresh is the deepest).
+#[repr(C)]
+pub(crate) struct Out {
+    pub nat_addr: [u8; 16],
+    pub id: u32,
+    pub vip_id: u32,
+    pub nat_port: u16,
+    pub backend_port: u16,
+    pub new_flow: u8,
+    pub _pad: [u8; 3],
+}
+
+/// For a packet to a port some NAT VIP listens on: [`NOT_NAT`] if its VIP
+/// is none, [`SEND`] once its flow is found or made and updated, else the
+/// verdict.
+// Not inlined: its own stack frame and verifier state, off DSR's path.
+#[inline(never)]
+pub(crate) fn client(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
+    let Some((vip_id, vip)) = select::vip(&pkt.flow) else {
+        return NOT_NAT;
+    };
+    if !is_nat(vip.mode) {
+        return NOT_NAT;
+    }
+    if pkt.icmp {
+        return drop_with(Stat::DropNatIcmp);
+    }
+    let (Some(pool), Some(s)) = (XLB_NAT_POOL.get(vip_id), XLB_NAT_SCRATCH.get_ptr_mut(0)) else {
+        return aborted();
+    };
+    // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+    let s = unsafe { &mut *s };
+    if let Some(f) = XLB_NAT_FLOWS.get_ptr_mut(&pkt.flow) {
+        // SAFETY: a hash map value, valid for the program's run (RCU);
+        // racing writers store whole fields.
+        let f = unsafe { &mut *f };
+        if usable(pkt, f, pool, now).is_some() {
+            update(ctx, pkt, f, pool, now, &mut s.out);
+            s.out.new_flow = 0;
+            return SEND;
+        }
+    }
+    s.out.vip_id = vip_id;
+    NEW
+}
+
+/// The backend of existing flow `f`, or `None` once the flow is removed
+/// (its backend recycled, or a SYN on a closed or expired flow).
+#[inline(always)]
+fn usable(pkt: &Packet, f: &NatFlow, pool: &NatPool, now: u64) -> Option<&'static BackendInfo> {
+    let be = XLB_BACKENDS.get(f.backend_id);
+    let stale = match be {
+        Some(be) => be.state == 0 || be.generation != f.generation,
+        None => true,
+    };
+    if stale {
+        count(Stat::NatStale);
+    } else if !pkt.syn()
+        || (now < f.expires(pool) && f.state != NAT_TCP_CLOSED && f.state != NAT_TCP_CLOSING)
+    {
+        return be;
+    }
+    // The flow ends here: its port goes back to the pool.
+    passive(f.backend_id, &f.reclaimed(pool, now));
+    if let Some(be) = be {
+        let _ = XLB_NAT_REPLY.remove(&reply_key(&pkt.flow, f, &be.addr));
+    }
+    let _ = XLB_NAT_FLOWS.remove(&pkt.flow);
+    None
+}
+
+/// For a packet of no flow, to the NAT VIP [`client`] found: a TCP packet
+/// without SYN is dropped; the rest is judged by the VIP's guard, then
+/// starts a flow ([`new_flow`]) and is sent. Inlined into the caller of
+/// [`client`], so each call here starts from its frame (see [`Out`]).
+#[inline(always)]
+pub(crate) fn start(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
+    if pkt.flow.proto == PROTO_TCP && !pkt.syn() {
+        return drop_with(Stat::DropNatNoFlow);
+    }
+    let vip_id = XLB_NAT_SCRATCH.get(0).map_or(0, |s| s.out.vip_id);
+    let Some(gd) = XLB_GUARD.get(vip_id) else {
+        return aborted();
+    };
+    if guard::active(gd) {
+        let judged = guard::judge(ctx, pkt, vip_id, gd, now);
+        if judged != guard::ADMITTED {
+            return judged;
+        }
+    }
+    match new_flow(ctx, pkt, now) {
+        SEND => send(ctx, pkt, now),
+        verdict => verdict,
+    }
+}
+
+/// A packet that may start a flow, to the NAT VIP [`client`] found:
+/// starts it ([`SEND`]), else the verdict.
+// Not inlined, and called by the caller of `client`, not by it: see [`Out`].
+#[inline(never)]
+pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
+    let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
+        return aborted();
+    };
+    // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+    let s = unsafe { &mut *s };
+    let vip_id = s.out.vip_id;
+    let (Some(vip), Some(pool)) = (XLB_VIP_INFO.get(vip_id), XLB_NAT_POOL.get(vip_id)) else {
+        return aborted();
+    };
+    let tcp = pkt.flow.proto == PROTO_TCP;
+    let Some(g) = crate::XLB_GLOBALS.get(0) else {
+        return aborted();
+    };
+    let Some((id, be, _)) = select::pick(&pkt.flow, vip, g) else {
+        return drop_with(Stat::DropNoBackend);
+    };
+    let preserve = vip.mode == MODE_NAT_PRESERVE;
+    let f = &mut s.flow;
+    f.backend_id = id;
+    f.generation = be.generation;
+    f.vip_id = vip_id;
+    f.state = if tcp { NAT_TCP_SYN_SENT } else { NAT_UDP };
+    f.flags = 0;
+    f.nat_port = if preserve { pkt.flow.sport } else { 0 };
+    f.nat_addr = if preserve { pkt.flow.src } else { [0; 16] };
+    // 0: the daemon set no port; the VIP's.
+    f.backend_port = if be.port != 0 {
+        be.port
+    } else {
+        pkt.flow.dport
+    };
+    f._pad = [0; 6];
+    f.last_seen_ns = now;
+    f.request_ns = 0;
+    s.client = pkt.flow;
+    if alloc::allocate(s, &be.addr, preserve).is_err() {
+        return if tcp {
+            reset::reply(ctx, pkt, Stat::ResetNatExhausted, Stat::DropNatExhausted)
+        } else {
+            drop_with(Stat::DropNatExhausted)
+        };
+    }
+    if XLB_NAT_FLOWS.insert(&pkt.flow, &s.flow, 0).is_err() {
+        let _ = XLB_NAT_REPLY.remove(&s.key);
+        return drop_with(Stat::DropNatInsertFail);
+    }
+    count(Stat::NatNew);
+    if tcp && let Some(s) = XLB_PASSIVE.get_ptr_mut(id) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { (*s).connects += 1 };
+    }
+    let Some(e) = XLB_NAT_FLOWS.get_ptr_mut(&pkt.flow) else {
+        return aborted();
+    };
+    // SAFETY: as in `client`.
+    update(ctx, pkt, unsafe { &mut *e }, pool, now, &mut s.out);
+    s.out.new_flow = 1;
+    SEND
+}
+
+/// Updates flow `f` with the client's packet (state, passive evidence)
+/// and leaves what [`send`] needs in `out`.
+#[inline(always)]
+fn update(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    f: &mut NatFlow,
+    pool: &NatPool,
+    now: u64,
+    out: &mut Out,
+) {
+    let ev = f.client_packet(pool, pkt.tcp_flags, payload(ctx, pkt), now);
+    passive(f.backend_id, &ev);
+    out.nat_addr = f.nat_addr;
+    out.id = f.backend_id;
+    out.vip_id = f.vip_id;
+    out.nat_port = f.nat_port;
+    out.backend_port = f.backend_port;
+}
+
+/// Translates the client's packet `pkt` of the flow [`client`] left in the
+/// scratch entry towards its backend, and sends it.
+// Not inlined: see [`Out`].
+#[inline(never)]
+pub(crate) fn send(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
+    let Some(s) = XLB_NAT_SCRATCH.get(0) else {
+        return aborted();
+    };
+    let o = &s.out;
+    let id = o.id;
+    let Some(be) = XLB_BACKENDS.get(id) else {
+        return aborted();
+    };
+    // SAFETY: null or a per-CPU map value, valid for this run.
+    let Some(nh) = (unsafe { nexthop(ctx, id, be, &o.nat_addr, now).as_ref() }) else {
+        return drop_with(Stat::DropNoRoute);
+    };
+    if pkt.ip_len > nh.mtu as usize {
+        return drop_with(Stat::DropNatTooBig);
+    }
+    let to = rewrite::To {
+        src: &o.nat_addr,
+        dst: &be.addr,
+        sport: o.nat_port,
+        dport: o.backend_port,
+    };
+    let v = rewrite::rewrite(ctx, pkt, &to);
+    if v != rewrite::OK {
+        return v;
+    }
+    if set_macs(ctx, nh).is_none() {
+        return aborted();
+    }
+    let bytes = crate::packet::len(ctx) as u64;
+    let verdict = send_out(ctx, nh);
+    if sent(verdict) {
+        let new_flow = o.new_flow != 0;
+        account(XLB_VIP_STATS.get_ptr_mut(o.vip_id), bytes, new_flow);
+        account(XLB_BE_STATS.get_ptr_mut(id), bytes, new_flow);
+    }
+    verdict | id << VERDICT_BACKEND_SHIFT
+}
+
+/// Whether `pkt` (TCP or UDP, parsed) carries payload.
+#[inline(always)]
+pub(crate) fn payload(ctx: &XdpContext, pkt: &Packet) -> bool {
+    let ip_hdr = if pkt.flow.family == FAMILY_V4 {
+        IPV4_LEN
+    } else {
+        IPV6_LEN
+    };
+    let l4 = if pkt.flow.proto != PROTO_TCP {
+        // The parser checked the UDP length against the packet's.
+        8
+    } else {
+        match ptr_at::<TcpHdr>(ctx, pkt.l3off + ip_hdr) {
+            // SAFETY: bounds checked by ptr_at.
+            Some(t) => unsafe { (*t).header_len() },
+            None => return false,
+        }
+    };
+    pkt.ip_len > ip_hdr + l4
+}
+
+/// Adds `ev` to backend `id`'s passive counters (nothing to write for a
+/// packet that tells nothing: the established path's common case).
+#[inline(always)]
+pub(crate) fn passive(id: u32, ev: &Evidence) {
+    if ev.events == 0 {
+        return;
+    }
+    if let Some(s) = XLB_PASSIVE.get_ptr_mut(id) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        ev.add_to(unsafe { &mut *s });
+    }
+}
