@@ -262,14 +262,28 @@ impl Default for NatLabOptions {
 /// Any step of the lab, the backends' conversion or xlb's start; the
 /// returned run's `Drop` tears everything down on the way out.
 pub fn up(prefix: &str, cfg: &NatConfig, opts: NatLabOptions) -> anyhow::Result<LabRun> {
+    up_with_xlb(prefix, cfg, opts, &crate::lab::xlb_binary())
+}
+
+/// [`up`] with the `xlb` binary given (a benchmark's `find_xlb`), rather
+/// than the tests' fresh one.
+///
+/// # Errors
+///
+/// As [`up`].
+pub fn up_with_xlb(
+    prefix: &str,
+    cfg: &NatConfig,
+    opts: NatLabOptions,
+    xlb: &std::path::Path,
+) -> anyhow::Result<LabRun> {
     crate::require_root();
-    let xlb = crate::lab::xlb_binary();
     let t0 = Instant::now();
     let mut run = LabRun::up_with(RunOptions {
         backends: opts.backends,
         start_daemon: false,
         ready_timeout: opts.ready_timeout,
-        ..RunOptions::new(prefix, &xlb, &cfg.render())
+        ..RunOptions::new(prefix, xlb, &cfg.render())
     })
     .context("bringing the lab up")?;
     make_backends_plain(&run)?;

@@ -101,11 +101,8 @@ fn load(vip: &NatVip) -> LoadOptions {
 ///
 /// The lab, a client, or a round that did not finish within its bound.
 pub fn run(xlb: &Path, rounds: usize) -> anyhow::Result<Vec<Round>> {
-    // `nat_lab::up` finds xlb itself; `xlb` is checked to exist here so
-    // that a missing build fails before a lab is built.
-    anyhow::ensure!(xlb.is_file(), "{} not found", xlb.display());
     let cfg = config();
-    let run = nat_lab::up(PREFIX, &cfg, NatLabOptions::default())?;
+    let run = nat_lab::up_with_xlb(PREFIX, &cfg, NatLabOptions::default(), xlb)?;
     let clients = cfg
         .vips
         .iter()

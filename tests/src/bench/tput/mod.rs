@@ -29,7 +29,7 @@ use report::{FLOOR, FORWARD, GEN_ONLY, IPIP_EST, IPIP_NEW, L2_EST, L2_NEW, NAT};
 use crate::{
     bench::{
         dataplane::{XDP_DROP, XDP_PASS, XDP_TX},
-        nat_tput::{Masquerade, NFT_MASQ},
+        nat_tput::{Masquerade, NAT_VIP, NAT_VIP_PORT, NFT_MASQ, XLB_NAT_EST},
         print_command,
     },
     harness::{Backend, World},
@@ -117,6 +117,8 @@ pub(crate) struct Case {
     nat: bool,
     /// … and the masquerade table (`bench::nat_tput`): full NAT.
     masquerade: bool,
+    /// The SYN opened a NAT flow: mark it established.
+    nat_flow: bool,
 }
 
 /// What one run of one case measured.
@@ -171,6 +173,7 @@ impl Case {
             xlb: prog == PROG_LB,
             nat: false,
             masquerade: false,
+            nat_flow: false,
         }
     }
 
@@ -193,6 +196,13 @@ impl Case {
         Self { nat: true, ..self }
     }
 
+    fn nat_flow(self) -> Self {
+        Self {
+            nat_flow: true,
+            ..self
+        }
+    }
+
     fn with_masquerade(self) -> Self {
         Self {
             nat: true,
@@ -211,6 +221,7 @@ fn cases() -> Vec<Case> {
     let new = Flow::tcp("198.18.0.0", 32768, &vip, 80);
     let new_l2 = Flow::tcp("198.18.0.0", 32768, &vip_l2, 80);
     let routed = Flow::tcp("192.0.2.1", 40001, &be1.to_string(), 80);
+    let est_nat = Flow::tcp("192.0.2.1", 40001, NAT_VIP, NAT_VIP_PORT);
     let ack = |f: &Flow| template(f, ACK);
     let syn = |f: &Flow| template(f, SYN);
     vec![
@@ -223,6 +234,9 @@ fn cases() -> Vec<Case> {
         Case::new(FORWARD, PROG_PASS, ack(&routed), XDP_PASS),
         Case::new(NAT, PROG_PASS, ack(&est), XDP_PASS).with_nat(),
         Case::new(NFT_MASQ, PROG_PASS, ack(&est), XDP_PASS).with_masquerade(),
+        Case::new(XLB_NAT_EST, PROG_LB, ack(&est_nat), XDP_TX)
+            .established(syn(&est_nat))
+            .nat_flow(),
     ]
 }
 
@@ -339,6 +353,9 @@ impl<'a> Bench<'a> {
             let (v, _) = w.run(PROG_LB, syn)?;
             anyhow::ensure!(v == XDP_TX, "{}: SYN verdict {v}", case.name);
         }
+        if case.nat_flow {
+            crate::bench::nat_tput::mark_established(w)?;
+        }
         let _nat = case
             .nat
             .then(|| {
@@ -434,7 +451,7 @@ fn configure_xlb(w: &mut World) -> anyhow::Result<()> {
             &table,
         )?;
     }
-    Ok(())
+    crate::bench::nat_tput::configure_xlb_nat(w, &table)
 }
 
 #[cfg(test)]
