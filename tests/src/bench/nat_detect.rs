@@ -27,7 +27,7 @@ use xlb_lab::{
 use crate::{
     bench::figures::{Figure, median},
     lab::{now_unix_ms, transitions},
-    nat_lab::{self, NatConfig, NatLabOptions, NatVip},
+    nat_lab::{self, NatConfig, NatLabOptions, NatVip, POOL2_V4},
 };
 
 /// The lab's namespace prefix.
@@ -74,8 +74,10 @@ pub fn config() -> NatConfig {
         "response_timeout = \"{}ms\"\n",
         RESPONSE_TIMEOUT.as_millis()
     ));
+    // Its own pool address: xlb refuses two VIPs sharing one.
     let active = NatVip {
         passive: Some("enabled = false\n".to_string()),
+        snat: vec![POOL2_V4.into()],
         ..NatVip::tcp(ACTIVE_VIP, VIP2_V4.into(), 80, 3)
     };
     cfg.vips = vec![NatVip::tcp(PASSIVE_VIP, VIP_V4.into(), 80, 3), active];
