@@ -318,3 +318,28 @@ fn judged_leaves_abandoned_requests_out() {
     };
     assert_eq!((w.judged(), w.failed()), (50, 6));
 }
+
+#[test]
+fn a_backend_ahead_of_a_fleet_slowing_down_is_not_an_outlier() {
+    // Seed 003 in the lab: the fleet slowed beyond response_timeout one
+    // backend after another; the first to cross it showed 10 of 28
+    // unanswered while its peers already failed 7 % of theirs.
+    let first = Window {
+        requests_due: 28,
+        unanswered: 10,
+        ..Window::default()
+    };
+    let peer = Window {
+        requests_due: 28,
+        unanswered: 2,
+        ..Window::default()
+    };
+    let v = judge(&[first, peer, peer], &th());
+    assert_eq!(v[0], Verdict::FailingWithPeers);
+    // The same backend hung among peers that answer: failing.
+    let answering = Window {
+        requests_due: 28,
+        ..Window::default()
+    };
+    assert!(failing(&judge(&[first, answering, answering], &th())[0]));
+}

@@ -1,6 +1,7 @@
 //! Each backend's window against its peers': a backend is failing when its
-//! own traffic fails (`failure_threshold` of it) and fails `peer_factor`
-//! times more than its peers' of the same VIP. A VIP failing together
+//! own traffic fails (`failure_threshold` of it), fails `peer_factor`
+//! times more than its peers' of the same VIP, and its peers' succeeds
+//! (they fail at most `failure_threshold / peer_factor` of theirs). A VIP failing together
 //! (seed 003: every backend slowed beyond `response_timeout`) ejects
 //! nobody; neither does evidence from fewer than `min_requests`.
 
@@ -82,7 +83,13 @@ fn judge_kind(own: Tally, peers: Tally, th: &Thresholds) -> Verdict {
         Verdict::Healthy
     } else if peers.1 < min {
         Verdict::NoPeers
-    } else if share(own.0, own.1) < th.peer_factor * share(peers.0, peers.1) {
+    } else if share(own.0, own.1) < th.peer_factor * share(peers.0, peers.1)
+        || share(peers.0, peers.1) > th.failure_threshold / th.peer_factor
+    {
+        // Its peers fail too, or fail at all beyond noise: a fleet
+        // slowing down, whose backends cross `response_timeout` one after
+        // another (seed 003), shows one of them ahead of the rest for a
+        // moment; that is no outlier.
         Verdict::FailingWithPeers
     } else {
         Verdict::Failing(String::new())
