@@ -19,7 +19,10 @@ target/release/build/lb-user-*/out/aya-build/target/lb-ebpf/bpfel-unknown-none/r
 Needs root, pyelftools (`pip install pyelftools`) and llvm-objdump for
 `--lines` (instructions per source line of each path; with `--own`, a line
 of the Rust library counts for the line of xlb that inlined it); `--maps`
-lists the map lookups and updates of each path.
+lists the map lookups and updates of each path. `BPFCOUNT_BENCH_ARGS="--only
+established"` shortens the background run. Objects since issue 28 also
+count `xlb_lb_untraced` (the benchmark's twin without the trace hook): the
+cost of tracing off is the established rows minus these.
 """
 import ctypes, os, struct, sys, collections
 from elftools.elf.elffile import ELFFile
@@ -91,7 +94,10 @@ class Prog:
         for s in f.iter_sections():
             if s['sh_type'] == 'SHT_PROGBITS' and s['sh_flags'] & 4:
                 self.code[s.name] = s.data()
-        self.data = {s.name: s.data() for s in f.iter_sections() if s.name.startswith('.rodata')}
+        # Globals (`.rodata*`, and `.data*` such as the trace flag) read
+        # their initial value from the object.
+        self.data = {s.name: s.data() for s in f.iter_sections()
+                     if s.name.startswith(('.rodata', '.data'))}
         self.rel = {}
         for s in f.iter_sections():
             if s['sh_type'] == 'SHT_REL':
@@ -321,6 +327,9 @@ PATHS = [
     ('xlb_lb', 'established hit, dsr-l2', frame('10.100.0.2', 80, 0x10)),
     ('xlb_lb', 'new flow (SYN), dsr-ipip', frame('10.100.0.1', 80, 0x02)),
     ('xlb_lb', 'non-VIP pass', frame('10.0.0.1', 22, 0x02)),
+    # The benchmark's twin without the trace hook (objects since issue 28).
+    ('xlb_lb_untraced', 'est. dsr-ipip, no trace hook', frame('10.100.0.1', 80, 0x10)),
+    ('xlb_lb_untraced', 'est. dsr-l2, no trace hook', frame('10.100.0.2', 80, 0x10)),
 ]
 
 def source_lines(obj):
@@ -356,7 +365,9 @@ def main():
     before = lb_ids()
     # Long enough to count while its world is up (its VIPs are removed
     # when it ends); it ends, and removes its namespace, on its own.
-    p = subprocess.Popen([bench, '--rounds', '60'], stdout=subprocess.DEVNULL,
+    # BPFCOUNT_BENCH_ARGS (e.g. `--only established`) makes the run shorter.
+    extra = os.environ.get('BPFCOUNT_BENCH_ARGS', '').split()
+    p = subprocess.Popen([bench, '--rounds', '60'] + extra, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     try:
         prog_id = None
@@ -374,6 +385,8 @@ def main():
             prog = Prog(obj)
             lines = source_lines(obj) if '--lines' in sys.argv else None
             for fn, name, pkt in PATHS:
+                if fn not in prog.byname:
+                    continue
                 vm = VM(prog, live)
                 vm.run(fn, pkt)
                 rc, total, count = vm.run(fn, pkt)

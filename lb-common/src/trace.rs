@@ -11,21 +11,49 @@
 //! the trace without a store on any path and without a second copy of the
 //! decision logic.
 //!
-//! Both maps are new pins beside the others; no existing layout changed, so
-//! [`crate::LAYOUT_VERSION`] stays: a daemon that adopts the pins of an older
-//! xlb without them creates them (aya's `map_pin_path` creates and pins what
-//! is missing) and keeps every flow.
+//! Off, a packet pays one test: the flag [`MAP_TRACE_ON`], a global the
+//! program reads as a direct value; the configuration is read only once the
+//! flag is set.
+//!
+//! The three maps are new pins beside the others; no existing layout
+//! changed, so [`crate::LAYOUT_VERSION`] stays: a daemon that adopts the
+//! pins of an older xlb without them creates them (aya's `map_pin_path`
+//! creates and pins what is missing) and keeps every flow.
 
 use crate::{FAMILY_V6, FlowKey, Stat};
 
 /// Pinned `Array` of one [`TraceConfig`].
 pub const MAP_TRACE_CONFIG: &str = "XLB_TRACE_CFG";
+/// Pinned one-entry `Array` of one `u32`: non-zero while a trace is on. It
+/// is the data section of the global `XLB_TRACE_ON` (aya names such a map
+/// after its section, which must start with `.data`, hence the name). aya
+/// writes the section's initial value (0) into it at every load, a pinned
+/// one included: a daemon that restarts turns tracing off, and a running
+/// `xlb trace` turns it on again at its next refresh (every second).
+pub const MAP_TRACE_ON: &str = ".data.TRACE_ON";
+/// The pin of [`MAP_TRACE_ON`]: bpffs refuses names with a dot (`EPERM`).
+pub const PIN_TRACE_ON: &str = "XLB_TRACE_ON";
+
+/// The file name map `name` is pinned under (its name, but for
+/// [`MAP_TRACE_ON`]).
+#[must_use]
+pub fn pin_name(name: &str) -> &str {
+    if name == MAP_TRACE_ON {
+        PIN_TRACE_ON
+    } else {
+        name
+    }
+}
 /// Pinned `BPF_MAP_TYPE_RINGBUF` of [`TraceEvent`] records.
 pub const MAP_TRACE_EVENTS: &str = "XLB_TRACE";
 /// Size of `XLB_TRACE` in bytes: a power of two and a multiple of the page
 /// size (the kernel requires both). 4,096 records of 56 bytes (plus the
 /// kernel's 8-byte header each): a second of a busy trace without sampling.
 pub const TRACE_RING_BYTES: u32 = 256 * 1024;
+
+/// `xlb_lb` without the trace hook, for the benchmark only (never loaded
+/// by the daemon): the cost of tracing off is `xlb_lb`'s time against it.
+pub const PROG_LB_UNTRACED: &str = "xlb_lb_untraced";
 
 /// XDP actions as the kernel numbers them (`enum xdp_action`), for
 /// userspace and the verdict mask.
@@ -82,13 +110,14 @@ pub const TRACE_VERDICT_TX: u8 = 1 << XDP_TX | 1 << XDP_REDIRECT;
 pub const TRACE_VERDICT_ALL: u8 = TRACE_VERDICT_DROP | TRACE_VERDICT_PASS | TRACE_VERDICT_TX;
 
 /// Value of `XLB_TRACE_CFG` (one entry). Written by `xlb trace`, read by
-/// `xlb_lb` on every packet (only `until_ns` while it is 0).
+/// `xlb_lb` for each packet while [`MAP_TRACE_ON`] is set.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TraceConfig {
     /// CLOCK_MONOTONIC (`bpf_ktime_get_ns`) ns until which the trace is
     /// on; 0 = off. `xlb trace` pushes it forward every second, so a trace
-    /// whose process died stops by itself.
+    /// whose process died stops by itself (the first packet past it clears
+    /// [`MAP_TRACE_ON`]).
     pub until_ns: u64,
     /// Packets that matched but found the ring buffer full (the kernel adds
     /// atomically; `xlb trace` reports it).

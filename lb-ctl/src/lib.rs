@@ -30,6 +30,7 @@ mod cluster;
 mod event;
 mod explain;
 mod guard;
+mod passive;
 mod request;
 mod response;
 mod status;
@@ -44,11 +45,12 @@ pub use explain::{ExplainReport, VIA};
 pub use guard::{
     BlockEntry, EntryOrigin, GuardAction, ListKind, SourceRow, SourceVerdict, VipSources,
 };
+pub use passive::{PassiveStatus, PassiveTotals};
 pub use request::{Protocol, Request};
 pub use response::Response;
 pub use status::{
-    BACKEND_STATES, BackendStatus, ConntrackStatus, PLACEMENTS, ProbeStatus, StatusReport,
-    VipStatus,
+    BACKEND_STATES, BackendStatus, ConntrackStatus, NatStatus, PLACEMENTS, ProbeStatus,
+    StatusReport, VipNatStatus, VipStatus,
 };
 pub use weight::WeightReport;
 pub use wire::{COMMANDS, PROTOCOL_VERSION, SUPPORTED_VERSIONS, parse_request, parse_response};

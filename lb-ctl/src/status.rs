@@ -41,6 +41,45 @@ pub struct StatusReport {
     /// The hand-off to the BGP speaker; `null` without `[announce]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub announce: Option<crate::AnnounceStatus>,
+    /// The NAT flow maps and their sweep; absent without NAT VIPs. Boxed:
+    /// most daemons have none, and `Response` keeps its variants small.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat: Option<Box<NatStatus>>,
+}
+
+/// Occupancy of the NAT flow maps (`mode = "nat"` VIPs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NatStatus {
+    /// Flows in `XLB_NAT_FLOWS` (expired ones not yet swept included),
+    /// counted every second off the main loop; `null` before the first
+    /// walk.
+    pub entries: Option<u64>,
+    /// `daemon.nat_size`: beyond it new NAT flows are refused.
+    pub capacity: u64,
+    /// Expired flows the daemon's sweep deleted since it started.
+    pub swept: u64,
+    /// Reply keys left without their flow that the sweep deleted.
+    pub orphans_swept: u64,
+    /// New flows refused because no source port was free
+    /// (`drop_nat_exhausted` + `reset_nat_exhausted`), since the maps
+    /// were created.
+    pub exhausted: u64,
+}
+
+/// A NAT VIP's translation, in its [`VipStatus`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VipNatStatus {
+    /// `preserve_client = true`: destination NAT only.
+    pub preserve_client: bool,
+    /// Source pool addresses (empty with `preserve_client`).
+    pub snat: Vec<String>,
+    /// Allocated source ports, `"MIN-MAX"`.
+    pub snat_ports: String,
+    /// Unexpired NAT flows of the VIP; `null` before the first walk.
+    pub flows: Option<u64>,
+    /// Flows the pool can hold to one backend port at once: addresses ×
+    /// ports (each backend has its own; 0 with `preserve_client`).
+    pub ports_per_backend: u64,
 }
 
 /// Occupancy of the connection tracking table.
@@ -69,7 +108,7 @@ pub struct VipStatus {
     pub port: u16,
     /// `"tcp"` or `"udp"`.
     pub protocol: String,
-    /// `"dsr-ipip"` or `"dsr-l2"`.
+    /// `"dsr-ipip"`, `"dsr-l2"` or `"nat"`.
     pub mode: String,
     /// `"rehash"` or `"keep"`.
     pub down_policy: String,
@@ -125,6 +164,9 @@ pub struct VipStatus {
     /// automatic or before the first tick.
     #[serde(default)]
     pub auto_timeout_ms: Option<f64>,
+    /// `mode = "nat"`: its pool and flows; absent for DSR VIPs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat: Option<VipNatStatus>,
     /// In configuration order.
     pub backends: Vec<BackendStatus>,
     /// Its announce state and why; absent from daemons that predate it.
@@ -246,6 +288,10 @@ pub struct BackendStatus {
     /// its first poll.
     #[serde(default)]
     pub agent: Option<crate::AgentStatus>,
+    /// What its real traffic says (passive detection, NAT VIPs with it
+    /// on); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passive: Option<crate::PassiveStatus>,
 }
 
 /// The outcome of one health probe.

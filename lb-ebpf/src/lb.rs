@@ -42,14 +42,16 @@
 //!   RST. Conntrack hits are never judged.
 //!
 //! Every stage returns a verdict word (`lb_common::trace`): the XDP action
-//! with the reason and backend above it. `run` hands it to `trace::after`
-//! (one flag test while no trace is on) and returns the action alone.
+//! with the reason and backend above it. `run::<true>` hands it to
+//! `trace::after` and returns the action alone; `run::<false>` (no trace
+//! on: `xlb_lb` tests the flag first) returns the action, the other bits
+//! folded away.
 
 use core::mem::MaybeUninit;
 
 use aya_ebpf::programs::XdpContext;
 use lb_common::{
-    PROTO_UDP, Stat,
+    Globals, PROTO_UDP, Stat,
     nat::{VIP_ADDR_NAT_POOL, VIP_PORT_NAT},
     trace::{TRACE_FLAG_PICKED, VERDICT_ACTION_MASK, flag_bits},
 };
@@ -66,8 +68,10 @@ use crate::{
     trace,
 };
 
+/// `TRACED`: with the trace hook (`trace::run_traced`, while a trace is on),
+/// or without (the untraced path of `xlb_lb`, and the benchmark's twin).
 #[inline(always)]
-pub(crate) fn run(ctx: &XdpContext) -> u32 {
+pub(crate) fn run<const TRACED: bool>(ctx: &XdpContext) -> u32 {
     let l2 = match parse::l2(ctx) {
         Ok(l2) => l2,
         // Not traced: no address to show or filter by.
@@ -78,7 +82,9 @@ pub(crate) fn run(ctx: &XdpContext) -> u32 {
     let mut slot = MaybeUninit::uninit();
     let pkt = Packet::init(&mut slot, l2.l3off);
     let verdict = decide(ctx, pkt, l2.ethertype);
-    trace::after(ctx, pkt, verdict);
+    if TRACED {
+        trace::after(ctx, pkt, verdict);
+    }
     verdict & VERDICT_ACTION_MASK
 }
 
@@ -131,6 +137,13 @@ fn decide(ctx: &XdpContext, pkt: &mut Packet, ethertype: u16) -> u32 {
             verdict => return verdict,
         }
     }
+    balance(ctx, pkt, g, now)
+}
+
+/// The DSR stages of a packet to a VIP's port: conntrack, the VIP, the
+/// guard, the table, forward.
+#[inline(always)]
+fn balance(ctx: &XdpContext, pkt: &mut Packet, g: &Globals, now: u64) -> u32 {
     // Established flows: conntrack first, and a hit needs no VIP lookup.
     // A SYN always picks from the current table.
     let mut missed = false;

@@ -226,7 +226,12 @@ static XLB_PASSIVE: PerCpuArray<PassiveStats> = PerCpuArray::with_max_entries(BA
 
 #[xdp]
 pub(crate) fn xlb_lb(ctx: XdpContext) -> u32 {
-    lb::run(&ctx)
+    // One flag test while no trace is on (`trace.rs`).
+    if trace::tracing() {
+        trace::run_traced(ctx)
+    } else {
+        trace::run_untraced(ctx)
+    }
 }
 
 #[xdp]

@@ -24,6 +24,7 @@ async fn attach_until_stopped(
 ) -> anyhow::Result<Dataplane> {
     let mut dp = Dataplane::load(&LoadOptions {
         ct_size: 1,
+        nat_size: 1,
         ring_stride: 2,
         pin_dir: None,
     })?;

@@ -10,6 +10,7 @@ use serde_json as _;
 pub mod bench;
 pub mod harness;
 pub mod lab;
+pub mod nat_lab;
 pub mod netns;
 pub mod packet;
 pub mod tls;

@@ -3,7 +3,9 @@
 //! table, then conntrack hits, all to the backend that answered it, as the
 //! backend's own `X-Backend` says), exits after `--count`, and turns
 //! tracing off; a second trace while one runs is refused, naming the first;
-//! a trace killed with SIGKILL does not block the next one.
+//! a trace killed with SIGKILL does not block the next one, and a trace
+//! keeps tracing across a daemon restart (which clears the flag; the
+//! trace's next refresh sets it again).
 //!
 //! Needs root and the binaries, like `e2e.rs`:
 //! `cargo test -p xlb-tests --test trace -- --nocapture`.
@@ -23,7 +25,7 @@ use std::{
 };
 
 use aya::maps::{Array, Map, MapData};
-use lb_common::trace::{MAP_TRACE_CONFIG, TraceConfig};
+use lb_common::trace::{MAP_TRACE_CONFIG, PIN_TRACE_ON, TraceConfig};
 use xlb_lab::{
     scenario::{Health, LabRun, Mode, Vip, XlbConfig},
     topology,
@@ -50,10 +52,22 @@ fn trace_config(run: &LabRun) -> TraceConfig {
     map.get(&0, 0).unwrap()
 }
 
-/// Waits up to 5 s for a trace to be on (`until_ns` set by `pid`).
+/// The trace flag pinned for the lab's instance.
+fn trace_flag(run: &LabRun) -> bool {
+    let pin = Path::new(lb_user::daemon::persist::PIN_ROOT)
+        .join(run.instance())
+        .join(PIN_TRACE_ON);
+    let data = MapData::from_pin(&pin).expect("the trace flag pin");
+    let map: Array<MapData, u32> = Map::Array(data).try_into().unwrap();
+    map.get(&0, 0).unwrap() != 0
+}
+
+/// Waits up to 5 s for a trace to be on (`until_ns` set by `pid`, the
+/// flag set).
 fn wait_tracing(run: &LabRun, pid: u32) {
     let t = Instant::now();
-    while trace_config(run).owner_pid != pid || trace_config(run).until_ns == 0 {
+    while trace_config(run).owner_pid != pid || trace_config(run).until_ns == 0 || !trace_flag(run)
+    {
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "xlb trace {pid} never turned tracing on"
@@ -155,7 +169,7 @@ fn lab_up(prefix: &str) -> LabRun {
 fn trace_shows_a_connection_and_stops_after_its_count() {
     let _serial = serial();
     let p = format!("tr{}", std::process::id() % 1000);
-    let run = lab_up(&p);
+    let mut run = lab_up(&p);
     let client = topology::CLIENT_V4.to_string();
     let vip = format!("{}:80", topology::VIP_V4);
 
@@ -221,6 +235,7 @@ fn trace_shows_a_connection_and_stops_after_its_count() {
         "then conntrack hits"
     );
     assert_eq!(trace_config(&run).until_ns, 0, "tracing off after --count");
+    assert!(!trace_flag(&run), "the flag cleared after --count");
 
     // SIGKILL: no Drop runs, tracing stays on until its expiry; the next
     // trace is not refused (its owner is gone) and takes over.
@@ -234,6 +249,10 @@ fn trace_shows_a_connection_and_stops_after_its_count() {
     );
     let next = trace(&run, &["--count", "1", "--verdict", "tx"]);
     let next_pid = next.0.id();
+    wait_tracing(&run, next_pid);
+    // A restart loads the object again, which writes the flag's initial
+    // value (off) into its pin; the trace's next refresh sets it again.
+    run.restart_daemon().expect("restarting the daemon");
     wait_tracing(&run, next_pid);
     get(&run);
     let out = finish(next, Duration::from_secs(10));

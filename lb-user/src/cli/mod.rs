@@ -10,6 +10,7 @@ mod events;
 mod explain;
 pub mod follow;
 pub mod generate;
+mod nat;
 pub mod peers;
 pub mod sources;
 pub mod target;
@@ -391,6 +392,8 @@ pub fn check_config(path: &Path) -> Result<String, ConfigErrors> {
     let config = Config::from_file(path)?;
     crate::announce::check_local_addresses(&config, &path.display().to_string())
         .map_err(|problems| ConfigErrors { problems })?;
+    crate::config::check_pools_local(&config.vips, &path.display().to_string())
+        .map_err(|problems| ConfigErrors { problems })?;
     let backends: usize = config.vips.iter().map(|v| v.backends.len()).sum();
     let mut out = format!(
         "{}: ok ({}, {})\n",
@@ -580,6 +583,7 @@ fn daemon_lines(report: &StatusReport, now_unix_ms: u64, color: bool) -> String 
         out.push_str(" (adopted pinned state)");
     }
     out.push('\n');
+    out.push_str(&nat::daemon_line(report));
     out.push_str(&peers::node_line(report));
     let drops: Vec<String> = report
         .counters
@@ -629,6 +633,9 @@ fn vip_line(vip: &VipStatus, color: bool) -> String {
         rate(vip.new_flows_per_sec),
         peers::vip_note(vip),
     );
+    if let Some(nat) = nat::vip_line(vip) {
+        let _ = write!(line, "\n{nat}");
+    }
     if let Some(reason) = &vip.panic_reason {
         let _ = write!(line, "\n  {} {reason}", paint("PANIC:", Style::Red, color));
     }
@@ -692,6 +699,7 @@ fn backend_row(b: &BackendStatus, now_unix_ms: u64) -> Vec<Cell> {
         ));
     }
     notes.extend(b.agent.as_ref().and_then(crate::ctl::AgentStatus::note));
+    notes.extend(b.passive.as_ref().and_then(crate::ctl::PassiveStatus::note));
     if !notes.is_empty() {
         let _ = write!(probe, "  ({})", notes.join(", "));
     }

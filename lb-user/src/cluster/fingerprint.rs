@@ -111,7 +111,7 @@ fn vip_input(v: &VipConfig) -> Vec<u8> {
     push_addr(&mut out, v.addr);
     out.extend_from_slice(&v.port.to_be_bytes());
     out.push(ip_proto(v.protocol));
-    out.push(v.mode.as_raw());
+    out.push(v.raw_mode());
     out.extend_from_slice(&v.table_size.to_be_bytes());
     let mut live: Vec<(IpAddr, u16, u32)> = v
         .backends

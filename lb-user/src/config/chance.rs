@@ -33,6 +33,10 @@ pub(super) fn second_chance(raw: &RawVip, mode: Mode, ctx: &str, p: &mut Problem
             );
             false
         }
+        (_, Mode::Nat) => {
+            super::nat::refuse_second_chance(raw, ctx, p);
+            false
+        }
         (Some(on), _) => on,
         (None, Mode::DsrIpip) => true,
         (None, Mode::DsrL2) => false,

@@ -374,7 +374,7 @@ wieght = 2
                 "interface = \"eth0\"\nxdp = \"native\"",
             ),
             &[
-                "xlb.toml:4:1: daemon: unknown field `xdp`, expected one of `interface`, `xdp_mode`, `instance`, `control_socket`, `socket_group`, `metrics_address`, `conntrack_size`, `udp_timeout`, `max_table_size`, `hash_seed`, `encap_source_v4`, `encap_source_v6`, `encap_source_v4_prefix`, `probe_concurrency`, `reply_rate`, `second_chance_window`",
+                "xlb.toml:4:1: daemon: unknown field `xdp`, expected one of `interface`, `xdp_mode`, `instance`, `control_socket`, `socket_group`, `metrics_address`, `conntrack_size`, `udp_timeout`, `max_table_size`, `hash_seed`, `encap_source_v4`, `encap_source_v6`, `encap_source_v4_prefix`, `probe_concurrency`, `reply_rate`, `second_chance_window`, `nat_size`, `tcp_syn_timeout`, `tcp_timeout`, `tcp_fin_timeout`, `tcp_close_timeout`",
                 "xlb.toml:12:1: vip \"api\": health_check: unknown field `intreval`, expected one of `kind`, `method`, `path`, `host`, `expect_status`, `body_contains`, `interval`, `timeout`, `hang_timeout`, `rise`, `fall`, `fast_interval`, `down_interval`, `jitter`, `via`, `reuse_connection`, `reopen_every`, `agent_port`, `agent_interval`, `agent_timeout`, `agent_send`, `dns_name`, `dns_type`, `dns_rcodes`, `send`, `send_hex`, `expect_prefix`, `expect_contains`, `expect_regex`, `expect_max`, `service`, `tls`, `tls_verify`, `ca_file`, `port`",
                 "xlb.toml:16:1: vip \"api\": backend 10.0.0.1: unknown field `wieght`, expected one of `address`, `port`, `weight`, `health_port`, `health_check`, `max_flows`",
             ],

@@ -86,6 +86,9 @@ pub struct PinnedSettings {
     /// Ring stride: the largest `table_size` any VIP may use; a prime.
     /// Default 65537.
     pub max_table_size: u32,
+    /// Capacity of each NAT flow map, entries. Default
+    /// [`lb_common::nat::DEFAULT_NAT_SIZE`].
+    pub nat_size: u32,
 }
 
 /// What the running process holds: a change takes effect at the next
@@ -136,6 +139,9 @@ pub struct LiveSettings {
     /// chance; 0 = never (no VIP gets a second chance). Default 10 min.
     #[serde(serialize_with = "ser_duration")]
     pub second_chance_window: Duration,
+    /// NAT VIPs' TCP state timeouts, which each VIP may override.
+    #[serde(flatten)]
+    pub nat_timeouts: super::nat::NatTimeouts,
 }
 
 /// Checks every setting and resolves its default. Settings are checked in
@@ -157,6 +163,8 @@ pub(super) fn validate(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
     let probe_concurrency = probe_concurrency(raw, p);
     let reply_rate = reply_rate(raw, p);
     let second_chance_window = super::chance::window(raw, CTX, p);
+    let nat_size = super::nat::nat_size(raw, CTX, p);
+    let nat_timeouts = super::nat::daemon_timeouts(raw, CTX, p);
     DaemonConfig {
         pinned: PinnedSettings {
             interface,
@@ -164,6 +172,7 @@ pub(super) fn validate(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
             instance,
             conntrack_size,
             max_table_size,
+            nat_size,
         },
         restart: RestartSettings {
             control_socket,
@@ -179,6 +188,7 @@ pub(super) fn validate(raw: &RawDaemon, p: &mut Problems<'_>) -> DaemonConfig {
             encap_source_v4_prefix,
             reply_rate,
             second_chance_window,
+            nat_timeouts,
         },
     }
 }

@@ -72,6 +72,8 @@ mod grpc;
 mod guard;
 mod health;
 mod keys;
+mod nat;
+mod passive;
 mod protection;
 mod raw;
 mod shown;
@@ -92,6 +94,11 @@ pub use guard::{
     defaults as guard_defaults, parse_rate,
 };
 pub use keys::{ConfigKey, accepted_keys};
+pub use nat::{
+    MAX_NAT_SIZE, MIN_NAT_SIZE, NatConfig, NatTimeouts, check_pools_local,
+    defaults as nat_defaults, parse_port_range, pool_not_local_errors,
+};
+pub use passive::{PassiveConfig, apply_pool_timeouts, defaults as passive_defaults};
 pub use shown::{duration as shown_duration, rate as shown_rate};
 pub use vip::{
     BackendConfig, DownPolicy, MAX_WEIGHT, Mode, Protocol, VipConfig, check_weight, ip_proto,
@@ -296,6 +303,7 @@ fn validate(raw: &RawConfig, p: &mut Problems<'_>) -> Config {
     let globals = vip::Globals {
         health: &global_health,
         protection: raw.protection.as_ref(),
+        passive: raw.passive.as_ref(),
         guard: raw.guard.as_ref(),
     };
     let vips = vip::validate_all(&raw.vip, &daemon, &globals, p);
@@ -658,6 +666,7 @@ reason = "\u001b[2J"
                     instance: "default".into(),
                     conntrack_size: 1_048_576,
                     max_table_size: 65_537,
+                    nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
                 },
                 restart: RestartSettings {
                     control_socket: PathBuf::from("/run/xlb/xlb.sock"),
@@ -673,6 +682,7 @@ reason = "\u001b[2J"
                     encap_source_v4_prefix: None,
                     reply_rate: 1000,
                     second_chance_window: chance::DEFAULT_WINDOW,
+                    nat_timeouts: NatTimeouts::default(),
                 },
             },
             vips: vec![VipConfig {
@@ -685,7 +695,13 @@ reason = "\u001b[2J"
                 table_size: 65_537,
                 host_services: false,
                 second_chance: true,
+                nat: None,
                 protection: Policy::default(),
+                // A DSR VIP: never on.
+                passive: PassiveConfig {
+                    enabled: false,
+                    ..PassiveConfig::default()
+                },
                 guard: VipGuardConfig::default(),
                 backends: vec![BackendConfig {
                     addr: ip("10.0.0.11"),
@@ -812,6 +828,7 @@ reason = "\u001b[2J"
                     instance: "edge_1".into(),
                     conntrack_size: 4096,
                     max_table_size: 131_071,
+                    nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
                 },
                 restart: RestartSettings {
                     control_socket: PathBuf::from("/run/xlb-edge/ctl.sock"),
@@ -827,6 +844,7 @@ reason = "\u001b[2J"
                     encap_source_v4_prefix: None,
                     reply_rate: 1000,
                     second_chance_window: chance::DEFAULT_WINDOW,
+                    nat_timeouts: NatTimeouts::default(),
                 },
             },
             vips: vec![VipConfig {
@@ -839,7 +857,13 @@ reason = "\u001b[2J"
                 table_size: 131_071,
                 host_services: false,
                 second_chance: false,
+                nat: None,
                 protection: Policy::default(),
+                // A DSR VIP: never on.
+                passive: PassiveConfig {
+                    enabled: false,
+                    ..PassiveConfig::default()
+                },
                 guard: VipGuardConfig::default(),
                 backends: vec![
                     BackendConfig {

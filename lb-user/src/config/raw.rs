@@ -23,6 +23,7 @@ pub(super) struct RawConfig {
     pub(super) daemon: RawDaemon,
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
+    pub(super) passive: Option<super::passive::RawPassive>,
     pub(super) guard: Option<RawGuard>,
     pub(super) cluster: Option<super::cluster::RawCluster>,
     pub(super) announce: Option<super::announce::RawAnnounce>,
@@ -50,6 +51,12 @@ pub(super) struct RawDaemon {
     pub(super) probe_concurrency: Option<u32>,
     pub(super) reply_rate: Option<String>,
     pub(super) second_chance_window: Option<String>,
+    /// NAT mode (`config::nat`): flow map capacity and TCP timeouts.
+    pub(super) nat_size: Option<u32>,
+    pub(super) tcp_syn_timeout: Option<String>,
+    pub(super) tcp_timeout: Option<String>,
+    pub(super) tcp_fin_timeout: Option<String>,
+    pub(super) tcp_close_timeout: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -66,10 +73,20 @@ pub(super) struct RawVip {
     pub(super) second_chance: Option<bool>,
     pub(super) health_check: Option<RawHealth>,
     pub(super) protection: Option<RawProtection>,
+    pub(super) passive: Option<super::passive::RawPassive>,
     pub(super) guard: Option<RawGuard>,
     pub(super) max_flows: Option<u64>,
     /// Overrides `announce.min_up`; i64 for a message of ours on 0 or -1.
     pub(super) announce_min_up: Option<i64>,
+    /// NAT mode (`config::nat`): the source pool, and the daemon's TCP
+    /// timeouts overridden for this VIP.
+    pub(super) preserve_client: Option<bool>,
+    pub(super) snat: Option<Vec<IpAddr>>,
+    pub(super) snat_ports: Option<String>,
+    pub(super) tcp_syn_timeout: Option<String>,
+    pub(super) tcp_timeout: Option<String>,
+    pub(super) tcp_fin_timeout: Option<String>,
+    pub(super) tcp_close_timeout: Option<String>,
     #[serde(default)]
     pub(super) backend: Vec<RawBackend>,
 }
@@ -385,8 +402,8 @@ address = "10.0.0.11"
 name = "a"
 address = "10.1.0.1"
 "#), at None, "missing field `port`";
-        bad_mode: api_with_backend(r#"mode = "nat""#), at Some("nat"),
-            "unknown variant `nat`, expected `dsr-ipip` or `dsr-l2`";
+        bad_mode: api_with_backend(r#"mode = "fullnat""#), at Some("fullnat"),
+            "unknown variant `fullnat`, expected one of `dsr-ipip`, `dsr-l2`, `nat`";
         bad_protocol: api_with_backend(r#"protocol = "sctp""#), at Some("sctp"),
             "unknown variant `sctp`, expected `tcp` or `udp`";
         bad_address: api_vip(r#"

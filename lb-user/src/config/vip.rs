@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use super::daemon::DaemonConfig;
 use super::guard::{self as guard_cfg, VipGuardConfig};
 use super::health::{self, HealthLayer, Layer};
+use super::nat::{self, NatConfig};
 use super::raw::{RawBackend, RawGuard, RawProtection, RawVip};
-use super::{Problems, defaults, protection, suggest_prime};
+use super::{PassiveConfig, Problems, defaults, protection, suggest_prime};
 use crate::health::policy::Policy;
 use crate::health::spec::CheckSpec;
 use crate::maglev::is_prime;
@@ -42,14 +43,20 @@ pub enum Mode {
     /// Direct server return by rewriting the destination MAC: the backend must
     /// be on the same L2 segment and hold the VIP on a local interface.
     DsrL2,
+    /// Full NAT both ways (`config::nat`): backends need no change; with
+    /// `preserve_client`, destination NAT only.
+    Nat,
 }
 
 impl Mode {
-    /// `lb_common::MODE_*`, as stored in `VipInfo::mode`.
+    /// `lb_common::MODE_*`, as stored in `VipInfo::mode` (a NAT VIP with
+    /// `preserve_client` stores [`lb_common::nat::MODE_NAT_PRESERVE`]: see
+    /// [`VipConfig::raw_mode`]).
     pub fn as_raw(self) -> u8 {
         match self {
             Mode::DsrIpip => lb_common::MODE_DSR_IPIP,
             Mode::DsrL2 => lb_common::MODE_DSR_L2,
+            Mode::Nat => lb_common::nat::MODE_NAT,
         }
     }
 }
@@ -75,7 +82,7 @@ impl DownPolicy {
 }
 
 display_as_toml! {
-    Mode { DsrIpip => "dsr-ipip", DsrL2 => "dsr-l2" }
+    Mode { DsrIpip => "dsr-ipip", DsrL2 => "dsr-l2", Nat => "nat" }
     DownPolicy { Rehash => "rehash", Keep => "keep" }
 }
 
@@ -105,10 +112,15 @@ pub struct VipConfig {
     /// owner, which keeps connections alive when a flow moves to another
     /// node after the backend set changed (see `config::chance`).
     pub second_chance: bool,
+    /// `mode = "nat"`: its pool, port range and timeouts; `None` for the
+    /// DSR modes.
+    pub nat: Option<NatConfig>,
     /// What the VIP does when backends are slow or failing: `[protection]`
     /// merged with `[vip.protection]`.
     #[serde(serialize_with = "protection::ser_policy")]
     pub protection: Policy,
+    /// Passive detection (NAT VIPs): `[passive]` merged with `[vip.passive]`.
+    pub passive: PassiveConfig,
     /// Abuse control: `[guard]` merged under `[vip.guard]`, and the VIP's
     /// own deny and allow lists.
     pub guard: VipGuardConfig,
@@ -120,7 +132,8 @@ pub struct VipConfig {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BackendConfig {
     pub addr: IpAddr,
-    /// Always the VIP's port: DSR does not translate ports.
+    /// The VIP's port in the DSR modes (which do not translate ports);
+    /// the backend's own `port` in NAT mode.
     pub port: u16,
     /// 0..=[`MAX_WEIGHT`], default 1; 0 = no new flows.
     pub weight: u32,
@@ -134,6 +147,18 @@ pub struct BackendConfig {
     pub max_flows: Option<u64>,
 }
 
+impl VipConfig {
+    /// `VipInfo::mode`: [`Mode::as_raw`], or
+    /// [`lb_common::nat::MODE_NAT_PRESERVE`] for a NAT VIP with
+    /// `preserve_client`.
+    pub fn raw_mode(&self) -> u8 {
+        match &self.nat {
+            Some(nat) if nat.preserve_client => lb_common::nat::MODE_NAT_PRESERVE,
+            _ => self.mode.as_raw(),
+        }
+    }
+}
+
 impl BackendConfig {
     pub fn socket_addr(&self) -> SocketAddr {
         SocketAddr::new(self.addr, self.port)
@@ -145,6 +170,7 @@ impl BackendConfig {
 pub(super) struct Globals<'a> {
     pub(super) health: &'a HealthLayer,
     pub(super) protection: Option<&'a RawProtection>,
+    pub(super) passive: Option<&'a super::passive::RawPassive>,
     pub(super) guard: Option<&'a RawGuard>,
 }
 
@@ -168,8 +194,13 @@ pub(super) fn validate_all(
     let vips = raw
         .iter()
         .map(|v| validate(v, daemon, globals, &mut seen, p))
-        .collect();
+        .collect::<Vec<VipConfig>>();
     super::address::check_backends_are_not_vips(raw, p);
+    let pools: Vec<_> = vips
+        .iter()
+        .map(|v| (v.name.clone(), v.addr, v.nat.as_ref()))
+        .collect();
+    nat::check_pools_across_vips(&pools, p);
     vips
 }
 
@@ -191,6 +222,7 @@ fn validate<'a>(
     let table_size = table_size(raw, daemon, &ctx, p);
     let mode = raw.mode.unwrap_or(defaults::MODE);
     let second_chance = super::chance::second_chance(raw, mode, &ctx, p);
+    let nat = nat::resolve(raw, mode, protocol, daemon, &ctx, p);
 
     let vip_hctx = format!("{ctx}: health_check");
     let vip_health = health::parse(
@@ -204,7 +236,13 @@ fn validate<'a>(
     health::resolve(&layers, 0, p);
 
     warn_no_usable_backend(raw, &ctx, p);
-    let backends = validate_backends(raw, &ctx, &layers, p);
+    let mut backends = validate_backends(raw, &ctx, &layers, p);
+    if mode == Mode::Nat {
+        for (i, b) in backends.iter_mut().enumerate() {
+            nat::check_probe_via(raw, i, &ctx, p);
+            b.health.via = crate::health::spec::Via::Direct;
+        }
+    }
 
     VipConfig {
         name: raw.name.clone(),
@@ -216,6 +254,7 @@ fn validate<'a>(
         table_size,
         host_services,
         second_chance,
+        nat,
         protection: protection::resolve(
             &[
                 (globals.protection, "protection"),
@@ -223,6 +262,7 @@ fn validate<'a>(
             ],
             p,
         ),
+        passive: super::passive::resolve(globals.passive, raw.passive.as_ref(), mode, &ctx, p),
         guard: guard_cfg::resolve_vip(globals.guard, raw.guard.as_ref(), &ctx, p),
         backends,
     }
@@ -410,15 +450,18 @@ fn validate_backends(
         .collect()
 }
 
-/// DSR leaves the destination port as the client sent it.
+/// DSR leaves the destination port as the client sent it; NAT translates
+/// it.
 fn check_backend_port(vip: &RawVip, port: u16, bctx: &str, p: &mut Problems<'_>) {
-    if port != vip.port {
+    if port == 0 {
+        p.error(bctx, "port 0 is invalid; use 1 to 65535");
+    } else if port != vip.port && vip.mode != Some(Mode::Nat) {
         p.error(
             bctx,
             format!(
                 "port {port} differs from the VIP port {}; DSR modes do not translate \
                  ports, so the backend must serve port {} itself (remove port or set \
-                 it to {})",
+                 it to {}, or use mode = \"nat\")",
                 vip.port, vip.port, vip.port
             ),
         );
@@ -450,6 +493,7 @@ fn check_backend_address(
                 "dsr-l2 finds the backend's MAC address by a route lookup in the \
                  VIP's family ({want})"
             ),
+            Mode::Nat => format!("nat translates within the VIP's family ({want})"),
         };
         p.error(
             ctx,
@@ -713,7 +757,7 @@ mode = "dsr-l2"
 address = "10.0.0.11"
 port = 8080
 "#) => [
-            r#"xlb.toml: vip "api": backend 10.0.0.11:8080: port 8080 differs from the VIP port 80; DSR modes do not translate ports, so the backend must serve port 80 itself (remove port or set it to 80)"#,
+            r#"xlb.toml: vip "api": backend 10.0.0.11:8080: port 8080 differs from the VIP port 80; DSR modes do not translate ports, so the backend must serve port 80 itself (remove port or set it to 80, or use mode = "nat")"#,
         ];
         backend_is_the_vip: api_vip(r#"
 [[vip.backend]]
@@ -785,6 +829,7 @@ address = "10.0.0.2"
             ("udp", ip_proto(Protocol::Udp), lb_common::PROTO_UDP),
             ("dsr-ipip", Mode::DsrIpip.as_raw(), lb_common::MODE_DSR_IPIP),
             ("dsr-l2", Mode::DsrL2.as_raw(), lb_common::MODE_DSR_L2),
+            ("nat", Mode::Nat.as_raw(), lb_common::nat::MODE_NAT),
             (
                 "rehash",
                 DownPolicy::Rehash.as_raw(),
@@ -801,5 +846,6 @@ address = "10.0.0.2"
         }
         assert_eq!(Mode::DsrIpip.to_string(), "dsr-ipip");
         assert_eq!(Mode::DsrL2.to_string(), "dsr-l2");
+        assert_eq!(Mode::Nat.to_string(), "nat");
     }
 }

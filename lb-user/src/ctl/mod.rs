@@ -186,6 +186,26 @@ pub(crate) mod tests {
                 packets_per_sec: 834.0,
                 flows: Some(37),
                 drain_deadline_unix_ms: Some(now + 240_000),
+                // Healthy traffic: nothing for the status line to say.
+                passive: Some(crate::ctl::PassiveStatus {
+                    window_ms: 2000,
+                    requests_due: 120,
+                    connects_due: 60,
+                    responses: 121,
+                    mean_response_ms: Some(4.5),
+                    verdict: "healthy".to_owned(),
+                    totals: crate::ctl::PassiveTotals {
+                        connects: 900,
+                        connected: 900,
+                        connect_timeouts: 1,
+                        resets: 2,
+                        requests: 1800,
+                        responses: 1795,
+                        unanswered: 3,
+                        abandoned: 2,
+                    },
+                    ..crate::ctl::PassiveStatus::default()
+                }),
                 ..backend("10.99.0.13:80", "draining", "up", true, false)
             },
         ]
@@ -244,6 +264,7 @@ pub(crate) mod tests {
                 ..VipStatus::default()
             }],
             announce: None,
+            nat: None,
         }
     }
 

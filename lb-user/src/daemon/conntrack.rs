@@ -197,17 +197,39 @@ pub(super) struct Shared {
     fast: AtomicBool,
     /// `daemon.udp_timeout` in ns (it can change on reload).
     udp_timeout_ns: AtomicU64,
+    /// Established NAT flows per (backend id, generation), from the NAT
+    /// sweep (`nat_sweep`): NAT flows never enter `XLB_CT`, so they are
+    /// added to every walk's counts.
+    nat: Mutex<HashMap<(u32, u32), u64>>,
 }
 
 impl Shared {
     /// The latest walk; `None` until the first one finishes, or when the
     /// last one to finish is older than [`STALE`].
     pub(super) fn latest(&self) -> Option<Walk> {
-        self.latest
+        let mut walk = self
+            .latest
             .lock()
             .ok()
             .and_then(|l| l.clone())
-            .filter(|w| w.at.elapsed() < STALE)
+            .filter(|w| w.at.elapsed() < STALE)?;
+        if let Ok(nat) = self.nat.lock()
+            && !nat.is_empty()
+        {
+            let mut counts = (*walk.counts).clone();
+            for (k, n) in nat.iter() {
+                *counts.per_backend.entry(*k).or_default() += n;
+            }
+            walk.counts = Arc::new(counts);
+        }
+        Some(walk)
+    }
+
+    /// The NAT sweep's latest established flows per backend.
+    pub(super) fn set_nat_flows(&self, per_backend: HashMap<(u32, u32), u64>) {
+        if let Ok(mut nat) = self.nat.lock() {
+            *nat = per_backend;
+        }
     }
 
     pub(super) fn set_fast(&self, fast: bool) {

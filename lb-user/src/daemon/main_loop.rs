@@ -1,7 +1,7 @@
 //! The main loop: goes live (attaches the programs, starts the probes, the
 //! control socket, metrics and the conntrack walk), then applies health
-//! reports, answers requests, reloads on SIGHUP and runs the 1 s tick until
-//! SIGTERM or SIGINT. It is the only task that writes the maps.
+//! reports, answers requests, reloads on SIGHUP and runs the 1 s tick (and
+//! passive detection's 100 ms one) until SIGTERM or SIGINT. It is the only task that writes the maps.
 
 use crate::ctl::EventKind;
 use std::sync::Arc;
@@ -49,6 +49,10 @@ impl Daemon {
             self.ct_entries.clone(),
             self.flows.clone(),
         );
+        // Always: a reload may add the first NAT VIP, and flows of NAT VIPs
+        // removed before a restart still need sweeping. An empty map costs
+        // one call a second.
+        self.spawn_nat_sweep();
         // Deadlines that passed while no daemon ran apply now.
         self.check_drains();
         self.sample();
@@ -114,6 +118,9 @@ impl Daemon {
         let mut hup = signal(SignalKind::hangup())?;
         let mut term = signal(SignalKind::terminate())?;
         let mut tick = tokio::time::interval(TICK);
+        // Passive detection's samples: a late one is skipped, not doubled.
+        let mut passive_tick = tokio::time::interval(crate::health::passive::SAMPLE_PERIOD);
+        passive_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
                 Some(r) = reports.recv() => {
@@ -140,6 +147,7 @@ impl Daemon {
                     let _ = self.reload_by("SIGHUP");
                 }
                 _ = tick.tick() => self.on_tick(),
+                _ = passive_tick.tick() => self.on_passive_tick(),
                 _ = term.recv() => return Ok(()),
                 _ = tokio::signal::ctrl_c() => return Ok(()),
             }
@@ -153,6 +161,7 @@ impl Daemon {
         self.check_drains();
         self.guard_tick();
         self.check_alarms();
+        self.check_nat_alarms();
         self.check_sources();
         self.expire_second_chance();
         for v in &self.vips {

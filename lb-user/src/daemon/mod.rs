@@ -22,6 +22,8 @@
 //! - `control`: the control socket's and the metrics endpoint's bridges.
 //! - `model`, `persist`, `conntrack`: VIPs and backends and their map
 //!   writes, the state file, the conntrack walk.
+//! - `passive`: NAT VIPs' per-backend traffic counters, sampled every
+//!   100 ms and judged into passive evidence for the health machines.
 
 pub mod alarms;
 mod announce;
@@ -37,7 +39,10 @@ mod guard;
 mod links;
 mod main_loop;
 pub mod model;
+pub mod nat;
+mod nat_sweep;
 mod notify;
+mod passive;
 pub mod persist;
 mod reload;
 mod sources;
@@ -127,6 +132,10 @@ pub struct Daemon {
     ct_entries: Arc<AtomicU64>,
     /// Established flows per backend from the same walk, and its pace.
     flows: Arc<conntrack::Shared>,
+    /// The NAT sweep's latest walk (`nat_sweep`).
+    nat_flows: Arc<nat_sweep::Shared>,
+    /// The NAT maps' fill and port-exhaustion alarms.
+    nat_alarms: nat::NatAlarms,
     /// When `status` was last asked for: someone polling it (`xlb drain
     /// --wait`) wants fresh flow counts of the backends being drained.
     status_asked: Option<Instant>,
@@ -148,6 +157,8 @@ pub struct Daemon {
     announcing: announce::Announcing,
     /// What systemd has been told (`notify`).
     notify: notify::Notify,
+    /// Passive detection's histories and verdicts (`passive`).
+    passive: passive::Passive,
 }
 
 /// Whether the state file describes maps of this binary's layout; if not,
@@ -204,10 +215,13 @@ impl Daemon {
             path_alarms: alarms::PathAlarms::default(),
             sources: sources::Watch::default(),
             histograms: HashMap::new(),
+            passive: passive::Passive::default(),
             probe_failures: HashMap::new(),
             index,
             ct_entries: Arc::new(AtomicU64::new(0)),
             flows: Arc::default(),
+            nat_flows: Arc::default(),
+            nat_alarms: nat::NatAlarms::default(),
             status_asked: None,
             transitions: HashMap::new(),
             published: Arc::new(Mutex::new((

@@ -70,6 +70,9 @@ impl Daemon {
         if let Err(e) = self.dp.sync_hc_reals(&model::hc_reals(&self.vips)) {
             error!("updating the data-path probe map: {e:#}");
         }
+        if let Err(e) = self.sync_nat() {
+            error!("updating the NAT maps: {e:#}");
+        }
         result
     }
 
@@ -158,8 +161,9 @@ impl Daemon {
                 off_link.join("\n")
             );
         }
-        if let Err(lines) =
-            crate::announce::check_local_addresses(new, &self.config_path.display().to_string())
+        let origin = self.config_path.display().to_string();
+        if let Err(lines) = crate::announce::check_local_addresses(new, &origin)
+            .and_then(|()| crate::config::check_pools_local(&new.vips, &origin))
         {
             anyhow::bail!(
                 "{}\nconfiguration rejected: still running the previous one",

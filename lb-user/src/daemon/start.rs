@@ -210,6 +210,8 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     if !off_link.is_empty() {
         bail!("{}", off_link.join("\n"));
     }
+    crate::config::check_pools_local(&cfg.vips, &config_path.display().to_string())
+        .map_err(|lines| anyhow::anyhow!("{}", lines.join("\n")))?;
     // A warning, not a refusal: the route may come later (BGP), and until
     // then data-path probes fall back to judging backends directly.
     for problem in crate::route::vip_routes_missing(&cfg.vips, &d.pinned.interface) {
@@ -239,8 +241,10 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
             );
         }
     }
+    check_pinned_nat_size(&pin_dir, d)?;
     let dp = Dataplane::load(&LoadOptions {
         ct_size: d.pinned.conntrack_size,
+        nat_size: d.pinned.nat_size,
         ring_stride: d.pinned.max_table_size,
         pin_dir: Some(pin_dir.clone()),
     })?;
@@ -271,11 +275,36 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     crate::chance::set_window(d.live.second_chance_window);
     let mut daemon = Daemon::new(config_path, cfg, dp, saved)?;
     daemon.globals = globals;
+    daemon.sync_nat()?;
     // Last, so a start that fails before has changed nothing on the host.
     let changed = host::enable_forwarding(&iface, v6)?;
     daemon.record_forwarding(recorded, changed);
     info!(took_ms = t0.elapsed().as_millis() as u64, "maps ready");
     Ok(daemon)
+}
+
+/// aya adopts a pinned map whatever its size: a NAT flow map pinned with
+/// another `nat_size` is refused, as conntrack's is.
+fn check_pinned_nat_size(pin_dir: &std::path::Path, d: &DaemonConfig) -> anyhow::Result<()> {
+    let pin = pin_dir.join(lb_common::nat::MAP_NAT_FLOWS);
+    if !pin.exists() {
+        return Ok(());
+    }
+    let pinned = aya::maps::MapData::from_pin(&pin)
+        .and_then(|m| m.info())
+        .with_context(|| format!("reading {}", pin.display()))?
+        .max_entries();
+    if pinned != d.pinned.nat_size {
+        bail!(
+            "pinned NAT flow map in {} holds {pinned} entries, the configuration says \
+             nat_size = {}: run `xlb detach --instance {}` first (this drops established \
+             flows) or restore the old value",
+            pin_dir.display(),
+            d.pinned.nat_size,
+            d.pinned.instance
+        );
+    }
+    Ok(())
 }
 
 impl Daemon {

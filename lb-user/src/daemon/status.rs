@@ -160,6 +160,7 @@ impl Daemon {
             counters,
             fingerprint: ctl::FingerprintStatus::default(),
             cluster: ctl::ClusterStatus::default(),
+            nat: self.nat_status(),
             vips,
             announce: self.announce_status(),
         };
@@ -191,6 +192,7 @@ impl Daemon {
             panic: v.policy.panic.is_some(),
             panic_reason: v.policy.panic.clone(),
             fleet_slow: v.policy.fleet_slow.clone(),
+            nat: self.vip_nat_status(v),
             ejected_slow: v
                 .backends
                 .iter()
@@ -271,6 +273,7 @@ impl Daemon {
                 .filter(|_| b.admin_drained)
                 .map(ctl::unix_ms),
             agent: snap.and_then(|s| s.agent.as_ref().map(|a| a.to_ctl(instant_ms))),
+            passive: self.passive_status(v, b),
         }
     }
 }

@@ -5,6 +5,7 @@
 pub mod batch;
 mod decap;
 mod guard;
+pub mod nat;
 mod reply;
 mod trace;
 mod vip_addr;
@@ -13,7 +14,6 @@ pub use guard::{ListKey, source_key};
 
 use std::{
     collections::HashMap as StdHashMap,
-    os::fd::AsFd as _,
     path::{Path, PathBuf},
 };
 
@@ -87,6 +87,8 @@ fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DataplaneError {
 pub struct LoadOptions {
     /// Conntrack capacity (entries).
     pub ct_size: u32,
+    /// Capacity of each NAT flow map (entries).
+    pub nat_size: u32,
     /// Ring slots reserved per VIP half: the largest allowed table size.
     pub ring_stride: u32,
     /// Pin every map here, adopting maps already pinned there.
@@ -97,6 +99,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             ct_size: lb_common::DEFAULT_CT_SIZE,
+            nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: lb_common::DEFAULT_TABLE_SIZE,
             pin_dir: None,
         }
@@ -138,6 +141,13 @@ pub const MAP_NAMES: &[&str] = &[
     lb_common::MAP_REPLY_RATE,
     lb_common::trace::MAP_TRACE_CONFIG,
     lb_common::trace::MAP_TRACE_EVENTS,
+    lb_common::nat::MAP_NAT_FLOWS,
+    lb_common::nat::MAP_NAT_REPLY,
+    lb_common::nat::MAP_NAT_POOL,
+    lb_common::nat::MAP_NAT_SPORTS,
+    lb_common::nat::MAP_PASSIVE,
+    lb_common::nat::MAP_NAT_BACKEND_ADDRS,
+    lb_common::trace::MAP_TRACE_ON,
 ];
 
 /// `XLB_VIP_INDEX` for the VIPs `entries` (key, id): each slot 0, the id
@@ -190,6 +200,7 @@ pub struct Dataplane {
     ct_rate: PerCpuArray<MapData, CtRate>,
     reply_rate: PerCpuArray<MapData, lb_common::ReplyRate>,
     trace: trace::TraceMaps,
+    nat: nat::NatMaps,
     ring_stride: u32,
 }
 
@@ -253,9 +264,14 @@ impl Dataplane {
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(lb_common::MAP_RING, ring_entries)
-            .map_max_entries(lb_common::MAP_CT, opts.ct_size);
+            .map_max_entries(lb_common::MAP_CT, opts.ct_size)
+            .map_max_entries(lb_common::nat::MAP_NAT_FLOWS, opts.nat_size)
+            .map_max_entries(lb_common::nat::MAP_NAT_REPLY, opts.nat_size);
         let pins: Vec<(&str, PathBuf)> = match &opts.pin_dir {
-            Some(dir) => MAP_NAMES.iter().map(|n| (*n, dir.join(n))).collect(),
+            Some(dir) => MAP_NAMES
+                .iter()
+                .map(|n| (*n, dir.join(lb_common::trace::pin_name(n))))
+                .collect(),
             None => Vec::new(),
         };
         for (name, path) in &pins {
@@ -279,11 +295,12 @@ impl Dataplane {
     /// cache stays in `ebpf`: only the kernel uses it.
     fn with_maps(mut ebpf: Ebpf, ring_stride: u32) -> Result<Self> {
         let counter_maps = CounterMaps {
-            stats: second_handle(&ebpf, lb_common::MAP_STATS)?,
-            vip_stats: second_handle(&ebpf, lb_common::MAP_VIP_STATS)?,
-            be_stats: second_handle(&ebpf, lb_common::MAP_BE_STATS)?,
+            stats: nat::second_handle(&ebpf, lb_common::MAP_STATS)?,
+            vip_stats: nat::second_handle(&ebpf, lb_common::MAP_VIP_STATS)?,
+            be_stats: nat::second_handle(&ebpf, lb_common::MAP_BE_STATS)?,
         };
         let trace = trace::TraceMaps::take(&mut ebpf)?;
+        let nat = nat::NatMaps::take(&mut ebpf)?;
         let mut take = |name: &'static str| -> Result<Map> {
             ebpf.take_map(name)
                 .ok_or(DataplaneError::MissingMap { name })
@@ -327,6 +344,7 @@ impl Dataplane {
             ct_rate: typed!(lb_common::MAP_CT_RATE),
             reply_rate: typed!(lb_common::MAP_REPLY_RATE),
             trace,
+            nat,
             ebpf,
             ring_stride,
         })
@@ -737,20 +755,6 @@ struct CounterMaps {
     stats: MapData,
     vip_stats: MapData,
     be_stats: MapData,
-}
-
-/// A second handle on the per-CPU array `name` of `ebpf` (its descriptor
-/// duplicated), before the typed one is taken out.
-fn second_handle(ebpf: &Ebpf, name: &'static str) -> Result<MapData> {
-    let Some(Map::PerCpuArray(data)) = ebpf.map(name) else {
-        return Err(DataplaneError::MissingMap { name });
-    };
-    let fd = data
-        .fd()
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|source| DataplaneError::Io { name, source })?;
-    MapData::from_fd(fd).map_err(map_err(name))
 }
 
 /// Traffic counters of every VIP and backend id, read at one moment

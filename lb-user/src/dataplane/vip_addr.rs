@@ -45,14 +45,7 @@ impl Dataplane {
                 .map(|(_, info)| info),
         );
         let slot = vip_addr_slot(&key.addr);
-        // Distinct addresses in this slot (the families of one address
-        // form can differ only in theory: IPv4 keys end in 12 zero bytes).
-        let in_slot = entries
-            .iter()
-            .map(|(k, _)| (k.addr, k.family))
-            .filter(|(a, _)| vip_addr_slot(a) == slot)
-            .collect::<HashSet<_>>()
-            .len() as u32;
+        let in_slot = self.addrs_in_slot(&entries, slot);
         match bits {
             Some(bits) => {
                 self.vip_addrs
@@ -68,6 +61,26 @@ impl Dataplane {
                 }
             }
         }
+    }
+
+    /// Distinct addresses in `slot`: VIP addresses and NAT pool addresses
+    /// (the families of one address form can differ only in theory: IPv4
+    /// keys end in 12 zero bytes).
+    fn addrs_in_slot(&self, entries: &[(VipKey, VipInfo)], slot: u32) -> u32 {
+        entries
+            .iter()
+            .map(|(k, _)| (k.addr, k.family))
+            .filter(|(a, _)| vip_addr_slot(a) == slot)
+            .chain(self.pool_addrs_in_slot(slot))
+            .collect::<HashSet<_>>()
+            .len() as u32
+    }
+
+    /// Rewrites the count of `slot` from the VIPs and pool addresses.
+    pub(super) fn refresh_vip_addr_slot(&mut self, slot: u32) -> Result<()> {
+        let entries = self.vip_entries()?;
+        let n = self.addrs_in_slot(&entries, slot);
+        self.set_vip_addr_slot(slot, n)
     }
 
     fn set_vip_addr_slot(&mut self, slot: u32, n: u32) -> Result<()> {

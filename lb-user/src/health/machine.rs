@@ -112,6 +112,10 @@ pub struct HealthSnapshot {
     /// What the backend's agent says (`agent_port`); `None` without one or
     /// before its first poll.
     pub agent: Option<AgentStatus>,
+    /// Set while passive evidence stands against the backend (its real
+    /// traffic failed while its peers' succeeded: `health::passive`):
+    /// why. Cleared by `rise` consecutive passing probes after it.
+    pub passive: Option<String>,
 }
 
 impl HealthSnapshot {
@@ -171,6 +175,7 @@ pub struct HealthMachine {
     last_local_error: Option<String>,
     late_pending: u32,
     agent: Option<AgentStatus>,
+    passive: Option<String>,
 }
 
 impl HealthMachine {
@@ -207,6 +212,7 @@ impl HealthMachine {
             last_local_error: None,
             late_pending: 0,
             agent: None,
+            passive: None,
         }
     }
 
@@ -302,6 +308,9 @@ impl HealthMachine {
                 if !piled_up || self.consecutive_ok == 0 {
                     self.consecutive_ok = self.consecutive_ok.saturating_add(1);
                 }
+                if self.consecutive_ok >= self.rise {
+                    self.passive = None;
+                }
                 self.last_success_at = Some(now);
                 self.consecutive_fail = 0;
                 match self.state {
@@ -349,6 +358,18 @@ impl HealthMachine {
             HealthState::Up if self.consecutive_fail >= self.fall => Some(HealthState::Down),
             HealthState::Up | HealthState::Down => None,
         }
+    }
+
+    /// Feeds passive evidence: the backend's real traffic failed while its
+    /// peers' succeeded (`reason`, from `health::passive`). The hard state
+    /// is untouched (the VIP policy takes the backend out, within its
+    /// protections); the success streak starts again, so `rise` probes
+    /// passing after the evidence, not before it, bring the backend back.
+    /// Returns whether the evidence is new (none stood).
+    pub fn observe_passive(&mut self, reason: String) -> bool {
+        self.consecutive_ok = 0;
+        self.last_success_at = None;
+        self.passive.replace(reason).is_none()
     }
 
     /// Drains (or undrains) the backend for the data plane. Health keeps
@@ -416,15 +437,20 @@ impl HealthMachine {
             last_local_error: self.last_local_error.clone(),
             late_pending: self.late_pending,
             agent: self.agent.clone(),
+            passive: self.passive.clone(),
         }
     }
 
     /// The un-jittered period until the next probe: `interval` while steadily
     /// up, `down_interval` while steadily down, `fast_interval` while between
-    /// states (so a change is confirmed or refuted quickly).
+    /// states or under passive evidence (so a change is confirmed or
+    /// refuted quickly).
     pub fn period(&self, spec: &CheckSpec) -> Duration {
         match self.state {
-            HealthState::Up if self.consecutive_fail == 0 => spec.interval,
+            // Out on passive evidence: probes decide its return quickly.
+            HealthState::Up if self.consecutive_fail == 0 && self.passive.is_none() => {
+                spec.interval
+            }
             HealthState::Down if self.consecutive_ok == 0 => spec.down_interval,
             HealthState::Unknown | HealthState::Up | HealthState::Down => spec.fast_interval,
         }

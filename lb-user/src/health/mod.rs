@@ -8,6 +8,7 @@ pub mod agent;
 pub mod batch;
 pub mod datapath;
 pub mod machine;
+pub mod passive;
 pub mod policy;
 pub mod probe;
 pub mod scheduler;

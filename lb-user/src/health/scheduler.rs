@@ -355,6 +355,16 @@ impl Scheduler {
         Some(entry.machine.snapshot())
     }
 
+    /// Feeds passive evidence against backend `id`
+    /// ([`HealthMachine::observe_passive`]). Returns the new snapshot, or
+    /// `None` if `id` is unknown.
+    pub fn observe_passive(&mut self, id: u64, reason: String) -> Option<HealthSnapshot> {
+        let mut map = lock(&self.shared);
+        let entry = map.get_mut(&id)?;
+        entry.machine.observe_passive(reason);
+        Some(entry.machine.snapshot())
+    }
+
     /// Every backend's health now.
     pub fn snapshot(&self) -> HashMap<u64, HealthSnapshot> {
         self.view().snapshot()

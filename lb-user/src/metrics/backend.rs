@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use super::exposition::{Family, Kind, Subject, Value};
 use super::{LatencyHistogram, MetricsExtra, ProbeFailures};
-use crate::ctl::{BACKEND_STATES, BackendStatus, PLACEMENTS, StatusReport};
+use crate::ctl::{BACKEND_STATES, BackendStatus, PLACEMENTS, PassiveTotals, StatusReport};
 
 /// One backend of one VIP, with what the metrics add to its status. A copy
 /// of the snapshot's parts, so that the family table can be a constant
@@ -49,7 +49,7 @@ pub(super) fn views(status: &StatusReport, extra: &MetricsExtra) -> Vec<BackendV
 /// Every value of `xlb_backend_agent_state`'s `state` label.
 const AGENT_STATES: [&str; 4] = ["normal", "drain", "maint", "down"];
 
-pub(super) const FAMILIES: [Family<BackendView>; 17] = [
+pub(super) const FAMILIES: [Family<BackendView>; 26] = [
     Family {
         name: "xlb_backend_agent_state",
         kind: Kind::Gauge,
@@ -163,4 +163,69 @@ pub(super) const FAMILIES: [Family<BackendView>; 17] = [
         help: "Flows given to the backend from the table.",
         value: |b| Value::Int(b.status.new_flows),
     },
+    Family {
+        name: "xlb_backend_passive_connects_total",
+        kind: Kind::Counter,
+        help: "TCP connections to the backend the data plane saw start (SYN), from real traffic (passive detection, NAT VIPs).",
+        value: |b| passive(b, |t| t.connects),
+    },
+    Family {
+        name: "xlb_backend_passive_connected_total",
+        kind: Kind::Counter,
+        help: "SYN-ACKs from the backend answering those connections (passive detection, NAT VIPs).",
+        value: |b| passive(b, |t| t.connected),
+    },
+    Family {
+        name: "xlb_backend_passive_connect_timeouts_total",
+        kind: Kind::Counter,
+        help: "Connections to the backend found without a SYN-ACK after passive.connect_timeout (passive detection, NAT VIPs).",
+        value: |b| passive(b, |t| t.connect_timeouts),
+    },
+    Family {
+        name: "xlb_backend_passive_resets_total",
+        kind: Kind::Counter,
+        help: "RSTs from the backend (passive detection, NAT VIPs).",
+        value: |b| passive(b, |t| t.resets),
+    },
+    Family {
+        name: "xlb_backend_passive_requests_total",
+        kind: Kind::Counter,
+        help: "Client payloads that started a request to the backend (passive detection, NAT VIPs).",
+        value: |b| passive(b, |t| t.requests),
+    },
+    Family {
+        name: "xlb_backend_passive_responses_total",
+        kind: Kind::Counter,
+        help: "Backend payloads that answered a pending request (passive detection, NAT VIPs).",
+        value: |b| passive(b, |t| t.responses),
+    },
+    Family {
+        name: "xlb_backend_passive_unanswered_total",
+        kind: Kind::Counter,
+        help: "Pending requests older than passive.response_timeout when their flow closed (passive detection, NAT VIPs).",
+        value: |b| passive(b, |t| t.unanswered),
+    },
+    Family {
+        name: "xlb_backend_passive_abandoned_total",
+        kind: Kind::Counter,
+        help: "Pending requests younger than passive.response_timeout when their flow closed: the client gave up first (passive detection, NAT VIPs).",
+        value: |b| passive(b, |t| t.abandoned),
+    },
+    Family {
+        name: "xlb_backend_passive_evidence",
+        kind: Kind::Gauge,
+        help: "1 while passive evidence stands against the backend (its real requests failed while its peers' succeeded) until rise probes pass; absent without passive detection.",
+        value: |b| match &b.status.passive {
+            Some(p) => Value::Int(u64::from(p.evidence.is_some())),
+            None => Value::Absent,
+        },
+    },
 ];
+
+/// A passive counter of `b`, absent when its VIP has no passive detection.
+fn passive(b: &BackendView, field: fn(&PassiveTotals) -> u64) -> Value<'static> {
+    b.status
+        .passive
+        .as_ref()
+        .map_or(Value::Absent, |p| Value::Int(field(&p.totals)))
+}

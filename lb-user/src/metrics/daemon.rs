@@ -12,7 +12,7 @@ impl Subject for StatusReport {
     }
 }
 
-pub(super) const FAMILIES: [Family<StatusReport>; 8] = [
+pub(super) const FAMILIES: [Family<StatusReport>; 11] = [
     Family {
         name: "xlb_info",
         kind: Kind::Gauge,
@@ -74,6 +74,38 @@ pub(super) const FAMILIES: [Family<StatusReport>; 8] = [
         help: "Established flows in the connection tracking table (a packet in the last 30 s, UDP: within \
                udp_timeout): what the fill alarms at 80% and 95% of capacity watch; absent before the first walk.",
         value: |s| s.conntrack.established.map_or(Value::Absent, Value::Int),
+    },
+    Family {
+        name: "xlb_nat_flows",
+        kind: Kind::Gauge,
+        help: "Flows in the NAT flow map (expired ones not yet swept included), counted every second; \
+               absent without NAT VIPs or before the first walk.",
+        value: |s| {
+            s.nat
+                .as_ref()
+                .and_then(|n| n.entries)
+                .map_or(Value::Absent, Value::Int)
+        },
+    },
+    Family {
+        name: "xlb_nat_capacity",
+        kind: Kind::Gauge,
+        help: "Capacity of each NAT flow map (daemon.nat_size): new NAT flows are refused beyond it; absent without NAT VIPs.",
+        value: |s| {
+            s.nat
+                .as_ref()
+                .map_or(Value::Absent, |n| Value::Int(n.capacity))
+        },
+    },
+    Family {
+        name: "xlb_nat_swept_total",
+        kind: Kind::Counter,
+        help: "Expired NAT flows the daemon's sweep deleted since it started; absent without NAT VIPs.",
+        value: |s| {
+            s.nat
+                .as_ref()
+                .map_or(Value::Absent, |n| Value::Int(n.swept))
+        },
     },
 ];
 

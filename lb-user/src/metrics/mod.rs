@@ -392,11 +392,32 @@ mod tests {
         }
     }
 
+    /// `report` with NAT maps and its first VIP in NAT mode, so that the
+    /// NAT families have samples.
+    fn with_nat(mut report: crate::ctl::StatusReport) -> crate::ctl::StatusReport {
+        report.nat = Some(Box::new(crate::ctl::NatStatus {
+            entries: Some(1200),
+            capacity: 262_144,
+            swept: 40,
+            orphans_swept: 1,
+            exhausted: 0,
+        }));
+        report.vips[0].mode = "nat".to_owned();
+        report.vips[0].nat = Some(crate::ctl::VipNatStatus {
+            preserve_client: false,
+            snat: vec!["10.0.0.2".to_owned()],
+            snat_ports: "10000-32767".to_owned(),
+            flows: Some(1100),
+            ports_per_backend: 22_768,
+        });
+        report
+    }
+
     /// [`series_names`] lists exactly the series [`render`] writes (the
     /// sample has every family).
     #[test]
     fn series_names_are_what_is_rendered() {
-        let text = render(&sample_report(), &sample_extra());
+        let text = render(&with_nat(sample_report()), &sample_extra());
         let rendered: std::collections::BTreeSet<&str> = text
             .lines()
             .filter(|l| !l.starts_with('#'))
@@ -440,7 +461,7 @@ mod tests {
 
         use super::exposition::Kind;
 
-        let text = render(&sample_report(), &sample_extra());
+        let text = render(&with_nat(sample_report()), &sample_extra());
         for line in text.lines() {
             assert_ne!(LineInfo::parse(line), LineInfo::Ignored, "{line:?}");
         }

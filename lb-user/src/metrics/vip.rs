@@ -9,7 +9,7 @@ impl Subject for VipStatus {
     }
 }
 
-pub(super) const FAMILIES: [Family<VipStatus>; 13] = [
+pub(super) const FAMILIES: [Family<VipStatus>; 14] = [
     Family {
         name: "xlb_vip_info",
         kind: Kind::Gauge,
@@ -50,6 +50,17 @@ pub(super) const FAMILIES: [Family<VipStatus>; 13] = [
                 .as_ref()
                 .map_or(("off", "off"), |a| (a.state.as_str(), a.code.as_str()));
             Value::Info(vec![("state", state.into()), ("code", code.into())])
+        },
+    },
+    Family {
+        name: "xlb_vip_nat_flows",
+        kind: Kind::Gauge,
+        help: "Unexpired NAT flows of a mode = \"nat\" VIP; absent for DSR VIPs or before the first walk.",
+        value: |v| {
+            v.nat
+                .as_ref()
+                .and_then(|n| n.flows)
+                .map_or(Value::Absent, Value::Int)
         },
     },
     Family {

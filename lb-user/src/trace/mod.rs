@@ -1,7 +1,12 @@
 //! `xlb trace`: turns tracing on in the data plane's pinned
-//! `XLB_TRACE_CFG`, prints the records of `XLB_TRACE` until `--count` or
-//! Ctrl-C, and turns it off again (a Drop guard; a trace whose process is
-//! killed stops by itself when `until_ns` passes, within [`TRACE_TTL`]).
+//! `XLB_TRACE_CFG` and flag (`XLB_TRACE_ON`), prints the records of
+//! `XLB_TRACE` until `--count` or Ctrl-C, and turns it off again (a Drop
+//! guard; a trace whose process is killed stops by itself when `until_ns`
+//! passes, within [`TRACE_TTL`]).
+//!
+//! Every refresh writes the configuration, then sets the flag: a daemon
+//! that restarts meanwhile clears the flag (aya writes a global's initial
+//! value at load), and the trace resumes within [`TRACE_REFRESH`].
 //!
 //! It reads the pins directly rather than through the daemon: the records
 //! need no daemon state, a hop through the control socket would copy every
@@ -24,7 +29,7 @@ use anyhow::{Context as _, bail};
 use aya::maps::{Array, Map, MapData, RingBuf};
 use lb_common::{
     BackendInfo, MAP_BACKENDS,
-    trace::{MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, TraceConfig, TraceEvent},
+    trace::{MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, PIN_TRACE_ON, TraceConfig, TraceEvent},
 };
 
 use crate::cli::trace::TraceArgs;
@@ -68,6 +73,7 @@ pub fn ktime_ns() -> u64 {
 /// An active trace: the pinned maps, and tracing on until dropped.
 pub struct Session {
     config: Array<MapData, TraceConfig>,
+    on: Array<MapData, u32>,
     ring: RingBuf<MapData>,
     backends: Option<Array<MapData, BackendInfo>>,
     filter: TraceFilter,
@@ -107,6 +113,7 @@ impl Session {
             );
         }
         let config: Array<MapData, TraceConfig> = open_pin(dir, MAP_TRACE_CONFIG)?.try_into()?;
+        let on: Array<MapData, u32> = open_pin(dir, PIN_TRACE_ON)?.try_into()?;
         let ring: RingBuf<MapData> = open_pin(dir, MAP_TRACE_EVENTS)?.try_into()?;
         let backends = open_pin(dir, MAP_BACKENDS)
             .ok()
@@ -129,6 +136,7 @@ impl Session {
         }
         let mut s = Session {
             config,
+            on,
             ring,
             backends,
             filter,
@@ -149,7 +157,9 @@ impl Session {
             .context("reading the trace configuration")
     }
 
-    /// Pushes `until_ns` forward by [`TRACE_TTL`] (and writes the filters).
+    /// Pushes `until_ns` forward by [`TRACE_TTL`] (and writes the filters),
+    /// then sets the flag: the data plane reads the configuration only
+    /// once the flag is set, so it never sees the flag with a stale one.
     pub fn refresh(&mut self) -> anyhow::Result<()> {
         let until = ktime_ns() + TRACE_TTL.as_nanos() as u64;
         let mut c = self.filter.config(until, self.pid);
@@ -158,7 +168,8 @@ impl Session {
         c.lost = self.current()?.lost;
         self.config
             .set(0, c, 0)
-            .context("writing the trace configuration")
+            .context("writing the trace configuration")?;
+        self.on.set(0, 1, 0).context("setting the trace flag")
     }
 
     /// The next record, if one is waiting.
@@ -184,9 +195,10 @@ impl Session {
 }
 
 impl Drop for Session {
-    /// Tracing off (`until_ns` 0): the data plane is back to one test per
-    /// packet.
+    /// Tracing off (the flag cleared, then `until_ns` 0): the data plane is
+    /// back to one test per packet.
     fn drop(&mut self) {
+        let _ = self.on.set(0, 0, 0);
         let _ = self.config.set(0, TraceConfig::default(), 0);
     }
 }

@@ -66,6 +66,7 @@ pub fn in_world_with_ct<R: Send>(
 ) -> anyhow::Result<R> {
     let opts = LoadOptions {
         ct_size,
+        nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
         ring_stride: lb_common::DEFAULT_TABLE_SIZE,
         pin_dir: None,
     };

@@ -383,6 +383,7 @@ impl Layout {
             } else {
                 ct_size
             },
+            nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: lb_common::DEFAULT_TABLE_SIZE,
             pin_dir: pin.as_ref().map(|p| p.dir.clone()),
         };

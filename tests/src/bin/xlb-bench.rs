@@ -61,7 +61,14 @@ struct Case {
     target: Option<f64>,
     /// The trace configuration while this case runs (off unless set).
     trace: lb_common::trace::TraceConfig,
+    /// The case this one is also measured against, ns for ns (the same
+    /// packet through `xlb_lb_untraced`).
+    twin_of: Option<&'static str>,
 }
+
+/// The cost of tracing off, per established packet: `xlb_lb` against its
+/// twin without the trace hook, both measured in every round (issue 28).
+const HOOK_COST_NS: f64 = 1.0;
 
 impl Case {
     fn new(name: &'static str, prog: &'static str, frame: Vec<u8>, want: u32) -> Self {
@@ -72,6 +79,16 @@ impl Case {
             want,
             target: None,
             trace: lb_common::trace::TraceConfig::default(),
+            twin_of: None,
+        }
+    }
+
+    /// The same packet through `xlb_lb_untraced`, compared with `case`
+    /// (`xlb_lb`, tracing off) round by round.
+    fn untraced_twin_of(name: &'static str, case: &'static str, frame: Vec<u8>) -> Self {
+        Self {
+            twin_of: Some(case),
+            ..Self::new(name, lb_common::trace::PROG_LB_UNTRACED, frame, XDP_TX)
         }
     }
 
@@ -107,6 +124,9 @@ fn main() -> anyhow::Result<()> {
     let rounds = rounds_arg(ROUNDS)?;
     let figures = in_world_with_ct(65_536, "bench", |w| {
         let flows = Flows::install(w)?;
+        // Bench-only, like `xlb_bench_gen`: the daemon never loads it.
+        w.dp.program::<aya::programs::Xdp>(lb_common::trace::PROG_LB_UNTRACED)?
+            .load()?;
         let chance = xlb_tests::bench::chance::install(w)?;
         let (mut repeat, mut single) = cases(&flows);
         single.extend(chance_cases(&chance));
@@ -161,6 +181,11 @@ fn cases(f: &Flows) -> (Vec<Case>, Vec<Case>) {
             XDP_TX,
         ),
         Case::new("established hit, dsr-l2", lb, frame(&f.l2, ACK), XDP_TX).at_most(3.5),
+        Case::untraced_twin_of(
+            "established hit, dsr-l2, no trace hook",
+            "established hit, dsr-l2",
+            frame(&f.l2, ACK),
+        ),
         Case::new(
             "established hit, dsr-l2, tracing on for another VIP",
             lb,
@@ -174,6 +199,11 @@ fn cases(f: &Flows) -> (Vec<Case>, Vec<Case>) {
     let single = vec![
         Case::new("minimal, one per run", minimal, frame(&f.ipip, ACK), XDP_TX),
         Case::new("established hit, dsr-ipip", lb, frame(&f.ipip, ACK), XDP_TX).at_most(2.5),
+        Case::untraced_twin_of(
+            "established hit, dsr-ipip, no trace hook",
+            "established hit, dsr-ipip",
+            frame(&f.ipip, ACK),
+        ),
         Case::new(
             "established hit, dsr-ipip, tracing on for another VIP",
             lb,
@@ -261,7 +291,28 @@ fn measure(
             None => f,
         });
     }
+    figures.extend(hook_costs(group, cases, &ns));
     Ok(figures)
+}
+
+/// For each twin without the trace hook: the traced case's ns minus the
+/// twin's, per round (measured back to back, so the drift of this VM falls
+/// on both), median [min..max]; the target is [`HOOK_COST_NS`].
+fn hook_costs(group: &str, cases: &[Case], ns: &[Vec<f64>]) -> Vec<Figure> {
+    let diff_group = format!("{group}: tracing off minus no trace hook, per round (ns)");
+    cases
+        .iter()
+        .zip(ns)
+        .filter_map(|(twin, twin_ns)| {
+            let of = twin.twin_of?;
+            let traced = cases.iter().position(|c| c.name == of)?;
+            let d: Vec<f64> = ns[traced].iter().zip(twin_ns).map(|(t, u)| t - u).collect();
+            Some(
+                Figure::median_of(BENCH, &diff_group, of, &d, "ns")
+                    .target(Target::AtMost(HOOK_COST_NS)),
+            )
+        })
+        .collect()
 }
 
 /// Time from the probe result that crosses `fall` to the data plane using the
@@ -376,7 +427,9 @@ fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
         table_size: lb_common::DEFAULT_TABLE_SIZE,
         host_services: false,
         second_chance: false,
+        nat: None,
         protection: Default::default(),
+        passive: Default::default(),
         guard: Default::default(),
         backends: (0..n)
             .map(|i| BackendConfig {

@@ -2,7 +2,10 @@
 //! wrk from the client namespace, the same run going round by round to:
 //! one backend directly (no LB), xlb (`dsr-ipip`), HAProxy in `mode tcp` and
 //! nftables DNAT (both full proxies in the LB namespace, over the same three
-//! backends); plus xlb's `dsr-l2` and IPv6 VIPs. Then a profile pass with
+//! backends) and xlb's NAT mode (full NAT, the same job: issue 27); plus
+//! xlb's `dsr-l2` and IPv6 VIPs. After the HTTP runs, NAT mode's detection
+//! of a hung backend, passive against active probes alone
+//! (`bench::nat_detect`, a lab of its own). Then a profile pass with
 //! the kernel's BPF run-time statistics on: where the CPU goes (xlb's
 //! programs, softirq, wrk, the backends, HAProxy). A benchmark, not a test.
 //!
@@ -17,30 +20,34 @@
 )]
 #![allow(clippy::print_stdout, reason = "a benchmark's report goes to stdout")]
 
-use std::time::Duration;
+use std::{net::Ipv4Addr, time::Duration};
 
 use anyhow::{Context as _, bail};
 use xlb_lab::{
     Lab,
-    scenario::{LabRun, Mode, XlbConfig, find_xlb, log_tail},
+    scenario::{LabRun, Mode, RunOptions, XlbConfig, find_xlb, log_tail, set_tx_checksum_offload},
+    topology::HOST_IFNAME,
 };
 use xlb_tests::bench::{
     figures::{Figure, median},
     lab_cpu::{Sampler, Usage, WRK_GROUP, enable_run_time_stats},
     lab_proxies::{self, HAPROXY_PORT, NFT_LISTEN, NftDnat},
     lab_wrk::{self, WrkLoad, WrkResult},
-    print_command,
+    nat_detect, print_command,
 };
+use xlb_tests::nat_lab::{self, NatVip};
 
 const BENCH: &str = "xlb-lab-bench";
 const PREFIX: &str = "xlbw";
 
 const USAGE: &str = "usage: xlb-lab-bench [--rounds N] [--duration SECS] [--profile-rounds N] \
-                     [--compare-only]
-  --rounds N          alternating rounds of every case (default 5)
-  --duration SECS     length of each wrk run (default 8)
-  --profile-rounds N  rounds of the profile pass, BPF statistics on (default 1; 0: none)
-  --compare-only      only direct, xlb dsr-ipip, HAProxy and nftables (no dsr-l2, IPv6)";
+                     [--detection-rounds N] [--compare-only]
+  --rounds N            alternating rounds of every case (default 5)
+  --duration SECS       length of each wrk run (default 8)
+  --profile-rounds N    rounds of the profile pass, BPF statistics on (default 1; 0: none)
+  --detection-rounds N  hangs of a backend behind NAT VIPs, passive against active only \
+                        (default 3; 0: none)
+  --compare-only        only direct, xlb dsr-ipip, xlb nat, HAProxy and nftables (no dsr-l2, IPv6)";
 
 /// How long a case waits for every backend to be up before it starts.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -56,6 +63,8 @@ enum Path {
     XlbIpip,
     XlbL2,
     XlbIpipV6,
+    /// xlb's NAT mode: full NAT, as HAProxy and nftables do it.
+    XlbNat,
     Haproxy,
     Nft,
 }
@@ -67,6 +76,7 @@ impl Path {
             Self::XlbIpip => "xlb dsr-ipip",
             Self::XlbL2 => "xlb dsr-l2",
             Self::XlbIpipV6 => "xlb dsr-ipip IPv6",
+            Self::XlbNat => "xlb nat",
             Self::Haproxy => "HAProxy mode tcp",
             Self::Nft => "nftables DNAT",
         }
@@ -80,6 +90,7 @@ impl Path {
             Self::XlbIpip => format!("http://{}/api", lab.vip_v4()),
             Self::XlbL2 => format!("http://{}/api", lab.vip2_v4()),
             Self::XlbIpipV6 => format!("http://[{}]/api", lab.vip_v6()),
+            Self::XlbNat => format!("http://{}/api", nat_vip().target()),
             Self::Haproxy => format!("http://{}/api", lab_proxies::on_lb(lab, HAPROXY_PORT)),
             Self::Nft => format!("http://{NFT_LISTEN}/api"),
         }
@@ -111,7 +122,13 @@ impl Case {
 /// The cases of a run: the four compared paths with and without
 /// keep-alive, then (unless `compare_only`) xlb's other VIPs.
 fn cases(compare_only: bool) -> Vec<Case> {
-    let compared = [Path::Direct, Path::XlbIpip, Path::Haproxy, Path::Nft];
+    let compared = [
+        Path::Direct,
+        Path::XlbIpip,
+        Path::XlbNat,
+        Path::Haproxy,
+        Path::Nft,
+    ];
     let mut v: Vec<Case> = [false, true]
         .into_iter()
         .flat_map(|close| compared.map(|path| Case { path, close }))
@@ -128,6 +145,7 @@ fn cases(compare_only: bool) -> Vec<Case> {
 struct Args {
     rounds: usize,
     profile_rounds: usize,
+    detection_rounds: usize,
     load: WrkLoad,
     compare_only: bool,
 }
@@ -136,6 +154,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Args> {
     let mut out = Args {
         rounds: 5,
         profile_rounds: 1,
+        detection_rounds: 3,
         load: WrkLoad::default(),
         compare_only: false,
     };
@@ -152,6 +171,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Args> {
             "--rounds" => out.rounds = usize::try_from(number("--rounds")?)?,
             "--profile-rounds" => {
                 out.profile_rounds = usize::try_from(number("--profile-rounds")?)?;
+            }
+            "--detection-rounds" => {
+                out.detection_rounds = usize::try_from(number("--detection-rounds")?)?;
             }
             "--duration" => out.load.duration = Duration::from_secs(number("--duration")?),
             "--compare-only" => out.compare_only = true,
@@ -261,9 +283,7 @@ fn main() -> anyhow::Result<()> {
     println!("xlb lab HTTP benchmark");
     print_command(BENCH);
     let xlb = find_xlb()?;
-    let cfg = XlbConfig::lab_default(PREFIX, Mode::DsrIpip, 3);
-    let mut run = LabRun::up(PREFIX, &xlb, &cfg.render())?;
-    run.wait_all_up(READY_TIMEOUT)?;
+    let mut run = start_lab(&xlb)?;
     let (listen, backends) = {
         let lab = run.lab();
         let backends = lab_proxies::backend_addrs(lab, BACKEND_PORT);
@@ -301,7 +321,42 @@ fn main() -> anyhow::Result<()> {
         report::cpu(&cases, usage);
     }
     println!("\nxlb status after the runs:\n{status}");
+    if args.detection_rounds > 0 {
+        let rounds = nat_detect::run(&xlb, args.detection_rounds)?;
+        nat_detect::report(BENCH, &rounds);
+    }
     Ok(())
+}
+
+/// The NAT VIP: 10.100.0.3:80, which no backend holds, over the same
+/// backends and port as HAProxy and nftables.
+fn nat_vip() -> NatVip {
+    NatVip {
+        backend_port: BACKEND_PORT,
+        ..NatVip::tcp("apinat", Ipv4Addr::new(10, 100, 0, 3).into(), 80, 3)
+    }
+}
+
+/// The lab with `lab_default`'s VIPs and [`nat_vip`], its pool address on
+/// the LB before xlb starts (xlb refuses a pool on no interface), every
+/// backend up. The backends compute their own TCP checksums, as the
+/// client does: NAT's answers cross the LB's XDP program, which would
+/// pass a veth's partial checksum on as a corrupt one (every case runs
+/// so, for the same comparison).
+fn start_lab(xlb: &std::path::Path) -> anyhow::Result<LabRun> {
+    let cfg = XlbConfig::lab_default(PREFIX, Mode::DsrIpip, 3);
+    let text = format!("{}{}", cfg.render(), nat_vip().render());
+    let mut run = LabRun::up_with(RunOptions {
+        start_daemon: false,
+        ..RunOptions::new(PREFIX, xlb, &text)
+    })?;
+    nat_lab::add_pool_addresses(&run)?;
+    for ns in run.lab().backend_namespaces() {
+        set_tx_checksum_offload(&ns, HOST_IFNAME, false)?;
+    }
+    run.start_daemon()?;
+    run.wait_all_up(READY_TIMEOUT)?;
+    Ok(run)
 }
 
 /// The report: tables on stdout and the figures for `cargo xtask bench`.
@@ -504,8 +559,12 @@ mod tests {
         let parse = |s: &str| parse_args(s.split_whitespace().map(str::to_owned));
         let d = parse("").unwrap();
         assert_eq!((d.rounds, d.profile_rounds, d.compare_only), (5, 1, false));
+        assert_eq!(d.detection_rounds, 3);
         assert_eq!(d.load, WrkLoad::default());
-        let a = parse("--rounds 2 --duration 3 --profile-rounds 0 --compare-only").unwrap();
+        let a =
+            parse("--rounds 2 --duration 3 --profile-rounds 0 --detection-rounds 0 --compare-only")
+                .unwrap();
+        assert_eq!(a.detection_rounds, 0);
         assert_eq!((a.rounds, a.profile_rounds, a.compare_only), (2, 0, true));
         assert_eq!(a.load.duration, Duration::from_secs(3));
         for bad in [
@@ -522,7 +581,13 @@ mod tests {
     #[test]
     fn every_compared_path_runs_both_ways_against_direct() {
         let all = cases(false);
-        for path in [Path::Direct, Path::XlbIpip, Path::Haproxy, Path::Nft] {
+        for path in [
+            Path::Direct,
+            Path::XlbIpip,
+            Path::XlbNat,
+            Path::Haproxy,
+            Path::Nft,
+        ] {
             for close in [false, true] {
                 assert!(
                     all.contains(&Case { path, close }),
@@ -531,7 +596,7 @@ mod tests {
             }
         }
         assert!(all.iter().all(|c| all.contains(&c.baseline())));
-        assert_eq!(cases(true).len(), 8);
-        assert_eq!(all.len(), 10);
+        assert_eq!(cases(true).len(), 10);
+        assert_eq!(all.len(), 12);
     }
 }

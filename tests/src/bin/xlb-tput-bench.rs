@@ -14,7 +14,9 @@
 //!    (`xlb_minimal`); 3./4. xlb `dsr-ipip`, an established flow / every
 //!    frame a SYN from a new source; 5./6. the same for `dsr-l2`; 7. kernel
 //!    forwarding (`XDP_PASS`, routed to a backend, no nftables); 8. the same
-//!    path with nftables DNAT of the VIP (`numgen random mod 3`).
+//!    path with nftables DNAT of the VIP (`numgen random mod 3`); 9. the
+//!    same with masquerade of what was DNATed too: the full NAT that
+//!    xlb's NAT mode does (issue 27).
 //!
 //! The generator and the LB share CPU 0 (this thread, pinned); the
 //! bridge-side veth's NAPI runs in its own thread pinned to CPU 1, with the

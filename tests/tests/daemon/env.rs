@@ -334,6 +334,7 @@ impl Env {
     pub(crate) fn maps(&self) -> anyhow::Result<Dataplane> {
         Ok(Dataplane::load(&LoadOptions {
             ct_size: 4096,
+            nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: 251,
             pin_dir: Some(self.pins()),
         })?)

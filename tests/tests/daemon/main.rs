@@ -29,6 +29,7 @@ mod control;
 mod env;
 mod events;
 mod guard;
+mod nat;
 mod notify;
 mod reload;
 mod restart;
@@ -577,7 +578,7 @@ fn wait_for_event(e: &Env, text: &str) {
 const DRAINED: &str = "10.0.0.13:80";
 
 /// Backend `addr`'s id in VIP `vip`, from the daemon's saved state.
-fn backend_id(e: &Env, vip: &str, addr: &str) -> u32 {
+pub(crate) fn backend_id(e: &Env, vip: &str, addr: &str) -> u32 {
     let saved =
         lb_user::daemon::persist::Saved::load(&lb_user::daemon::persist::state_path(&e.instance))
             .unwrap()

@@ -111,6 +111,7 @@ impl Drop for Acceptor {
 fn maps(e: &Env) -> Dataplane {
     Dataplane::load(&LoadOptions {
         ct_size: 4096,
+        nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
         ring_stride: STRIDE,
         pin_dir: Some(e.pins()),
     })

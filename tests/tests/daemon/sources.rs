@@ -382,6 +382,7 @@ fn spawn_many_sources(
     std::thread::spawn(move || {
         let mut dp = lb_user::dataplane::Dataplane::load(&LoadOptions {
             ct_size: 4096,
+            nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: 251,
             pin_dir: Some(pins),
         })
@@ -575,6 +576,7 @@ fn walking_a_full_sources_map() {
     std::fs::create_dir_all(&pins).unwrap();
     let opts = LoadOptions {
         ct_size: 4096,
+        nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
         ring_stride: 251,
         pin_dir: Some(pins.clone()),
     };

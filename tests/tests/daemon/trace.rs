@@ -1,10 +1,10 @@
 //! `xlb trace`'s maps and a restart: the pins of an xlb from before tracing
-//! (no `XLB_TRACE_CFG`, no `XLB_TRACE`) are adopted, the two maps created
+//! (no `XLB_TRACE_CFG`, no `XLB_TRACE`, no flag) are adopted, the maps created
 //! beside them, and every flow kept.
 
 use lb_common::{
     CtEntry, FlowKey, PROTO_TCP, addr16,
-    trace::{MAP_TRACE_CONFIG, MAP_TRACE_EVENTS},
+    trace::{MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, PIN_TRACE_ON},
 };
 use xlb_tests::{harness::ktime_coarse_ns, lab::serial};
 
@@ -43,7 +43,7 @@ fn restart_over_pins_without_the_trace_maps_creates_them_and_keeps_flows() {
         e.kill9().unwrap();
     });
     step("the trace pins removed, as an older xlb left them", || {
-        for name in [MAP_TRACE_CONFIG, MAP_TRACE_EVENTS] {
+        for name in [MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, PIN_TRACE_ON] {
             std::fs::remove_file(e.pins().join(name)).unwrap();
         }
     });
@@ -53,7 +53,7 @@ fn restart_over_pins_without_the_trace_maps_creates_them_and_keeps_flows() {
             std::fs::remove_file(&e.socket).ok();
             e.start().unwrap();
             assert_eq!(e.status().unwrap()["adopted"], true);
-            for name in [MAP_TRACE_CONFIG, MAP_TRACE_EVENTS] {
+            for name in [MAP_TRACE_CONFIG, MAP_TRACE_EVENTS, PIN_TRACE_ON] {
                 assert!(e.pins().join(name).exists(), "{name} pinned again");
             }
             let dp = e.maps().unwrap();

@@ -158,7 +158,7 @@ pub fn hc_reals(vips: &[Vip]) -> HashMap<u32, HcReal> {
                     HcReal {
                         addr: addr16(b.cfg.addr),
                         family: family_of(b.cfg.addr),
-                        mode: v.cfg.mode.as_raw(),
+                        mode: v.cfg.raw_mode(),
                         _pad: [0; 2],
                     },
                 )
@@ -202,7 +202,7 @@ impl Vip {
                 .map_or(self.cfg.table_size, |t| t.len() as u32),
             active: self.active,
             vip_id: self.id,
-            mode: self.cfg.mode.as_raw(),
+            mode: self.cfg.raw_mode(),
             down_policy: self.cfg.down_policy.as_raw(),
             host_services: u8::from(self.cfg.host_services),
             second_chance: u8::from(self.cfg.second_chance),

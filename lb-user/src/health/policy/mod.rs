@@ -14,6 +14,11 @@
 //!   its peers (Envoy's outlier detection, on probe latency), and never more
 //!   than `max_ejected` at once. A VIP that is slow as a whole is reported
 //!   (`fleet_slow`), not emptied.
+//! - **Passive evidence** (NAT VIPs: real requests unanswered while the
+//!   peers' are answered, `health::passive`) takes a backend out at once,
+//!   `down` with its reason, within the same `max_ejected` as slowness
+//!   (both are judged against the peers); `rise` passing probes after it
+//!   bring the backend back.
 //! - **Panic** (`min_healthy`, Envoy's panic threshold): when fewer backends
 //!   than that would be left, the least-bad ones are put back. Timeouts and
 //!   slowness may be overload; a refused or reset connection or a bad status
@@ -35,11 +40,13 @@ use super::spec::CheckSpec;
 
 mod agent;
 mod panic;
+mod passive;
 mod path;
 mod slowness;
 
 use self::{
     panic::panic,
+    passive::eject_passive,
     path::shared_path_failure,
     slowness::{eject_outliers, fleet_slow},
 };
@@ -48,7 +55,8 @@ use self::{
 pub const RAMP_STEPS: u32 = 10;
 
 /// Failure codes that may be overload rather than death: a backend failing
-/// only with these can be put back in panic.
+/// only with these can be put back in panic (so can one out on passive
+/// evidence: unanswered requests are timeouts too).
 const TIMEOUT_CODES: [&str; 4] = [
     "no_response",
     "response_incomplete",
@@ -243,6 +251,9 @@ pub struct Member {
     pub via_vip_only: bool,
     /// What its agent says (`agent_port`); `None` without one.
     pub agent: Option<AgentStatus>,
+    /// Passive evidence against it, standing until `rise` probes pass
+    /// (`policy::passive`): why.
+    pub passive: Option<String>,
 }
 
 impl Member {
@@ -292,6 +303,7 @@ impl Member {
                     && (s.consecutive_fail > 0 || health == HealthState::Down)
             }),
             agent: snap.and_then(|s| s.agent.clone()),
+            passive: snap.and_then(|s| s.passive.clone()),
         }
     }
 }
@@ -442,7 +454,8 @@ pub fn evaluate(
         .map(|(m, s)| base_placement(policy, m, s, now))
         .collect();
     let mut changes = Vec::new();
-    eject_outliers(policy, members, states, &mut next);
+    let passive_out = eject_passive(policy, members, states, &mut next);
+    eject_outliers(policy, members, states, &mut next, passive_out);
     shared_path_failure(members, &mut next, vip, &mut changes);
     fleet_slow(members, &next, vip, &mut changes);
     panic(policy, members, states, &mut next, vip, &mut changes);
@@ -679,6 +692,7 @@ mod tests {
             last_fail: None,
             via_vip_only: false,
             agent: None,
+            passive: None,
         }
     }
 

@@ -82,6 +82,10 @@ fn panic_candidates(
             .as_ref()
             .is_some_and(|(code, _)| TIMEOUT_CODES.contains(code));
         match next[i].0 {
+            // Out on passive evidence alone: its probes pass.
+            Placement::Down if m.passive.is_some() && m.health == HealthState::Up => {
+                candidates.push((2, kept, 0, i));
+            }
             Placement::EjectedSlow => {
                 candidates.push((0, kept, m.latency.unwrap_or_default().as_nanos(), i));
             }

@@ -9,19 +9,21 @@ use super::{Change, Member, MemberState, Placement, Policy, VipState};
 use crate::health::probe::Compact;
 
 /// Ejects slow outliers among the members placed `Serving`, within
-/// `max_ejected`: those already ejected and still slow keep their place in
-/// the budget, then the slowest new ones.
+/// `max_ejected` less the `used` places of passive ejections: those
+/// already ejected and still slow keep their place in the budget, then the
+/// slowest new ones.
 pub(super) fn eject_outliers(
     policy: &Policy,
     members: &[Member],
     states: &[MemberState],
     next: &mut [(Placement, Option<String>)],
+    used: usize,
 ) {
     let serving: Vec<usize> = (0..members.len())
         .filter(|&i| next[i].0 == Placement::Serving)
         .collect();
     let eligible = members.iter().filter(|m| m.eligible()).count();
-    let budget = policy.max_ejected.max_of(eligible);
+    let budget = policy.max_ejected.max_of(eligible).saturating_sub(used);
     let mut outliers: Vec<(bool, Duration, usize, String)> = Vec::new();
     for &i in &serving {
         let m = &members[i];

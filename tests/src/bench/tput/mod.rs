@@ -29,6 +29,7 @@ use report::{FLOOR, FORWARD, GEN_ONLY, IPIP_EST, IPIP_NEW, L2_EST, L2_NEW, NAT};
 use crate::{
     bench::{
         dataplane::{XDP_DROP, XDP_PASS, XDP_TX},
+        nat_tput::{Masquerade, NAT_VIP, NAT_VIP_PORT, NFT_MASQ, XLB_NAT_EST},
         print_command,
     },
     harness::{Backend, World},
@@ -114,6 +115,10 @@ pub(crate) struct Case {
     xlb: bool,
     /// The nftables DNAT table is present during the run.
     nat: bool,
+    /// … and the masquerade table (`bench::nat_tput`): full NAT.
+    masquerade: bool,
+    /// The SYN opened a NAT flow: mark it established.
+    nat_flow: bool,
 }
 
 /// What one run of one case measured.
@@ -167,6 +172,8 @@ impl Case {
             establish: None,
             xlb: prog == PROG_LB,
             nat: false,
+            masquerade: false,
+            nat_flow: false,
         }
     }
 
@@ -188,9 +195,24 @@ impl Case {
     fn with_nat(self) -> Self {
         Self { nat: true, ..self }
     }
+
+    fn nat_flow(self) -> Self {
+        Self {
+            nat_flow: true,
+            ..self
+        }
+    }
+
+    fn with_masquerade(self) -> Self {
+        Self {
+            nat: true,
+            masquerade: true,
+            ..self
+        }
+    }
 }
 
-/// The eight cases, in the issue's order.
+/// The cases: issue 11's eight, in its order, then issue 27's NAT ones.
 fn cases() -> Vec<Case> {
     let (vip, vip_l2, be1) = (VIP_V4.to_string(), VIP2_V4.to_string(), backend_v4(1));
     let est = Flow::tcp("192.0.2.1", 40001, &vip, 80);
@@ -199,6 +221,7 @@ fn cases() -> Vec<Case> {
     let new = Flow::tcp("198.18.0.0", 32768, &vip, 80);
     let new_l2 = Flow::tcp("198.18.0.0", 32768, &vip_l2, 80);
     let routed = Flow::tcp("192.0.2.1", 40001, &be1.to_string(), 80);
+    let est_nat = Flow::tcp("192.0.2.1", 40001, NAT_VIP, NAT_VIP_PORT);
     let ack = |f: &Flow| template(f, ACK);
     let syn = |f: &Flow| template(f, SYN);
     vec![
@@ -210,6 +233,10 @@ fn cases() -> Vec<Case> {
         Case::new(L2_NEW, PROG_LB, syn(&new_l2), XDP_TX).many_sources(),
         Case::new(FORWARD, PROG_PASS, ack(&routed), XDP_PASS),
         Case::new(NAT, PROG_PASS, ack(&est), XDP_PASS).with_nat(),
+        Case::new(NFT_MASQ, PROG_PASS, ack(&est), XDP_PASS).with_masquerade(),
+        Case::new(XLB_NAT_EST, PROG_LB, ack(&est_nat), XDP_TX)
+            .established(syn(&est_nat))
+            .nat_flow(),
     ]
 }
 
@@ -278,6 +305,7 @@ impl<'a> Bench<'a> {
     fn new(lab: &'a Lab, args: &Args) -> anyhow::Result<Self> {
         let dp = Dataplane::load(&LoadOptions {
             ct_size: args.ct_size,
+            nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: lb_common::DEFAULT_TABLE_SIZE,
             pin_dir: None,
         })
@@ -325,12 +353,19 @@ impl<'a> Bench<'a> {
             let (v, _) = w.run(PROG_LB, syn)?;
             anyhow::ensure!(v == XDP_TX, "{}: SYN verdict {v}", case.name);
         }
+        if case.nat_flow {
+            crate::bench::nat_tput::mark_established(w)?;
+        }
         let _nat = case
             .nat
             .then(|| {
                 let backends: Vec<String> = w.backends.iter().map(|b| b.addr.to_string()).collect();
                 topo::NatTable::add(&lab.ns_lb(), &VIP_V4.to_string(), 80, &backends)
             })
+            .transpose()?;
+        let _masquerade = case
+            .masquerade
+            .then(|| Masquerade::add(&lab.ns_lb()))
             .transpose()?;
         // Live mode reports no verdict: one plain run through the same chain.
         let (v, _) = w.run(PROG_BENCH_GEN, &case.frame)?;
@@ -416,7 +451,7 @@ fn configure_xlb(w: &mut World) -> anyhow::Result<()> {
             &table,
         )?;
     }
-    Ok(())
+    crate::bench::nat_tput::configure_xlb_nat(w, &table)
 }
 
 #[cfg(test)]

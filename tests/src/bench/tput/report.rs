@@ -5,6 +5,7 @@
 
 use super::{Case, Sample};
 use crate::bench::figures::{Figure, Target, median};
+use crate::bench::nat_tput::{NFT_MASQ, XLB_NAT_EST};
 
 pub(super) const GEN_ONLY: &str = "generator only (XDP_DROP)";
 pub(super) const FLOOR: &str = "bare floor (swap MACs, XDP_TX)";
@@ -23,6 +24,9 @@ const GROUP_NS: &str = "LB CPU per packet, live frames";
 /// and against the bare floor (ratios of Mpps).
 const TARGET_VS_NAT: f64 = 5.0;
 const TARGET_VS_FLOOR: f64 = 0.6;
+/// Issue 27's goal: xlb NAT established against nftables doing the same
+/// (DNAT + masquerade).
+const TARGET_NAT_VS_MASQ: f64 = 4.0;
 
 /// Per round: Mpps.
 fn mpps(s: &[Sample]) -> Vec<f64> {
@@ -101,6 +105,14 @@ pub(super) fn print(setup: &str, cases: &[Case], samples: &[Vec<Sample>]) {
             on_cpu_all.iter().copied().fold(0.0, f64::max)
         );
     }
+    let nat_est = median_mpps(cases, samples, XLB_NAT_EST);
+    let masq = median_mpps(cases, samples, NFT_MASQ);
+    println!(
+        "\nxlb nat established: {:.2}x nftables DNAT + masquerade (target >= {TARGET_NAT_VS_MASQ}x), \
+         {:.2}x xlb dsr-ipip established",
+        nat_est / masq,
+        nat_est / median_mpps(cases, samples, IPIP_EST)
+    );
     let ipip = median_mpps(cases, samples, IPIP_EST);
     println!(
         "\nxlb dsr-ipip established: {:.2}x nftables DNAT (target >= {TARGET_VS_NAT}x), \
@@ -120,7 +132,7 @@ fn baseline(name: &str) -> Option<&'static str> {
     match name {
         GEN_ONLY => None,
         FLOOR => Some(GEN_ONLY),
-        NAT => Some(FORWARD),
+        NAT | NFT_MASQ => Some(FORWARD),
         _ => Some(FLOOR),
     }
 }
@@ -145,6 +157,16 @@ pub(super) fn record(cases: &[Case], samples: &[Vec<Sample>]) {
     )
     .against(NAT, median_mpps(cases, samples, NAT))
     .target(Target::RatioAtLeast(TARGET_VS_NAT))
+    .record();
+    Figure::median_of(
+        BENCH,
+        GROUP,
+        XLB_NAT_EST,
+        &mpps(&samples[index(cases, XLB_NAT_EST)]),
+        "Mpps",
+    )
+    .against(NFT_MASQ, median_mpps(cases, samples, NFT_MASQ))
+    .target(Target::RatioAtLeast(TARGET_NAT_VS_MASQ))
     .record();
     for (case, s) in cases.iter().zip(samples) {
         let ns: Vec<f64> = s.iter().map(|x| 1e9 / x.pps()).collect();
