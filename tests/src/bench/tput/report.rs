@@ -105,6 +105,17 @@ pub(super) fn print(setup: &str, cases: &[Case], samples: &[Vec<Sample>]) {
             on_cpu_all.iter().copied().fold(0.0, f64::max)
         );
     }
+    print_ratios(cases, samples, floor, nat);
+    println!(
+        "every case pays the generator's restore (a {}-byte bpf_xdp_store_bytes) and one tail \
+         call; the generator-only case is that cost alone",
+        lb_common::bench::BENCH_FRAME_LEN
+    );
+}
+
+/// The summary's ratios: NAT against masquerade and dsr-ipip, dsr-ipip
+/// against nftables DNAT and the floor.
+fn print_ratios(cases: &[Case], samples: &[Vec<Sample>], floor: f64, nat: f64) {
     let nat_est = median_mpps(cases, samples, XLB_NAT_EST);
     let masq = median_mpps(cases, samples, NFT_MASQ);
     println!(
@@ -119,11 +130,6 @@ pub(super) fn print(setup: &str, cases: &[Case], samples: &[Vec<Sample>]) {
          {:.2}x the bare floor (target >= {TARGET_VS_FLOOR}x)",
         ipip / nat,
         ipip / floor
-    );
-    println!(
-        "every case pays the generator's restore (a {}-byte bpf_xdp_store_bytes) and one tail \
-         call; the generator-only case is that cost alone",
-        lb_common::bench::BENCH_FRAME_LEN
     );
 }
 
