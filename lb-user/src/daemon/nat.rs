@@ -318,7 +318,8 @@ address = "10.0.0.21"
         assert_eq!(pool.tcp_fin_timeout_ns, 120 * S);
         assert_eq!(pool.tcp_close_timeout_ns, 10 * S);
         assert_eq!(pool.udp_timeout_ns, 30 * S);
-        assert_eq!((pool.response_timeout_ns, pool.connect_timeout_ns), (0, 0));
+        // Passive detection's thresholds, from `[passive]`'s defaults.
+        assert_eq!((pool.response_timeout_ns, pool.connect_timeout_ns), (S, S));
         assert_eq!(
             nat_pool(&cfg.vips[1], Duration::from_secs(30)),
             NatPool::default(),
