@@ -5,6 +5,7 @@
 pub mod batch;
 mod decap;
 mod guard;
+mod load;
 pub mod nat;
 mod reply;
 mod trace;
@@ -219,51 +220,6 @@ pub fn pinned_layout_version(dir: &Path) -> Result<Option<u32>> {
     Ok(Some(g.layout_version))
 }
 
-/// Loads every program of the object into the kernel (the verifier runs
-/// here).
-fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
-    for name in [
-        lb_common::PROG_LB,
-        lb_common::PROG_DECAP,
-        lb_common::PROG_MINIMAL,
-        lb_common::PROG_PASS,
-        lb_common::PROG_HC,
-    ] {
-        let err = |source| DataplaneError::Program { name, source };
-        match ebpf.program_mut(name).ok_or(err(ProgramError::NotLoaded))? {
-            Program::Xdp(prog) => retrying_eagain(|| prog.load()),
-            Program::SchedClassifier(prog) => retrying_eagain(|| prog.load()),
-            _ => Err(ProgramError::UnexpectedProgramType),
-        }
-        .map_err(err)?;
-    }
-    Ok(())
-}
-
-/// Loads of one program before an `EAGAIN` is given up on.
-const LOAD_ATTEMPTS: u32 = 5;
-
-/// `load`, again while the kernel answers `EAGAIN`: the verifier stops
-/// with it when a signal is pending for the loading thread (it checks
-/// during long verifications, and `xlb_lb` takes over a second), so a
-/// daemon or test whose runtime handles signals (SIGCHLD of a child
-/// process) can see a sound program refused. libbpf retries the same way.
-fn retrying_eagain(
-    mut load: impl FnMut() -> std::result::Result<(), ProgramError>,
-) -> std::result::Result<(), ProgramError> {
-    let mut attempt = 1;
-    loop {
-        match load() {
-            Err(ProgramError::LoadError { io_error, .. })
-                if io_error.kind() == std::io::ErrorKind::WouldBlock && attempt < LOAD_ATTEMPTS =>
-            {
-                attempt += 1;
-            }
-            other => return other,
-        }
-    }
-}
-
 impl Dataplane {
     /// Loads the object, creating its maps (or adopting pinned ones), and
     /// loads every program into the kernel (verifier included).
@@ -302,7 +258,7 @@ impl Dataplane {
             loader.map_pin_path(name, path.as_path());
         }
         let mut ebpf = loader.load(OBJECT)?;
-        load_programs(&mut ebpf)?;
+        load::load_programs(&mut ebpf)?;
         let mut dp = Self::with_maps(ebpf, opts.ring_stride)?;
         // A fresh globals map is all zeroes: stamp layout and stride at once,
         // so a crash before the daemon finishes still leaves a valid version.
