@@ -16,13 +16,8 @@
 //! operator writes, and it picks the outgoing interface's address, the
 //! LB's own.
 
-use std::{
-    io::Write as _,
-    process::{Command, Stdio},
-};
-
+use crate::bench::tput::nft;
 use crate::harness::World;
-use anyhow::Context as _;
 use aya::maps::{Array, HashMap, Map, MapData};
 use lb_common::{
     BACKEND_UP, BackendInfo, DOWN_POLICY_REHASH, FlowKey, PROTO_TCP, VipAddrKey, addr16, family_of,
@@ -183,32 +178,6 @@ impl Drop for Masquerade {
             eprintln!("xlb-tput-bench: {e:#}");
         }
     }
-}
-
-/// Runs `nft ARGS` in `ns`, `stdin` fed to it.
-fn nft(ns: &str, args: &[&str], stdin: Option<&str>) -> anyhow::Result<()> {
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", ns, "nft"])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running nft (Debian package `nftables`; `cargo xtask setup` installs it)")?;
-    let mut input = child.stdin.take().context("nft stdin")?;
-    if let Some(s) = stdin {
-        input.write_all(s.as_bytes())?;
-    }
-    drop(input);
-    let out = child.wait_with_output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "nft {} in {ns} failed ({}): {}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
 }
 
 #[cfg(test)]

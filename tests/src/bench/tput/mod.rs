@@ -5,6 +5,7 @@
 mod generator;
 mod report;
 mod topo;
+pub(crate) use topo::nft;
 
 use std::{collections::HashMap, time::Duration};
 

@@ -200,7 +200,7 @@ impl Drop for NatTable {
 }
 
 /// Runs `nft ARGS` in `ns`, `stdin` fed to it.
-fn nft(ns: &str, args: &[&str], stdin: Option<&str>) -> anyhow::Result<()> {
+pub(crate) fn nft(ns: &str, args: &[&str], stdin: Option<&str>) -> anyhow::Result<()> {
     let mut child = Command::new("ip")
         .args(["netns", "exec", ns, "nft"])
         .args(args)
