@@ -255,6 +255,14 @@ impl Daemon {
 
     /// Writes VIP `vi`'s entries and makes its wanted table live.
     fn install(&mut self, vi: usize) -> anyhow::Result<Option<Rebuild>> {
+        // A NAT VIP's pool, reply filter and marks before its entry, so its
+        // first packet takes the NAT path with everything it needs, never
+        // the DSR path (`sync_nat` writes what every VIP in `self.vips`,
+        // this one included, needs; the reload's last sync removes what a
+        // change left over).
+        if self.vips[vi].cfg.nat.is_some() {
+            self.sync_nat()?;
+        }
         let vip = &mut self.vips[vi];
         // A VIP whose live half is unknown gets its table before its entry:
         // the entry then points at a complete table.

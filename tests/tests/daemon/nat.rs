@@ -129,6 +129,29 @@ fn a_nat_vip_reaches_the_maps_and_status_and_its_flows_are_swept() {
         assert_eq!((pool.port_min, pool.port_max), (20_000, 20_999));
     });
     step(
+        "reload: a NAT VIP removed, then added again, goes live with its pool",
+        || {
+            std::fs::write(&e.config, config_text(&e, 1, 251)).unwrap();
+            e.xlb(&["reload"]).unwrap();
+            let dp = e.maps().unwrap();
+            let key = VipKey::new("10.100.0.3".parse().unwrap(), 8080, PROTO_TCP);
+            assert!(dp.vip(&key).unwrap().is_none(), "app removed");
+            assert!(
+                dp.vip_addr_bits("10.0.0.1".parse().unwrap())
+                    .unwrap()
+                    .is_none(),
+                "its pool address unmarked"
+            );
+            // The daemon (a debug build) asserts that the pool is in the
+            // maps before the VIP's entry: added in the other order, the
+            // reload fails.
+            write_config(&e, "10.0.0.1", "20000-20999");
+            e.xlb(&["reload"]).unwrap();
+            let pool = app_pool(&e);
+            assert_eq!((pool.count, pool.port_min), (1, 20_000));
+        },
+    );
+    step(
         "the sweep deletes an expired flow and its reply key",
         || {
             sweep_one(&e);

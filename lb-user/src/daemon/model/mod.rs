@@ -528,6 +528,17 @@ pub fn new_backend(
 
 /// Writes a VIP's entry (key → id, info) to the maps.
 pub fn install_vip(dp: &mut Dataplane, vip: &Vip) -> anyhow::Result<()> {
+    // The daemon syncs the NAT maps before a NAT VIP's entry (`install`):
+    // an entry without its pool would send its first packets down the DSR
+    // path. Checked in tests (debug builds), never a refusal in production.
+    debug_assert!(
+        vip.cfg.nat.is_none()
+            || dp
+                .nat_pool(vip.id)
+                .is_ok_and(|p| p != lb_common::nat::NatPool::default()),
+        "vip {:?}: its entry written before its NAT pool",
+        vip.cfg.name
+    );
     dp.set_vip(&vip.key, &vip.info())
         .with_context(|| format!("vip {:?}: writing its map entries", vip.cfg.name))
 }
