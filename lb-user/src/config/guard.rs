@@ -15,7 +15,7 @@ use lb_ctl::GuardAction;
 use serde::Serialize;
 
 use super::raw::{RawAutoBlock, RawGuard, RawListRule, RawShare, RawSourceAlert, RawSourceLimit};
-use super::{Problems, duration_setting, parse_percent, ser_duration};
+use super::{Problems, parse_percent, ser_duration};
 use crate::guard::Prefix;
 
 /// Defaults of the `[guard]` settings.
@@ -449,26 +449,14 @@ fn bounded_duration(
     field: &str,
     text: Option<&str>,
     default: Duration,
-    (min, max): (Duration, Duration),
+    bounds: (Duration, Duration),
     ctx: &str,
     p: &mut Problems<'_>,
 ) -> Option<Duration> {
-    let Some(text) = text else {
-        return Some(default);
-    };
-    let d = duration_setting(field, text, ctx, p)?;
-    if d < min || d > max {
-        p.error(
-            ctx,
-            format!(
-                "{field} {text:?} is out of range; use {} to {}",
-                super::shown::duration(min),
-                super::shown::duration(max)
-            ),
-        );
-        return None;
+    match text {
+        None => Some(default),
+        Some(text) => super::bounded_duration(field, text, bounds, ctx, p),
     }
-    Some(d)
 }
 
 /// `ct_insert_cap`: the default when absent, `None` for `"off"`.

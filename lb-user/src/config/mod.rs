@@ -462,6 +462,31 @@ fn duration_setting(field: &str, text: &str, ctx: &str, p: &mut Problems<'_>) ->
         .ok()
 }
 
+/// The duration setting `field` = `text` within `min..=max`, or `None`
+/// after an error that says what was wrong with it, the bounds as a
+/// person writes them.
+fn bounded_duration(
+    field: &str,
+    text: &str,
+    (min, max): (Duration, Duration),
+    ctx: &str,
+    p: &mut Problems<'_>,
+) -> Option<Duration> {
+    let d = duration_setting(field, text, ctx, p)?;
+    if d < min || d > max {
+        p.error(
+            ctx,
+            format!(
+                "{field} {text:?} is out of range; use {} to {}",
+                shown::duration(min),
+                shown::duration(max)
+            ),
+        );
+        return None;
+    }
+    Some(d)
+}
+
 fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     // Debug prints "2s", "500ms", "1.5s": readable and parseable back.
     s.collect_str(&format_args!("{d:?}"))

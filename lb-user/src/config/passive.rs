@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Mode, Problems, duration_setting, parse_percent, ser_duration};
+use super::{Mode, Problems, parse_percent, ser_duration};
 use crate::health::passive::Thresholds;
 
 /// A `[passive]` or `[vip.passive]` table as written.
@@ -241,24 +241,11 @@ fn apply_layer(raw: &RawPassive, ctx: &str, cfg: &mut PassiveConfig, p: &mut Pro
 fn duration(
     field: &str,
     raw: &Option<String>,
-    (min, max): (Duration, Duration),
+    bounds: (Duration, Duration),
     ctx: &str,
     p: &mut Problems<'_>,
 ) -> Option<Duration> {
-    let text = raw.as_deref()?;
-    let d = duration_setting(field, text, ctx, p)?;
-    if d < min || d > max {
-        p.error(
-            ctx,
-            format!(
-                "{field} {text:?} is out of range; use {} to {}",
-                super::shown::duration(min),
-                super::shown::duration(max)
-            ),
-        );
-        return None;
-    }
-    Some(d)
+    super::bounded_duration(field, raw.as_deref()?, bounds, ctx, p)
 }
 
 #[cfg(test)]

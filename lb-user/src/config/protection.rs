@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Serialize, Serializer};
 
 use super::raw::{RawLimit, RawProtection};
-use super::{Problems, duration_setting, parse_percent, ser_duration};
+use super::{Problems, parse_percent, ser_duration};
 use crate::health::policy::{Limit, Policy};
 
 /// Longest `slow_start` and `flap_half_life`.
@@ -120,20 +120,7 @@ fn duration(
     ctx: &str,
     p: &mut Problems<'_>,
 ) -> Option<Duration> {
-    let text = raw.as_deref()?;
-    let d = duration_setting(field, text, ctx, p)?;
-    if d < min || d > MAX_PERIOD {
-        p.error(
-            ctx,
-            format!(
-                "{field} {text:?} is out of range; use {} to {}",
-                super::shown::duration(min),
-                super::shown::duration(MAX_PERIOD)
-            ),
-        );
-        return None;
-    }
-    Some(d)
+    super::bounded_duration(field, raw.as_deref()?, (min, MAX_PERIOD), ctx, p)
 }
 
 pub(super) fn ser_policy<S: Serializer>(policy: &Policy, s: S) -> Result<S::Ok, S::Error> {
