@@ -303,6 +303,28 @@ pub fn open_private(path: &Path) -> anyhow::Result<fs::File> {
     Ok(file)
 }
 
+/// What `errors_of` finds wrong with this host's addresses
+/// ([`host_addresses`]), each line prefixed with `origin`.
+///
+/// # Errors
+/// The lines `errors_of` gives, or why the addresses could not be read.
+pub fn check_addresses(
+    origin: &str,
+    errors_of: impl FnOnce(&[(String, IpAddr)]) -> Vec<String>,
+) -> Result<(), Vec<String>> {
+    let local = host_addresses()
+        .map_err(|e| vec![format!("{origin}: reading this host's addresses: {e}")])?;
+    let errors: Vec<String> = errors_of(&local)
+        .into_iter()
+        .map(|l| format!("{origin}: {l}"))
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
 /// Every IPv4 and IPv6 address of this host with its interface's name, in
 /// the order the kernel lists them.
 ///

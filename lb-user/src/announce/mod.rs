@@ -73,17 +73,7 @@ pub fn local_vip_errors(cfg: &Config, local: &[(String, IpAddr)]) -> Vec<String>
 /// One line per VIP on a local address, or why the addresses could not be
 /// read.
 pub fn check_local_addresses(cfg: &Config, origin: &str) -> Result<(), Vec<String>> {
-    let local = crate::host::host_addresses()
-        .map_err(|e| vec![format!("{origin}: reading this host's addresses: {e}")])?;
-    let errors: Vec<String> = local_vip_errors(cfg, &local)
-        .into_iter()
-        .map(|l| format!("{origin}: {l}"))
-        .collect();
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors)
-    }
+    crate::host::check_addresses(origin, |local| local_vip_errors(cfg, local))
 }
 
 /// Whether BIRD answers on its control socket: it greets every connection

@@ -509,17 +509,7 @@ pub fn check_pools_local(vips: &[super::VipConfig], origin: &str) -> Result<(), 
     {
         return Ok(());
     }
-    let local = crate::host::host_addresses()
-        .map_err(|e| vec![format!("{origin}: reading this host's addresses: {e}")])?;
-    let errors: Vec<String> = pool_not_local_errors(vips, &local)
-        .into_iter()
-        .map(|l| format!("{origin}: {l}"))
-        .collect();
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors)
-    }
+    crate::host::check_addresses(origin, |local| pool_not_local_errors(vips, local))
 }
 
 #[cfg(test)]
