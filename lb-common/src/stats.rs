@@ -170,6 +170,11 @@ stats! {
     /// backend recycled): dropped. One quoting a live flow is translated
     /// and sent on (`icmp_quoted`, then the flow's own counters).
     DropNatIcmp = "drop_nat_icmp",
+    /// A TCP packet (no SYN) of a NAT flow whose backend is down, on a VIP
+    /// with `down_policy = "rehash"`: the flow ended (its port back to the
+    /// pool) and the client answered with a RST, so it reconnects at once
+    /// to a backend that is up (`down_rehash` counts the flow's end).
+    ResetNatDown = "reset_nat_down",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
 }

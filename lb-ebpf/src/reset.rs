@@ -3,10 +3,13 @@
 //! fails at once instead of retrying into silence: the L4 form of a 429.
 //!
 //! The reply is what a closed port answers (RFC 9293, 3.10.7.1): MACs,
-//! addresses and ports swapped, `<SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>`
-//! (the SYN counts one), no options, no payload; a fresh IPv4 header (TTL
-//! 64, DF, id 0) or IPv6 header (hop limit 64, flow label 0). An 802.1Q tag
-//! stays as it was.
+//! addresses and ports swapped; to a segment without ACK (a SYN)
+//! `<SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>` (SYN and FIN count one), to
+//! one with ACK (a NAT flow ended under the client, `nat::start`)
+//! `<SEQ=SEG.ACK><CTL=RST>`, the sequence number the client expects, so it
+//! takes the reset (RFC 5961); no options, no payload; a fresh IPv4 header
+//! (TTL 64, DF, id 0) or IPv6 header (hop limit 64, flow label 0). An
+//! 802.1Q tag stays as it was.
 
 use aya_ebpf::{helpers::bpf_xdp_adjust_tail, programs::XdpContext};
 use lb_common::{ENCAP_TTL, FAMILY_V4, PROTO_TCP, Stat};
@@ -14,8 +17,8 @@ use lb_common::{ENCAP_TTL, FAMILY_V4, PROTO_TCP, Stat};
 use crate::{
     checksum,
     packet::{
-        IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, Ipv4Hdr, Ipv6Hdr, TCP_ACK, TCP_RST, TcpHdr, len,
-        ptr_at, swap_macs,
+        IPV4_LEN, IPV4_VERSION_IHL, IPV6_LEN, Ipv4Hdr, Ipv6Hdr, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN,
+        TcpHdr, len, ptr_at, swap_macs,
     },
     parse::Packet,
     stats::{drop_with, tx},
@@ -23,7 +26,7 @@ use crate::{
 
 const TCP_LEN: usize = core::mem::size_of::<TcpHdr>();
 
-/// Turns the SYN `pkt` into its RST and returns `XDP_TX` (counted as
+/// Turns the TCP segment `pkt` into its RST and returns `XDP_TX` (counted as
 /// `sent`); drops it (counted as `dropped`) if the frame cannot be trimmed,
 /// or (`drop_reply_limited`) if this CPU's reply budget is spent.
 #[inline(always)]
@@ -38,10 +41,30 @@ pub(crate) fn reply(ctx: &XdpContext, pkt: &Packet, sent: Stat, dropped: Stat) -
         return drop_with(dropped);
     };
     // SAFETY: bounds checked by ptr_at.
-    let (seq, doff) = unsafe { (u32::from_be_bytes((*tcp).seq), (*tcp).header_len()) };
-    // SEG.LEN: the SYN and any data it carries.
-    let data = pkt.ip_len.saturating_sub(ip_hdr + doff) as u32;
-    let ack = seq.wrapping_add(1).wrapping_add(data);
+    let (seq, ack_in, flags, doff) = unsafe {
+        (
+            u32::from_be_bytes((*tcp).seq),
+            u32::from_be_bytes((*tcp).ack_seq),
+            (*tcp).flags,
+            (*tcp).header_len(),
+        )
+    };
+    let r = if flags & TCP_ACK != 0 {
+        Rst {
+            seq: ack_in,
+            ack: 0,
+            flags: TCP_RST,
+        }
+    } else {
+        // SEG.LEN: the data, and one for each of SYN and FIN.
+        let data = pkt.ip_len.saturating_sub(ip_hdr + doff) as u32;
+        let len = data + u32::from(flags & TCP_SYN != 0) + u32::from(flags & TCP_FIN != 0);
+        Rst {
+            seq: 0,
+            ack: seq.wrapping_add(len),
+            flags: TCP_RST | TCP_ACK,
+        }
+    };
     // Trim to the three headers (the SYN's options and any Ethernet padding
     // go).
     let want = l4off + TCP_LEN;
@@ -54,9 +77,9 @@ pub(crate) fn reply(ctx: &XdpContext, pkt: &Packet, sent: Stat, dropped: Stat) -
         }
     }
     let done = if v4 {
-        ipv4(ctx, pkt.l3off, l4off, ack)
+        ipv4(ctx, pkt.l3off, l4off, &r)
     } else {
-        ipv6(ctx, pkt.l3off, l4off, ack)
+        ipv6(ctx, pkt.l3off, l4off, &r)
     };
     if done.is_none() || swap_macs(ctx).is_none() {
         return drop_with(dropped);
@@ -66,7 +89,7 @@ pub(crate) fn reply(ctx: &XdpContext, pkt: &Packet, sent: Stat, dropped: Stat) -
 
 /// The IPv4 header and TCP RST of the reply.
 #[inline(always)]
-fn ipv4(ctx: &XdpContext, l3off: usize, l4off: usize, ack: u32) -> Option<()> {
+fn ipv4(ctx: &XdpContext, l3off: usize, l4off: usize, r: &Rst) -> Option<()> {
     let ip = ptr_at::<Ipv4Hdr>(ctx, l3off)?;
     let tcp = ptr_at::<TcpHdr>(ctx, l4off)?;
     // SAFETY: bounds checked by ptr_at; the headers do not overlap.
@@ -81,7 +104,7 @@ fn ipv4(ctx: &XdpContext, l3off: usize, l4off: usize, ack: u32) -> Option<()> {
     ip.protocol = PROTO_TCP;
     ip.check = [0; 2];
     ip.check = checksum::ipv4_header(ip).to_be_bytes();
-    rst(tcp, ack);
+    rst(tcp, r);
     let pseudo = checksum::sum(&ip.saddr) + checksum::sum(&ip.daddr);
     tcp.check = checksum::tcp(pseudo, tcp).to_be_bytes();
     Some(())
@@ -89,7 +112,7 @@ fn ipv4(ctx: &XdpContext, l3off: usize, l4off: usize, ack: u32) -> Option<()> {
 
 /// The IPv6 header and TCP RST of the reply.
 #[inline(always)]
-fn ipv6(ctx: &XdpContext, l3off: usize, l4off: usize, ack: u32) -> Option<()> {
+fn ipv6(ctx: &XdpContext, l3off: usize, l4off: usize, r: &Rst) -> Option<()> {
     let ip = ptr_at::<Ipv6Hdr>(ctx, l3off)?;
     let tcp = ptr_at::<TcpHdr>(ctx, l4off)?;
     // SAFETY: bounds checked by ptr_at; the headers do not overlap.
@@ -99,20 +122,27 @@ fn ipv6(ctx: &XdpContext, l3off: usize, l4off: usize, ack: u32) -> Option<()> {
     ip.payload_len = (TCP_LEN as u16).to_be_bytes();
     ip.nexthdr = PROTO_TCP;
     ip.hop_limit = ENCAP_TTL;
-    rst(tcp, ack);
+    rst(tcp, r);
     let pseudo = checksum::sum(&ip.saddr) + checksum::sum(&ip.daddr);
     tcp.check = checksum::tcp(pseudo, tcp).to_be_bytes();
     Some(())
 }
 
-/// The TCP header of a RST acknowledging `ack`, ports swapped, checksum 0.
+/// What the RST says: its sequence and acknowledgement numbers and flags.
+struct Rst {
+    seq: u32,
+    ack: u32,
+    flags: u8,
+}
+
+/// The TCP header of the RST `r`, ports swapped, checksum 0.
 #[inline(always)]
-fn rst(tcp: &mut TcpHdr, ack: u32) {
+fn rst(tcp: &mut TcpHdr, r: &Rst) {
     core::mem::swap(&mut tcp.source, &mut tcp.dest);
-    tcp.seq = [0; 4];
-    tcp.ack_seq = ack.to_be_bytes();
+    tcp.seq = r.seq.to_be_bytes();
+    tcp.ack_seq = r.ack.to_be_bytes();
     tcp.doff_res = ((TCP_LEN / 4) as u8) << 4;
-    tcp.flags = TCP_RST | TCP_ACK;
+    tcp.flags = r.flags;
     tcp.window = [0; 2];
     tcp.check = [0; 2];
     tcp.urg_ptr = [0; 2];

@@ -238,12 +238,30 @@ pub fn rst_reply(
     // The SYN's sequence number as `tcp` writes it.
     const SYN_SEQ: u32 = 1000;
     let ack = SYN_SEQ + 1 + syn_payload.len() as u32;
+    rst_frame(flow, (lb_mac, client_mac), vlan, (0, ack, RST | ACK))
+}
+
+/// What the LB answers a segment with ACK of `flow` with (as sent by
+/// [`Flow::frame`], whose ACK number is 2000) when it resets the flow:
+/// `<SEQ=SEG.ACK><CTL=RST>` (RFC 9293, 3.10.7.1), otherwise as
+/// [`rst_reply`].
+pub fn rst_to_ack(flow: &Flow, lb_mac: Mac, client_mac: Mac, vlan: Option<u16>) -> Vec<u8> {
+    // The ACK number as `tcp` writes it.
+    const SEG_ACK: u32 = 2000;
+    rst_frame(flow, (lb_mac, client_mac), vlan, (SEG_ACK, 0, RST))
+}
+
+/// A RST of `flow` back to its client, (`seq`, `ack`, `flags`) in its TCP
+/// header, from `macs.0` to `macs.1`.
+fn rst_frame(flow: &Flow, macs: (Mac, Mac), vlan: Option<u16>, tcp: (u32, u32, u8)) -> Vec<u8> {
+    let (lb_mac, client_mac) = macs;
+    let (seq, ack, flags) = tcp;
     let mut seg = Vec::with_capacity(20);
     seg.extend_from_slice(&flow.dport.to_be_bytes());
     seg.extend_from_slice(&flow.sport.to_be_bytes());
-    seg.extend_from_slice(&0u32.to_be_bytes());
+    seg.extend_from_slice(&seq.to_be_bytes());
     seg.extend_from_slice(&ack.to_be_bytes());
-    seg.extend_from_slice(&[5 << 4, RST | ACK, 0, 0, 0, 0, 0, 0]);
+    seg.extend_from_slice(&[5 << 4, flags, 0, 0, 0, 0, 0, 0]);
     let mut pseudo = Vec::new();
     pseudo.extend_from_slice(&addr_bytes(flow.dst));
     pseudo.extend_from_slice(&addr_bytes(flow.src));

@@ -13,9 +13,14 @@
 //!   (`reset_nat_exhausted`), UDP dropped (`drop_nat_exhausted`);
 //! - a TCP packet without SYN of no flow is dropped (`drop_nat_no_flow`):
 //!   it has no port to leave from;
-//! - a flow keeps its backend while the backend's id and generation hold,
-//!   whatever its health (like `down_policy = "keep"`: a NAT flow cannot
-//!   move without breaking); a recycled id makes it stale (`nat_stale`);
+//! - a flow keeps its backend while the backend's id and generation hold
+//!   and it is up or draining; a recycled id makes it stale (`nat_stale`);
+//! - a flow whose backend is down follows the VIP's `down_policy`, as
+//!   conntrack does: `keep` stays (`down_keep`); `rehash` (the default)
+//!   ends it (`down_rehash`), since a NAT flow cannot move without
+//!   breaking: a TCP packet without SYN is answered with a RST
+//!   (`reset_nat_down`) so the client reconnects at once, a SYN or UDP
+//!   packet starts a new flow on a backend that is up;
 //! - a SYN on a closed or expired flow starts it again; on a live one it
 //!   follows the flow (a retransmit);
 //! - TTL / hop limit ≤ 1: passed to the host (`pass_nat_ttl`), larger than
@@ -30,7 +35,7 @@ mod rewrite;
 
 use aya_ebpf::programs::XdpContext;
 use lb_common::{
-    BackendInfo, FAMILY_V4, PROTO_TCP, Stat,
+    BACKEND_DOWN, BackendInfo, DOWN_POLICY_KEEP, FAMILY_V4, PROTO_TCP, Stat,
     nat::{
         Evidence, MODE_NAT_PRESERVE, NAT_TCP_CLOSED, NAT_TCP_CLOSING, NAT_TCP_SYN_SENT, NAT_UDP,
         NatFlow, NatPool, is_nat, reply_key,
@@ -71,7 +76,11 @@ pub(crate) struct Out {
     pub nat_port: u16,
     pub backend_port: u16,
     pub new_flow: u8,
-    pub _pad: [u8; 3],
+    /// Set by [`client`] when it ended the packet's flow because its
+    /// backend is down (`down_policy = "rehash"`): [`start`] then resets a
+    /// TCP packet without SYN instead of dropping it.
+    pub rehashed: u8,
+    pub _pad: [u8; 2],
 }
 
 /// For a packet to a port some NAT VIP listens on: [`NOT_NAT`] if its VIP
@@ -94,11 +103,12 @@ pub(crate) fn client(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
     if pkt.icmp {
         return quoted(pkt, &mut s.out);
     }
+    s.out.rehashed = 0;
     if let Some(f) = XLB_NAT_FLOWS.get_ptr_mut(&pkt.flow) {
         // SAFETY: a hash map value, valid for the program's run (RCU);
         // racing writers store whole fields.
         let f = unsafe { &mut *f };
-        if usable(pkt, f, pool, now).is_some() {
+        if usable(pkt, f, pool, vip.down_policy, now, &mut s.out.rehashed).is_some() {
             update(ctx, pkt, f, pool, now, &mut s.out);
             s.out.new_flow = 0;
             return SEND;
@@ -134,20 +144,39 @@ fn quoted(pkt: &Packet, out: &mut Out) -> u32 {
     SEND
 }
 
-/// The backend of existing flow `f`, or `None` once the flow is removed
-/// (its backend recycled, or a SYN on a closed or expired flow).
+/// The backend of existing flow `f`, or `None` once the flow is removed:
+/// its backend recycled, or down on a VIP whose `policy` is not `keep`
+/// (`rehashed` set), or a SYN on a closed or expired flow.
 #[inline(always)]
-fn usable(pkt: &Packet, f: &NatFlow, pool: &NatPool, now: u64) -> Option<&'static BackendInfo> {
+fn usable(
+    pkt: &Packet,
+    f: &NatFlow,
+    pool: &NatPool,
+    policy: u8,
+    now: u64,
+    rehashed: &mut u8,
+) -> Option<&'static BackendInfo> {
     let be = XLB_BACKENDS.get(f.backend_id);
-    let stale = match be {
-        Some(be) => be.state == 0 || be.generation != f.generation,
-        None => true,
+    let (stale, down) = match be {
+        Some(be) => (
+            be.state == 0 || be.generation != f.generation,
+            be.state == BACKEND_DOWN,
+        ),
+        None => (true, false),
     };
     if stale {
         count(Stat::NatStale);
+    } else if down && policy != DOWN_POLICY_KEEP {
+        // As conntrack does for DSR flows; a NAT flow cannot move to
+        // another backend, so it ends here (`start` resets TCP).
+        count(Stat::DownRehash);
+        *rehashed = 1;
     } else if !pkt.syn()
         || (now < f.expires(pool) && f.state != NAT_TCP_CLOSED && f.state != NAT_TCP_CLOSING)
     {
+        if down {
+            count(Stat::DownKeep);
+        }
         return be;
     }
     // The flow ends here: its port goes back to the pool.
@@ -165,10 +194,17 @@ fn usable(pkt: &Packet, f: &NatFlow, pool: &NatPool, now: u64) -> Option<&'stati
 /// [`client`], so each call here starts from its frame (see [`Out`]).
 #[inline(always)]
 pub(crate) fn start(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
+    let (vip_id, rehashed) = XLB_NAT_SCRATCH
+        .get(0)
+        .map_or((0, false), |s| (s.out.vip_id, s.out.rehashed != 0));
     if pkt.flow.proto == PROTO_TCP && !pkt.syn() {
+        // A flow `client` just ended for its down backend: the client
+        // learns now, not after its own timeout.
+        if rehashed {
+            return reset::reply(ctx, pkt, Stat::ResetNatDown, Stat::DropNatNoFlow);
+        }
         return drop_with(Stat::DropNatNoFlow);
     }
-    let vip_id = XLB_NAT_SCRATCH.get(0).map_or(0, |s| s.out.vip_id);
     let Some(gd) = XLB_GUARD.get(vip_id) else {
         return aborted();
     };
