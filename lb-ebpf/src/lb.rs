@@ -130,11 +130,14 @@ fn decide(ctx: &XdpContext, pkt: &mut Packet, ethertype: u16) -> u32 {
     let now = clock::now();
     // A NAT VIP on this port: its flows are in the NAT maps, not conntrack.
     if vips & VIP_PORT_NAT != 0 {
-        match nat::client(ctx, pkt, now) {
-            nat::NOT_NAT => {}
-            nat::SEND => return nat_verdict(ctx, pkt, nat::send(ctx, pkt, now)),
-            nat::NEW => return nat_verdict(ctx, pkt, nat::start(ctx, pkt, now)),
+        let verdict = match nat::client(ctx, pkt, now) {
+            nat::NOT_NAT => None,
+            nat::SEND => Some(nat::send(ctx, pkt, now)),
+            nat::NEW => Some(nat::start(ctx, pkt, now)),
             verdict => return verdict,
+        };
+        if let Some(verdict) = verdict {
+            return nat_verdict(ctx, pkt, verdict);
         }
     }
     balance(ctx, pkt, g, now)
