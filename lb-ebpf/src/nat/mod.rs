@@ -342,10 +342,11 @@ pub(crate) fn send(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
 /// told (`icmp::may_tell`); else dropped (`drop_nat_too_big`): an ICMP
 /// error (never answered with another, RFC 1122 3.2.2), or an IPv4 packet
 /// without DF. XDP cannot fragment, and the host's forwarding cannot take
-/// it over: translated, a full-NAT packet's source is the host's own pool
-/// address, which Linux refuses on input as a martian source
+/// a client's packet over in full NAT: translated, its source is the
+/// host's own pool address, which Linux refuses on input as a martian
 /// (`__fib_validate_source`, net/ipv4/fib_frontend.c, unless
-/// `accept_local`), and its TTL would be decremented twice.
+/// `accept_local`). One rule both ways: such senders are rare (Linux sets
+/// DF on TCP).
 #[inline(always)]
 pub(crate) fn too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> u32 {
     if pkt.icmp || !crate::icmp::may_tell(ctx, pkt) {

@@ -118,8 +118,9 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, vip_id: u32, id: 
 /// `bpf_fib_lookup` towards the client `dst` from the VIP `src`, for an
 /// IP packet of `v6_len`'s low 16 bits (so the kernel checks the egress
 /// MTU), IPv6 if bit 16 is set; fills `nh`'s MACs and interface, and its
-/// MTU on `BPF_FIB_LKUP_RET_FRAG_NEEDED`. Returns the lookup's answer. A lookup per answer, not a cache: clients are
-/// many, and the kernel's FIB lookup is what a cache would save.
+/// MTU on `BPF_FIB_LKUP_RET_FRAG_NEEDED`. Returns the lookup's answer. A
+/// lookup per answer, not a cache: clients are many, and the kernel's FIB
+/// lookup is what a cache would save.
 // verifier: not inlined, so the 64-byte fib parameters get their own
 // frame; BPF calls take at most 5 register arguments.
 #[inline(never)]
