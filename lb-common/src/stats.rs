@@ -117,8 +117,9 @@ stats! {
     /// does not handle or whose quoted header is not a VIP flow: passed to
     /// the host's stack (without `host_services`: `drop_vip_unbalanced`).
     PassIcmp = "pass_icmp",
-    /// A client packet too big to encapsulate answered with "fragmentation
-    /// needed" / "packet too big" carrying the MTU that fits.
+    /// A packet too big for its next hop (a client's to encapsulate, or a
+    /// NAT packet either way) answered with "fragmentation needed" /
+    /// "packet too big" carrying the MTU that fits.
     IcmpTooBig = "icmp_too_big",
     /// A reply the data plane would generate (a RST to a refused SYN, an
     /// echo reply, "fragmentation needed" / "packet too big") over this
@@ -164,7 +165,9 @@ stats! {
     /// A NAT packet (either way) whose TTL / hop limit would reach 0: passed
     /// to the host, which answers "time exceeded" as a router does.
     PassNatTtl = "pass_nat_ttl",
-    /// A NAT packet (either way) larger than the egress MTU: dropped.
+    /// A NAT packet (either way) larger than the egress MTU whose sender
+    /// cannot be told (IPv4 without DF, or an ICMP error): dropped. The
+    /// others are answered (`icmp_too_big`).
     DropNatTooBig = "drop_nat_too_big",
     /// An ICMP error to a NAT VIP quoting no live NAT flow (none, or its
     /// backend recycled): dropped. One quoting a live flow is translated

@@ -20,7 +20,8 @@
 //! - a client packet too large to encapsulate is answered with
 //!   "fragmentation needed" (IPv4 with DF) or "packet too big" (IPv6)
 //!   carrying the largest inner packet that fits, so the client's path-MTU
-//!   discovery shrinks its packets instead of retrying into a silent drop.
+//!   discovery shrinks its packets instead of retrying into a silent drop;
+//!   so is a NAT packet, either way, too large for its next hop (`nat`).
 
 use aya_ebpf::{
     helpers::{bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
@@ -241,23 +242,20 @@ fn reply(ctx: &XdpContext, stat: Stat) -> u32 {
     tx(stat)
 }
 
-/// The client's packet `pkt` does not fit the backend's path once
-/// encapsulated: answers it with "fragmentation needed" (IPv4, DF set) or
-/// "packet too big" (IPv6) saying `mtu`, built in place; an IPv4 packet
-/// without DF cannot be told and is dropped (`drop_too_big`).
+/// The packet `pkt` does not fit its next hop (a client's once
+/// encapsulated, or a NAT packet either way, `nat::TOO_BIG`): answers its
+/// sender with "fragmentation needed" (IPv4, DF set) or "packet too big"
+/// (IPv6) saying `mtu`, built in place, from the address the packet was
+/// sent to; an IPv4 packet without DF cannot be told and is dropped
+/// (`drop_too_big`).
 // verifier: a function of its own, so its headers are built on its own
 // stack frame, not on the 512 bytes the parser and forwarding share.
 #[inline(never)]
 pub(crate) fn too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> u32 {
     let v4 = pkt.flow.family == FAMILY_V4;
     let room = if v4 { IPV4_LEN } else { IPV6_LEN } + ICMP_LEN;
-    if v4 {
-        // SAFETY (both): bounds checked by ptr_at.
-        let df = ptr_at::<Ipv4Hdr>(ctx, pkt.l3off)
-            .is_some_and(|ip| unsafe { u16::from_be_bytes((*ip).frag_off) } & 0x4000 != 0);
-        if !df {
-            return drop_with(Stat::DropTooBig);
-        }
+    if !may_tell(ctx, pkt) {
+        return drop_with(Stat::DropTooBig);
     }
     if !reply::allowed() {
         return reply::limited();
@@ -291,6 +289,19 @@ pub(crate) fn too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> u32 {
         return drop_with(Stat::DropTooBig);
     }
     reply(ctx, Stat::IcmpTooBig)
+}
+
+/// Whether the sender of `pkt` may be told its packet is too big: IPv6,
+/// or IPv4 with DF set (without DF it asked routers to fragment, which
+/// XDP cannot do; RFC 1191 sends "fragmentation needed" only with DF).
+#[inline(always)]
+pub(crate) fn may_tell(ctx: &XdpContext, pkt: &Packet) -> bool {
+    if pkt.flow.family != FAMILY_V4 {
+        return true;
+    }
+    // SAFETY: bounds checked by ptr_at.
+    ptr_at::<Ipv4Hdr>(ctx, pkt.l3off)
+        .is_some_and(|ip| unsafe { u16::from_be_bytes((*ip).frag_off) } & 0x4000 != 0)
 }
 
 /// The IPv4 header, ICMP header and quote of "fragmentation needed".

@@ -60,7 +60,7 @@ use crate::{
     XLB_GLOBALS, XLB_GUARD, chance, clock,
     conntrack::{self, Lookup, Target},
     forward::forward,
-    guard, nat,
+    guard, icmp, nat,
     packet::{ETH_P_IP, ETH_P_IPV6},
     parse::{self, L2Error, Packet},
     select,
@@ -105,7 +105,7 @@ fn decide(ctx: &XdpContext, pkt: &mut Packet, ethertype: u16) -> u32 {
     if nat::reply::from_backend_port(pkt)
         && let Some(verdict) = nat::reply::answer(ctx, pkt)
     {
-        return verdict;
+        return nat_verdict(ctx, pkt, verdict);
     }
     // No VIP on this port: the host's own traffic, unless it is to a VIP
     // address (checked after the port filter, so the host's traffic pays
@@ -130,14 +130,30 @@ fn decide(ctx: &XdpContext, pkt: &mut Packet, ethertype: u16) -> u32 {
     let now = clock::now();
     // A NAT VIP on this port: its flows are in the NAT maps, not conntrack.
     if vips & VIP_PORT_NAT != 0 {
-        match nat::client(ctx, pkt, now) {
-            nat::NOT_NAT => {}
-            nat::SEND => return nat::send(ctx, pkt, now),
-            nat::NEW => return nat::start(ctx, pkt, now),
+        let verdict = match nat::client(ctx, pkt, now) {
+            nat::NOT_NAT => None,
+            nat::SEND => Some(nat::send(ctx, pkt, now)),
+            nat::NEW => Some(nat::start(ctx, pkt, now)),
             verdict => return verdict,
+        };
+        if let Some(verdict) = verdict {
+            return nat_verdict(ctx, pkt, verdict);
         }
     }
     balance(ctx, pkt, g, now)
+}
+
+/// `verdict`, the NAT path's, or for [`nat::TOO_BIG`] the answer to the
+/// packet's sender: "fragmentation needed" / "packet too big". Built here,
+/// at the top of the call chain, as DSR's is from `encap`: from inside the
+/// NAT functions its frame would be stacked on theirs, past 512 bytes.
+#[inline(always)]
+fn nat_verdict(ctx: &XdpContext, pkt: &Packet, verdict: u32) -> u32 {
+    if verdict == nat::TOO_BIG {
+        icmp::too_big(ctx, pkt, nat::too_big_mtu())
+    } else {
+        verdict
+    }
 }
 
 /// The DSR stages of a packet to a VIP's port: conntrack, the VIP, the

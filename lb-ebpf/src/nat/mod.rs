@@ -23,8 +23,14 @@
 //!   packet starts a new flow on a backend that is up;
 //! - a SYN on a closed or expired flow starts it again; on a live one it
 //!   follows the flow (a retransmit);
-//! - TTL / hop limit ≤ 1: passed to the host (`pass_nat_ttl`), larger than
-//!   the egress MTU: dropped (`drop_nat_too_big`), either way;
+//! - TTL / hop limit ≤ 1: passed to the host (`pass_nat_ttl`), either way;
+//! - larger than the egress MTU, either way: answered as a router answers,
+//!   with "fragmentation needed" (IPv4 with DF) or "packet too big" (IPv6)
+//!   carrying the MTU, to the packet's sender from the address it sent to
+//!   (the VIP for a client, the pool address for a backend), quoting the
+//!   packet as it arrived (`icmp_too_big`, within the reply budget:
+//!   `drop_reply_limited`). IPv4 without DF, or an ICMP error: dropped
+//!   (`drop_nat_too_big`). The answer is built by the caller ([`TOO_BIG`]);
 //! - ICMP errors quoting a NAT flow are translated both ways (`icmp.rs`);
 //!   from the client's side quoting no live flow, dropped (`drop_nat_icmp`).
 
@@ -63,6 +69,16 @@ pub(crate) const SEND: u32 = u32::MAX;
 /// [`client`]'s answer for a packet of no flow (or of one just ended):
 /// [`new_flow`].
 pub(crate) const NEW: u32 = u32::MAX - 2;
+/// [`send`]'s (so [`start`]'s) and `reply::answer`'s answer for a packet
+/// larger than the egress MTU whose sender may be told ([`too_big`]): the
+/// caller at the top of the chain answers it with `icmp::too_big`, saying
+/// [`too_big_mtu`]. Not answered from here: `icmp::too_big`'s frame on
+/// top of this chain's would pass the 512-byte stack.
+pub(crate) const TOO_BIG: u32 = u32::MAX - 3;
+// `reply::answer` adds the backend id above `VERDICT_BACKEND_SHIFT` to
+// whatever its translation returns: those bits of TOO_BIG are all ones, so
+// it stays TOO_BIG.
+const _: () = assert!(TOO_BIG | (lb_common::BACKEND_IDS - 1) << VERDICT_BACKEND_SHIFT == TOO_BIG);
 
 /// What [`send`] needs of the flow whose packet it sends, left by
 /// [`client`] in the per-CPU scratch entry: a call's frames stay apart
@@ -323,7 +339,7 @@ pub(crate) fn send(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
         return drop_with(Stat::DropNoRoute);
     };
     if pkt.ip_len > nh.mtu as usize {
-        return drop_with(Stat::DropNatTooBig);
+        return too_big(ctx, pkt, nh.mtu);
     }
     let to = rewrite::To {
         src: &o.nat_addr,
@@ -355,6 +371,35 @@ pub(crate) fn send(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
         account(XLB_BE_STATS.get_ptr_mut(id), bytes, new_flow);
     }
     verdict | id << VERDICT_BACKEND_SHIFT
+}
+
+/// For `pkt` (either way, not yet translated) larger than the egress MTU
+/// `mtu`: [`TOO_BIG`], `mtu` left for [`too_big_mtu`], if its sender may be
+/// told (`icmp::may_tell`); else dropped (`drop_nat_too_big`): an ICMP
+/// error (never answered with another, RFC 1122 3.2.2), or an IPv4 packet
+/// without DF. XDP cannot fragment, and the host's forwarding cannot take
+/// a client's packet over in full NAT: translated, its source is the
+/// host's own pool address, which Linux refuses on input as a martian
+/// (`__fib_validate_source`, net/ipv4/fib_frontend.c, unless
+/// `accept_local`). One rule both ways: such senders are rare (Linux sets
+/// DF on TCP).
+#[inline(always)]
+pub(crate) fn too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> u32 {
+    if pkt.icmp || !crate::icmp::may_tell(ctx, pkt) {
+        return drop_with(Stat::DropNatTooBig);
+    }
+    let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
+        return aborted();
+    };
+    // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+    unsafe { (*s).hop.mtu = mtu };
+    TOO_BIG
+}
+
+/// The MTU [`too_big`] left for the answer to a [`TOO_BIG`] packet.
+#[inline(always)]
+pub(crate) fn too_big_mtu() -> u32 {
+    XLB_NAT_SCRATCH.get(0).map_or(0, |s| s.hop.mtu)
 }
 
 /// Whether `pkt` (TCP or UDP, parsed) carries payload.

@@ -78,7 +78,8 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, vip_id: u32, id: 
         v6 << 16 | pkt.ip_len as u32,
     );
     if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-        return drop_with(Stat::DropNatTooBig);
+        // The backend is told, as a router on its path tells it.
+        return super::too_big(ctx, pkt, nh.mtu);
     }
     if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
         return drop_with(Stat::DropNoRoute);
@@ -116,9 +117,10 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, vip_id: u32, id: 
 
 /// `bpf_fib_lookup` towards the client `dst` from the VIP `src`, for an
 /// IP packet of `v6_len`'s low 16 bits (so the kernel checks the egress
-/// MTU), IPv6 if bit 16 is set; fills `nh`'s MACs and interface. Returns
-/// the lookup's answer. A lookup per answer, not a cache: clients are
-/// many, and the kernel's FIB lookup is what a cache would save.
+/// MTU), IPv6 if bit 16 is set; fills `nh`'s MACs and interface, and its
+/// MTU on `BPF_FIB_LKUP_RET_FRAG_NEEDED`. Returns the lookup's answer. A
+/// lookup per answer, not a cache: clients are many, and the kernel's FIB
+/// lookup is what a cache would save.
 // verifier: not inlined, so the 64-byte fib parameters get their own
 // frame; BPF calls take at most 5 register arguments.
 #[inline(never)]
@@ -140,6 +142,9 @@ fn route(ctx: &XdpContext, nh: &mut NextHop, dst: &[u8; 16], src: &[u8; 16], v6_
     nh.dmac = p.dmac;
     nh.smac = p.smac;
     nh.ifindex = p.ifindex;
+    // SAFETY: reading the union member the kernel wrote (on FRAG_NEEDED,
+    // the egress MTU; else the length given or the MTU: not read then).
+    nh.mtu = u32::from(unsafe { p.__bindgen_anon_1.mtu_result });
     rc
 }
 
