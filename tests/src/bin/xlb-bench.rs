@@ -532,3 +532,56 @@ fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
             .collect(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(name: &'static str) -> Case {
+        Case::new(name, lb_common::PROG_LB, Vec::new(), XDP_TX)
+    }
+
+    #[test]
+    fn only_keeps_the_baseline_the_matches_and_what_they_are_held_to() {
+        let mut v = vec![
+            case("minimal"),
+            case(EST_IPIP),
+            case(NEW_IPIP),
+            case("decap: plain IPIP"),
+            case("nat, established").vs(EST_IPIP, Some(1.3)),
+        ];
+        only_cases(&mut v, "nat");
+        let names: Vec<&str> = v.iter().map(|c| c.name).collect();
+        assert_eq!(names, ["minimal", EST_IPIP, "nat, established"]);
+    }
+
+    #[test]
+    fn held_to_is_the_median_of_per_round_ratios_with_the_target() {
+        let cases = [
+            case("minimal"),
+            case(EST_IPIP),
+            case("nat, established").vs(EST_IPIP, Some(1.3)),
+            case("nat, new flow").vs("not measured", None),
+        ];
+        // Round 2 is slow for both: its ratio is steady, the medians' is not.
+        let ns = [
+            vec![50.0, 90.0, 50.0],
+            vec![100.0, 200.0, 110.0],
+            vec![120.0, 250.0, 150.0],
+            vec![400.0, 400.0, 400.0],
+        ];
+        let f = held_to("g", &cases, &ns);
+        assert_eq!(
+            f.len(),
+            1,
+            "a case held to a case not measured has no ratio"
+        );
+        assert_eq!(f[0].case, "nat, established");
+        assert_eq!(f[0].value, 1.25);
+        assert_eq!(f[0].met(), Some(true));
+        assert_eq!(
+            f[0].group,
+            format!("g: x {EST_IPIP}, median of per-round ratios")
+        );
+    }
+}
