@@ -11,6 +11,7 @@ pub mod bench;
 pub mod harness;
 pub mod lab;
 pub mod nat_lab;
+pub mod nat_world;
 pub mod netns;
 pub mod packet;
 pub mod tls;

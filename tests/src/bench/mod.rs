@@ -17,6 +17,7 @@ pub mod lab_proxies;
 pub mod lab_wrk;
 pub mod lru;
 pub mod nat_detect;
+pub mod nat_packet;
 pub mod nat_tput;
 pub mod tput;
 pub mod twocore;

@@ -11,7 +11,9 @@
 //!   identical packets;
 //! - `single` mode runs `dsr-ipip` (which encapsulates) one packet per
 //!   syscall, each with a fresh copy, and averages the kernel's own timing;
-//!   the minimal program is measured the same way for its ratio.
+//!   the minimal program is measured the same way for its ratio; so are
+//!   NAT's cases (`bench::nat_packet`), each also held to the `dsr-ipip`
+//!   case of its kind measured in the same rounds.
 
 #![allow(
     unused_crate_dependencies,
@@ -37,7 +39,7 @@ use xlb_tests::{
             single_once,
         },
         figures::{self, Figure, Target},
-        print_command, rounds_arg,
+        nat_packet, print_command, rounds_arg,
     },
     harness::World,
     packet::{ACK, SYN},
@@ -64,6 +66,12 @@ struct Case {
     /// The case this one is also measured against, ns for ns (the same
     /// packet through `xlb_lb_untraced`).
     twin_of: Option<&'static str>,
+    /// A case of the same mode this one is held to, round by round, and
+    /// the target of that ratio (NAT against `dsr-ipip`, issue 27).
+    vs: Option<(&'static str, Option<f64>)>,
+    /// Before each run, forget the NAT flow the run before made
+    /// (`nat_packet::Nat::forget_new_flow`), so every run is a new flow.
+    fresh_nat_flow: bool,
 }
 
 /// The cost of tracing off, per established packet: `xlb_lb` against its
@@ -80,6 +88,8 @@ impl Case {
             target: None,
             trace: lb_common::trace::TraceConfig::default(),
             twin_of: None,
+            vs: None,
+            fresh_nat_flow: false,
         }
     }
 
@@ -111,6 +121,15 @@ impl Case {
         }
     }
 
+    /// Also held to `case` (same mode), round by round; `target`: at most
+    /// this ratio.
+    fn vs(self, case: &'static str, target: Option<f64>) -> Self {
+        Self {
+            vs: Some((case, target)),
+            ..self
+        }
+    }
+
     fn at_most(self, ratio: f64) -> Self {
         Self {
             target: Some(ratio),
@@ -128,29 +147,28 @@ fn main() -> anyhow::Result<()> {
         w.dp.program::<aya::programs::Xdp>(lb_common::trace::PROG_LB_UNTRACED)?
             .load()?;
         let chance = xlb_tests::bench::chance::install(w)?;
+        let mut nat = nat_packet::install(w)?;
         let (mut repeat, mut single) = cases(&flows);
         single.extend(chance_cases(&chance));
-        // `--only TEXT`: the baselines and the cases whose name contains
-        // TEXT (to profile one path with `perf`).
+        single.extend(nat_cases(&nat));
         if let Some(only) = arg("--only") {
-            let keep = |v: &mut Vec<Case>| {
-                let mut i = 0;
-                v.retain(|c| {
-                    i += 1;
-                    i == 1 || c.name.contains(only.as_str())
-                });
-            };
-            keep(&mut repeat);
-            keep(&mut single);
+            only_cases(&mut repeat, &only);
+            only_cases(&mut single, &only);
         }
         let mut figures = measure(w, GROUP_REPEAT, &repeat, rounds, |w, c| {
             w.dp.set_trace_config(&c.trace)?;
             repeat_once(w, c.prog, &c.frame, c.want)
         })?;
         let mut nothing = |_: &mut World| Ok(());
+        let mut forget = |_: &mut World| nat.forget_new_flow();
         figures.extend(measure(w, GROUP_SINGLE, &single, rounds, |w, c| {
             w.dp.set_trace_config(&c.trace)?;
-            single_once(w, c.prog, &c.frame, c.want, &mut nothing)
+            let before: &mut dyn FnMut(&mut World) -> anyhow::Result<()> = if c.fresh_nat_flow {
+                &mut forget
+            } else {
+                &mut nothing
+            };
+            single_once(w, c.prog, &c.frame, c.want, before)
         })?);
         w.dp.set_trace_config(&lb_common::trace::TraceConfig::default())?;
         Ok(figures)
@@ -167,6 +185,22 @@ fn main() -> anyhow::Result<()> {
     }
     println!();
     table_swap()
+}
+
+/// `--only TEXT`: the baseline (first case), the cases whose name contains
+/// TEXT (to profile one path with `perf`), and the cases those are held to.
+fn only_cases(v: &mut Vec<Case>, only: &str) {
+    let kept = |c: &Case| c.name.contains(only);
+    let wanted: Vec<&'static str> = v
+        .iter()
+        .filter(|c| kept(c))
+        .filter_map(|c| c.vs.map(|(of, _)| of))
+        .collect();
+    let mut i = 0;
+    v.retain(|c| {
+        i += 1;
+        i == 1 || kept(c) || wanted.contains(&c.name)
+    });
 }
 
 /// The cases of each mode; the first of each is its baseline.
@@ -198,10 +232,10 @@ fn cases(f: &Flows) -> (Vec<Case>, Vec<Case>) {
     ];
     let single = vec![
         Case::new("minimal, one per run", minimal, frame(&f.ipip, ACK), XDP_TX),
-        Case::new("established hit, dsr-ipip", lb, frame(&f.ipip, ACK), XDP_TX).at_most(2.5),
+        Case::new(EST_IPIP, lb, frame(&f.ipip, ACK), XDP_TX).at_most(2.5),
         Case::untraced_twin_of(
             "established hit, dsr-ipip, no trace hook",
-            "established hit, dsr-ipip",
+            EST_IPIP,
             frame(&f.ipip, ACK),
         ),
         Case::new(
@@ -211,7 +245,7 @@ fn cases(f: &Flows) -> (Vec<Case>, Vec<Case>) {
             XDP_TX,
         )
         .traced_elsewhere(),
-        Case::new("new flow (SYN), dsr-ipip", lb, frame(&f.ipip, SYN), XDP_TX).at_most(4.7),
+        Case::new(NEW_IPIP, lb, frame(&f.ipip, SYN), XDP_TX).at_most(4.7),
     ];
     (repeat, single)
 }
@@ -256,6 +290,40 @@ fn chance_cases(c: &xlb_tests::bench::chance::Chance) -> Vec<Case> {
     ]
 }
 
+const EST_IPIP: &str = "established hit, dsr-ipip";
+const NEW_IPIP: &str = "new flow (SYN), dsr-ipip";
+/// Issue 27's goal: NAT established at most this many times `dsr-ipip`
+/// established, each direction.
+const NAT_EST_TARGET: f64 = 1.3;
+
+/// NAT (issue 27; one fresh packet per run: NAT rewrites), each held to
+/// the `dsr-ipip` case of the same kind measured in the same rounds.
+fn nat_cases(n: &nat_packet::Nat) -> Vec<Case> {
+    let lb = lb_common::PROG_LB;
+    let est = |name, frame: &Vec<u8>, target| {
+        Case::new(name, lb, frame.clone(), XDP_TX).vs(EST_IPIP, target)
+    };
+    let target = Some(NAT_EST_TARGET);
+    vec![
+        est("nat, established, client to backend", &n.est4, target),
+        est(
+            "nat, established, backend to client (reply)",
+            &n.reply4,
+            target,
+        ),
+        est("nat, established, client to backend, IPv6", &n.est6, None),
+        est(
+            "nat, established, backend to client (reply), IPv6",
+            &n.reply6,
+            None,
+        ),
+        Case {
+            fresh_nat_flow: true,
+            ..Case::new("nat, new flow", lb, n.syn.clone(), XDP_TX).vs(NEW_IPIP, None)
+        },
+    ]
+}
+
 /// `rounds` rounds of every case in turn; one figure per case, each
 /// against the first case (the minimal program).
 fn measure(
@@ -292,7 +360,29 @@ fn measure(
         });
     }
     figures.extend(hook_costs(group, cases, &ns));
+    figures.extend(held_to(group, cases, &ns));
     Ok(figures)
+}
+
+/// For each case held to another ([`Case::vs`]): its ns over the other's,
+/// per round (measured back to back, so this VM's drift falls on both),
+/// median [min..max], in a group per baseline, with the case's target.
+fn held_to(group: &str, cases: &[Case], ns: &[Vec<f64>]) -> Vec<Figure> {
+    cases
+        .iter()
+        .zip(ns)
+        .filter_map(|(c, c_ns)| {
+            let (of, target) = c.vs?;
+            let base = cases.iter().position(|b| b.name == of)?;
+            let ratios: Vec<f64> = c_ns.iter().zip(&ns[base]).map(|(x, b)| x / b).collect();
+            let g = format!("{group}: x {of}, median of per-round ratios");
+            let f = Figure::median_of(BENCH, &g, c.name, &ratios, "x");
+            Some(match target {
+                Some(t) => f.target(Target::AtMost(t)),
+                None => f,
+            })
+        })
+        .collect()
 }
 
 /// For each twin without the trace hook: the traced case's ns minus the
@@ -441,4 +531,57 @@ fn vip_config(n: usize) -> anyhow::Result<VipConfig> {
             })
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(name: &'static str) -> Case {
+        Case::new(name, lb_common::PROG_LB, Vec::new(), XDP_TX)
+    }
+
+    #[test]
+    fn only_keeps_the_baseline_the_matches_and_what_they_are_held_to() {
+        let mut v = vec![
+            case("minimal"),
+            case(EST_IPIP),
+            case(NEW_IPIP),
+            case("decap: plain IPIP"),
+            case("nat, established").vs(EST_IPIP, Some(1.3)),
+        ];
+        only_cases(&mut v, "nat");
+        let names: Vec<&str> = v.iter().map(|c| c.name).collect();
+        assert_eq!(names, ["minimal", EST_IPIP, "nat, established"]);
+    }
+
+    #[test]
+    fn held_to_is_the_median_of_per_round_ratios_with_the_target() {
+        let cases = [
+            case("minimal"),
+            case(EST_IPIP),
+            case("nat, established").vs(EST_IPIP, Some(1.3)),
+            case("nat, new flow").vs("not measured", None),
+        ];
+        // Round 2 is slow for both: its ratio is steady, the medians' is not.
+        let ns = [
+            vec![50.0, 90.0, 50.0],
+            vec![100.0, 200.0, 110.0],
+            vec![120.0, 250.0, 150.0],
+            vec![400.0, 400.0, 400.0],
+        ];
+        let f = held_to("g", &cases, &ns);
+        assert_eq!(
+            f.len(),
+            1,
+            "a case held to a case not measured has no ratio"
+        );
+        assert_eq!(f[0].case, "nat, established");
+        assert_eq!(f[0].value, 1.25);
+        assert_eq!(f[0].met(), Some(true));
+        assert_eq!(
+            f[0].group,
+            format!("g: x {EST_IPIP}, median of per-round ratios")
+        );
+    }
 }
