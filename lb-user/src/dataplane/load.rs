@@ -1,11 +1,50 @@
-//! Loading the object's programs into the kernel (the verifier runs here).
+//! Loading the object's programs into the kernel (the verifier runs here),
+//! and the pinned counter maps a new binary cannot adopt.
+
+use std::path::Path;
 
 use aya::{
     Ebpf,
+    maps::MapData,
     programs::{Program, ProgramError},
 };
 
-use super::{DataplaneError, Result};
+use super::{DataplaneError, Result, map_err};
+
+/// Counter maps indexed by a reason enum of this binary: (name, entries).
+const COUNTER_MAPS: [(&str, u32); 3] = [
+    (lb_common::MAP_STATS, lb_common::STATS_LEN),
+    (lb_common::MAP_HC_STATS, lb_common::HC_STATS_LEN),
+    (lb_common::MAP_DECAP_STATS, lb_common::DECAP_STATS_LEN),
+];
+
+/// Unpins each counter map in `dir` whose size is not this binary's (one
+/// pinned by a binary that counted fewer or other reasons), so the load
+/// creates it anew: an upgrade that adds a counter keeps every flow, and
+/// those counters alone restart at 0. The running program keeps the old
+/// map until the new one replaces it. Returns the names renewed.
+pub(super) fn renew_counter_pins(dir: &Path) -> Result<Vec<&'static str>> {
+    let mut renewed = Vec::new();
+    for (name, entries) in COUNTER_MAPS {
+        let path = dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let pinned = MapData::from_pin(&path)
+            .and_then(|m| m.info())
+            .map_err(map_err(name))?
+            .max_entries();
+        if pinned != entries {
+            std::fs::remove_file(&path).map_err(|source| DataplaneError::Io { name, source })?;
+            tracing::info!(
+                "pinned counter map {name} has {pinned} entries, this binary counts {entries} \
+                 reasons: created anew (its counters restart at 0; flows are kept)"
+            );
+            renewed.push(name);
+        }
+    }
+    Ok(renewed)
+}
 
 /// Loads every program of the object into the kernel (the verifier runs
 /// here).

@@ -241,6 +241,9 @@ impl Dataplane {
                 expected: LAYOUT_VERSION,
             });
         }
+        if let Some(dir) = &opts.pin_dir {
+            load::renew_counter_pins(dir)?;
+        }
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(lb_common::MAP_RING, ring_entries)

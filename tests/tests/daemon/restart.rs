@@ -499,3 +499,54 @@ fn restart_without_a_usable_state_file_adopts_from_the_pins() {
         std::fs::remove_file(p).unwrap();
     }
 }
+
+/// Entries of the map pinned at `pin`.
+fn pinned_entries(pin: &std::path::Path) -> u32 {
+    aya::maps::MapData::from_pin(pin)
+        .and_then(|m| m.info())
+        .unwrap()
+        .max_entries()
+}
+
+/// An upgrade onto a binary that counts one more reason: the pinned
+/// `XLB_STATS` (one entry a reason) is smaller than the new binary's. The
+/// restart adopts every other map (flows kept) and renews that one alone.
+/// The older binary's map is stood in for by a smaller one pinned in its
+/// place while no daemon runs.
+#[test]
+fn a_counter_map_of_another_size_is_renewed_and_the_rest_adopted() {
+    let _serial = serial();
+    let mut e = up();
+    let pin = e.pins().join(lb_common::MAP_STATS);
+    let older = lb_common::STATS_LEN - 1;
+    step("kill -9; a smaller XLB_STATS pinned in its place", || {
+        e.kill9().unwrap();
+        std::fs::remove_file(&pin).unwrap();
+        let out = Command::new("bpftool")
+            .args(["map", "create"])
+            .arg(&pin)
+            .args(["type", "percpu_array", "key", "4", "value", "8", "entries"])
+            .arg(older.to_string())
+            .args(["name", lb_common::MAP_STATS])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(pinned_entries(&pin), older);
+    });
+    step(
+        "start again: the state adopted, the counters renewed and read",
+        || {
+            std::fs::remove_file(&e.socket).ok();
+            e.start().unwrap();
+            assert_eq!(e.status().unwrap()["adopted"], true);
+            assert_eq!(pinned_entries(&pin), lb_common::STATS_LEN);
+            assert_eq!(e.backend_state("web", "10.0.0.11:80").unwrap(), "up");
+            let text = e.xlb(&["status"]).unwrap();
+            assert!(text.contains("VIP web"), "{text}");
+        },
+    );
+}
