@@ -170,6 +170,10 @@ stats! {
     /// backend recycled): dropped. One quoting a live flow is translated
     /// and sent on (`icmp_quoted`, then the flow's own counters).
     DropNatIcmp = "drop_nat_icmp",
+    /// A NAT backend's answer to one of the LB's own addresses (the flow of
+    /// a data-path probe, `via = "vip"`): translated back to VIP → probe
+    /// and passed to the host, where the probe's socket takes it.
+    PassNatLocal = "pass_nat_local",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
 }

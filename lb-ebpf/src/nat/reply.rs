@@ -5,7 +5,8 @@
 
 use aya_ebpf::{
     bindings::{
-        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams,
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NOT_FWDED, BPF_FIB_LKUP_RET_SUCCESS,
+        bpf_fib_lookup as FibParams,
     },
     helpers::bpf_fib_lookup,
     programs::XdpContext,
@@ -80,7 +81,10 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, vip_id: u32, id: 
     if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
         return drop_with(Stat::DropNatTooBig);
     }
-    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+    // The client is one of the LB's own addresses: a data-path probe's
+    // flow (`via = "vip"`), whose socket is here. Translated, then passed.
+    let local = rc == i64::from(BPF_FIB_LKUP_RET_NOT_FWDED);
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && !local {
         return drop_with(Stat::DropNoRoute);
     }
     let to = super::rewrite::To {
@@ -101,6 +105,9 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, vip_id: u32, id: 
     };
     if v != super::rewrite::OK {
         return v;
+    }
+    if local {
+        return pass(Stat::PassNatLocal);
     }
     if set_macs(ctx, nh).is_none() {
         return aborted();

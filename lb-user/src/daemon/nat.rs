@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use lb_common::nat::NatPool;
-use lb_common::{VipAddrKey, addr16, family_of, port_index};
+use lb_common::{PROTO_TCP, PROTO_UDP, VipAddrKey, addr16, family_of, port_index};
 
 use super::Daemon;
 use super::alarms::{Edge, Level};
@@ -14,6 +14,7 @@ use super::model::Vip;
 use crate::config::{VipConfig, ip_proto};
 use crate::ctl;
 use crate::dataplane::nat::{NatWanted, vip_addr_nat_pool};
+use crate::health::{datapath::probes_by_udp, spec::Via};
 
 /// Fill of the NAT flow maps that raises an alarm, % of `daemon.nat_size`:
 /// past it new flows are soon refused (the maps are not LRUs).
@@ -78,6 +79,17 @@ pub fn wanted<'a>(
         want.pools.insert(id, nat_pool(cfg, udp_timeout));
         for b in &cfg.backends {
             *want.sports.entry(port_index(proto, b.port)).or_default() += 1;
+            // A data-path probe's answers come from its own port (the
+            // backend's `health_port`) and protocol (`health::datapath`).
+            let h = &b.health;
+            let probe = if probes_by_udp(&h.kind) {
+                PROTO_UDP
+            } else {
+                PROTO_TCP
+            };
+            if h.via == Via::Vip && (probe, h.port) != (proto, b.port) {
+                *want.sports.entry(port_index(probe, h.port)).or_default() += 1;
+            }
             let key = VipAddrKey {
                 addr: addr16(b.addr),
                 family: family_of(b.addr),
