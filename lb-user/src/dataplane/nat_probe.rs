@@ -20,7 +20,7 @@ use std::{
 use aya::maps::{HashMap, Map, MapData, MapError};
 use lb_common::{
     FlowKey, PROTO_TCP, PROTO_UDP, addr16, family_of,
-    nat::{MAP_NAT_FLOWS, MAP_NAT_REPLY, NAT_TCP_SYN_SENT, NAT_UDP, NatFlow, reply_key},
+    nat::{MAP_NAT_FLOWS, MAP_NAT_REPLY, NAT_TCP_ESTABLISHED, NAT_UDP, NatFlow, reply_key},
 };
 
 use crate::health::datapath::{NatFlows, ProbeFlow};
@@ -102,7 +102,11 @@ pub fn entries(p: &ProbeFlow, now_ns: u64) -> (FlowKey, NatFlow, FlowKey) {
         backend_id: p.backend_id,
         generation: p.generation,
         vip_id: p.vip_id,
-        state: if p.udp { NAT_UDP } else { NAT_TCP_SYN_SENT },
+        // Established from the start, not SYN_SENT: the probe's SYN never
+        // crossed `xlb_lb`, so its SYN-ACK must not count as a connection
+        // made (`PassiveStats::connected` without its `connects`), which
+        // would hide real clients' failed connects from passive detection.
+        state: if p.udp { NAT_UDP } else { NAT_TCP_ESTABLISHED },
         flags: 0,
         nat_port: client.sport,
         nat_addr: client.src,
@@ -179,7 +183,7 @@ mod tests {
         assert_eq!(client.proto, PROTO_TCP);
         assert_eq!(
             (flow.state, flow.nat_port, flow.nat_addr),
-            (NAT_TCP_SYN_SENT, client.sport, client.src)
+            (NAT_TCP_ESTABLISHED, client.sport, client.src)
         );
         assert_eq!(flow.last_seen_ns, 99);
         // What the backend answers to: backend:8080 → 10.0.0.2:41000.
