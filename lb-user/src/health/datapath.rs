@@ -159,6 +159,12 @@ pub struct NatRegistration {
     flow: ProbeFlow,
 }
 
+impl fmt::Debug for NatRegistration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("NatRegistration").field(&self.flow).finish()
+    }
+}
+
 impl Drop for NatRegistration {
     fn drop(&mut self) {
         self.flows.unregister(&self.flow);
@@ -481,5 +487,117 @@ mod tests {
         // runs without CAP_NET_ADMIN: never a timeout.
         assert_ne!(err.kind(), io::ErrorKind::TimedOut, "{err}");
         assert!(Instant::now() < deadline);
+    }
+
+    /// A fake flow writer: refuses the first `held` registrations as taken
+    /// (AlreadyExists), records what it wrote and deleted.
+    #[derive(Default)]
+    struct Fake {
+        held: std::sync::Mutex<usize>,
+        written: std::sync::Mutex<Vec<ProbeFlow>>,
+        deleted: std::sync::Mutex<Vec<ProbeFlow>>,
+    }
+
+    impl NatFlows for Fake {
+        fn register(&self, flow: &ProbeFlow) -> io::Result<()> {
+            let mut held = self.held.lock().unwrap();
+            if *held > 0 {
+                *held -= 1;
+                return Err(io::Error::new(io::ErrorKind::AlreadyExists, "held"));
+            }
+            self.written.lock().unwrap().push(*flow);
+            Ok(())
+        }
+        fn unregister(&self, flow: &ProbeFlow) {
+            self.deleted.lock().unwrap().push(*flow);
+        }
+    }
+
+    fn nat_target(fake: &Arc<Fake>) -> DatapathTarget {
+        DatapathTarget::new("127.0.0.1:80".parse().unwrap(), 7, "lo", Mode::Nat).with_nat(NatPath {
+            source: Some("127.0.0.1".parse().unwrap()),
+            backend: "127.0.0.2".parse().unwrap(),
+            backend_id: 7,
+            generation: 2,
+            vip_id: 3,
+            flows: Arc::clone(fake) as Arc<dyn NatFlows>,
+        })
+    }
+
+    /// A NAT probe's UDP socket is bound to the pool address, its flow
+    /// written from its own port to the probe's port, from another socket
+    /// while a port is held, and deleted when the registration goes.
+    /// Needs CAP_NET_ADMIN (SO_MARK): skipped without it.
+    #[test]
+    fn nat_probe_flow_is_written_retried_and_deleted() {
+        let fake = Arc::new(Fake {
+            held: std::sync::Mutex::new(2),
+            ..Fake::default()
+        });
+        let t = nat_target(&fake);
+        let to: SocketAddr = "127.0.0.1:5354".parse().unwrap();
+        let (socket, reg) = match t.udp_socket(to) {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return,
+            r => r.unwrap(),
+        };
+        let local = socket.local_addr().unwrap();
+        let want = ProbeFlow {
+            local,
+            vip: to,
+            backend: "127.0.0.2:5354".parse().unwrap(),
+            udp: true,
+            backend_id: 7,
+            generation: 2,
+            vip_id: 3,
+        };
+        assert_eq!(local.ip(), "127.0.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            *fake.written.lock().unwrap(),
+            [want],
+            "after two held ports"
+        );
+        assert!(fake.deleted.lock().unwrap().is_empty());
+        drop(reg);
+        assert_eq!(*fake.deleted.lock().unwrap(), [want]);
+        // Every port held: the probe gives up with the map's answer.
+        *fake.held.lock().unwrap() = NAT_BIND_TRIES;
+        let err = t.udp_socket(to).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists, "{err}");
+    }
+
+    /// Outside a probe (`keeping_flows`) a flow cannot be kept: it would be
+    /// deleted at once.
+    #[tokio::test]
+    async fn flows_are_kept_for_the_probe_only() {
+        let fake = Arc::new(Fake::default());
+        let flow = ProbeFlow {
+            local: "127.0.0.1:40000".parse().unwrap(),
+            vip: "127.0.0.1:80".parse().unwrap(),
+            backend: "127.0.0.2:80".parse().unwrap(),
+            udp: false,
+            backend_id: 1,
+            generation: 0,
+            vip_id: 0,
+        };
+        let reg = || NatRegistration {
+            flows: Arc::clone(&fake) as Arc<dyn NatFlows>,
+            flow,
+        };
+        assert!(keep_flow(reg()).is_err());
+        assert_eq!(fake.deleted.lock().unwrap().len(), 1, "deleted at once");
+        keeping_flows(true, async {
+            keep_flow(reg()).unwrap();
+            assert_eq!(
+                fake.deleted.lock().unwrap().len(),
+                1,
+                "kept while the probe runs"
+            );
+        })
+        .await;
+        assert_eq!(
+            fake.deleted.lock().unwrap().len(),
+            2,
+            "deleted when it ends"
+        );
     }
 }
