@@ -17,12 +17,12 @@ use aya::maps::{HashMap as BpfHash, Map, MapData};
 use lb_common::{FlowKey, addr16, nat::NatFlow};
 use xlb_lab::{
     backend::PeerCounts,
-    scenario::LabRun,
-    topology::{LB_V4, LB_V6, VIP_V4, VIP_V6},
+    scenario::{LabRun, Protocol},
+    topology::{LB_V4, LB_V6, VIP_V4, VIP_V6, VIP2_V4},
 };
 use xlb_tests::{
     lab::{serial, teardown, transitions},
-    nat_lab::{NatConfig, NatLabOptions, NatVip, POOL_V4, POOL_V6, pool_of},
+    nat_lab::{NatConfig, NatLabOptions, NatVip, POOL_V4, POOL_V6, POOL2_V4, pool_of},
 };
 
 use super::{assert_stayed_up, prefix, short_load, up};
@@ -69,14 +69,19 @@ fn probe_flows(instance: &str) -> usize {
         .join(lb_common::nat::MAP_NAT_FLOWS);
     let data = MapData::from_pin(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let map: BpfHash<MapData, FlowKey, NatFlow> = Map::HashMap(data).try_into().unwrap();
-    let pools = [addr16(POOL_V4.into()), addr16(POOL_V6.into())];
+    let pools = [
+        addr16(POOL_V4.into()),
+        addr16(POOL_V6.into()),
+        addr16(POOL2_V4.into()),
+    ];
     map.keys()
         .filter_map(Result::ok)
         .filter(|k| pools.contains(&k.src))
         .count()
 }
 
-/// A NAT VIP per family with two backends probed through the data path:
+/// A NAT VIP per family with two backends probed through the data path
+/// (and a UDP one probed over HTTP on its `health_port`):
 /// both come up through it (the backends see the probes come from the pool
 /// address, none from the LB's own; `pass_nat_local` counts the answers).
 /// Then backend 1's route back to the pool is blackholed while its service
@@ -96,6 +101,9 @@ fn data_path_probes_of_nat_vips_check_the_way_back() {
         vips: vec![
             via(NatVip::tcp("web4", VIP_V4.into(), 80, 2)),
             via(NatVip::tcp("web6", VIP_V6.into(), 80, 2)),
+            // UDP, probed over HTTP on `health_port` 80 (not its port 5354):
+            // the probe keeps its own protocol and port.
+            via(NatVip::udp("dns4", VIP2_V4.into(), 53, 2)),
         ],
         ..NatConfig::for_prefix(&p)
     };
@@ -118,7 +126,7 @@ fn data_path_probes_of_nat_vips_check_the_way_back() {
     );
     let from = |a: IpAddr| seen.get(&a).copied().unwrap_or(0);
     assert!(
-        from(POOL_V4.into()) >= 4 && from(POOL_V6.into()) >= 4,
+        from(POOL_V4.into()) >= 4 && from(POOL_V6.into()) >= 4 && from(POOL2_V4.into()) >= 4,
         "the backends saw too few probes from the pool addresses: {seen:?}"
     );
     assert_eq!(
@@ -130,7 +138,8 @@ fn data_path_probes_of_nat_vips_check_the_way_back() {
 
     // Backend 1 can no longer answer the pool; its direct probe still passes.
     blackhole_pool(&run, 1, "add");
-    for vip in &cfg.vips {
+    let web = || cfg.vips.iter().filter(|v| v.protocol == Protocol::Tcp);
+    for vip in web() {
         let (s, after) = run
             .wait_backend_state(&vip.name, vip.backend_addr(1), "down", STATE_TIMEOUT)
             .unwrap_or_else(|e| panic!("[{p}] {} b1 down: {e}", vip.name));
@@ -144,7 +153,7 @@ fn data_path_probes_of_nat_vips_check_the_way_back() {
             vip.name
         );
     }
-    for vip in &cfg.vips {
+    for vip in web() {
         let report = run
             .run_client(short_load(vip, Duration::from_secs(2)))
             .unwrap();
@@ -165,21 +174,23 @@ fn data_path_probes_of_nat_vips_check_the_way_back() {
 
     // The way back restored: backend 1 up again through the data path.
     blackhole_pool(&run, 1, "del");
-    for vip in &cfg.vips {
+    for vip in web() {
         run.wait_backend_state(&vip.name, vip.backend_addr(1), "up", STATE_TIMEOUT)
             .unwrap_or_else(|e| panic!("[{p}] {} b1 back up: {e}", vip.name));
     }
     let events = run.events().unwrap();
-    for vip in &cfg.vips {
+    for vip in web() {
         assert_stayed_up(&events, vip, [2]);
         let t = transitions(&events, &vip.name, vip.backend_addr(1));
         eprintln!("[{p}] {} b1 transitions: {t:?}", vip.name);
     }
+    // Its own pool was never blackholed.
+    assert_stayed_up(&events, cfg.vip("dns4"), [1, 2]);
 
-    // Probes delete their flows: while four backends are probed every
+    // Probes delete their flows: while six backends are probed every
     // 500 ms, a probe takes a millisecond or so, so the probe flows in the
     // map are mostly none and never more than the probes in flight; a
-    // leak would grow by four every half second.
+    // leak would grow by six every half second.
     let (mut least, mut most) = (usize::MAX, 0);
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(3) {
@@ -193,7 +204,7 @@ fn data_path_probes_of_nat_vips_check_the_way_back() {
         pool_of(VIP_V6.into())
     );
     assert!(
-        least == 0 && most <= 4,
+        least == 0 && most <= 6,
         "probe flows {least}..={most}: probes leave them behind"
     );
     teardown(run);
