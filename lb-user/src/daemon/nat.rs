@@ -371,6 +371,44 @@ address = "10.0.0.21"
         );
     }
 
+    /// A data-path probe's answers come from its own port and protocol: a
+    /// `health_port` other than the service's, or a UDP VIP probed over
+    /// HTTP, is a reply port too; a direct probe's is not.
+    #[test]
+    fn data_path_probes_add_their_own_reply_ports() {
+        let cfg = config(
+            r#"[[vip]]
+name = "dns"
+address = "10.100.0.1"
+port = 53
+protocol = "udp"
+mode = "nat"
+snat = ["10.0.0.2"]
+[vip.health_check]
+via = "vip"
+[[vip.backend]]
+address = "10.0.0.11"
+port = 5354
+health_port = 80
+[[vip.backend]]
+address = "10.0.0.12"
+port = 5354
+health_port = 80
+[vip.backend.health_check]
+via = "direct"
+"#,
+        );
+        let want = wanted([(0, &cfg.vips[0])], Duration::from_secs(30));
+        assert_eq!(
+            want.sports,
+            BTreeMap::from([
+                (port_index(PROTO_UDP, 5354), 2),
+                (port_index(PROTO_TCP, 80), 1),
+            ]),
+            "the service's port for both backends, the HTTP probe's for the one probed via the VIP"
+        );
+    }
+
     #[test]
     fn exhaustion_is_raised_by_new_refusals_and_cleared_after_a_quiet_minute() {
         let t0 = Instant::now();
