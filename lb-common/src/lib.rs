@@ -581,7 +581,8 @@ pub struct HcReal {
     pub addr: Addr,
     /// [`FAMILY_V4`] or [`FAMILY_V6`]; a probe of the other family is dropped.
     pub family: u8,
-    /// [`MODE_DSR_IPIP`] or [`MODE_DSR_L2`]: the VIP's forwarding mode.
+    /// The VIP's raw mode: [`MODE_DSR_IPIP`], [`MODE_DSR_L2`],
+    /// [`nat::MODE_NAT`] or [`nat::MODE_NAT_PRESERVE`].
     pub mode: u8,
     pub _pad: [u8; 2],
 }
@@ -606,8 +607,14 @@ pub enum HcStat {
     DropNoRoute = 4,
     /// `bpf_skb_adjust_room` or the header write failed: dropped.
     DropEncap = 5,
+    /// Destination address rewritten to the backend's (NAT VIPs) and
+    /// redirected towards the backend.
+    FwdNat = 6,
+    /// A NAT VIP's probe that could not be rewritten (not TCP/UDP, or a
+    /// checksum helper failed): dropped.
+    DropNatRewrite = 7,
 }
-pub const HC_STATS_LEN: u32 = 6;
+pub const HC_STATS_LEN: u32 = 8;
 
 impl HcStat {
     pub const ALL: [HcStat; HC_STATS_LEN as usize] = [
@@ -617,6 +624,8 @@ impl HcStat {
         HcStat::DropFamily,
         HcStat::DropNoRoute,
         HcStat::DropEncap,
+        HcStat::FwdNat,
+        HcStat::DropNatRewrite,
     ];
     /// Stable snake_case name, for metrics and `--json` output.
     pub const fn label(self) -> &'static str {
@@ -627,6 +636,8 @@ impl HcStat {
             HcStat::DropFamily => "drop_family",
             HcStat::DropNoRoute => "drop_no_route",
             HcStat::DropEncap => "drop_encap",
+            HcStat::FwdNat => "fwd_nat",
+            HcStat::DropNatRewrite => "drop_nat_rewrite",
         }
     }
 }

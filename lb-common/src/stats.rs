@@ -178,6 +178,10 @@ stats! {
     /// pool) and the client answered with a RST, so it reconnects at once
     /// to a backend that is up (`down_rehash` counts the flow's end).
     ResetNatDown = "reset_nat_down",
+    /// A NAT backend's answer to one of the LB's own addresses (the flow of
+    /// a data-path probe, `via = "vip"`): translated back to VIP → probe
+    /// and passed to the host, where the probe's socket takes it.
+    PassNatLocal = "pass_nat_local",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
 }

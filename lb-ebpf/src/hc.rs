@@ -9,7 +9,11 @@
 //!   source (`Globals`) to the backend, TTL [`ENCAP_TTL`], exactly as
 //!   `encap::encap` writes it for `xlb_lb`, and redirects it to the
 //!   backend's next hop;
-//! - `dsr-l2`: redirects it unchanged to the backend's next hop (its MAC).
+//! - `dsr-l2`: redirects it unchanged to the backend's next hop (its MAC);
+//! - `nat` (either variant): rewrites its destination address to the
+//!   backend's and redirects it to the backend's next hop
+//!   (`hc_nat`); the daemon has written the probe's NAT flow, so the
+//!   backend's answer comes back through `xlb_lb`'s NAT reply path.
 //!
 //! The backend then answers from the VIP, straight to the LB host's address,
 //! only if the whole client path works: decapsulation, the VIP on `lo`, the
@@ -42,13 +46,14 @@ use aya_ebpf::{
 };
 use lb_common::{
     FAMILY_V6, HC_MARK_BASE, HC_MARK_MASK, HcReal, HcStat, IPIP4_OVERHEAD, IPIP6_OVERHEAD,
-    MODE_DSR_IPIP,
+    MODE_DSR_IPIP, nat::is_nat,
 };
 
 use crate::{
     XLB_GLOBALS, XLB_HC_REALS, XLB_HC_STATS,
     encap::{ipip4_header, ipip6_header},
     forward::{AF_INET, AF_INET6, fib_params},
+    hc_nat,
     key::{Zeroed, word},
     packet::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, IPV6_LEN, Ipv4Hdr, Ipv6Hdr},
     stats::bump,
@@ -83,6 +88,9 @@ pub(crate) fn run(ctx: &TcContext) -> i32 {
     if u16::from_be_bytes(ethertype) != if v6 { ETH_P_IPV6 } else { ETH_P_IP } {
         return shot(HcStat::DropFamily);
     }
+    if is_nat(real.mode) {
+        return nat(ctx, &real, v6);
+    }
     let Some(g) = XLB_GLOBALS.get(0) else {
         return shot(HcStat::DropEncap);
     };
@@ -109,7 +117,22 @@ pub(crate) fn run(ctx: &TcContext) -> i32 {
     // its mark it passes, instead of being encapsulated again (Katran
     // clears it for the same reason).
     ctx.set_mark(0);
-    redirect(ctx, &real, src, ipip)
+    let fwd = if ipip { HcStat::FwdIpip } else { HcStat::FwdL2 };
+    redirect(ctx, &real, src, fwd)
+}
+
+/// A probe of a NAT VIP's backend (`hc_nat`): destination address
+/// rewritten to the backend's, then sent to it unencapsulated. The route
+/// lookup has no source, as for `dsr-l2`: the backend's route does not
+/// depend on which of the LB's addresses the probe leaves from.
+#[inline(always)]
+fn nat(ctx: &TcContext, real: &HcReal, v6: bool) -> i32 {
+    if hc_nat::rewrite(ctx, &real.addr, v6).is_none() {
+        return shot(HcStat::DropNatRewrite);
+    }
+    ctx.set_mark(0);
+    let mut none = Zeroed::<[u8; 16]>::uninit();
+    redirect(ctx, real, none.zero(), HcStat::FwdNat)
 }
 
 /// Prepends an outer IPv4 header (backend as destination) after the
@@ -150,7 +173,7 @@ fn encap_v6(ctx: &TcContext, src: &[u8; 16], dst: &[u8; 16]) -> Option<()> {
 /// Looks up the route to the backend and redirects to its next hop.
 // verifier: not inlined, so the 64-byte fib parameters get their own frame.
 #[inline(never)]
-fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
+fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], fwd: HcStat) -> i32 {
     // An all-zero bpf_fib_lookup is a valid input.
     let mut slot = Zeroed::<FibParams>::uninit();
     let p = slot.zero();
@@ -188,7 +211,7 @@ fn redirect(ctx: &TcContext, real: &HcReal, src: &[u8; 16], ipip: bool) -> i32 {
             nh.__bindgen_anon_1.ipv4_nh = p.__bindgen_anon_4.ipv4_dst;
         }
     }
-    count(if ipip { HcStat::FwdIpip } else { HcStat::FwdL2 });
+    count(fwd);
     // SAFETY: `nh` lives across the call; the helper only reads it.
     unsafe {
         bpf_redirect_neigh(

@@ -37,6 +37,7 @@ mod encap;
 mod forward;
 mod guard;
 mod hc;
+mod hc_nat;
 mod icmp;
 mod key;
 mod lb;

@@ -81,6 +81,9 @@ pub struct NatVip {
     pub preserve_client: bool,
     /// The body of `[vip.passive]`, written as it is; `None`: not written.
     pub passive: Option<String>,
+    /// The body of `[vip.health_check]`, written as it is; `None`: not
+    /// written.
+    pub health_check: Option<String>,
 }
 
 impl NatVip {
@@ -99,6 +102,7 @@ impl NatVip {
             snat_ports: None,
             preserve_client: false,
             passive: None,
+            health_check: None,
         }
     }
 
@@ -158,6 +162,9 @@ impl NatVip {
         }
         if let Some(p) = &self.passive {
             out.push_str(&format!("\n[vip.passive]\n{}\n", p.trim_end()));
+        }
+        if let Some(h) = &self.health_check {
+            out.push_str(&format!("\n[vip.health_check]\n{}\n", h.trim_end()));
         }
         for &i in &self.backends {
             out.push_str(&format!(

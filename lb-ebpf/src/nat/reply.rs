@@ -5,7 +5,8 @@
 
 use aya_ebpf::{
     bindings::{
-        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams,
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NOT_FWDED, BPF_FIB_LKUP_RET_SUCCESS,
+        bpf_fib_lookup as FibParams,
     },
     helpers::bpf_fib_lookup,
     programs::XdpContext,
@@ -81,7 +82,10 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, vip_id: u32, id: 
         // The backend is told, as a router on its path tells it.
         return super::too_big(ctx, pkt, nh.mtu);
     }
-    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+    // The client is one of the LB's own addresses: a data-path probe's
+    // flow (`via = "vip"`), whose socket is here. Translated, then passed.
+    let local = rc == i64::from(BPF_FIB_LKUP_RET_NOT_FWDED);
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && !local {
         return drop_with(Stat::DropNoRoute);
     }
     let to = super::rewrite::To {
@@ -102,6 +106,9 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, vip_id: u32, id: 
     };
     if v != super::rewrite::OK {
         return v;
+    }
+    if local {
+        return pass(Stat::PassNatLocal);
     }
     if set_macs(ctx, nh).is_none() {
         return aborted();

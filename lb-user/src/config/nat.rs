@@ -9,7 +9,7 @@
 //! alone. UDP flows use `daemon.udp_timeout`, as in the DSR modes.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -390,37 +390,21 @@ pub(super) fn refuse_second_chance(raw: &RawVip, ctx: &str, p: &mut Problems<'_>
     }
 }
 
-/// Data-path probes (`via = "vip"`) are carried by the DSR modes' tc
-/// classifier, which does not translate addresses: for a NAT VIP they
-/// would reach the backend with the VIP as destination. An explicit
-/// `via = "vip"` on the VIP or one of its backends is refused; left to the
-/// default (or to `[health_check]`), a NAT VIP probes directly.
-pub(super) fn check_probe_via(raw: &RawVip, backend: usize, ctx: &str, p: &mut Problems<'_>) {
+/// Whether backend `backend` of NAT VIP `raw` probes through the data path:
+/// only when `via = "vip"` is set on the VIP's or the backend's own
+/// `health_check`. A NAT VIP's default is `direct`, whatever
+/// `[health_check]` says: a data-path probe of a NAT VIP writes a flow into
+/// the NAT maps for each probe and needs the backend to route its answers
+/// to the pool address back through the LB, so it is asked for by name,
+/// and a configuration written before NAT VIPs could probe this way keeps
+/// probing as it did.
+pub(super) fn probes_via_vip(raw: &RawVip, backend: usize) -> bool {
     let vip = raw.health_check.as_ref().and_then(|h| h.via);
     let own = raw.backend[backend]
         .health_check
         .as_ref()
         .and_then(|h| h.via);
-    let explicit_vip = own.or(vip) == Some(ViaName::Vip);
-    if explicit_vip {
-        let b = &raw.backend[backend];
-        let where_ = if own.is_some() {
-            format!(
-                "backend {}: health_check",
-                SocketAddr::new(b.address, b.port.unwrap_or(raw.port))
-            )
-        } else {
-            "health_check".to_owned()
-        };
-        p.error(
-            ctx,
-            format!(
-                "{where_}: via = \"vip\" is not carried by mode = \"nat\" yet (data-path \
-                 probes are steered by the DSR classifier, which does not translate \
-                 addresses); use via = \"direct\""
-            ),
-        );
-    }
+    own.or(vip) == Some(ViaName::Vip)
 }
 
 /// Pools that share an address with overlapping port ranges, or that use
@@ -563,6 +547,47 @@ mod tests {
         assert_eq!(config.daemon.pinned.nat_size, defaults::NAT_SIZE);
     }
 
+    /// `via = "vip"` on a NAT VIP or one of its backends is taken as written;
+    /// `[health_check]`'s does not reach NAT VIPs (their default is direct).
+    #[test]
+    fn data_path_probes_on_nat_vips_are_asked_for_by_name() {
+        use crate::health::spec::Via;
+        let two = "[[vip.backend]]\naddress = \"10.0.0.12\"\nport = 8080\n";
+        let own = "[vip.backend.health_check]\nvia = \"vip\"\n";
+        let cases = [
+            (
+                "on the VIP",
+                nat_vip(&format!(
+                    "snat = [\"10.0.0.2\"]\n[vip.health_check]\nvia = \"vip\"\n{two}"
+                )),
+                [Via::Vip, Via::Vip],
+            ),
+            (
+                "on one backend",
+                nat_vip(&format!("snat = [\"10.0.0.2\"]\n{two}{own}")),
+                [Via::Vip, Via::Direct],
+            ),
+            (
+                "in [health_check] only",
+                format!(
+                    "{DAEMON}[health_check]\nvia = \"vip\"\n[[vip]]\nname = \"api\"\naddress = \
+                     \"10.100.0.1\"\nport = 80\nmode = \"nat\"\nsnat = [\"10.0.0.2\"]\n\
+                     [[vip.backend]]\naddress = \"10.0.0.11\"\nport = 8080\n{two}"
+                ),
+                [Via::Direct, Via::Direct],
+            ),
+        ];
+        for (name, text, want) in cases {
+            let config = ok(name, &text);
+            let got: Vec<Via> = config.vips[0]
+                .backends
+                .iter()
+                .map(|b| b.health.via)
+                .collect();
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
     #[test]
     fn preserve_client_needs_no_pool_and_has_its_own_raw_mode() {
         let config = ok("preserve", &nat_vip("preserve_client = true"));
@@ -668,9 +693,6 @@ mod tests {
         ];
         second_chance_on_a_nat_vip: nat_vip("snat = [\"10.0.0.2\"]\nsecond_chance = true") => [
             r#"xlb.toml: vip "api": second_chance = true needs mode = "dsr-ipip": a NAT flow's state lives in this host's NAT maps, kept across restarts and reloads, and no decapsulator on the backends could pass a packet on; remove second_chance"#,
-        ];
-        explicit_data_path_probes: nat_vip("snat = [\"10.0.0.2\"]\n[vip.health_check]\nvia = \"vip\"") => [
-            r#"xlb.toml: vip "api": health_check: via = "vip" is not carried by mode = "nat" yet (data-path probes are steered by the DSR classifier, which does not translate addresses); use via = "direct""#,
         ];
         udp_nat_vip_that_never_expires: format!(
             "{DAEMON}udp_timeout = \"0s\"\n[[vip]]\nname = \"dns\"\naddress = \"10.100.0.1\"\n\

@@ -239,8 +239,9 @@ fn validate<'a>(
     let mut backends = validate_backends(raw, &ctx, &layers, p);
     if mode == Mode::Nat {
         for (i, b) in backends.iter_mut().enumerate() {
-            nat::check_probe_via(raw, i, &ctx, p);
-            b.health.via = crate::health::spec::Via::Direct;
+            if !nat::probes_via_vip(raw, i) {
+                b.health.via = crate::health::spec::Via::Direct;
+            }
         }
     }
 

@@ -28,13 +28,7 @@ impl Daemon {
         let (mut sched, rx) = Scheduler::new(self.cfg.daemon.restart.probe_concurrency as usize);
         for v in &self.vips {
             for b in &v.backends {
-                model::upsert_probe(
-                    &mut sched,
-                    &self.cfg.daemon.pinned.interface,
-                    &v.cfg,
-                    &v.auto_timeout,
-                    b,
-                );
+                model::upsert_probe(&mut sched, &self.cfg.daemon.pinned, v, b);
                 if b.admin_drained {
                     sched.set_admin_drained(u64::from(b.id), true);
                 }

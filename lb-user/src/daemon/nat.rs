@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use lb_common::nat::NatPool;
-use lb_common::{VipAddrKey, addr16, family_of, port_index};
+use lb_common::{PROTO_TCP, PROTO_UDP, VipAddrKey, addr16, family_of, port_index};
 
 use super::Daemon;
 use super::alarms::{Edge, Level};
@@ -14,6 +14,7 @@ use super::model::Vip;
 use crate::config::{VipConfig, ip_proto};
 use crate::ctl;
 use crate::dataplane::nat::{NatWanted, vip_addr_nat_pool};
+use crate::health::{datapath::probes_by_udp, spec::Via};
 
 /// Fill of the NAT flow maps that raises an alarm, % of `daemon.nat_size`:
 /// past it new flows are soon refused (the maps are not LRUs).
@@ -78,6 +79,17 @@ pub fn wanted<'a>(
         want.pools.insert(id, nat_pool(cfg, udp_timeout));
         for b in &cfg.backends {
             *want.sports.entry(port_index(proto, b.port)).or_default() += 1;
+            // A data-path probe's answers come from its own port (the
+            // backend's `health_port`) and protocol (`health::datapath`).
+            let h = &b.health;
+            let probe = if probes_by_udp(&h.kind) {
+                PROTO_UDP
+            } else {
+                PROTO_TCP
+            };
+            if h.via == Via::Vip && (probe, h.port) != (proto, b.port) {
+                *want.sports.entry(port_index(probe, h.port)).or_default() += 1;
+            }
             let key = VipAddrKey {
                 addr: addr16(b.addr),
                 family: family_of(b.addr),
@@ -356,6 +368,44 @@ address = "10.0.0.21"
         assert_eq!(
             wanted([(4, &cfg.vips[1])], Duration::ZERO),
             NatWanted::default()
+        );
+    }
+
+    /// A data-path probe's answers come from its own port and protocol: a
+    /// `health_port` other than the service's, or a UDP VIP probed over
+    /// HTTP, is a reply port too; a direct probe's is not.
+    #[test]
+    fn data_path_probes_add_their_own_reply_ports() {
+        let cfg = config(
+            r#"[[vip]]
+name = "dns"
+address = "10.100.0.1"
+port = 53
+protocol = "udp"
+mode = "nat"
+snat = ["10.0.0.2"]
+[vip.health_check]
+via = "vip"
+[[vip.backend]]
+address = "10.0.0.11"
+port = 5354
+health_port = 80
+[[vip.backend]]
+address = "10.0.0.12"
+port = 5354
+health_port = 80
+[vip.backend.health_check]
+via = "direct"
+"#,
+        );
+        let want = wanted([(0, &cfg.vips[0])], Duration::from_secs(30));
+        assert_eq!(
+            want.sports,
+            BTreeMap::from([
+                (port_index(PROTO_UDP, 5354), 2),
+                (port_index(PROTO_TCP, 80), 1),
+            ]),
+            "the service's port for both backends, the HTTP probe's for the one probed via the VIP"
         );
     }
 

@@ -312,13 +312,7 @@ impl Daemon {
                 for b in &v.backends {
                     // For a kept backend, a no-op unless the check or the
                     // VIP's path to it changed.
-                    model::upsert_probe(
-                        s,
-                        &self.cfg.daemon.pinned.interface,
-                        &v.cfg,
-                        &v.auto_timeout,
-                        b,
-                    );
+                    model::upsert_probe(s, &self.cfg.daemon.pinned, v, b);
                 }
             }
             info!(

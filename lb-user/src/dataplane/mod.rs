@@ -7,6 +7,7 @@ mod decap;
 mod guard;
 mod load;
 pub mod nat;
+pub mod nat_probe;
 mod reply;
 mod trace;
 mod vip_addr;

@@ -103,6 +103,9 @@ pub async fn probe_reusing(
     let Some(path) = path else {
         return probe_to(addr, spec, None, slot, whole, None).await;
     };
+    // A kept connection would outlive its NAT flow, deleted when the probe
+    // that opened it ends: each data-path probe of a NAT VIP opens its own.
+    let slot = slot.filter(|_| path.nat.is_none());
     if let Some(fault) = known_host_fault(path) {
         return judged_directly(addr, spec, path, whole, fault, None).await;
     }
@@ -339,16 +342,20 @@ async fn probe_to(
         by,
         connected,
     };
-    let outcome = match &spec.kind {
-        CheckKind::Tcp => connect(addr, path, by.deadline, by.limit)
-            .await
-            .map(|_stream| ProbeOk { status: None }),
-        CheckKind::Http(http) => http_probe(&to, http, None, slot).await,
-        CheckKind::Https { http, tls } => http_probe(&to, http, Some(tls), slot).await,
-        CheckKind::Dns(dns) => dns::dns_probe(addr, path, dns, by.deadline, by.limit).await,
-        CheckKind::Expect(check) => expect::probe(&to, check).await,
-        CheckKind::Grpc(grpc) => grpc::grpc_probe(&to, grpc, slot).await,
-    };
+    let nat = path.is_some_and(|p| p.nat.is_some());
+    let outcome = super::datapath::keeping_flows(nat, async {
+        match &spec.kind {
+            CheckKind::Tcp => connect(addr, path, by.deadline, by.limit)
+                .await
+                .map(|_stream| ProbeOk { status: None }),
+            CheckKind::Http(http) => http_probe(&to, http, None, slot).await,
+            CheckKind::Https { http, tls } => http_probe(&to, http, Some(tls), slot).await,
+            CheckKind::Dns(dns) => dns::dns_probe(addr, path, dns, by.deadline, by.limit).await,
+            CheckKind::Expect(check) => expect::probe(&to, check).await,
+            CheckKind::Grpc(grpc) => grpc::grpc_probe(&to, grpc, slot).await,
+        }
+    })
+    .await;
     ProbeResult {
         outcome,
         latency: start.elapsed(),
@@ -362,6 +369,28 @@ async fn connect(
     deadline: Instant,
     timeout: Duration,
 ) -> Result<TcpStream, FailReason> {
+    let socket = match path {
+        None => new_socket(addr)?,
+        Some(path) => marked_socket(addr, path)?,
+    };
+    // `connect(2)` runs in the first poll: an error there is this host's
+    // own answer (no route in our table, no local port), not the network's.
+    // Later errors come from the peer or a router (SO_ERROR).
+    let mut connecting = pin!(socket.connect(addr));
+    let first = poll_fn(|cx| Poll::Ready(connecting.as_mut().poll(cx))).await;
+    let result = match first {
+        Poll::Ready(Err(e)) => return Err(connect_fail(e, true, path.is_some(), timeout)),
+        Poll::Ready(Ok(stream)) => Ok(Ok(stream)),
+        Poll::Pending => timeout_at(deadline, connecting).await,
+    };
+    match result {
+        Err(_elapsed) => Err(FailReason::ConnectTimeout { timeout }),
+        Ok(Err(e)) => Err(connect_fail(e, false, path.is_some(), timeout)),
+        Ok(Ok(stream)) => Ok(stream),
+    }
+}
+
+fn new_socket(addr: SocketAddr) -> Result<TcpSocket, FailReason> {
     let socket = match addr {
         SocketAddr::V4(_) => TcpSocket::new_v4(),
         SocketAddr::V6(_) => TcpSocket::new_v6(),
@@ -377,28 +406,35 @@ async fn connect(
     socket
         .set_zero_linger()
         .map_err(|e| io_fail(e, "creating a socket"))?;
-    if let Some(path) = path {
-        // EPERM (no CAP_NET_ADMIN for SO_MARK), or the interface is gone:
-        // this host's problem, whatever the backend does.
-        path.prepare(&socket).map_err(|e| FailReason::Local {
+    Ok(socket)
+}
+
+/// A socket prepared for the data path (`DatapathTarget::prepare`); for a
+/// NAT VIP, its flow kept for the probe's life (`datapath::keep_flow`),
+/// from another socket while the port the kernel gave is a NAT flow's.
+fn marked_socket(addr: SocketAddr, path: &DatapathTarget) -> Result<TcpSocket, FailReason> {
+    let mut tries = 0;
+    loop {
+        let socket = new_socket(addr)?;
+        tries += 1;
+        // EPERM (no CAP_NET_ADMIN for SO_MARK), the interface is gone, the
+        // NAT flow maps are not there: this host's problem, whatever the
+        // backend does.
+        let local = |e: io::Error| FailReason::Local {
             during: "marking a data-path probe socket",
             error: e.to_string(),
-        })?;
-    }
-    // `connect(2)` runs in the first poll: an error there is this host's
-    // own answer (no route in our table, no local port), not the network's.
-    // Later errors come from the peer or a router (SO_ERROR).
-    let mut connecting = pin!(socket.connect(addr));
-    let first = poll_fn(|cx| Poll::Ready(connecting.as_mut().poll(cx))).await;
-    let result = match first {
-        Poll::Ready(Err(e)) => return Err(connect_fail(e, true, path.is_some(), timeout)),
-        Poll::Ready(Ok(stream)) => Ok(Ok(stream)),
-        Poll::Pending => timeout_at(deadline, connecting).await,
-    };
-    match result {
-        Err(_elapsed) => Err(FailReason::ConnectTimeout { timeout }),
-        Ok(Err(e)) => Err(connect_fail(e, false, path.is_some(), timeout)),
-        Ok(Ok(stream)) => Ok(stream),
+        };
+        match path.prepare(&socket, addr) {
+            Ok(None) => return Ok(socket),
+            Ok(Some(registration)) => {
+                super::datapath::keep_flow(registration).map_err(local)?;
+                return Ok(socket);
+            }
+            Err(e)
+                if e.kind() == io::ErrorKind::AlreadyExists
+                    && tries < super::datapath::NAT_BIND_TRIES => {}
+            Err(e) => return Err(local(e)),
+        }
     }
 }
 

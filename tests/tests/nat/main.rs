@@ -11,6 +11,9 @@
 //!   second, fewer than 1 % of requests failing) and seed 003 (a fleet slow
 //!   together: nobody ejected, nothing failing).
 //! - `pool`: port exhaustion of a tiny pool, and configurations refused.
+//! - `via`: data-path probes (`via = "vip"`) through the NAT path, and
+//!   what they catch that a direct probe does not (a backend's way back to
+//!   the pool address).
 //!
 //! Each test builds its own lab (own prefix, instance and socket) and tears
 //! it down however it ends (`LabRun`'s Drop); a passing test also checks
@@ -28,6 +31,7 @@ mod passive;
 mod pool;
 mod restart;
 mod traffic;
+mod via;
 
 use std::time::Duration;
 

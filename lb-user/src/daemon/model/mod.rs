@@ -21,7 +21,7 @@ use crate::{
     config::{BackendConfig, VipConfig},
     dataplane::Dataplane,
     health::{
-        datapath::DatapathTarget,
+        datapath::{DatapathTarget, NatPath},
         machine::{HealthSnapshot, HealthState},
         policy::{self, Member, MemberState, Placement, RAMP_STEPS, VipState},
         scheduler::{AutoTimeout, Scheduler},
@@ -400,24 +400,47 @@ fn spare_writes(vip: &Vip, spare: usize, want: &[u32], prev: &[u32]) -> Vec<(u32
 }
 
 /// Starts or updates the probes of backend `b` of the VIP `vip`: through the
-/// data path (to the VIP, marked for `xlb_hc` on `interface`) when its check
-/// says `via = "vip"`, else straight to the backend.
+/// data path (to the VIP, marked for `xlb_hc` on `pinned.interface`) when its
+/// check says `via = "vip"`, else straight to the backend. A NAT VIP's
+/// data-path probe leaves from the VIP's first pool address (or, with
+/// `preserve_client`, the LB's own) with its NAT flow written into the maps
+/// pinned for `pinned.instance` (`dataplane::nat_probe`).
 pub fn upsert_probe(
     sched: &mut Scheduler,
-    interface: &str,
-    vip: &VipConfig,
-    auto: &AutoTimeout,
+    pinned: &crate::config::PinnedSettings,
+    vip: &Vip,
     b: &Backend,
 ) {
     let spec = b.cfg.health.clone();
-    let auto = spec.auto_timeout.then(|| auto.clone());
+    let auto = spec.auto_timeout.then(|| vip.auto_timeout.clone());
+    let cfg = &vip.cfg;
     let path = (spec.via == Via::Vip).then(|| {
-        DatapathTarget::new(
-            SocketAddr::new(vip.addr, vip.port),
+        let target = DatapathTarget::new(
+            SocketAddr::new(cfg.addr, cfg.port),
             b.id,
-            interface,
-            vip.mode,
-        )
+            &pinned.interface,
+            cfg.mode,
+        );
+        match &cfg.nat {
+            None => target,
+            Some(nat) => target.with_nat(NatPath {
+                source: (!nat.preserve_client)
+                    .then(|| {
+                        nat.snat
+                            .iter()
+                            .copied()
+                            .find(|a| a.is_ipv4() == cfg.addr.is_ipv4())
+                    })
+                    .flatten(),
+                backend: b.cfg.addr,
+                backend_id: b.id,
+                generation: b.generation,
+                vip_id: vip.id,
+                flows: crate::dataplane::nat_probe::NatProbeMaps::shared(
+                    &crate::daemon::persist::pin_dir(&pinned.instance),
+                ),
+            }),
+        }
     });
     sched.upsert_via(
         u64::from(b.id),

@@ -21,7 +21,7 @@ use tokio::net::UdpSocket;
 use tokio::time::{Instant, timeout_at};
 
 use super::{FailReason, io_fail};
-use crate::health::datapath::DatapathTarget;
+use crate::health::datapath::{DatapathTarget, NatRegistration};
 
 /// One datagram that came back.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,7 +46,9 @@ pub(crate) async fn exchange(
     deadline: Instant,
     limit: Duration,
 ) -> Result<Datagram, FailReason> {
-    let socket = open(addr, path).await?;
+    // The registration lives until the answer is in (or the probe is
+    // dropped).
+    let (socket, _registration) = open(addr, path).await?;
     match timeout_at(deadline, socket.send(request)).await {
         Err(_elapsed) => return Err(FailReason::NoDatagram { timeout: limit }),
         Ok(Err(e)) => return Err(udp_fail(e, "sending the request")),
@@ -68,23 +70,36 @@ pub(crate) async fn exchange(
     }
 }
 
-/// A fresh socket connected to `addr` (marked for `path`).
-async fn open(addr: SocketAddr, path: Option<&DatapathTarget>) -> Result<UdpSocket, FailReason> {
-    let any: SocketAddr = match addr {
-        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+/// A fresh socket connected to `addr` (marked for `path`), and the NAT
+/// flow of a NAT VIP's data-path probe, written before the first datagram
+/// and deleted when the registration is dropped.
+async fn open(
+    addr: SocketAddr,
+    path: Option<&DatapathTarget>,
+) -> Result<(UdpSocket, Option<NatRegistration>), FailReason> {
+    let (socket, registration) = match path {
+        None => {
+            let any: SocketAddr = match addr {
+                SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+                SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+            };
+            let socket = UdpSocket::bind(any)
+                .await
+                .map_err(|e| io_fail(e, "creating a socket"))?;
+            (socket, None)
+        }
+        // As for TCP: EPERM (no CAP_NET_ADMIN for SO_MARK), a missing
+        // interface or the NAT flow maps are this host's problem.
+        Some(path) => {
+            let local = |e: io::Error| FailReason::Local {
+                during: "marking a data-path probe socket",
+                error: e.to_string(),
+            };
+            let (socket, registration) = path.udp_socket(addr).map_err(local)?;
+            socket.set_nonblocking(true).map_err(local)?;
+            (UdpSocket::from_std(socket).map_err(local)?, registration)
+        }
     };
-    let socket = UdpSocket::bind(any)
-        .await
-        .map_err(|e| io_fail(e, "creating a socket"))?;
-    if let Some(path) = path {
-        // As for TCP: EPERM (no CAP_NET_ADMIN for SO_MARK) or a missing
-        // interface is this host's problem.
-        path.prepare_udp(&socket).map_err(|e| FailReason::Local {
-            during: "marking a data-path probe socket",
-            error: e.to_string(),
-        })?;
-    }
     // connect(2) on UDP only sets the peer: an error here is this host's
     // routing (no route, an unresolvable neighbour was not tried yet).
     socket.connect(addr).await.map_err(|e| {
@@ -100,7 +115,7 @@ async fn open(addr: SocketAddr, path: Option<&DatapathTarget>) -> Result<UdpSock
             io_fail(e, "connecting")
         }
     })?;
-    Ok(socket)
+    Ok((socket, registration))
 }
 
 /// An error of a connected UDP socket: `ECONNREFUSED` is the ICMP port
