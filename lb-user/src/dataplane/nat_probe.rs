@@ -19,7 +19,7 @@ use std::{
 
 use aya::maps::{HashMap, Map, MapData, MapError};
 use lb_common::{
-    FlowKey, PROTO_TCP, PROTO_UDP, addr16, family_of,
+    FlowKey, PROTO_TCP, PROTO_UDP, addr16,
     nat::{MAP_NAT_FLOWS, MAP_NAT_REPLY, NAT_TCP_ESTABLISHED, NAT_UDP, NatFlow, reply_key},
 };
 
@@ -89,15 +89,8 @@ fn pin_error(path: &Path, e: &MapError) -> io::Error {
 /// The client key and the flow a probe's NAT flow is written as, and its
 /// reply key.
 pub fn entries(p: &ProbeFlow, now_ns: u64) -> (FlowKey, NatFlow, FlowKey) {
-    let client = FlowKey {
-        src: addr16(p.local.ip()),
-        dst: addr16(p.vip.ip()),
-        sport: p.local.port().to_be(),
-        dport: p.vip.port().to_be(),
-        proto: if p.udp { PROTO_UDP } else { PROTO_TCP },
-        family: family_of(p.vip.ip()),
-        _pad: [0; 2],
-    };
+    let proto = if p.udp { PROTO_UDP } else { PROTO_TCP };
+    let client = FlowKey::new(p.local, p.vip, proto);
     let flow = NatFlow {
         backend_id: p.backend_id,
         generation: p.generation,
