@@ -34,6 +34,9 @@ pub(super) struct NatMaps {
     /// Pool addresses marked in `XLB_VIP_ADDRS` (address, family), read
     /// on the first sync: they count in their `XLB_VIP_AINDEX` slots.
     pub(super) pool_addrs: Option<HashSet<(Addr, u8)>>,
+    /// What the last sync that finished wrote: the same again is no work
+    /// (a start installs every NAT VIP after syncing for it).
+    synced: Option<NatWanted>,
 }
 
 impl NatMaps {
@@ -55,6 +58,7 @@ impl NatMaps {
             sports_raw,
             sports_now: None,
             pool_addrs: None,
+            synced: None,
         })
     }
 }
@@ -101,6 +105,11 @@ impl Dataplane {
     /// in (pool addresses, VIP ports); what goes away goes in the reverse
     /// order, so a packet never finds a mark without its pool.
     pub fn sync_nat(&mut self, want: &NatWanted) -> Result<()> {
+        if self.nat.synced.as_ref() == Some(want) {
+            return Ok(());
+        }
+        // Until this sync finishes, the maps may hold part of it.
+        self.nat.synced = None;
         for id in 0..MAX_VIPS {
             let pool = want.pools.get(&id).copied().unwrap_or_default();
             if self.nat_pool(id)? != pool {
@@ -113,7 +122,9 @@ impl Dataplane {
         self.sync_nat_sports(&want.sports)?;
         self.sync_nat_backend_addrs(&want.backend_addrs)?;
         self.sync_pool_addrs(&want.pool_addrs)?;
-        self.sync_nat_vip_ports(&want.vip_ports)
+        self.sync_nat_vip_ports(&want.vip_ports)?;
+        self.nat.synced = Some(want.clone());
+        Ok(())
     }
 
     fn sync_nat_sports(&mut self, want: &BTreeMap<u32, u32>) -> Result<()> {
