@@ -263,6 +263,50 @@ pub fn nat_candidate(pool: &NatPool, hash: u64, i: u32) -> Option<(u32, u16)> {
     Some((addr, pool.port_min + port as u16))
 }
 
+/// Slots of `XLB_NAT_HOPS`, per CPU: a power of two.
+pub const CLIENT_HOPS: u32 = 4096;
+
+/// Value of `XLB_NAT_HOPS` (per-CPU array of [`CLIENT_HOPS`], kernel-only,
+/// not pinned): a direct-mapped cache of the next hop towards a client of a
+/// NAT flow, at [`client_hop_slot`] of its address, so the backend's
+/// answers skip `bpf_fib_lookup` as the client's packets do with
+/// `XLB_NEXTHOP`. A slot holds one client; another client at the same slot
+/// replaces it (a lookup, no error).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientHop {
+    /// The client address the answer is for, network order.
+    pub addr: Addr,
+    /// `FAMILY_V4` or `FAMILY_V6` of `addr`.
+    pub family: u8,
+    pub _pad: [u8; 3],
+    /// The interface the lookup was made for (`bpf_fib_lookup` takes the
+    /// ingress interface: policy routing may answer per interface).
+    pub iif: u32,
+    /// The answer: MACs, egress interface and MTU; `generation_plus_one`
+    /// is 1 when filled, `expires_ns` after [`crate::NEXTHOP_TTL_NS`].
+    pub hop: crate::NextHop,
+}
+const _: () = assert!(core::mem::size_of::<ClientHop>() == 64);
+
+/// The `XLB_NAT_HOPS` slot of client address `addr` (16 bytes, an IPv4
+/// address in the first 4): its four words folded together, then mixed
+/// (the `lowbias32` integer hash: every input bit moves every output bit),
+/// so clients of one IPv4 network or one IPv6 /64 spread over the slots.
+/// Not keyed: a client choosing addresses that share a slot only costs
+/// route lookups, never a wrong next hop (the slot holds its address).
+#[inline(always)]
+pub fn client_hop_slot(addr: &Addr) -> u32 {
+    let w = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    let mut x = w(0) ^ w(4).rotate_left(8) ^ w(8).rotate_left(16) ^ w(12).rotate_left(24);
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^= x >> 16;
+    x & (CLIENT_HOPS - 1)
+}
+
 /// TCP flag bits, as on the wire (RFC 9293).
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
@@ -455,6 +499,41 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_hop_slots_are_in_range_and_spread_a_network() {
+        let mut seen = [[false; CLIENT_HOPS as usize]; 2];
+        for i in 0..1024u32 {
+            let mut v4 = [0u8; 16];
+            v4[..4].copy_from_slice(&[198, 18, (i >> 8) as u8, i as u8]);
+            let mut v6 = [0u8; 16];
+            v6[..8].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 1]);
+            v6[12..].copy_from_slice(&i.to_be_bytes());
+            for (f, a) in [v4, v6].iter().enumerate() {
+                let slot = client_hop_slot(a);
+                assert!(slot < CLIENT_HOPS, "slot {slot} of {a:?}");
+                seen[f][slot as usize] = true;
+            }
+        }
+        // 1024 addresses per family into 4096 slots: a uniform hash leaves
+        // 4096 (1 - e^-0.25) = 906 distinct on average; a hash that keeps
+        // an address's fixed bits in the slot leaves far fewer.
+        for (f, slots) in seen.iter().enumerate() {
+            let distinct = slots.iter().filter(|s| **s).count();
+            assert!(
+                distinct > 850,
+                "family {f}: {distinct} distinct slots of 1024"
+            );
+        }
+        // The same address always lands on the same slot; the upper half
+        // of an IPv6 address counts too.
+        let mut a = [0u8; 16];
+        a[15] = 1;
+        let mut b = a;
+        b[0] = 0x20;
+        assert_eq!(client_hop_slot(&a), client_hop_slot(&a));
+        assert_ne!(client_hop_slot(&a), client_hop_slot(&b));
+    }
 
     const S: u64 = 1_000_000_000;
 

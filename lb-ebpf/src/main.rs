@@ -63,7 +63,7 @@ use lb_common::{
     HcReal, ListEntry, ListV4, ListV6, MAX_DECAP_ADDRS, MAX_DECAP_SOURCES, MAX_LIST_RULES,
     MAX_SOURCES, MAX_VIPS, NextHop, ReplyRate, RingSlot, STATS_LEN, SourceKey, SourceState,
     TrafficStats, VipAddrKey, VipGuard, VipInfo, VipKey,
-    nat::{NatFlow, NatPool, PassiveStats},
+    nat::{ClientHop, NatFlow, NatPool, PassiveStats},
 };
 
 /// VIP services: (address, port, protocol) → VIP id.
@@ -220,6 +220,12 @@ static XLB_NAT_BEADDR: HashMap<VipAddrKey, u32> = HashMap::with_max_entries(BACK
 /// stack. Not pinned, not read by userspace.
 #[map(name = "XLB_NAT_SCRATCH")]
 static XLB_NAT_SCRATCH: PerCpuArray<nat::alloc::Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per CPU: next hops towards NAT clients (`lb_common::nat::ClientHop`),
+/// a direct-mapped cache. Not pinned, not read by userspace.
+#[map(name = "XLB_NAT_HOPS")]
+static XLB_NAT_HOPS: PerCpuArray<ClientHop> =
+    PerCpuArray::with_max_entries(lb_common::nat::CLIENT_HOPS, 0);
 
 /// Per backend id, per CPU: what NAT traffic says about the backend.
 #[map(name = "XLB_PASSIVE")]

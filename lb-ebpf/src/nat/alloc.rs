@@ -42,8 +42,9 @@ pub(crate) struct Scratch {
     pub _pad: u32,
     /// What `nat::send` needs of the flow whose packet it sends.
     pub out: super::Out,
-    /// The next hop towards a client (`nat::reply`): off the stack.
-    pub hop: lb_common::NextHop,
+    /// The MTU `nat::too_big` leaves for the ICMP answer.
+    pub too_big_mtu: u32,
+    pub _pad2: u32,
 }
 
 /// Chooses `s.flow`'s `nat_addr` and `nat_port` from its VIP's pool and

@@ -392,14 +392,14 @@ pub(crate) fn too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> u32 {
         return aborted();
     };
     // SAFETY: per-CPU slot, no concurrent writer on this CPU.
-    unsafe { (*s).hop.mtu = mtu };
+    unsafe { (*s).too_big_mtu = mtu };
     TOO_BIG
 }
 
 /// The MTU [`too_big`] left for the answer to a [`TOO_BIG`] packet.
 #[inline(always)]
 pub(crate) fn too_big_mtu() -> u32 {
-    XLB_NAT_SCRATCH.get(0).map_or(0, |s| s.hop.mtu)
+    XLB_NAT_SCRATCH.get(0).map_or(0, |s| s.too_big_mtu)
 }
 
 /// Whether `pkt` (TCP or UDP, parsed) carries payload.

@@ -12,12 +12,13 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    FAMILY_V6, FlowKey, NextHop, Stat, VIP_ADDR_BALANCED, VipAddrKey, nat::vip_addr_nat_vip,
+    FAMILY_V6, FlowKey, NEXTHOP_TTL_NS, Stat, VIP_ADDR_BALANCED, VipAddrKey,
+    nat::{ClientHop, client_hop_slot, vip_addr_nat_vip},
     trace::VERDICT_BACKEND_SHIFT,
 };
 
 use crate::{
-    XLB_BE_STATS, XLB_NAT_BEADDR, XLB_NAT_FLOWS, XLB_NAT_POOL, XLB_NAT_REPLY, XLB_NAT_SCRATCH,
+    XLB_BE_STATS, XLB_NAT_BEADDR, XLB_NAT_FLOWS, XLB_NAT_HOPS, XLB_NAT_POOL, XLB_NAT_REPLY,
     XLB_NAT_SPORTS, XLB_VIP_STATS, clock,
     forward::{account, fib_params, send, sent, set_macs},
     key::{WordKey, Zeroed, addr_eq, addr_key, addr_words},
@@ -49,44 +50,51 @@ pub(crate) fn answer(ctx: &XdpContext, pkt: &Packet) -> Option<u32> {
     }
     // An ICMP error quoting the flow (`super::icmp`) is no packet of it:
     // it tells nothing of the backend's state.
+    let now = clock::now();
     if !pkt.icmp {
-        let now = clock::now();
         let ev = f.backend_packet(pkt.tcp_flags, super::payload(ctx, pkt), now);
         super::passive(f.backend_id, &ev);
     }
-    Some(
-        to_client(ctx, pkt, client, f.vip_id, f.backend_id) | f.backend_id << VERDICT_BACKEND_SHIFT,
-    )
+    let out = Out {
+        vip_id: f.vip_id,
+        id: f.backend_id,
+        now,
+    };
+    Some(to_client(ctx, pkt, client, &out) | f.backend_id << VERDICT_BACKEND_SHIFT)
+}
+
+/// What [`to_client`] needs of the flow besides its client key: its VIP,
+/// its backend (for the counters) and the time.
+struct Out {
+    vip_id: u32,
+    id: u32,
+    now: u64,
 }
 
 /// Translates the answer `pkt` (or an ICMP error quoting the flow) back to
 /// the flow of `client` (VIP → client) and sends it towards the client,
-/// counted in VIP `vip_id`'s and backend `id`'s traffic like the flow's
-/// forwarded packets.
+/// counted in `o`'s VIP's and backend's traffic like the flow's forwarded
+/// packets.
 #[inline(always)]
-fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, vip_id: u32, id: u32) -> u32 {
-    let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
+fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, o: &Out) -> u32 {
+    let Some(c) = XLB_NAT_HOPS.get_ptr_mut(client_hop_slot(&client.src)) else {
         return aborted();
     };
-    // SAFETY: per-CPU slot, no concurrent writer on this CPU.
-    let nh = unsafe { &mut (*s).hop };
-    let v6 = u32::from(client.family == FAMILY_V6);
-    let rc = route(
-        ctx,
-        nh,
-        &client.src,
-        &client.dst,
-        v6 << 16 | pkt.ip_len as u32,
-    );
-    if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-        // The backend is told, as a router on its path tells it.
-        return super::too_big(ctx, pkt, nh.mtu);
-    }
+    // SAFETY: per-CPU slot, only this CPU reads or writes it.
+    let c = unsafe { &mut *c };
     // The client is one of the LB's own addresses: a data-path probe's
     // flow (`via = "vip"`), whose socket is here. Translated, then passed.
-    let local = rc == i64::from(BPF_FIB_LKUP_RET_NOT_FWDED);
-    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && !local {
-        return drop_with(Stat::DropNoRoute);
+    let mut local = false;
+    if !hop_cached(ctx, c, client, o.now) {
+        let rc = refresh_hop(ctx, c, client, o.now);
+        local = rc == i64::from(BPF_FIB_LKUP_RET_NOT_FWDED);
+        if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && !local {
+            return drop_with(Stat::DropNoRoute);
+        }
+    }
+    if !local && pkt.ip_len as u32 > c.hop.mtu {
+        // The backend is told, as a router on its path tells it.
+        return super::too_big(ctx, pkt, c.hop.mtu);
     }
     let to = super::rewrite::To {
         src: &client.dst,
@@ -110,49 +118,90 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, vip_id: u32, id: 
     if local {
         return pass(Stat::PassNatLocal);
     }
-    if set_macs(ctx, nh).is_none() {
+    if set_macs(ctx, &c.hop).is_none() {
         return aborted();
     }
     let bytes = crate::packet::len(ctx) as u64;
-    let verdict = send(ctx, nh);
+    let verdict = send(ctx, &c.hop);
     if sent(verdict) {
-        account(XLB_VIP_STATS.get_ptr_mut(vip_id), bytes, false);
-        account(XLB_BE_STATS.get_ptr_mut(id), bytes, false);
+        account(XLB_VIP_STATS.get_ptr_mut(o.vip_id), bytes, false);
+        account(XLB_BE_STATS.get_ptr_mut(o.id), bytes, false);
     }
     verdict
 }
 
-/// `bpf_fib_lookup` towards the client `dst` from the VIP `src`, for an
-/// IP packet of `v6_len`'s low 16 bits (so the kernel checks the egress
-/// MTU), IPv6 if bit 16 is set; fills `nh`'s MACs and interface, and its
-/// MTU on `BPF_FIB_LKUP_RET_FRAG_NEEDED`. Returns the lookup's answer. A
-/// lookup per answer, not a cache: clients are many, and the kernel's FIB
-/// lookup is what a cache would save.
+/// Whether `c` holds a live answer for `client`'s address, looked up for
+/// this packet's ingress interface.
+#[inline(always)]
+fn hop_cached(ctx: &XdpContext, c: &ClientHop, client: &FlowKey, now: u64) -> bool {
+    c.hop.generation_plus_one != 0
+        && now < c.hop.expires_ns
+        && c.iif == ctx.ingress_ifindex() as u32
+        && c.family == client.family
+        && addr_eq(&c.addr, &client.src)
+}
+
+/// `bpf_fib_lookup` towards `client`'s address from its VIP, cached in `c`
+/// for [`NEXTHOP_TTL_NS`] when it succeeds (MACs, interface, and the
+/// egress MTU from a second lookup claiming the largest packet, as
+/// `forward::nexthop` does); `c` is left empty otherwise. Returns the
+/// first lookup's answer. A route or neighbour change reaches a client
+/// within the TTL, as it reaches a backend.
 // verifier: not inlined, so the 64-byte fib parameters get their own
-// frame; BPF calls take at most 5 register arguments.
+// frame.
 #[inline(never)]
-fn route(ctx: &XdpContext, nh: &mut NextHop, dst: &[u8; 16], src: &[u8; 16], v6_len: u32) -> i64 {
+fn refresh_hop(ctx: &XdpContext, c: &mut ClientHop, client: &FlowKey, now: u64) -> i64 {
+    c.hop.generation_plus_one = 0;
+    let iif = ctx.ingress_ifindex() as u32;
+    let v6 = client.family == FAMILY_V6;
     let mut slot = Zeroed::<FibParams>::uninit();
     let p = slot.zero();
-    let v6 = v6_len >> 16 != 0;
-    fib_params(p, ctx.ingress_ifindex() as u32, v6, src, dst, v6_len as u16);
+    let rc = lookup(ctx, p, iif, v6, client, 0);
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        return rc;
+    }
+    c.hop.dmac = p.dmac;
+    c.hop.smac = p.smac;
+    c.hop.ifindex = p.ifindex;
+    let p = slot.zero();
+    // SAFETY: reading the union member the kernel wrote on FRAG_NEEDED.
+    c.hop.mtu =
+        if lookup(ctx, p, iif, v6, client, u16::MAX) == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+            u32::from(unsafe { p.__bindgen_anon_1.mtu_result })
+        } else {
+            u32::from(u16::MAX)
+        };
+    c.addr = client.src;
+    c.family = client.family;
+    c.iif = iif;
+    c.hop.expires_ns = now + NEXTHOP_TTL_NS;
+    c.hop.generation_plus_one = 1;
+    rc
+}
+
+/// One `bpf_fib_lookup` into `p` (zeroed) towards `client`'s address from
+/// the VIP, as if forwarded from interface `iif`; `tot_len` > 0 also
+/// checks it against the egress MTU.
+#[inline(always)]
+fn lookup(
+    ctx: &XdpContext,
+    p: &mut FibParams,
+    iif: u32,
+    v6: bool,
+    client: &FlowKey,
+    tot_len: u16,
+) -> i64 {
+    fib_params(p, iif, v6, &client.dst, &client.src, tot_len);
     // SAFETY: a helper call with the program's context and a parameter
     // struct of the size given.
-    let rc = unsafe {
+    unsafe {
         bpf_fib_lookup(
             ctx.ctx as *mut _,
             p,
             core::mem::size_of::<FibParams>() as i32,
             0,
         )
-    };
-    nh.dmac = p.dmac;
-    nh.smac = p.smac;
-    nh.ifindex = p.ifindex;
-    // SAFETY: reading the union member the kernel wrote (on FRAG_NEEDED,
-    // the egress MTU; else the length given or the MTU: not read then).
-    nh.mtu = u32::from(unsafe { p.__bindgen_anon_1.mtu_result });
-    rc
+    }
 }
 
 /// The verdict for a TCP/UDP packet to a pool address (`bits`: its
