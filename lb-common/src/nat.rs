@@ -96,6 +96,15 @@ pub struct NatPool {
 }
 const _: () = assert!(core::mem::size_of::<NatPool>() == 8 + 7 * 8 + 16 * MAX_SNAT_ADDRS);
 
+impl NatPool {
+    /// Whether this VIP's flows count passive evidence (the daemon writes
+    /// 0 timeouts for `[vip.passive] enabled = false`).
+    #[inline(always)]
+    pub fn passive_on(&self) -> bool {
+        self.response_timeout_ns != 0
+    }
+}
+
 /// [`NatFlow::state`] values.
 pub const NAT_TCP_SYN_SENT: u8 = 1;
 pub const NAT_TCP_ESTABLISHED: u8 = 2;
@@ -114,6 +123,11 @@ pub const NAT_FLAG_BACKEND_FIN: u8 = 2;
 /// [`NatFlow::flags`]: the flow was counted in
 /// [`PassiveStats::connect_timeouts`] (once per flow).
 pub const NAT_FLAG_CONNECT_TIMEOUT: u8 = 4;
+/// [`NatFlow::flags`]: the flow's VIP counts passive evidence (its pool's
+/// `response_timeout_ns` was not 0 at the client's last packet), so the
+/// backend's packets are judged too. Clear: the flow pays for no evidence
+/// either way (`[vip.passive] enabled = false`).
+pub const NAT_FLAG_PASSIVE: u8 = 8;
 
 /// Bit of an `XLB_VIP_PORTS` count (see [`crate::port_index`]): some NAT
 /// VIP listens on this (protocol, port). The daemon keeps it beside the
@@ -348,7 +362,7 @@ impl Evidence {
 
 impl NatFlow {
     /// A client packet (TCP `flags`, 0 for UDP; `payload` whether it
-    /// carries data) at `now`: the flow's new state, written only where a
+    /// carries data, asked only when the answer counts) at `now`: the flow's new state, written only where a
     /// field changes (the entry is the map's own memory), and what it
     /// tells the passive counters.
     #[inline(always)]
@@ -356,10 +370,18 @@ impl NatFlow {
         &mut self,
         pool: &NatPool,
         flags: u8,
-        payload: bool,
+        payload: impl FnOnce() -> bool,
         now: u64,
     ) -> Evidence {
         let mut ev = Evidence::default();
+        let on = pool.passive_on();
+        if on != (self.flags & NAT_FLAG_PASSIVE != 0) {
+            self.flags ^= NAT_FLAG_PASSIVE;
+            // Turned off: a request pending from before is judged by none.
+            if !on {
+                self.request_ns = 0;
+            }
+        }
         if self.state == NAT_TCP_SYN_SENT
             && pool.connect_timeout_ns != 0
             && self.flags & NAT_FLAG_CONNECT_TIMEOUT == 0
@@ -372,7 +394,7 @@ impl NatFlow {
         if flags & (TCP_RST | TCP_FIN) != 0 && self.request_ns != 0 {
             ev.events |= self.pending_verdict(pool, now);
             self.request_ns = 0;
-        } else if payload && self.request_ns == 0 {
+        } else if on && self.request_ns == 0 && payload() {
             self.request_ns = now;
             ev.events |= EV_REQUEST;
         }
@@ -386,9 +408,16 @@ impl NatFlow {
         ev
     }
 
-    /// A backend packet (as [`Self::client_packet`]).
+    /// A backend packet (as [`Self::client_packet`]); evidence only while
+    /// [`NAT_FLAG_PASSIVE`] is set. `payload` is asked only while a request
+    /// is pending.
     #[inline(always)]
-    pub fn backend_packet(&mut self, flags: u8, payload: bool, now: u64) -> Evidence {
+    pub fn backend_packet(
+        &mut self,
+        flags: u8,
+        payload: impl FnOnce() -> bool,
+        now: u64,
+    ) -> Evidence {
         let mut ev = Evidence::default();
         let mut changed = false;
         if flags & TCP_RST != 0 {
@@ -400,7 +429,8 @@ impl NatFlow {
             ev.events |= EV_CONNECTED;
             changed |= self.set_state(NAT_TCP_ESTABLISHED);
         }
-        if payload && self.request_ns != 0 {
+        // `request_ns` is 0 whenever detection is off.
+        if self.request_ns != 0 && payload() {
             ev.events |= EV_RESPONSE;
             ev.response_ns = now.saturating_sub(self.request_ns);
             self.request_ns = 0;
@@ -410,6 +440,9 @@ impl NatFlow {
             changed |= self.set_state(self.fin_state());
         }
         self.touch(now, changed);
+        if self.flags & NAT_FLAG_PASSIVE == 0 {
+            ev.events = 0;
+        }
         ev
     }
 
@@ -552,6 +585,7 @@ mod tests {
     fn syn_sent(at: u64) -> NatFlow {
         NatFlow {
             state: NAT_TCP_SYN_SENT,
+            flags: NAT_FLAG_PASSIVE,
             last_seen_ns: at,
             ..Default::default()
         }
@@ -585,7 +619,7 @@ mod tests {
         let p = pool();
         let mut f = syn_sent(10);
         assert_eq!(
-            f.backend_packet(TCP_SYN | TCP_ACK, false, 20).events,
+            f.backend_packet(TCP_SYN | TCP_ACK, || false, 20).events,
             EV_CONNECTED
         );
         assert_eq!(
@@ -593,11 +627,11 @@ mod tests {
             (NAT_TCP_ESTABLISHED, 20),
             "state change touches"
         );
-        f.client_packet(&p, TCP_FIN | TCP_ACK, false, 30);
+        f.client_packet(&p, TCP_FIN | TCP_ACK, || false, 30);
         assert_eq!(f.state, NAT_TCP_FIN_WAIT);
-        f.backend_packet(TCP_FIN | TCP_ACK, false, 40);
+        f.backend_packet(TCP_FIN | TCP_ACK, || false, 40);
         assert_eq!((f.state, f.last_seen_ns), (NAT_TCP_CLOSING, 40));
-        assert_eq!(f.backend_packet(TCP_RST, false, 50).events, EV_RESET);
+        assert_eq!(f.backend_packet(TCP_RST, || false, 50).events, EV_RESET);
         assert_eq!(f.state, NAT_TCP_CLOSED);
         assert_eq!(
             f.expires(&NatPool {
@@ -616,12 +650,12 @@ mod tests {
             last_seen_ns: 10 * S,
             ..Default::default()
         };
-        f.client_packet(&p, TCP_ACK, false, 10 * S + S / 2);
+        f.client_packet(&p, TCP_ACK, || false, 10 * S + S / 2);
         assert_eq!(f.last_seen_ns, 10 * S, "within the interval");
-        f.client_packet(&p, TCP_ACK, false, 12 * S);
+        f.client_packet(&p, TCP_ACK, || false, 12 * S);
         assert_eq!(f.last_seen_ns, 12 * S, "past it");
         let mut s = syn_sent(S);
-        s.client_packet(&p, TCP_SYN, false, 4 * S);
+        s.client_packet(&p, TCP_SYN, || false, 4 * S);
         assert_eq!(
             s.last_seen_ns, S,
             "a SYN retransmit keeps the first SYN's time"
@@ -636,33 +670,36 @@ mod tests {
             last_seen_ns: S,
             ..Default::default()
         };
-        assert_eq!(f.client_packet(&p, TCP_ACK, true, 2 * S).events, EV_REQUEST);
         assert_eq!(
-            f.client_packet(&p, TCP_ACK, true, 2 * S + 5).events,
+            f.client_packet(&p, TCP_ACK, || true, 2 * S).events,
+            EV_REQUEST
+        );
+        assert_eq!(
+            f.client_packet(&p, TCP_ACK, || true, 2 * S + 5).events,
             0,
             "one pending"
         );
-        let ev = f.backend_packet(TCP_ACK, true, 2 * S + 30);
+        let ev = f.backend_packet(TCP_ACK, || true, 2 * S + 30);
         assert_eq!(
             (ev.events, ev.response_ns, f.request_ns),
             (EV_RESPONSE, 30, 0)
         );
-        f.client_packet(&p, TCP_ACK, true, 3 * S);
-        let ev = f.client_packet(&p, TCP_FIN, false, 3 * S + S / 2);
+        f.client_packet(&p, TCP_ACK, || true, 3 * S);
+        let ev = f.client_packet(&p, TCP_FIN, || false, 3 * S + S / 2);
         assert_eq!(ev.events, EV_ABANDONED, "younger than the response timeout");
         f.request_ns = 3 * S;
         assert_eq!(
-            f.client_packet(&p, TCP_RST, false, 5 * S).events,
+            f.client_packet(&p, TCP_RST, || false, 5 * S).events,
             EV_UNANSWERED
         );
         // Connect timeout: once, on a SYN seen again, or at reclaim.
         let mut s = syn_sent(S);
-        assert_eq!(s.client_packet(&p, TCP_SYN, false, S + S / 2).events, 0);
+        assert_eq!(s.client_packet(&p, TCP_SYN, || false, S + S / 2).events, 0);
         assert_eq!(
-            s.client_packet(&p, TCP_SYN, false, 3 * S).events,
+            s.client_packet(&p, TCP_SYN, || false, 3 * S).events,
             EV_CONNECT_TIMEOUT
         );
-        assert_eq!(s.client_packet(&p, TCP_SYN, false, 4 * S).events, 0);
+        assert_eq!(s.client_packet(&p, TCP_SYN, || false, 4 * S).events, 0);
         assert_eq!(s.reclaimed(&p, 9 * S).events, 0, "already counted");
         assert_eq!(syn_sent(S).reclaimed(&p, 9 * S).events, EV_CONNECT_TIMEOUT);
         let off = NatPool {
@@ -675,7 +712,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            g.client_packet(&off, TCP_RST, false, 9 * S).events,
+            g.client_packet(&off, TCP_RST, || false, 9 * S).events,
             0,
             "detection off"
         );
@@ -694,6 +731,59 @@ mod tests {
             ),
             (1, 1, 9, 0)
         );
+    }
+
+    #[test]
+    fn passive_off_costs_no_evidence_and_never_reads_the_payload() {
+        let on = pool();
+        let off = NatPool {
+            response_timeout_ns: 0,
+            connect_timeout_ns: 0,
+            ..on
+        };
+        let unread = || -> bool { panic!("the payload was read with detection off") };
+        let mut f = NatFlow {
+            state: NAT_TCP_SYN_SENT,
+            last_seen_ns: S,
+            ..Default::default()
+        };
+        assert_eq!(f.client_packet(&off, TCP_SYN, unread, S).events, 0);
+        assert_eq!(f.flags & NAT_FLAG_PASSIVE, 0);
+        // The handshake, a request and its answer, a reset: state follows,
+        // evidence does not.
+        assert_eq!(f.backend_packet(TCP_SYN | TCP_ACK, unread, 2 * S).events, 0);
+        assert_eq!(f.state, NAT_TCP_ESTABLISHED);
+        assert_eq!(f.client_packet(&off, TCP_ACK, unread, 3 * S).events, 0);
+        assert_eq!(f.backend_packet(TCP_ACK, unread, 4 * S).events, 0);
+        assert_eq!(f.backend_packet(TCP_RST, unread, 5 * S).events, 0);
+        assert_eq!((f.state, f.request_ns), (NAT_TCP_CLOSED, 0));
+        // Turned on by a reload: the next client packet sets the flag and
+        // opens a request; turned off again: the pending one is dropped
+        // unjudged, and the answer tells nothing.
+        let mut g = NatFlow {
+            state: NAT_TCP_ESTABLISHED,
+            last_seen_ns: S,
+            ..Default::default()
+        };
+        assert_eq!(
+            g.client_packet(&on, TCP_ACK, || true, 2 * S).events,
+            EV_REQUEST
+        );
+        assert_ne!(g.flags & NAT_FLAG_PASSIVE, 0);
+        assert_eq!(g.client_packet(&off, TCP_ACK, unread, 3 * S).events, 0);
+        assert_eq!((g.flags & NAT_FLAG_PASSIVE, g.request_ns), (0, 0));
+        assert_eq!(g.backend_packet(TCP_ACK, unread, 4 * S).events, 0);
+    }
+
+    #[test]
+    fn an_answer_without_a_pending_request_never_reads_the_payload() {
+        let mut f = NatFlow {
+            state: NAT_TCP_ESTABLISHED,
+            flags: NAT_FLAG_PASSIVE,
+            ..Default::default()
+        };
+        let unread = || -> bool { panic!("the payload was read with no request pending") };
+        assert_eq!(f.backend_packet(TCP_ACK, unread, S).events, 0);
     }
 
     #[test]

@@ -288,7 +288,10 @@ pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
         return drop_with(Stat::DropNatInsertFail);
     }
     count(Stat::NatNew);
-    if tcp && let Some(s) = XLB_PASSIVE.get_ptr_mut(id) {
+    if tcp
+        && pool.passive_on()
+        && let Some(s) = XLB_PASSIVE.get_ptr_mut(id)
+    {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe { (*s).connects += 1 };
     }
@@ -312,7 +315,7 @@ fn update(
     now: u64,
     out: &mut Out,
 ) {
-    let ev = f.client_packet(pool, pkt.tcp_flags, payload(ctx, pkt), now);
+    let ev = f.client_packet(pool, pkt.tcp_flags, || payload(ctx, pkt), now);
     passive(f.backend_id, &ev);
     out.nat_addr = f.nat_addr;
     out.id = f.backend_id;

@@ -57,6 +57,25 @@ pub fn single_once(
     Ok(total.as_nanos() as f64 / f64::from(SINGLES))
 }
 
+/// Mean of the kernel's own time per packet over `SINGLES` runs of one
+/// packet each, taking `frames` in turn (a request, then its answer: each
+/// run meets the state the other left).
+pub fn alternate_once(
+    w: &mut World,
+    prog: &'static str,
+    frames: [&[u8]; 2],
+    want: u32,
+) -> anyhow::Result<f64> {
+    let mut total = Duration::ZERO;
+    for i in 0..SINGLES {
+        let frame = frames[(i % 2) as usize];
+        let (verdict, _, d) = w.run_repeat(prog, frame, 1)?;
+        anyhow::ensure!(verdict == want, "{prog}: verdict {verdict}, want {want}");
+        total += d;
+    }
+    Ok(total.as_nanos() as f64 / f64::from(SINGLES))
+}
+
 /// Runs `f` in a test world of the default table size, without pinning,
 /// with a conntrack table of `ct_size` entries.
 pub fn in_world_with_ct<R: Send>(

@@ -13,6 +13,14 @@
 //! work: the first client packet of a run of packets opens a request, the
 //! first reply answers it, the rest find one pending or none.
 //!
+//! Passive detection's own cost: two more flows, one on the IPv4 VIP and
+//! one on a VIP whose passive detection is off (`[vip.passive] enabled =
+//! false`: the daemon writes 0 timeouts to its pool), each timed as a
+//! client request and its backend's answer in turn
+//! (`dataplane::alternate_once`), so that with detection on every packet
+//! is evidence: the request opens one, the answer closes it, both are
+//! counted. Their difference is what detection costs per packet.
+//!
 //! The new flow: `single_once` sends the same frame every run, so the SYN
 //! cannot carry a fresh source port per run; instead [`Nat::forget_new_flow`]
 //! deletes the flow's two entries (client key, reply key) before each run.
@@ -25,17 +33,18 @@
 
 use std::net::IpAddr;
 
-use aya::maps::{HashMap, MapData};
+use aya::maps::{Array, HashMap, Map, MapData};
 use lb_common::{
     DEFAULT_TABLE_SIZE, DOWN_POLICY_REHASH, FlowKey, PROTO_TCP, addr16,
-    nat::{MODE_NAT, NAT_TCP_ESTABLISHED, NatFlow, reply_key},
+    nat::{MODE_NAT, NAT_TCP_ESTABLISHED, NatFlow, NatPool, reply_key},
 };
 
 use super::dataplane::{XDP_TX, frame};
 use crate::{
     harness::World,
     nat_world::{
-        CLIENT4, CLIENT6, NatVip, add_nat_backend, add_nat_vip, flows, replies, routes_to_clients,
+        CLIENT4, CLIENT6, NatVip, add_nat_backend, add_nat_vip, flows, map, replies,
+        routes_to_clients,
     },
     packet::{ACK, Flow, SYN},
 };
@@ -49,6 +58,10 @@ pub const PORT: u16 = 8000;
 pub const BE_PORT: u16 = 8080;
 const POOL4: &str = "10.0.0.50";
 const POOL6: &str = "fd00::50";
+/// The VIP without passive detection (id 5): the same address and
+/// backends as VIP 3 on another port, a pool of its own.
+const PORT_QUIET: u16 = 8001;
+const POOL_QUIET: &str = "10.0.0.52";
 /// The default range: the allocator's work is that of a default pool.
 const PORTS: (u16, u16) = (
     lb_common::nat::DEFAULT_SNAT_PORT_MIN,
@@ -64,6 +77,10 @@ pub struct Nat {
     /// answers.
     pub reply4: Vec<u8>,
     pub reply6: Vec<u8>,
+    /// A request and its answer (client → VIP, backend → pool), passive
+    /// detection on (VIP 3) and off (VIP 5).
+    pub talk_on: [Vec<u8>; 2],
+    pub talk_off: [Vec<u8>; 2],
     /// The SYN of a flow that no run finds.
     pub syn: Vec<u8>,
     fresh: FlowKey,
@@ -83,11 +100,15 @@ pub fn install(w: &mut World) -> anyhow::Result<Nat> {
     }
     let table4: Vec<u32> = (0..DEFAULT_TABLE_SIZE).map(|i| 1 + i % 2).collect();
     let table6 = vec![4; DEFAULT_TABLE_SIZE as usize];
-    for (vip_id, addr, pool, table) in [(3, VIP4, POOL4, &table4), (4, VIP6, POOL6, &table6)] {
+    for (vip_id, addr, port, pool, table) in [
+        (3, VIP4, PORT, POOL4, &table4),
+        (4, VIP6, PORT, POOL6, &table6),
+        (5, VIP4, PORT_QUIET, POOL_QUIET, &table4),
+    ] {
         let v = NatVip {
             vip_id,
             addr,
-            port: PORT,
+            port,
             proto: PROTO_TCP,
             mode: MODE_NAT,
             down_policy: DOWN_POLICY_REHASH,
@@ -97,8 +118,20 @@ pub fn install(w: &mut World) -> anyhow::Result<Nat> {
         };
         add_nat_vip(w, &v)?;
     }
+    passive_off(w, 5)?;
     let (est4, reply4) = establish(w, &Flow::tcp(CLIENT4, 40001, VIP4, PORT))?;
     let (est6, reply6) = establish(w, &Flow::tcp(CLIENT6, 40001, VIP6, PORT))?;
+    let (a, b) = establish(w, &Flow::tcp(CLIENT4, 40003, VIP4, PORT))?;
+    let talk_on = [a, b];
+    let (a, b) = establish(w, &Flow::tcp(CLIENT4, 40004, VIP4, PORT_QUIET))?;
+    let talk_off = [a, b];
+    evidence_or_not(w, &Flow::tcp(CLIENT4, 40003, VIP4, PORT), &talk_on, true)?;
+    evidence_or_not(
+        w,
+        &Flow::tcp(CLIENT4, 40004, VIP4, PORT_QUIET),
+        &talk_off,
+        false,
+    )?;
     let fresh = Flow::tcp(CLIENT4, 40002, VIP4, PORT);
     let syn = frame(&fresh, SYN);
     // One SYN to learn the reply key the data plane makes for it; every
@@ -110,6 +143,8 @@ pub fn install(w: &mut World) -> anyhow::Result<Nat> {
         est6,
         reply4,
         reply6,
+        talk_on,
+        talk_off,
         syn,
         fresh: fresh.key(),
         fresh_reply,
@@ -142,7 +177,12 @@ fn start(w: &mut World, f: &Flow, syn: &[u8]) -> anyhow::Result<(NatFlow, Flow)>
         .get(&f.key(), 0)
         .map_err(|e| anyhow::anyhow!("NAT SYN of {f:?} made no flow: {e}"))?;
     // The pools have one address each.
-    let pool: IpAddr = if f.src.is_ipv6() { POOL6 } else { POOL4 }.parse()?;
+    let pool: IpAddr = match (f.src.is_ipv6(), f.dport) {
+        (true, _) => POOL6,
+        (false, PORT_QUIET) => POOL_QUIET,
+        (false, _) => POOL4,
+    }
+    .parse()?;
     anyhow::ensure!(
         entry.nat_addr == addr16(pool),
         "NAT SYN of {f:?}: translated source {:?}, want the pool's {pool}",
@@ -179,4 +219,44 @@ fn establish(w: &mut World, f: &Flow) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
 /// The address of `entry`'s backend.
 fn backend(w: &World, entry: &NatFlow) -> IpAddr {
     w.backend(entry.backend_id).addr
+}
+
+/// Turns VIP `vip_id`'s passive detection off, as the daemon does for
+/// `[vip.passive] enabled = false` (`config::apply_pool_timeouts`).
+fn passive_off(w: &mut World, vip_id: u32) -> anyhow::Result<()> {
+    let mut pools: Array<MapData, NatPool> = map(w, lb_common::nat::MAP_NAT_POOL, Map::Array)?;
+    let mut pool = pools.get(&vip_id, 0)?;
+    lb_user::config::apply_pool_timeouts(
+        &mut pool,
+        &lb_user::config::PassiveConfig {
+            enabled: false,
+            ..Default::default()
+        },
+    );
+    anyhow::ensure!(
+        !pool.passive_on(),
+        "VIP {vip_id}: passive detection still on"
+    );
+    pools.set(vip_id, pool, 0)?;
+    Ok(())
+}
+
+/// Checks that the request of `talk` (flow `f`) opens a pending request
+/// and its answer closes it when `on`, and that neither leaves a trace on
+/// the flow when not: the two cases time what they claim to.
+fn evidence_or_not(w: &mut World, f: &Flow, talk: &[Vec<u8>; 2], on: bool) -> anyhow::Result<()> {
+    for (frame, pending) in [(&talk[0], on), (&talk[1], false)] {
+        let (v, _) = w.run(lb_common::PROG_LB, frame)?;
+        anyhow::ensure!(v == XDP_TX, "NAT flow {f:?}: verdict {v}, want XDP_TX");
+        let e = flows(w)?.get(&f.key(), 0)?;
+        anyhow::ensure!(
+            (e.request_ns != 0) == pending
+                && (e.flags & lb_common::nat::NAT_FLAG_PASSIVE != 0) == on,
+            "NAT flow {f:?} with passive detection {}: request_ns {}, flags {:#x}",
+            if on { "on" } else { "off" },
+            e.request_ns,
+            e.flags
+        );
+    }
+    Ok(())
 }

@@ -35,8 +35,8 @@ use xlb_tests::{
     bench::{
         arg,
         dataplane::{
-            Flows, REPEAT, SINGLES, XDP_PASS, XDP_TX, frame, in_world_with_ct, repeat_once,
-            single_once,
+            Flows, REPEAT, SINGLES, XDP_PASS, XDP_TX, alternate_once, frame, in_world_with_ct,
+            repeat_once, single_once,
         },
         figures::{self, Figure, Target},
         nat_packet, print_command, rounds_arg,
@@ -63,9 +63,12 @@ struct Case {
     target: Option<f64>,
     /// The trace configuration while this case runs (off unless set).
     trace: lb_common::trace::TraceConfig,
-    /// The case this one is also measured against, ns for ns (the same
-    /// packet through `xlb_lb_untraced`).
-    twin_of: Option<&'static str>,
+    /// The case this one is the twin of without some work, and what that
+    /// work's cost (the other's ns minus this one's) is held to.
+    twin_of: Option<Twin>,
+    /// A second frame, sent in turn with `frame` (a request, then its
+    /// answer: `dataplane::alternate_once`).
+    then: Option<Vec<u8>>,
     /// A case of the same mode this one is held to, round by round, and
     /// the target of that ratio (NAT against `dsr-ipip`, issue 27).
     vs: Option<(&'static str, Option<f64>)>,
@@ -74,9 +77,23 @@ struct Case {
     fresh_nat_flow: bool,
 }
 
+/// A case measured beside a twin that skips some work, both in every
+/// round: the work's cost per packet is the case's ns minus the twin's.
+#[derive(Clone, Copy)]
+struct Twin {
+    /// The case with the work.
+    of: &'static str,
+    /// What the difference is, as its figure's group says it.
+    what: &'static str,
+    /// The most it may cost, ns per packet.
+    at_most_ns: f64,
+}
+
 /// The cost of tracing off, per established packet: `xlb_lb` against its
 /// twin without the trace hook, both measured in every round (issue 28).
 const HOOK_COST_NS: f64 = 1.0;
+/// Passive detection's own cost per NAT packet that is evidence (issue 27).
+const PASSIVE_COST_NS: f64 = 10.0;
 
 impl Case {
     fn new(name: &'static str, prog: &'static str, frame: Vec<u8>, want: u32) -> Self {
@@ -88,6 +105,7 @@ impl Case {
             target: None,
             trace: lb_common::trace::TraceConfig::default(),
             twin_of: None,
+            then: None,
             vs: None,
             fresh_nat_flow: false,
         }
@@ -97,7 +115,11 @@ impl Case {
     /// (`xlb_lb`, tracing off) round by round.
     fn untraced_twin_of(name: &'static str, case: &'static str, frame: Vec<u8>) -> Self {
         Self {
-            twin_of: Some(case),
+            twin_of: Some(Twin {
+                of: case,
+                what: "tracing off minus no trace hook",
+                at_most_ns: HOOK_COST_NS,
+            }),
             ..Self::new(name, lb_common::trace::PROG_LB_UNTRACED, frame, XDP_TX)
         }
     }
@@ -168,7 +190,10 @@ fn main() -> anyhow::Result<()> {
             } else {
                 &mut nothing
             };
-            single_once(w, c.prog, &c.frame, c.want, before)
+            match &c.then {
+                Some(answer) => alternate_once(w, c.prog, [&c.frame, answer], c.want),
+                None => single_once(w, c.prog, &c.frame, c.want, before),
+            }
         })?);
         w.dp.set_trace_config(&lb_common::trace::TraceConfig::default())?;
         Ok(figures)
@@ -295,6 +320,7 @@ const NEW_IPIP: &str = "new flow (SYN), dsr-ipip";
 /// Issue 27's goal: NAT established at most this many times `dsr-ipip`
 /// established, each direction.
 const NAT_EST_TARGET: f64 = 1.3;
+const TALK_ON: &str = "nat, request and answer in turn, passive detection on";
 
 /// NAT (issue 27; one fresh packet per run: NAT rewrites), each held to
 /// the `dsr-ipip` case of the same kind measured in the same rounds.
@@ -320,6 +346,24 @@ fn nat_cases(n: &nat_packet::Nat) -> Vec<Case> {
         Case {
             fresh_nat_flow: true,
             ..Case::new("nat, new flow", lb, n.syn.clone(), XDP_TX).vs(NEW_IPIP, None)
+        },
+        Case {
+            then: Some(n.talk_on[1].clone()),
+            ..Case::new(TALK_ON, lb, n.talk_on[0].clone(), XDP_TX)
+        },
+        Case {
+            then: Some(n.talk_off[1].clone()),
+            twin_of: Some(Twin {
+                of: TALK_ON,
+                what: "passive detection on minus off",
+                at_most_ns: PASSIVE_COST_NS,
+            }),
+            ..Case::new(
+                "nat, request and answer in turn, passive detection off",
+                lb,
+                n.talk_off[0].clone(),
+                XDP_TX,
+            )
         },
     ]
 }
@@ -359,7 +403,7 @@ fn measure(
             None => f,
         });
     }
-    figures.extend(hook_costs(group, cases, &ns));
+    figures.extend(twin_costs(group, cases, &ns));
     figures.extend(held_to(group, cases, &ns));
     Ok(figures)
 }
@@ -385,22 +429,19 @@ fn held_to(group: &str, cases: &[Case], ns: &[Vec<f64>]) -> Vec<Figure> {
         .collect()
 }
 
-/// For each twin without the trace hook: the traced case's ns minus the
-/// twin's, per round (measured back to back, so the drift of this VM falls
-/// on both), median [min..max]; the target is [`HOOK_COST_NS`].
-fn hook_costs(group: &str, cases: &[Case], ns: &[Vec<f64>]) -> Vec<Figure> {
-    let diff_group = format!("{group}: tracing off minus no trace hook, per round (ns)");
+/// For each twin ([`Case::twin_of`]): the case's ns minus the twin's, per
+/// round (measured back to back, so the drift of this VM falls on both),
+/// median [min..max], in a group per kind of twin, with the twin's target.
+fn twin_costs(group: &str, cases: &[Case], ns: &[Vec<f64>]) -> Vec<Figure> {
     cases
         .iter()
         .zip(ns)
         .filter_map(|(twin, twin_ns)| {
-            let of = twin.twin_of?;
-            let traced = cases.iter().position(|c| c.name == of)?;
-            let d: Vec<f64> = ns[traced].iter().zip(twin_ns).map(|(t, u)| t - u).collect();
-            Some(
-                Figure::median_of(BENCH, &diff_group, of, &d, "ns")
-                    .target(Target::AtMost(HOOK_COST_NS)),
-            )
+            let t = twin.twin_of?;
+            let with = cases.iter().position(|c| c.name == t.of)?;
+            let d: Vec<f64> = ns[with].iter().zip(twin_ns).map(|(t, u)| t - u).collect();
+            let g = format!("{group}: {}, per round (ns)", t.what);
+            Some(Figure::median_of(BENCH, &g, t.of, &d, "ns").target(Target::AtMost(t.at_most_ns)))
         })
         .collect()
 }
@@ -582,6 +623,34 @@ mod tests {
         assert_eq!(
             f[0].group,
             format!("g: x {EST_IPIP}, median of per-round ratios")
+        );
+    }
+
+    #[test]
+    fn a_twin_cost_is_the_median_of_per_round_differences_with_its_target() {
+        let twin = Case {
+            twin_of: Some(Twin {
+                of: TALK_ON,
+                what: "passive detection on minus off",
+                at_most_ns: PASSIVE_COST_NS,
+            }),
+            ..case("off")
+        };
+        let cases = [case("minimal"), case(TALK_ON), twin];
+        // Round 2 is slow for both: the difference stays small.
+        let ns = [
+            vec![50.0, 90.0, 50.0],
+            vec![200.0, 400.0, 230.0],
+            vec![195.0, 388.0, 210.0],
+        ];
+        let f = twin_costs("g", &cases, &ns);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].case, TALK_ON);
+        assert_eq!(f[0].value, 12.0);
+        assert_eq!(f[0].met(), Some(false), "12 ns against at most 10");
+        assert_eq!(
+            f[0].group,
+            "g: passive detection on minus off, per round (ns)"
         );
     }
 }
