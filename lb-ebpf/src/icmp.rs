@@ -22,6 +22,9 @@
 //!   carrying the largest inner packet that fits, so the client's path-MTU
 //!   discovery shrinks its packets instead of retrying into a silent drop;
 //!   so is a NAT packet, either way, too large for its next hop (`nat`).
+//! - an error to an address that is no VIP's, quoting a TCP/UDP packet
+//!   from that address, may be about a `preserve_client` NAT flow
+//!   ([`TRANSIT`]); otherwise it is the host's traffic (`pass_not_vip`).
 
 use aya_ebpf::{
     helpers::{bpf_xdp_adjust_head, bpf_xdp_adjust_tail},
@@ -55,6 +58,11 @@ const QUOTE6: usize = IPV6_LEN + 8;
 /// [`v4`]/[`v6`]'s answer for an error about a VIP flow: `pkt.flow` now
 /// holds that flow (not an XDP action).
 pub(crate) const QUOTED: u32 = u32::MAX;
+/// [`v4`]/[`v6`]'s answer for an error to an address that is no VIP's,
+/// quoting a TCP/UDP packet from that address: `pkt.flow` holds the quoted
+/// packet reversed, maybe a `preserve_client` NAT flow's answer
+/// (`nat::reply::transit`); not an XDP action.
+pub(crate) const TRANSIT: u32 = u32::MAX - 1;
 
 /// The ICMP message of the IPv4 packet `pkt` (its destination parsed):
 /// [`QUOTED`] with `pkt.flow` the quoted flow reversed and `pkt.icmp` set,
@@ -74,20 +82,21 @@ pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     if !handled {
         return unbalanced(&pkt.flow.dst, FAMILY_V4, Stat::PassIcmp);
     }
-    let Some(bits) = vip_addr(&pkt.flow.dst, FAMILY_V4) else {
-        return pass(Stat::PassNotVip);
-    };
+    let bits = vip_addr(&pkt.flow.dst, FAMILY_V4);
     if kind == Some(ICMP_ECHO) {
-        return echo4(ctx, pkt, l4off);
+        return match bits {
+            Some(_) => echo4(ctx, pkt, l4off),
+            None => pass(Stat::PassNotVip),
+        };
     }
     if l4off + ICMP_LEN + IPV4_LEN + 4 > end {
-        return unbalanced_at(bits, Stat::PassIcmp);
+        return not_quoted(bits);
     }
     let Some(q) = ptr_at::<Ipv4Hdr>(ctx, l4off + ICMP_LEN) else {
-        return unbalanced_at(bits, Stat::PassIcmp);
+        return not_quoted(bits);
     };
     let Some(ports) = ptr_at::<[[u8; 2]; 2]>(ctx, l4off + ICMP_LEN + IPV4_LEN) else {
-        return unbalanced_at(bits, Stat::PassIcmp);
+        return not_quoted(bits);
     };
     // SAFETY: bounds checked by ptr_at.
     let (q, ports) = unsafe { (&*q, &*ports) };
@@ -96,10 +105,10 @@ pub(crate) fn v4(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
         || (proto != PROTO_TCP && proto != PROTO_UDP)
         || q.saddr != pkt.flow.dst[..4]
     {
-        return unbalanced_at(bits, Stat::PassIcmp);
+        return not_quoted(bits);
     }
     pkt.flow.src[..4].copy_from_slice(&q.daddr);
-    quoted(pkt, proto, ports)
+    quoted(pkt, proto, ports, bits.is_none())
 }
 
 /// The ICMPv6 message of the IPv6 packet `pkt`, as [`v4`].
@@ -115,29 +124,30 @@ pub(crate) fn v6(ctx: &XdpContext, pkt: &mut Packet) -> u32 {
     if !handled {
         return unbalanced(&pkt.flow.dst, FAMILY_V6, Stat::PassIcmp);
     }
-    let Some(bits) = vip_addr(&pkt.flow.dst, FAMILY_V6) else {
-        return pass(Stat::PassNotVip);
-    };
+    let bits = vip_addr(&pkt.flow.dst, FAMILY_V6);
     if kind == Some(ICMP6_ECHO_REQUEST) {
-        return echo6(ctx, pkt, l4off);
+        return match bits {
+            Some(_) => echo6(ctx, pkt, l4off),
+            None => pass(Stat::PassNotVip),
+        };
     }
     if l4off + ICMP_LEN + IPV6_LEN + 4 > end {
-        return unbalanced_at(bits, Stat::PassIcmp);
+        return not_quoted(bits);
     }
     let Some(q) = ptr_at::<Ipv6Hdr>(ctx, l4off + ICMP_LEN) else {
-        return unbalanced_at(bits, Stat::PassIcmp);
+        return not_quoted(bits);
     };
     let Some(ports) = ptr_at::<[[u8; 2]; 2]>(ctx, l4off + ICMP_LEN + IPV6_LEN) else {
-        return unbalanced_at(bits, Stat::PassIcmp);
+        return not_quoted(bits);
     };
     // SAFETY: bounds checked by ptr_at.
     let (q, ports) = unsafe { (&*q, &*ports) };
     let proto = q.nexthdr;
     if (proto != PROTO_TCP && proto != PROTO_UDP) || q.saddr != pkt.flow.dst {
-        return unbalanced_at(bits, Stat::PassIcmp);
+        return not_quoted(bits);
     }
     pkt.flow.src = q.daddr;
-    quoted(pkt, proto, ports)
+    quoted(pkt, proto, ports, bits.is_none())
 }
 
 /// The type of the ICMP message at `l4off`, if its header lies inside the
@@ -154,16 +164,32 @@ fn kind_at(ctx: &XdpContext, l4off: usize, end: usize) -> Option<u8> {
 }
 
 /// Completes `pkt.flow` (its client address already set) as the quoted
-/// packet's reverse, and marks `pkt` an error about that flow, counted.
+/// packet's reverse, and marks `pkt` an error about that flow: counted
+/// [`QUOTED`] when it is to a VIP address, [`TRANSIT`] (not yet counted)
+/// when `transit`.
 #[inline(always)]
-fn quoted(pkt: &mut Packet, proto: u8, ports: &[[u8; 2]; 2]) -> u32 {
+fn quoted(pkt: &mut Packet, proto: u8, ports: &[[u8; 2]; 2], transit: bool) -> u32 {
     let f = &mut pkt.flow;
     f.proto = proto;
     f.sport = u16::from_ne_bytes(ports[1]);
     f.dport = u16::from_ne_bytes(ports[0]);
     pkt.icmp = true;
+    if transit {
+        return TRANSIT;
+    }
     count(Stat::IcmpQuoted);
     QUOTED
+}
+
+/// The verdict for an ICMP error whose quote is no TCP/UDP packet from its
+/// destination: to a VIP address (`bits`), unbalanced; to another, passed
+/// as the host's traffic.
+#[inline(always)]
+fn not_quoted(bits: Option<u32>) -> u32 {
+    match bits {
+        Some(bits) => unbalanced_at(bits, Stat::PassIcmp),
+        None => pass(Stat::PassNotVip),
+    }
 }
 
 /// Whether the echo request `pkt` (its source set) may be answered: not

@@ -98,6 +98,9 @@ fn decide(ctx: &XdpContext, pkt: &mut Packet, ethertype: u16) -> u32 {
         _ => return pass(Stat::PassNotIp),
     };
     if let Err(verdict) = parsed {
+        if verdict == icmp::TRANSIT {
+            return nat_verdict(ctx, pkt, nat::reply::transit(ctx, pkt));
+        }
         return verdict;
     }
     // A NAT backend's answer (`nat::reply`): one array read of the source

@@ -11,7 +11,10 @@
 //! - From the backend's side (to a pool address, quoting the client's
 //!   packet as the LB sent it, pool:port → backend:port): found by the
 //!   quote in `XLB_NAT_REPLY` and sent to the client, from the VIP, the
-//!   quote client → VIP.
+//!   quote client → VIP. With `preserve_client` the LB's packet left from
+//!   the client's own address, so such an error is addressed to the
+//!   client and only passes through (`icmp::TRANSIT`, `reply::transit`):
+//!   found and translated the same way.
 //!
 //! In both the outer and the quoted addresses and ports are rewritten, with
 //! the outer IPv4 header's checksum, the quoted IPv4 header's, and the

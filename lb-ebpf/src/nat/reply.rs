@@ -23,7 +23,7 @@ use crate::{
     forward::{account, fib_params, send, sent, set_macs},
     key::{WordKey, Zeroed, addr_eq, addr_key, addr_words},
     parse::Packet,
-    stats::{aborted, drop_with, pass},
+    stats::{aborted, count, drop_with, pass},
 };
 
 /// Whether the packet's source port is some NAT backend's: one array read
@@ -69,6 +69,24 @@ struct Out {
     vip_id: u32,
     id: u32,
     now: u64,
+}
+
+/// The verdict for an ICMP error to an address that is no VIP's, quoting a
+/// packet from it (`icmp::TRANSIT`): about a `preserve_client` flow's leg
+/// LB → backend (client → backend, as the LB sent it), a router between
+/// the LB and the backend tells the client, whose answers' way back
+/// passes here. Translated like the backend's answers (VIP → client,
+/// quoting client → VIP), so the client's stack finds its connection;
+/// anything else passes as the host's traffic did (`pass_not_vip`).
+#[inline(always)]
+pub(crate) fn transit(ctx: &XdpContext, pkt: &Packet) -> u32 {
+    if from_backend_port(pkt)
+        && let Some(verdict) = answer(ctx, pkt)
+    {
+        count(Stat::IcmpQuoted);
+        return verdict;
+    }
+    pass(Stat::PassNotVip)
 }
 
 /// Translates the answer `pkt` (or an ICMP error quoting the flow) back to
