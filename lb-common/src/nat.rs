@@ -345,18 +345,37 @@ pub struct Evidence {
 }
 
 impl Evidence {
-    /// Adds the evidence to `s`.
+    /// Adds the evidence to `s`: only the counters of its events are
+    /// written (a packet is one or two events; the map value is memory
+    /// the next packet of another flow reads).
     #[inline(always)]
     pub fn add_to(&self, s: &mut PassiveStats) {
         let e = self.events;
-        s.connected += u64::from(e & EV_CONNECTED != 0);
-        s.resets += u64::from(e & EV_RESET != 0);
-        s.requests += u64::from(e & EV_REQUEST != 0);
-        s.responses += u64::from(e & EV_RESPONSE != 0);
-        s.unanswered += u64::from(e & EV_UNANSWERED != 0);
-        s.abandoned += u64::from(e & EV_ABANDONED != 0);
-        s.connect_timeouts += u64::from(e & EV_CONNECT_TIMEOUT != 0);
-        s.response_ns += self.response_ns;
+        if e & EV_REQUEST != 0 {
+            s.requests += 1;
+        }
+        if e & EV_RESPONSE != 0 {
+            s.responses += 1;
+            s.response_ns += self.response_ns;
+        }
+        if e & !(EV_REQUEST | EV_RESPONSE) == 0 {
+            return;
+        }
+        if e & EV_CONNECTED != 0 {
+            s.connected += 1;
+        }
+        if e & EV_RESET != 0 {
+            s.resets += 1;
+        }
+        if e & EV_UNANSWERED != 0 {
+            s.unanswered += 1;
+        }
+        if e & EV_ABANDONED != 0 {
+            s.abandoned += 1;
+        }
+        if e & EV_CONNECT_TIMEOUT != 0 {
+            s.connect_timeouts += 1;
+        }
     }
 }
 
@@ -784,6 +803,51 @@ mod tests {
         };
         let unread = || -> bool { panic!("the payload was read with no request pending") };
         assert_eq!(f.backend_packet(TCP_ACK, unread, S).events, 0);
+    }
+
+    #[test]
+    fn each_event_adds_to_its_own_counter() {
+        let all = EV_CONNECTED
+            | EV_RESET
+            | EV_REQUEST
+            | EV_RESPONSE
+            | EV_UNANSWERED
+            | EV_ABANDONED
+            | EV_CONNECT_TIMEOUT;
+        let mut s = PassiveStats::default();
+        Evidence {
+            events: all,
+            response_ns: 7,
+        }
+        .add_to(&mut s);
+        let one = PassiveStats {
+            connects: 0,
+            connected: 1,
+            connect_timeouts: 1,
+            resets: 1,
+            requests: 1,
+            responses: 1,
+            unanswered: 1,
+            abandoned: 1,
+            response_ns: 7,
+        };
+        assert_eq!(s, one);
+        for bit in 0..7 {
+            let mut s = PassiveStats::default();
+            Evidence {
+                events: 1 << bit,
+                response_ns: 0,
+            }
+            .add_to(&mut s);
+            let total = s.connected
+                + s.connect_timeouts
+                + s.resets
+                + s.requests
+                + s.responses
+                + s.unanswered
+                + s.abandoned;
+            assert_eq!(total, 1, "event bit {bit}: {s:?}");
+        }
     }
 
     #[test]
