@@ -353,18 +353,68 @@ pub fn interface_addresses(iface: &str) -> anyhow::Result<Vec<IpAddr>> {
         .collect())
 }
 
-/// The interface's first IPv4 and first global IPv6 address.
-pub fn interface_source_addrs(iface: &str) -> anyhow::Result<(Option<Ipv4Addr>, Option<Ipv6Addr>)> {
+/// The interface's first IPv4 and first global IPv6 address that can
+/// source the LB's own packets (`dsr-ipip`'s outer header, data-path
+/// probes' tunnels): in the kernel's order, leaving out the addresses in
+/// `taken` (VIPs and NAT pools held on the interface) and IPv6 addresses
+/// that are deprecated (`preferred_lft 0`), tentative or failed duplicate
+/// address detection, which the kernel never picks as a source either.
+pub fn interface_source_addrs(
+    iface: &str,
+    taken: &[IpAddr],
+) -> anyhow::Result<(Option<Ipv4Addr>, Option<Ipv6Addr>)> {
     let addrs = interface_addresses(iface)?;
-    let v4 = addrs.iter().find_map(|a| match a {
+    // Without the file (no IPv6 in this kernel) there is no IPv6 address
+    // to leave out either.
+    let flags = fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
+    let unusable = unusable_v6(&flags, iface);
+    Ok(pick_sources(&addrs, &unusable, taken))
+}
+
+/// `IFA_F_DADFAILED`, `IFA_F_DEPRECATED` and `IFA_F_TENTATIVE`
+/// (include/uapi/linux/if_addr.h).
+const IFA_F_UNUSABLE: u32 = 0x08 | 0x20 | 0x40;
+
+/// The IPv6 addresses of `iface` that `/proc/net/if_inet6` (`text`: the
+/// address in 32 hex digits, interface index, prefix length, scope and
+/// flags in hex, name) flags deprecated, tentative or failed DAD.
+fn unusable_v6(text: &str, iface: &str) -> Vec<Ipv6Addr> {
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [addr, _, _, _, flags, name] = f.as_slice() else {
+                return None;
+            };
+            let flags = u32::from_str_radix(flags, 16).ok()?;
+            if *name != iface || flags & IFA_F_UNUSABLE == 0 {
+                return None;
+            }
+            u128::from_str_radix(addr, 16).ok().map(Ipv6Addr::from)
+        })
+        .collect()
+}
+
+/// [`interface_source_addrs`]'s choice among `addrs` (the interface's, in
+/// the kernel's order).
+fn pick_sources(
+    addrs: &[IpAddr],
+    unusable: &[Ipv6Addr],
+    taken: &[IpAddr],
+) -> (Option<Ipv4Addr>, Option<Ipv6Addr>) {
+    let free = |a: &IpAddr| !taken.contains(a);
+    let v4 = addrs.iter().filter(|a| free(a)).find_map(|a| match a {
         IpAddr::V4(v4) => Some(*v4),
         IpAddr::V6(_) => None,
     });
-    let v6 = addrs.iter().find_map(|a| match a {
-        IpAddr::V6(v6) if !v6.is_loopback() && !v6.is_unicast_link_local() => Some(*v6),
+    let v6 = addrs.iter().filter(|a| free(a)).find_map(|a| match a {
+        IpAddr::V6(v6)
+            if !v6.is_loopback() && !v6.is_unicast_link_local() && !unusable.contains(v6) =>
+        {
+            Some(*v6)
+        }
         _ => None,
     });
-    Ok((v4, v6))
+    (v4, v6)
 }
 
 /// Raises the soft RLIMIT_NOFILE to `target`, within the hard limit and
@@ -408,6 +458,49 @@ pub fn raise_nofile_to(target: u64) -> std::io::Result<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sources_skip_taken_and_unusable_addresses() {
+        let text = "\
+fd000099000000000000000000000005 02 80 00 a0 eth0
+fd000099000000000000000000000002 02 40 00 80 eth0
+fe800000000000000000000000000001 02 40 20 80 eth0
+fd000099000000000000000000000009 03 40 00 40 eth1
+";
+        let unusable = unusable_v6(text, "eth0");
+        let pool: Ipv6Addr = "fd00:99::5".parse().unwrap();
+        assert_eq!(unusable, [pool], "deprecated (0x20) on eth0 only");
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // The kernel lists the IPv6 addresses added last first: a NAT pool
+        // address (deprecated) and a VIP held on the interface come before
+        // the LB's own.
+        let addrs = [
+            ip("10.100.0.3"),
+            ip("10.99.0.2"),
+            ip("fd00:99::5"),
+            ip("fd00:100::1"),
+            ip("fd00:99::2"),
+            ip("fe80::1"),
+        ];
+        let taken = [ip("10.100.0.3"), ip("fd00:100::1")];
+        assert_eq!(
+            pick_sources(&addrs, &unusable, &taken),
+            (
+                Some("10.99.0.2".parse().unwrap()),
+                Some("fd00:99::2".parse().unwrap())
+            )
+        );
+        assert_eq!(
+            pick_sources(&addrs, &[], &[]),
+            (Some("10.100.0.3".parse().unwrap()), Some(pool)),
+            "nothing left out: the kernel's first"
+        );
+        assert_eq!(
+            pick_sources(&addrs[5..], &[], &[]),
+            (None, None),
+            "link-local only"
+        );
+    }
 
     #[test]
     fn restore_puts_back_only_what_xlb_set_in_its_own_namespace() {

@@ -38,9 +38,12 @@ use tokio::{
     time::timeout_at,
 };
 use xlb_lab::{
-    scenario::{self, LabRun, Mode, Vip, XlbConfig},
+    scenario::{self, LabRun, Mode, RunOptions, Vip, XlbConfig},
     topology::{self, HOST_IFNAME, list_namespaces},
 };
+
+/// A free address of the lab's segment (`xlb_tests::nat_lab::POOL_V6`'s).
+const DEPRECATED_V6: &str = "fd00:99::4";
 
 /// Per probe; the lab answers in well under a millisecond.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -210,7 +213,33 @@ fn datapath_probe_catches_what_a_direct_probe_misses() {
         ..XlbConfig::for_prefix(&prefix)
     };
     let t0 = Instant::now();
-    let run = LabRun::up(&prefix, &xlb, &cfg.render()).unwrap_or_else(|e| panic!("lab up: {e}"));
+    let mut run = LabRun::up_with(RunOptions {
+        start_daemon: false,
+        ..RunOptions::new(&prefix, &xlb, &cfg.render())
+    })
+    .unwrap_or_else(|e| panic!("lab up: {e}"));
+    // A deprecated IPv6 address on the LB's interface when the daemon
+    // starts, as a NAT pool's may be: listed before the LB's own (the
+    // kernel lists the newest first), it is still no source for tunnels
+    // (the backends accept the LB's own address; taken as the encap
+    // source, every IPv6 data-path probe timed out).
+    xlb_tests::netns::run(&[
+        "ip",
+        "-n",
+        &run.lab().ns_lb(),
+        "-6",
+        "addr",
+        "add",
+        &format!("{DEPRECATED_V6}/128"),
+        "dev",
+        HOST_IFNAME,
+        "nodad",
+        "preferred_lft",
+        "0",
+    ])
+    .unwrap();
+    run.start_daemon().unwrap();
+    run.wait_all_up(Duration::from_secs(30)).unwrap();
     println!("[{prefix}] lab up in {:.1} s", t0.elapsed().as_secs_f64());
     let instance = run.instance().to_string();
 

@@ -121,7 +121,16 @@ pub(super) fn globals_for(
     vips: &[VipConfig],
 ) -> anyhow::Result<Globals> {
     let mut g = dp.globals()?;
-    let (v4, v6) = host::interface_source_addrs(&d.pinned.interface)?;
+    // A VIP or a NAT pool address held on the interface is no source of
+    // the LB's own packets: backends accept tunnels from the LB's address.
+    let taken: Vec<IpAddr> = vips
+        .iter()
+        .flat_map(|v| {
+            let pool = v.nat.iter().flat_map(|n| n.snat.iter().copied());
+            std::iter::once(v.addr).chain(pool)
+        })
+        .collect();
+    let (v4, v6) = host::interface_source_addrs(&d.pinned.interface, &taken)?;
     let key = match d.live.hash_seed {
         Some(k) => {
             if g.hash_key != [0, 0] && g.hash_key != k {
