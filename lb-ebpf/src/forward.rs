@@ -149,17 +149,7 @@ fn refresh_nexthop(
     // The kernel replaces the destination by the gateway when the route
     // has one: the backend is on-link only if it is still the backend.
     nh.on_link = u8::from(lookup_dst_is(p, be));
-    // A second lookup claiming the largest packet makes the kernel report
-    // the egress MTU (it only does on BPF_FIB_LKUP_RET_FRAG_NEEDED).
-    let mut mtu_slot = Zeroed::<FibParams>::uninit();
-    let m = mtu_slot.zero();
-    let rc = fib(ctx, m, be, src, u16::MAX);
-    // SAFETY: reading the union member the kernel wrote.
-    nh.mtu = if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-        unsafe { u32::from(m.__bindgen_anon_1.mtu_result) }
-    } else {
-        u32::from(u16::MAX)
-    };
+    nh.mtu = egress_mtu(ctx, be.family != FAMILY_V4, src, &be.addr);
     nh.generation_plus_one = be.generation.wrapping_add(1);
     nh.expires_ns = now + NEXTHOP_TTL_NS;
     nh
@@ -184,14 +174,31 @@ fn lookup_dst_is(p: &FibParams, be: &BackendInfo) -> bool {
 /// bytes for IPv4); `tot_len` > 0 also checks it against the egress MTU.
 #[inline(always)]
 fn fib(ctx: &XdpContext, p: &mut FibParams, be: &BackendInfo, src: &[u8; 16], tot_len: u16) -> i64 {
-    let v6 = be.family != FAMILY_V4;
-    fib_params(p, ctx.ingress_ifindex() as u32, v6, src, &be.addr, tot_len);
+    fib_lookup(ctx, p, be.family != FAMILY_V4, src, &be.addr, tot_len)
+}
+
+/// `bpf_fib_lookup` into `p` (zeroed) from `src` to `dst` (IPv4 in the
+/// first 4 bytes unless `v6`); `tot_len` > 0 also checks it against the
+/// egress MTU. Shared by the backends' next hops and the NAT clients'
+/// (`nat::reply`).
+#[inline(always)]
+pub(crate) fn fib_lookup(
+    ctx: &XdpContext,
+    p: &mut FibParams,
+    v6: bool,
+    src: &[u8; 16],
+    dst: &[u8; 16],
+    tot_len: u16,
+) -> i64 {
+    fib_params(p, ctx.ingress_ifindex() as u32, v6, src, dst, tot_len);
     // An input lookup, as if the packet were being forwarded from the
-    // ingress interface: any route to the backend is found, through this
-    // interface (XDP_TX) or another (redirect). BPF_FIB_LOOKUP_OUTPUT would
-    // pin the lookup to the ingress interface as output device. Either way
-    // the kernel requires forwarding on the ingress device (checked on
-    // 6.18); the daemon sets it.
+    // ingress interface: any route to the destination is found, through
+    // this interface (XDP_TX) or another (redirect). BPF_FIB_LOOKUP_OUTPUT
+    // would pin the lookup to the ingress interface as output device.
+    // Either way the kernel requires forwarding on the ingress device
+    // (checked on 6.18); the daemon sets it.
+    // SAFETY: a helper call with the program's context and a parameter
+    // struct of the size given.
     unsafe {
         bpf_fib_lookup(
             ctx.ctx as *mut _,
@@ -199,6 +206,22 @@ fn fib(ctx: &XdpContext, p: &mut FibParams, be: &BackendInfo, src: &[u8; 16], to
             core::mem::size_of::<FibParams>() as i32,
             0,
         )
+    }
+}
+
+/// The egress MTU towards `dst` from `src`: a lookup claiming the largest
+/// packet makes the kernel report it (it only does on
+/// `BPF_FIB_LKUP_RET_FRAG_NEEDED`); 65,535 when nothing is smaller.
+#[inline(always)]
+pub(crate) fn egress_mtu(ctx: &XdpContext, v6: bool, src: &[u8; 16], dst: &[u8; 16]) -> u32 {
+    let mut slot = Zeroed::<FibParams>::uninit();
+    let m = slot.zero();
+    let rc = fib_lookup(ctx, m, v6, src, dst, u16::MAX);
+    if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+        // SAFETY: reading the union member the kernel wrote.
+        u32::from(unsafe { m.__bindgen_anon_1.mtu_result })
+    } else {
+        u32::from(u16::MAX)
     }
 }
 

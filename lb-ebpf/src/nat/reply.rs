@@ -4,11 +4,7 @@
 //! packets to a pool address's port range that are no flow's answer.
 
 use aya_ebpf::{
-    bindings::{
-        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NOT_FWDED, BPF_FIB_LKUP_RET_SUCCESS,
-        bpf_fib_lookup as FibParams,
-    },
-    helpers::bpf_fib_lookup,
+    bindings::{BPF_FIB_LKUP_RET_NOT_FWDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams},
     programs::XdpContext,
 };
 use lb_common::{
@@ -20,7 +16,7 @@ use lb_common::{
 use crate::{
     XLB_BE_STATS, XLB_NAT_BEADDR, XLB_NAT_FLOWS, XLB_NAT_HOPS, XLB_NAT_POOL, XLB_NAT_REPLY,
     XLB_NAT_SPORTS, XLB_VIP_STATS, clock,
-    forward::{account, fib_params, send, sent, set_macs},
+    forward::{account, egress_mtu, fib_lookup, send, sent, set_macs},
     key::{WordKey, Zeroed, addr_eq, addr_key, addr_words},
     parse::Packet,
     stats::{aborted, count, drop_with, pass},
@@ -170,56 +166,23 @@ fn hop_cached(ctx: &XdpContext, c: &ClientHop, client: &FlowKey, now: u64) -> bo
 #[inline(never)]
 fn refresh_hop(ctx: &XdpContext, c: &mut ClientHop, client: &FlowKey, now: u64) -> i64 {
     c.hop.generation_plus_one = 0;
-    let iif = ctx.ingress_ifindex() as u32;
     let v6 = client.family == FAMILY_V6;
     let mut slot = Zeroed::<FibParams>::uninit();
     let p = slot.zero();
-    let rc = lookup(ctx, p, iif, v6, client, 0);
+    let rc = fib_lookup(ctx, p, v6, &client.dst, &client.src, 0);
     if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
         return rc;
     }
     c.hop.dmac = p.dmac;
     c.hop.smac = p.smac;
     c.hop.ifindex = p.ifindex;
-    let p = slot.zero();
-    // SAFETY: reading the union member the kernel wrote on FRAG_NEEDED.
-    c.hop.mtu =
-        if lookup(ctx, p, iif, v6, client, u16::MAX) == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-            u32::from(unsafe { p.__bindgen_anon_1.mtu_result })
-        } else {
-            u32::from(u16::MAX)
-        };
+    c.hop.mtu = egress_mtu(ctx, v6, &client.dst, &client.src);
     c.addr = client.src;
     c.family = client.family;
-    c.iif = iif;
+    c.iif = ctx.ingress_ifindex() as u32;
     c.hop.expires_ns = now + NEXTHOP_TTL_NS;
     c.hop.generation_plus_one = 1;
     rc
-}
-
-/// One `bpf_fib_lookup` into `p` (zeroed) towards `client`'s address from
-/// the VIP, as if forwarded from interface `iif`; `tot_len` > 0 also
-/// checks it against the egress MTU.
-#[inline(always)]
-fn lookup(
-    ctx: &XdpContext,
-    p: &mut FibParams,
-    iif: u32,
-    v6: bool,
-    client: &FlowKey,
-    tot_len: u16,
-) -> i64 {
-    fib_params(p, iif, v6, &client.dst, &client.src, tot_len);
-    // SAFETY: a helper call with the program's context and a parameter
-    // struct of the size given.
-    unsafe {
-        bpf_fib_lookup(
-            ctx.ctx as *mut _,
-            p,
-            core::mem::size_of::<FibParams>() as i32,
-            0,
-        )
-    }
 }
 
 /// The verdict for a TCP/UDP packet to a pool address (`bits`: its
