@@ -51,20 +51,8 @@ pub(crate) fn answer(ctx: &XdpContext, pkt: &Packet) -> Option<u32> {
         let ev = f.backend_packet(pkt.tcp_flags, || super::payload(ctx, pkt), now);
         super::passive(f.backend_id, &ev);
     }
-    let out = Out {
-        vip_id: f.vip_id,
-        id: f.backend_id,
-        now,
-    };
-    Some(to_client(ctx, pkt, client, &out) | f.backend_id << VERDICT_BACKEND_SHIFT)
-}
-
-/// What [`to_client`] needs of the flow besides its client key: its VIP,
-/// its backend (for the counters) and the time.
-struct Out {
-    vip_id: u32,
-    id: u32,
-    now: u64,
+    let (vip_id, id) = (f.vip_id, f.backend_id);
+    Some(to_client(ctx, pkt, client, (vip_id, id), now) | id << VERDICT_BACKEND_SHIFT)
 }
 
 /// The verdict for an ICMP error to an address that is no VIP's, quoting a
@@ -87,10 +75,16 @@ pub(crate) fn transit(ctx: &XdpContext, pkt: &Packet) -> u32 {
 
 /// Translates the answer `pkt` (or an ICMP error quoting the flow) back to
 /// the flow of `client` (VIP → client) and sends it towards the client,
-/// counted in `o`'s VIP's and backend's traffic like the flow's forwarded
-/// packets.
+/// counted in VIP `vip_id`'s and backend `id`'s traffic like the flow's
+/// forwarded packets.
 #[inline(always)]
-fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, o: &Out) -> u32 {
+fn to_client(
+    ctx: &XdpContext,
+    pkt: &Packet,
+    client: &FlowKey,
+    (vip_id, id): (u32, u32),
+    now: u64,
+) -> u32 {
     let Some(c) = XLB_NAT_HOPS.get_ptr_mut(client_hop_slot(&client.src)) else {
         return aborted();
     };
@@ -99,8 +93,8 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, o: &Out) -> u32 {
     // The client is one of the LB's own addresses: a data-path probe's
     // flow (`via = "vip"`), whose socket is here. Translated, then passed.
     let mut local = false;
-    if !hop_cached(ctx, c, client, o.now) {
-        let rc = refresh_hop(ctx, c, client, o.now);
+    if !hop_cached(ctx, c, client, now) {
+        let rc = refresh_hop(ctx, c, client, now);
         local = rc == i64::from(BPF_FIB_LKUP_RET_NOT_FWDED);
         if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && !local {
             return drop_with(Stat::DropNoRoute);
@@ -138,8 +132,8 @@ fn to_client(ctx: &XdpContext, pkt: &Packet, client: &FlowKey, o: &Out) -> u32 {
     let bytes = crate::packet::len(ctx) as u64;
     let verdict = send(ctx, &c.hop);
     if sent(verdict) {
-        account(XLB_VIP_STATS.get_ptr_mut(o.vip_id), bytes, false);
-        account(XLB_BE_STATS.get_ptr_mut(o.id), bytes, false);
+        account(XLB_VIP_STATS.get_ptr_mut(vip_id), bytes, false);
+        account(XLB_BE_STATS.get_ptr_mut(id), bytes, false);
     }
     verdict
 }
