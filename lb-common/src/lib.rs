@@ -12,6 +12,7 @@ pub mod bench;
 mod decap;
 pub mod guard;
 pub mod hash;
+pub mod kernel;
 pub mod nat;
 mod reply;
 mod ring;

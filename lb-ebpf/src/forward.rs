@@ -14,13 +14,14 @@ use aya_ebpf::{
 use lb_common::{
     BackendInfo, FAMILY_V4, FAMILY_V6, Globals, MODE_DSR_IPIP, NEXTHOP_TTL_NS, NextHop, Stat,
     TrafficStats,
+    kernel::{FALLBACK_MTUS, KERNEL_NO_FIB_MTU},
     trace::{VERDICT_ACTION_MASK, VERDICT_BACKEND_SHIFT, reason_bits},
 };
 
 use crate::{
     XLB_BE_STATS, XLB_NEXTHOP, XLB_VIP_STATS,
     conntrack::Target,
-    encap,
+    encap, kernel,
     key::{Zeroed, addr_words, word},
     packet::{EthHdr, len, ptr_at},
     parse::Packet,
@@ -149,7 +150,7 @@ fn refresh_nexthop(
     // The kernel replaces the destination by the gateway when the route
     // has one: the backend is on-link only if it is still the backend.
     nh.on_link = u8::from(lookup_dst_is(p, be));
-    nh.mtu = egress_mtu(ctx, be.family != FAMILY_V4, src, &be.addr);
+    nh.mtu = egress_mtu(ctx, &mut slot, be.family != FAMILY_V4, src, &be.addr);
     nh.generation_plus_one = be.generation.wrapping_add(1);
     nh.expires_ns = now + NEXTHOP_TTL_NS;
     nh
@@ -211,18 +212,43 @@ pub(crate) fn fib_lookup(
 
 /// The egress MTU towards `dst` from `src`: a lookup claiming the largest
 /// packet makes the kernel report it (it only does on
-/// `BPF_FIB_LKUP_RET_FRAG_NEEDED`); 65,535 when nothing is smaller.
+/// `BPF_FIB_LKUP_RET_FRAG_NEEDED`); 65,535 when nothing is smaller. `slot`
+/// is the caller's, free again (a second 64-byte block would add to the
+/// frame).
+///
+/// A kernel before 5.12 answers `FRAG_NEEDED` without the MTU
+/// (`KERNEL_NO_FIB_MTU`): the largest of `FALLBACK_MTUS` that a packet
+/// passes is taken, at most five more lookups on a next hop's refresh
+/// (once a second per next hop and CPU). Dead code on newer kernels.
 #[inline(always)]
-pub(crate) fn egress_mtu(ctx: &XdpContext, v6: bool, src: &[u8; 16], dst: &[u8; 16]) -> u32 {
-    let mut slot = Zeroed::<FibParams>::uninit();
+pub(crate) fn egress_mtu(
+    ctx: &XdpContext,
+    slot: &mut Zeroed<FibParams>,
+    v6: bool,
+    src: &[u8; 16],
+    dst: &[u8; 16],
+) -> u32 {
     let m = slot.zero();
     let rc = fib_lookup(ctx, m, v6, src, dst, u16::MAX);
-    if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-        // SAFETY: reading the union member the kernel wrote.
-        u32::from(unsafe { m.__bindgen_anon_1.mtu_result })
-    } else {
-        u32::from(u16::MAX)
+    if rc != i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+        return u32::from(u16::MAX);
     }
+    if !kernel::lacks(KERNEL_NO_FIB_MTU) {
+        // SAFETY: reading the union member the kernel wrote.
+        return u32::from(unsafe { m.__bindgen_anon_1.mtu_result });
+    }
+    let mut i = 0;
+    while i < FALLBACK_MTUS.len() {
+        let mtu = FALLBACK_MTUS[i];
+        let m = slot.zero();
+        if fib_lookup(ctx, m, v6, src, dst, mtu) != i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+            return u32::from(mtu);
+        }
+        i += 1;
+    }
+    // Below IPv4's minimum: nothing the LB sends fits; what it sends is
+    // answered "too big" rather than lost.
+    u32::from(FALLBACK_MTUS[FALLBACK_MTUS.len() - 1])
 }
 
 /// Fills `p` (zeroed by the caller) for an input route lookup from

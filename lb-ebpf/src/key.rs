@@ -88,6 +88,35 @@ pub(crate) fn addr_eq(a: &[u8; 16], b: &[u8; 16]) -> bool {
     w(a, 0) == w(b, 0) && w(a, 1) == w(b, 1)
 }
 
+/// `*dst = *src` for a 16-byte address, as four 4-byte words. A plain
+/// assignment between a packet header and a map value (which LLVM cannot
+/// prove distinct) compiles to a call of `memmove`, a bpf-to-bpf call whose
+/// frame counts 32 bytes against the 512-byte stack of the call chain on
+/// kernels before 6.8 (which round every frame up to 32, empty ones too).
+/// For packets and map values only: LLVM may merge the words into wider
+/// accesses, and the verifier refuses a stack access that is not aligned
+/// to its size.
+#[inline(always)]
+pub(crate) fn copy_addr(dst: &mut [u8; 16], src: &[u8; 16]) {
+    // SAFETY: within both 16-byte arrays, read and written unaligned (the
+    // object allows misaligned access, `build.rs`); every word is read
+    // before any is written, so an overlap copies as `memmove` would.
+    unsafe {
+        let s = src.as_ptr().cast::<u32>();
+        let w = [
+            s.read_unaligned(),
+            s.add(1).read_unaligned(),
+            s.add(2).read_unaligned(),
+            s.add(3).read_unaligned(),
+        ];
+        let d = dst.as_mut_ptr().cast::<u32>();
+        d.write_unaligned(w[0]);
+        d.add(1).write_unaligned(w[1]);
+        d.add(2).write_unaligned(w[2]);
+        d.add(3).write_unaligned(w[3]);
+    }
+}
+
 /// The four words of a 16-byte address, in memory order.
 #[inline(always)]
 pub(crate) fn addr_words(a: &[u8; 16]) -> [u32; 4] {

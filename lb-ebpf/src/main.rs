@@ -39,6 +39,7 @@ mod guard;
 mod hc;
 mod hc_nat;
 mod icmp;
+mod kernel;
 mod key;
 mod lb;
 mod nat;

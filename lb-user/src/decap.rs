@@ -22,12 +22,16 @@ async fn attach_until_stopped(
     program: &'static str,
     setup: impl FnOnce(&mut Dataplane) -> anyhow::Result<()>,
 ) -> anyhow::Result<Dataplane> {
-    let mut dp = Dataplane::load(&LoadOptions {
-        ct_size: 1,
-        nat_size: 1,
-        ring_stride: 2,
-        pin_dir: None,
-    })?;
+    let mut dp = Dataplane::load_programs(
+        &LoadOptions {
+            ct_size: 1,
+            nat_size: 1,
+            ring_stride: 2,
+            pin_dir: None,
+            kernel: None,
+        },
+        &[program],
+    )?;
     setup(&mut dp)?;
     let prog = dp.program::<aya::programs::Xdp>(program)?;
     prog.attach(interface, XdpMode::Default)

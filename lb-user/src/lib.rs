@@ -13,6 +13,7 @@ pub mod decap;
 pub mod guard;
 pub mod health;
 pub mod host;
+pub mod kernel;
 pub mod logging;
 pub mod maglev;
 pub mod metrics;

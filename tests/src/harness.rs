@@ -296,6 +296,16 @@ impl Backend {
     }
 }
 
+/// The verifier's limit on instructions processed for one program
+/// (`BPF_COMPLEXITY_LIMIT_INSNS`).
+pub const VERIFIER_LIMIT: u32 = 1_000_000;
+
+/// The running kernel's release, as `uname -r` prints it.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "unknown".to_string(), |s| s.trim().to_string())
+}
+
 impl World {
     /// Loads the programs (from a thread inside the namespace) and writes
     /// the default backends.
@@ -308,6 +318,30 @@ impl World {
         };
         world.write_backends()?;
         Ok(world)
+    }
+
+    /// Instructions the verifier processed to load program `name` (an XDP
+    /// program of the object), `None` where the kernel does not report
+    /// them (`verified_insns`, 5.16).
+    pub fn verified_insns(&mut self, name: &'static str) -> anyhow::Result<Option<u32>> {
+        let prog: &mut aya::programs::Xdp = self.dp.program(name)?;
+        Ok(prog.info()?.verified_instruction_count())
+    }
+
+    /// One line for reports: what the verifier processed for `xlb_lb` on
+    /// this kernel, against its limit, or that the kernel does not say.
+    pub fn verifier_line(&mut self) -> anyhow::Result<String> {
+        let name = lb_common::PROG_LB;
+        let kernel = kernel_release();
+        Ok(match self.verified_insns(name)? {
+            Some(n) => format!(
+                "verifier: {name} processed {n} instructions (limit {VERIFIER_LIMIT}, {:.0} % used) on kernel {kernel}",
+                f64::from(n) * 100.0 / f64::from(VERIFIER_LIMIT)
+            ),
+            None => format!(
+                "verifier: {name} loaded on kernel {kernel}, which does not report the instructions processed (verified_insns, 5.16)"
+            ),
+        })
     }
 
     /// The id of `xlb_lb`'s map `name`: the map the program really uses,

@@ -4,23 +4,21 @@
 //! is taken over only from a flow that has expired (or whose client key
 //! no longer points back at it), never from a live one.
 //!
-//! The candidates are tried in a `bpf_loop` (kernel 5.17), whose callback
-//! the verifier checks once, not once per try and per path into it; the
-//! flow being built lives in a per-CPU scratch entry ([`Scratch`]), off
+//! The candidates are tried in a bounded loop of a function of its own
+//! ([`search`]), which the verifier walks once per state it is called in;
+//! the flow being built lives in a per-CPU scratch entry ([`Scratch`]), off
 //! the 512-byte stack.
 
-use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST},
-    cty::c_void,
-    helpers::generated::bpf_loop,
-};
+use aya_ebpf::bindings::{BPF_ANY, BPF_NOEXIST};
 use lb_common::{
     FlowKey, Stat,
     nat::{NAT_ALLOC_TRIES, NatFlow, nat_candidate},
 };
 
 use crate::{
-    XLB_NAT_FLOWS, XLB_NAT_POOL, XLB_NAT_REPLY, XLB_NAT_SCRATCH, key::addr_eq, stats::count,
+    XLB_NAT_FLOWS, XLB_NAT_POOL, XLB_NAT_REPLY, XLB_NAT_SCRATCH,
+    key::{addr_eq, copy_addr},
+    stats::count,
 };
 
 /// Value of `XLB_NAT_SCRATCH` (per-CPU array of one, kernel-only): a new
@@ -28,11 +26,11 @@ use crate::{
 #[repr(C)]
 pub(crate) struct Scratch {
     /// The flow: backend, VIP, state, time set; `nat_addr` and `nat_port`
-    /// filled by [`allocate`].
+    /// filled by [`search`] (or the client's own, `preserve_client`).
     pub flow: NatFlow,
     /// The client's key.
     pub client: FlowKey,
-    /// The reply key tried last: the one held once [`allocate`] succeeds.
+    /// The reply key tried last: the one held once [`search`] succeeds.
     pub key: FlowKey,
     /// The flow hash of `client`: where the candidates start (computed by
     /// the first try, in the callback's frame).
@@ -47,13 +45,12 @@ pub(crate) struct Scratch {
     pub _pad2: u32,
 }
 
-/// Chooses `s.flow`'s `nat_addr` and `nat_port` from its VIP's pool and
-/// inserts the reply key → client key. With `preserve` the flow keeps the
-/// client's own address and port (already in `s.flow`): one candidate.
-/// `Err` when every candidate tried is held by a live flow.
+/// Sets the reply key in `s` for a flow to `backend`: the backend's side
+/// of it, and the source `s.flow` holds (a `preserve_client` flow's own;
+/// else filled by [`search`]).
 #[inline(always)]
-pub(crate) fn allocate(s: &mut Scratch, backend: &[u8; 16], preserve: bool) -> Result<(), ()> {
-    s.key.src = *backend;
+pub(crate) fn prepare(s: &mut Scratch, backend: &[u8; 16]) {
+    copy_addr(&mut s.key.src, backend);
     s.key.dst = s.flow.nat_addr;
     s.key.sport = s.flow.backend_port;
     s.key.dport = s.flow.nat_port;
@@ -61,61 +58,81 @@ pub(crate) fn allocate(s: &mut Scratch, backend: &[u8; 16], preserve: bool) -> R
     s.key.family = s.client.family;
     s.key._pad = [0; 2];
     s.found = 0;
-    if preserve {
-        return if claim(&s.key, &s.client, s.flow.last_seen_ns) {
-            Ok(())
-        } else {
-            Err(())
-        };
-    }
-    // SAFETY: a helper call; the callback has the signature bpf_loop
-    // requires and finds its state in `XLB_NAT_SCRATCH` itself.
-    unsafe {
-        bpf_loop(
-            NAT_ALLOC_TRIES,
-            try_candidate as *mut c_void,
-            core::ptr::null_mut(),
-            0,
-        )
-    };
-    if s.found != 0 { Ok(()) } else { Err(()) }
 }
 
-/// `bpf_loop` callback: tries candidate `i` of the flow in
-/// `XLB_NAT_SCRATCH`; 1 (stop) once one is claimed or none is left.
+/// Takes the reply key [`prepare`] left for a `preserve_client` flow: its
+/// one candidate, the client's own address and port.
+#[inline(always)]
+pub(crate) fn claim_own(s: &Scratch) -> bool {
+    claim(&s.key, &s.client, s.flow.last_seen_ns)
+}
+
+/// Chooses the flow's `nat_addr` and `nat_port` (in `XLB_NAT_SCRATCH`,
+/// prepared) from its VIP's pool and inserts the reply key → client key:
+/// up to `NAT_ALLOC_TRIES` candidates, in a bounded loop. False when every
+/// candidate tried is held by a live flow.
+// verifier: a function of its own, so the loop is walked once per state
+// it is called in, not once per path through the caller; called from the
+// top frame, so its frame adds to the parser's alone. A bounded loop (5.3),
+// not `bpf_loop` (5.17): a callback is a subprogram older kernels do not
+// know, and they refuse the whole object for it.
 #[inline(never)]
-extern "C" fn try_candidate(i: u64, _ctx: *mut c_void) -> i64 {
+pub(crate) fn search() -> bool {
+    let mut i = 0;
+    while i < NAT_ALLOC_TRIES {
+        match try_candidate(i) {
+            Try::Claimed => return true,
+            Try::Held => i += 1,
+            Try::Stop => return false,
+        }
+    }
+    false
+}
+
+/// What one candidate gave.
+enum Try {
+    /// Taken: the flow has its source.
+    Claimed,
+    /// Held by a live flow: try the next.
+    Held,
+    /// No candidate left (or no scratch entry): give up.
+    Stop,
+}
+
+/// Tries candidate `i` of the flow in `XLB_NAT_SCRATCH`.
+#[inline(always)]
+fn try_candidate(i: u32) -> Try {
     let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
-        return 1;
+        return Try::Stop;
     };
     // SAFETY: per-CPU slot, no concurrent writer on this CPU.
     let s = unsafe { &mut *s };
     let Some(pool) = XLB_NAT_POOL.get(s.flow.vip_id) else {
-        return 1;
+        return Try::Stop;
     };
     if i == 0 {
         let Some(g) = crate::XLB_GLOBALS.get(0) else {
-            return 1;
+            return Try::Stop;
         };
         s.hash = lb_common::flow_hash(&g.hash_key, &s.client);
     }
-    let Some((a, port)) = nat_candidate(pool, s.hash, i as u32) else {
-        return 1;
+    let Some((a, port)) = nat_candidate(pool, s.hash, i) else {
+        return Try::Stop;
     };
     // verifier: the kernel does not bound the result of `%`, and LLVM,
     // knowing `a` < count ≤ 16, would drop the bounds check: hidden.
     let Some(addr) = pool.addrs.get(core::hint::black_box(a) as usize) else {
-        return 1;
+        return Try::Stop;
     };
-    s.key.dst = *addr;
+    copy_addr(&mut s.key.dst, addr);
     s.key.dport = port.to_be();
     if !claim(&s.key, &s.client, s.flow.last_seen_ns) {
-        return 0;
+        return Try::Held;
     }
     s.flow.nat_addr = s.key.dst;
     s.flow.nat_port = s.key.dport;
     s.found = 1;
-    1
+    Try::Claimed
 }
 
 /// Takes reply key `key` for `client`: free, or held by a flow that may be

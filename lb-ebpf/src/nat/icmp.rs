@@ -30,7 +30,7 @@ use lb_common::{FAMILY_V4, Stat};
 
 use super::rewrite::{OK, To, apply, diff16, diff32};
 use crate::{
-    key::word,
+    key::{copy_addr, word},
     packet::{ICMP_LEN, IPV4_LEN, IPV6_LEN, IcmpHdr, Ipv4Hdr, Ipv6Hdr, ptr_at},
     parse::Packet,
     stats::{aborted, pass},
@@ -130,8 +130,8 @@ fn quote6(ctx: &XdpContext, off: usize, to: &To) -> Option<u64> {
         d += diff32(word(&q.daddr, i), word(to.src, i));
         i += 1;
     }
-    q.saddr = *to.dst;
-    q.daddr = *to.src;
+    copy_addr(&mut q.saddr, to.dst);
+    copy_addr(&mut q.daddr, to.src);
     Some(d + ports(ctx, off + IPV6_LEN, to)?)
 }
 

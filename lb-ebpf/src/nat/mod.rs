@@ -54,6 +54,7 @@ use crate::{
     XLB_NAT_SCRATCH, XLB_PASSIVE, XLB_VIP_INFO, XLB_VIP_STATS,
     forward::{account, nexthop, send as send_out, sent, set_macs},
     guard,
+    key::copy_addr,
     packet::{IPV4_LEN, IPV6_LEN, TcpHdr, ptr_at},
     parse::Packet,
     reset, select,
@@ -151,7 +152,7 @@ fn quoted(pkt: &Packet, out: &mut Out) -> u32 {
     if !live {
         return drop_with(Stat::DropNatIcmp);
     }
-    out.nat_addr = f.nat_addr;
+    copy_addr(&mut out.nat_addr, &f.nat_addr);
     out.id = f.backend_id;
     out.vip_id = f.vip_id;
     out.nat_port = f.nat_port;
@@ -230,14 +231,31 @@ pub(crate) fn start(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
             return judged;
         }
     }
-    match new_flow(ctx, pkt, now) {
+    // The candidates are searched from this frame, not from under
+    // `new_flow`'s: each of the three calls starts from the caller's frame,
+    // so the deepest chain is the caller's and one of them (see [`Out`]).
+    let claimed = match new_flow(ctx, pkt, now) {
+        CLAIMED => true,
+        SEARCH => alloc::search(),
+        verdict => return verdict,
+    };
+    match finish_flow(ctx, pkt, now, claimed) {
         SEND => send(ctx, pkt, now),
         verdict => verdict,
     }
 }
 
-/// A packet that may start a flow, to the NAT VIP [`client`] found:
-/// starts it ([`SEND`]), else the verdict.
+/// [`new_flow`]'s answer when the flow's source is taken: a
+/// `preserve_client` flow keeps the client's own.
+const CLAIMED: u32 = u32::MAX - 4;
+/// [`new_flow`]'s answer when the flow's source is to be searched among
+/// the pool's candidates ([`alloc::search`]).
+const SEARCH: u32 = u32::MAX - 5;
+
+/// A packet that may start a flow, to the NAT VIP [`client`] found: picks
+/// its backend and builds the flow in the scratch entry, then [`CLAIMED`]
+/// (a `preserve_client` flow's own source was free) or [`SEARCH`] (a
+/// source is to be found in the pool), else the verdict.
 // Not inlined, and called by the caller of `client`, not by it: see [`Out`].
 #[inline(never)]
 pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
@@ -247,7 +265,7 @@ pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
     // SAFETY: per-CPU slot, no concurrent writer on this CPU.
     let s = unsafe { &mut *s };
     let vip_id = s.out.vip_id;
-    let (Some(vip), Some(pool)) = (XLB_VIP_INFO.get(vip_id), XLB_NAT_POOL.get(vip_id)) else {
+    let Some(vip) = XLB_VIP_INFO.get(vip_id) else {
         return aborted();
     };
     let tcp = pkt.flow.proto == PROTO_TCP;
@@ -276,13 +294,35 @@ pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
     f.last_seen_ns = now;
     f.request_ns = 0;
     s.client = pkt.flow;
-    if alloc::allocate(s, &be.addr, preserve).is_err() {
-        return if tcp {
-            reset::reply(ctx, pkt, Stat::ResetNatExhausted, Stat::DropNatExhausted)
-        } else {
-            drop_with(Stat::DropNatExhausted)
-        };
+    alloc::prepare(s, &be.addr);
+    if !preserve {
+        return SEARCH;
     }
+    if alloc::claim_own(s) {
+        CLAIMED
+    } else {
+        exhausted(ctx, pkt)
+    }
+}
+
+/// The end of [`new_flow`] once the search is over: with the flow's source
+/// `claimed`, inserts the flow and leaves what [`send`] needs ([`SEND`]);
+/// without, the pool is exhausted for it (a TCP client is reset).
+#[inline(never)]
+fn finish_flow(ctx: &XdpContext, pkt: &Packet, now: u64, claimed: bool) -> u32 {
+    if !claimed {
+        return exhausted(ctx, pkt);
+    }
+    let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
+        return aborted();
+    };
+    // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+    let s = unsafe { &mut *s };
+    let Some(pool) = XLB_NAT_POOL.get(s.flow.vip_id) else {
+        return aborted();
+    };
+    let id = s.flow.backend_id;
+    let tcp = pkt.flow.proto == PROTO_TCP;
     if XLB_NAT_FLOWS.insert(&pkt.flow, &s.flow, 0).is_err() {
         let _ = XLB_NAT_REPLY.remove(&s.key);
         return drop_with(Stat::DropNatInsertFail);
@@ -304,6 +344,17 @@ pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
     SEND
 }
 
+/// No source left for a new flow of `pkt`: a TCP client is reset, a UDP
+/// packet dropped (`reset_nat_exhausted`, `drop_nat_exhausted`).
+#[inline(always)]
+fn exhausted(ctx: &XdpContext, pkt: &Packet) -> u32 {
+    if pkt.flow.proto == PROTO_TCP {
+        reset::reply(ctx, pkt, Stat::ResetNatExhausted, Stat::DropNatExhausted)
+    } else {
+        drop_with(Stat::DropNatExhausted)
+    }
+}
+
 /// Updates flow `f` with the client's packet (state, passive evidence)
 /// and leaves what [`send`] needs in `out`.
 #[inline(always)]
@@ -317,7 +368,7 @@ fn update(
 ) {
     let ev = f.client_packet(pool, pkt.tcp_flags, || payload(ctx, pkt), now);
     passive(f.backend_id, &ev);
-    out.nat_addr = f.nat_addr;
+    copy_addr(&mut out.nat_addr, &f.nat_addr);
     out.id = f.backend_id;
     out.vip_id = f.vip_id;
     out.nat_port = f.nat_port;

@@ -170,7 +170,7 @@ fn refresh_hop(ctx: &XdpContext, c: &mut ClientHop, client: &FlowKey, now: u64) 
     c.hop.dmac = p.dmac;
     c.hop.smac = p.smac;
     c.hop.ifindex = p.ifindex;
-    c.hop.mtu = egress_mtu(ctx, v6, &client.dst, &client.src);
+    c.hop.mtu = egress_mtu(ctx, &mut slot, v6, &client.dst, &client.src);
     c.addr = client.src;
     c.family = client.family;
     c.iif = ctx.ingress_ifindex() as u32;

@@ -7,7 +7,7 @@ use aya_ebpf::programs::XdpContext;
 use lb_common::{FAMILY_V4, PROTO_TCP, Stat};
 
 use crate::{
-    key::word,
+    key::{copy_addr, word},
     packet::{IPV4_LEN, IPV6_LEN, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, ptr_at},
     parse::Packet,
     stats::{aborted, pass},
@@ -142,8 +142,8 @@ fn ipv6(ctx: &XdpContext, l3off: usize, to: &To) -> Result<u64, u32> {
         i += 1;
     }
     ip.hop_limit -= 1;
-    ip.saddr = *to.src;
-    ip.daddr = *to.dst;
+    copy_addr(&mut ip.saddr, to.src);
+    copy_addr(&mut ip.daddr, to.dst);
     Ok(addrs)
 }
 

@@ -9,14 +9,11 @@ use std::{
 };
 
 use anyhow::Context as _;
-use aya::{
-    programs::{
-        TcAttachType, XdpMode,
-        links::{FdLink, PinnedLink},
-        tc::{self, SchedClassifierLink},
-        xdp::XdpLink,
-    },
-    util::KernelVersion,
+use aya::programs::{
+    ProgramError, TcAttachType, XdpMode,
+    links::{FdLink, PinnedLink},
+    tc::{self, SchedClassifierLink},
+    xdp::XdpLink,
 };
 use tracing::warn;
 
@@ -24,6 +21,7 @@ use super::persist;
 use crate::{
     config::{DaemonConfig, XdpMode as CfgXdpMode},
     dataplane::Dataplane,
+    kernel,
 };
 
 /// Attaches `xlb_lb`: adopts the pinned link if there is one (replacing its
@@ -72,33 +70,18 @@ pub(super) fn attach_lb(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<
 }
 
 /// Attaches `xlb_hc` (data-path probes) to the egress of the daemon's
-/// interface. On kernel ≥ 6.6 it is a tcx link, pinned next to the XDP link
-/// so a restart replaces its program in place and `xlb detach` removes it;
-/// no qdisc is involved. Older kernels get a clsact qdisc and a netlink
-/// filter, which outlives the daemon: a restart replaces a previous run's
-/// filter, and `xlb detach` leaves it (it passes every unmarked packet).
+/// interface. Where the kernel has tcx links (6.6) it is one, pinned next
+/// to the XDP link so a restart replaces its program in place and `xlb
+/// detach` removes it; no qdisc is involved. The kernel is asked, not its
+/// version: a tcx attach the kernel does not know (`EINVAL`) falls back to
+/// a clsact qdisc and a netlink filter, logged once
+/// ([`kernel::TCX_FALLBACK`]); the filter outlives the daemon: a restart
+/// replaces a previous run's filter, and `xlb detach` leaves it (it passes
+/// every unmarked packet).
 pub(super) fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<()> {
     let iface = &d.pinned.interface;
     let prog = dp.program::<aya::programs::SchedClassifier>(lb_common::PROG_HC)?;
     let attach_err = || format!("attaching {} to the egress of {iface}", lb_common::PROG_HC);
-    // tcx: kernel 6.6, "bpf: Add fd-based tcx multi-prog infra with link
-    // support". One decision for the qdisc, the attach mode and the pin.
-    let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
-    if !tcx {
-        match tc::qdisc_add_clsact(iface) {
-            Ok(()) => {}
-            // EEXIST: the qdisc is there already (ours from a previous run or
-            // someone else's); filters share it.
-            Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
-            Err(e) => return Err(e).with_context(|| format!("adding a clsact qdisc to {iface}")),
-        }
-        // A previous run's filter (killed before it could remove it).
-        let _ = tc::qdisc_detach_program(iface, TcAttachType::Egress, lb_common::PROG_HC);
-        let netlink = tc::TcAttachOptions::Netlink(tc::NlOptions::default());
-        prog.attach_with_options(iface, TcAttachType::Egress, netlink)
-            .with_context(attach_err)?;
-        return Ok(());
-    }
     let link_path = persist::pin_dir(&d.pinned.instance).join(persist::HC_LINK_PIN);
     if link_path.exists() {
         let pinned = PinnedLink::from_pin(&link_path)
@@ -110,13 +93,41 @@ pub(super) fn attach_hc(dp: &mut Dataplane, d: &DaemonConfig) -> anyhow::Result<
         return Ok(());
     }
     let tcx_opts = tc::TcAttachOptions::TcxOrder(aya::programs::LinkOrder::default());
-    let link_id = prog
-        .attach_with_options(iface, TcAttachType::Egress, tcx_opts)
-        .with_context(attach_err)?;
+    let link_id = match prog.attach_with_options(iface, TcAttachType::Egress, tcx_opts) {
+        Ok(id) => id,
+        Err(e) if no_tcx(&e) => {
+            kernel::log_fallback(&kernel::TCX_FALLBACK);
+            return attach_hc_clsact(prog, iface).with_context(attach_err);
+        }
+        Err(e) => return Err(e).with_context(attach_err),
+    };
     let fd = FdLink::try_from(prog.take_link(link_id)?)
         .context("the tc program was attached without a BPF link, so it cannot be pinned")?;
     fd.pin(&link_path)
         .with_context(|| format!("pinning the tc link at {}", link_path.display()))?;
+    Ok(())
+}
+
+/// Whether a tcx attach failed because the kernel has no tcx (6.6): it
+/// refuses the attach type as an invalid argument.
+fn no_tcx(e: &ProgramError) -> bool {
+    matches!(e, ProgramError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::EINVAL))
+}
+
+/// `xlb_hc` on a clsact qdisc of `iface`, as a netlink filter (kernels
+/// without tcx), replacing a previous run's.
+fn attach_hc_clsact(prog: &mut aya::programs::SchedClassifier, iface: &str) -> anyhow::Result<()> {
+    match tc::qdisc_add_clsact(iface) {
+        Ok(()) => {}
+        // EEXIST: the qdisc is there already (ours from a previous run or
+        // someone else's); filters share it.
+        Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+        Err(e) => return Err(e).with_context(|| format!("adding a clsact qdisc to {iface}")),
+    }
+    // A previous run's filter (killed before it could remove it).
+    let _ = tc::qdisc_detach_program(iface, TcAttachType::Egress, lb_common::PROG_HC);
+    let netlink = tc::TcAttachOptions::Netlink(tc::NlOptions::default());
+    prog.attach_with_options(iface, TcAttachType::Egress, netlink)?;
     Ok(())
 }
 

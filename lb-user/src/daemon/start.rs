@@ -226,6 +226,7 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     for problem in crate::route::vip_routes_missing(&cfg.vips, &d.pinned.interface) {
         warn!("{problem}");
     }
+    crate::kernel::check_minimum()?;
     host::ensure_bpffs()?;
     let pin_dir = persist::pin_dir(&d.pinned.instance);
     fs::create_dir_all(&pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
@@ -256,6 +257,7 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
         nat_size: d.pinned.nat_size,
         ring_stride: d.pinned.max_table_size,
         pin_dir: Some(pin_dir.clone()),
+        kernel: None,
     })?;
     if dp.ring_stride() != dp.globals()?.ring_stride {
         bail!(

@@ -46,16 +46,19 @@ pub(super) fn renew_counter_pins(dir: &Path) -> Result<Vec<&'static str>> {
     Ok(renewed)
 }
 
-/// Loads every program of the object into the kernel (the verifier runs
+/// Every program the daemon loads, in the order they are loaded.
+pub(super) const ALL_PROGRAMS: [&str; 5] = [
+    lb_common::PROG_LB,
+    lb_common::PROG_DECAP,
+    lb_common::PROG_MINIMAL,
+    lb_common::PROG_PASS,
+    lb_common::PROG_HC,
+];
+
+/// Loads `programs` of the object into the kernel (the verifier runs
 /// here).
-pub(super) fn load_programs(ebpf: &mut Ebpf) -> Result<()> {
-    for name in [
-        lb_common::PROG_LB,
-        lb_common::PROG_DECAP,
-        lb_common::PROG_MINIMAL,
-        lb_common::PROG_PASS,
-        lb_common::PROG_HC,
-    ] {
+pub(super) fn load_programs(ebpf: &mut Ebpf, programs: &[&'static str]) -> Result<()> {
+    for &name in programs {
         let err = |source| DataplaneError::Program { name, source };
         match ebpf.program_mut(name).ok_or(err(ProgramError::NotLoaded))? {
             Program::Xdp(prog) => retrying_eagain(|| prog.load()),

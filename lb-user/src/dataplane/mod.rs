@@ -95,6 +95,9 @@ pub struct LoadOptions {
     pub ring_stride: u32,
     /// Pin every map here, adopting maps already pinned there.
     pub pin_dir: Option<PathBuf>,
+    /// What to tell the programs of the kernel (`crate::kernel`); `None`:
+    /// probe it. Tests set it to run an older kernel's fallbacks here.
+    pub kernel: Option<crate::kernel::Features>,
 }
 
 impl Default for LoadOptions {
@@ -104,6 +107,7 @@ impl Default for LoadOptions {
             nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: lb_common::DEFAULT_TABLE_SIZE,
             pin_dir: None,
+            kernel: None,
         }
     }
 }
@@ -225,6 +229,14 @@ impl Dataplane {
     /// Loads the object, creating its maps (or adopting pinned ones), and
     /// loads every program into the kernel (verifier included).
     pub fn load(opts: &LoadOptions) -> Result<Self> {
+        Self::load_programs(opts, &load::ALL_PROGRAMS)
+    }
+
+    /// [`load`](Self::load), loading only `programs` into the kernel:
+    /// a tool that attaches one program (`xlb decap`, `xlb xdp-pass`) does
+    /// not wait for the verifier to walk `xlb_lb` (a second on a fast
+    /// machine, far longer on a slow one).
+    pub fn load_programs(opts: &LoadOptions, programs: &[&'static str]) -> Result<Self> {
         if OBJECT.is_empty() {
             return Err(DataplaneError::NoObject);
         }
@@ -245,8 +257,10 @@ impl Dataplane {
         if let Some(dir) = &opts.pin_dir {
             load::renew_counter_pins(dir)?;
         }
+        let kernel_bits = crate::kernel::prepare(opts.kernel).bits();
         let mut loader = EbpfLoader::new();
         loader
+            .override_global(lb_common::kernel::KERNEL_GLOBAL, &kernel_bits, true)
             .map_max_entries(lb_common::MAP_RING, ring_entries)
             .map_max_entries(lb_common::MAP_CT, opts.ct_size)
             .map_max_entries(lb_common::nat::MAP_NAT_FLOWS, opts.nat_size)
@@ -262,7 +276,7 @@ impl Dataplane {
             loader.map_pin_path(name, path.as_path());
         }
         let mut ebpf = loader.load(OBJECT)?;
-        load::load_programs(&mut ebpf)?;
+        load::load_programs(&mut ebpf, programs)?;
         let mut dp = Self::with_maps(ebpf, opts.ring_stride)?;
         // A fresh globals map is all zeroes: stamp layout and stride at once,
         // so a crash before the daemon finishes still leaves a valid version.

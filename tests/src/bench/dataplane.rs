@@ -88,6 +88,7 @@ pub fn in_world_with_ct<R: Send>(
         nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
         ring_stride: lb_common::DEFAULT_TABLE_SIZE,
         pin_dir: None,
+        kernel: None,
     };
     in_world(name, opts, f)
 }

@@ -386,6 +386,7 @@ impl Layout {
             nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: lb_common::DEFAULT_TABLE_SIZE,
             pin_dir: pin.as_ref().map(|p| p.dir.clone()),
+            kernel: None,
         };
         let count = if kind == Kind::MapPerCpu { 2 } else { 1 };
         let (mut worlds, mut cts) = (Vec::new(), Vec::new());

@@ -163,7 +163,8 @@ impl Case {
 fn main() -> anyhow::Result<()> {
     print_command(BENCH);
     let rounds = rounds_arg(ROUNDS)?;
-    let figures = in_world_with_ct(65_536, "bench", |w| {
+    let (verifier, figures) = in_world_with_ct(65_536, "bench", |w| {
+        let verifier = w.verifier_line()?;
         let flows = Flows::install(w)?;
         // Bench-only, like `xlb_bench_gen`: the daemon never loads it.
         w.dp.program::<aya::programs::Xdp>(lb_common::trace::PROG_LB_UNTRACED)?
@@ -196,8 +197,9 @@ fn main() -> anyhow::Result<()> {
             }
         })?);
         w.dp.set_trace_config(&lb_common::trace::TraceConfig::default())?;
-        Ok(figures)
+        Ok((verifier, figures))
     })?;
+    println!("{verifier}");
     println!(
         "xlb data-plane benchmark (BPF_PROG_TEST_RUN; {rounds} rounds, every case once per round, \
          medians [min..max]; repeat mode: {REPEAT} packets per run, dsr-l2 whose output takes \

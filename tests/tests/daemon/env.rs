@@ -337,6 +337,7 @@ impl Env {
             nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: 251,
             pin_dir: Some(self.pins()),
+            kernel: None,
         })?)
     }
 

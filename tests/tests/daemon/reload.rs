@@ -114,6 +114,7 @@ fn maps(e: &Env) -> Dataplane {
         nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
         ring_stride: STRIDE,
         pin_dir: Some(e.pins()),
+        kernel: None,
     })
     .unwrap()
 }

@@ -385,6 +385,7 @@ fn spawn_many_sources(
             nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: 251,
             pin_dir: Some(pins),
+            kernel: None,
         })
         .expect("the pinned maps");
         let started = Instant::now();
@@ -579,6 +580,7 @@ fn walking_a_full_sources_map() {
         nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
         ring_stride: 251,
         pin_dir: Some(pins.clone()),
+        kernel: None,
     };
     let pin = pins.join(lb_common::MAP_SOURCES);
     let took = xlb_tests::harness::in_world("srcw", opts, |w| {

@@ -309,6 +309,7 @@ impl<'a> Bench<'a> {
             nat_size: lb_common::nat::DEFAULT_NAT_SIZE,
             ring_stride: lb_common::DEFAULT_TABLE_SIZE,
             pin_dir: None,
+            kernel: None,
         })
         .context("loading xlb's XDP object")?;
         let backends = (1..=lab.backend_count())
