@@ -404,3 +404,21 @@ fn helpers() {
     );
     assert_eq!(section("x\nA b\nc\nB d\n", "A", "B"), "A b\nc\n");
 }
+
+/// The minimum kernel the README states is the one `xlb run` enforces
+/// (`lb_user::kernel::MINIMUM`); the README's table is checked against the
+/// matrix by `xtask/src/kernels.rs` (`readme_supported_kernels_is_the_matrix`).
+#[test]
+fn readme_minimum_kernel_is_the_enforced_one() {
+    let readme = read("README.md");
+    let (major, minor) = lb_user::kernel::MINIMUM;
+    let want = format!("Linux ≥ {major}.{minor}, tested on");
+    assert!(
+        readme.contains(&want),
+        "README's Requirements do not say {want:?}"
+    );
+    assert!(
+        readme.contains(&format!("Below {major}.{minor} `xlb run` refuses to start")),
+        "README's Supported kernels do not say what happens below {major}.{minor}"
+    );
+}

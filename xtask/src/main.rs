@@ -13,9 +13,11 @@ mod demo;
 mod demo_cluster;
 mod dist;
 mod fuzz;
+mod kernels;
 mod lab;
 mod lab_cluster;
 mod layout;
+mod matrix;
 mod run;
 mod setup;
 mod test;
@@ -47,8 +49,15 @@ enum Command {
         release: bool,
     },
     /// Run setup, check formatting, run clippy and every test (what CI
-    /// runs). Test binaries run as root, through `sudo -E` if needed.
+    /// runs), then the kernel matrix: the packet fixtures and the lifecycle
+    /// scenario on each kernel of `xtask/src/kernels.rs`, booted in QEMU.
+    /// Test binaries run as root, through `sudo -E` if needed.
     Test {
+        /// Only this kernel line of the matrix (`5.10`, `6.1`, `6.12`), or
+        /// `host` for the tests on this machine's kernel alone; repeat it
+        /// for several. Without it: everything.
+        #[arg(long, value_name = "LINE")]
+        kernel: Vec<String>,
         /// Passed on to `cargo test`: a test name filter, `--no-fail-fast`,
         /// `-- --nocapture`...
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -175,7 +184,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Setup => setup::run(),
         Command::Build { release } => build_cmd::run(release),
-        Command::Test { args } => test::run(&args),
+        Command::Test { kernel, args } => test::run(&kernel, &args),
         Command::Bench { bin, runs, args } => bench::run(&bin, runs, &args),
         Command::Run { args } => run::run(&args),
         Command::Dist { debug, out } => dist::run(debug, out),
@@ -259,11 +268,25 @@ mod tests {
         for (name, argv, want) in cases {
             let cli = Cli::try_parse_from(std::iter::once("xtask").chain(argv.iter().copied()))
                 .unwrap_or_else(|e| panic!("case {name}: {e}"));
-            let Command::Test { args } = cli.command else {
+            let Command::Test { args, kernel } = cli.command else {
                 panic!("case {name}: not parsed as test");
             };
             assert_eq!(args, want, "case {name}");
+            assert!(kernel.is_empty(), "case {name}: {kernel:?}");
         }
+    }
+
+    #[test]
+    fn test_takes_kernels_before_the_arguments_passed_on() {
+        let cli = Cli::try_parse_from([
+            "xtask", "test", "--kernel", "6.1", "--kernel", "host", "--", "fixtures",
+        ])
+        .unwrap();
+        let Command::Test { args, kernel } = cli.command else {
+            panic!("not parsed as test");
+        };
+        assert_eq!(kernel, ["6.1", "host"]);
+        assert_eq!(args, ["fixtures"]);
     }
 
     #[test]

@@ -72,6 +72,12 @@ const TEST_PACKAGES: &[&str] = &[
     // A real terminal for `xlb top`'s lab test (a detached session read
     // with `capture-pane`).
     "tmux",
+    // The kernel matrix (`xtask/src/matrix.rs`): QEMU boots each kernel,
+    // virtme-ng (from PyPI, below) drives it; it builds the guest's
+    // initramfs with BusyBox and the kernel's modules with kmod's `depmod`.
+    "qemu-system-x86",
+    "busybox-static",
+    "kmod",
 ];
 
 /// Debian packages for the lab (`xlb-lab`) and the benchmarks.
@@ -111,6 +117,55 @@ pub(crate) fn ensure() -> Result<()> {
     }
     ensure_packages(&PACKAGES.concat())?;
     ensure_bpf_linker()?;
+    ensure_virtme_ng()?;
+    crate::kernels::ensure()?;
+    Ok(())
+}
+
+/// The virtme-ng release the kernel matrix is run with (PyPI).
+const VIRTME_NG: &str = "1.42";
+
+/// Whether `vng --version` output is [`VIRTME_NG`]'s (`virtme-ng 1.42`).
+fn wanted_virtme_ng(version_output: &str) -> bool {
+    version_output.split_whitespace().nth(1) == Some(VIRTME_NG)
+}
+
+fn ensure_virtme_ng() -> Result<()> {
+    let found = util::find_program("vng")
+        .and_then(|p| util::probe(util::command(&p).arg("--version")))
+        .map(|v| v.trim().to_owned());
+    if let Some(v) = &found
+        && wanted_virtme_ng(v)
+    {
+        println!("setup: virtme-ng {VIRTME_NG}: present");
+        return Ok(());
+    }
+    println!(
+        "setup: virtme-ng {VIRTME_NG}: installing with pip ({})",
+        found.as_deref().unwrap_or("not found")
+    );
+    let mut install = util::command("python3");
+    install.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        &format!("virtme-ng=={VIRTME_NG}"),
+    ]);
+    let line = util::render(&install);
+    util::run(&mut install).with_context(|| {
+        format!("virtme-ng (boots the kernel matrix in QEMU) could not be installed: run `{line}`")
+    })?;
+    let now = util::find_program("vng")
+        .and_then(|p| util::probe(util::command(&p).arg("--version")))
+        .unwrap_or_default();
+    if !wanted_virtme_ng(&now) {
+        bail!(
+            "`{line}` succeeded but `vng --version` says {:?}: put the directory pip installs \
+             scripts in on PATH",
+            now.trim()
+        );
+    }
     Ok(())
 }
 
@@ -352,6 +407,14 @@ mod tests {
         for (name, output, want) in cases {
             assert_eq!(wanted_bpf_linker(output), want, "case {name}");
         }
+    }
+
+    #[test]
+    fn virtme_ng_version_cases() {
+        assert!(wanted_virtme_ng("virtme-ng 1.42\n"));
+        assert!(!wanted_virtme_ng("virtme-ng 1.41"));
+        assert!(!wanted_virtme_ng("virtme-ng 1.421"));
+        assert!(!wanted_virtme_ng(""));
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! `cargo xtask test`: what CI runs. Formatting, clippy, then every test in
 //! the workspace against the real eBPF object.
 
-use std::{io, process::Stdio};
+use std::{io, process::Stdio, time::Instant};
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    layout, setup,
+    kernels::{self, Kernel},
+    layout, matrix, setup,
     util::{self, Root},
 };
 
@@ -16,16 +17,91 @@ use crate::{
 /// supported without std") and its test harness does not link.
 pub(crate) const EBPF_CRATE: &str = "lb-ebpf";
 
-pub(crate) fn run(args: &[String]) -> Result<()> {
+/// What `--kernel` selected: the host's tests, and the matrix's kernels.
+#[derive(Debug, PartialEq, Eq)]
+struct Selection {
+    host: bool,
+    kernels: Vec<&'static Kernel>,
+}
+
+/// `--kernel` values: none is everything; `host` is this machine's kernel
+/// (formatting, clippy and every test); a line is that kernel of the
+/// matrix.
+fn select(lines: &[String]) -> Result<Selection> {
+    if lines.is_empty() {
+        return Ok(Selection {
+            host: true,
+            kernels: kernels::KERNELS.iter().collect(),
+        });
+    }
+    let mut sel = Selection {
+        host: false,
+        kernels: Vec::new(),
+    };
+    for line in lines {
+        if line == "host" {
+            sel.host = true;
+            continue;
+        }
+        let k = kernels::by_line(line).with_context(|| {
+            let known: Vec<&str> = kernels::KERNELS.iter().map(|k| k.line).collect();
+            format!(
+                "--kernel {line}: not a kernel of the matrix; one of host, {}",
+                known.join(", ")
+            )
+        })?;
+        if !sel.kernels.contains(&k) {
+            sel.kernels.push(k);
+        }
+    }
+    Ok(sel)
+}
+
+pub(crate) fn run(kernel_lines: &[String], args: &[String]) -> Result<()> {
+    let sel = select(kernel_lines)?;
     setup::ensure()?;
-    fmt()?;
-    clippy()?;
-    layout::check(&util::workspace_root())?;
+    let t0 = Instant::now();
+    if sel.host {
+        fmt()?;
+        clippy()?;
+        layout::check(&util::workspace_root())?;
+    }
     // The daemon, lab and end-to-end tests run the `xlb`, `xlb-backend` and
     // `xlb-client` binaries; `cargo test` alone does not promise to build them.
     util::run(util::cargo().args(["build", "--workspace", "--exclude", EBPF_CRATE, "--bins"]))
         .context("building the binaries the integration tests run")?;
-    let counts = cargo_test(args)?;
+    let mut counts = if sel.host {
+        cargo_test(args)?
+    } else {
+        TestCounts::default()
+    };
+    let host_took = t0.elapsed();
+    if !sel.kernels.is_empty() {
+        let t1 = Instant::now();
+        let bins = matrix::binaries()?;
+        let outcomes = matrix::run(&sel.kernels, &bins)?;
+        println!(
+            "kernel matrix ({:.0} s; host's kernel: {:.0} s):",
+            t1.elapsed().as_secs_f64(),
+            host_took.as_secs_f64()
+        );
+        for o in &outcomes {
+            println!("  {}", o.summary());
+            counts.add(&o.counts);
+        }
+        let failed: Vec<&str> = outcomes
+            .iter()
+            .filter(|o| !o.passed())
+            .map(|o| o.line)
+            .collect();
+        if !failed.is_empty() {
+            bail!(
+                "the kernel matrix failed on {} (output above); {}",
+                failed.join(", "),
+                counts.summary()
+            );
+        }
+    }
     println!("xtask test: formatting, clippy and tests passed");
     println!("{}", counts.summary());
     Ok(())
@@ -129,16 +205,23 @@ fn tee_counting(mut from: impl io::Read, mut to: impl io::Write) -> io::Result<T
 
 /// Totals over every test binary and doc-test run.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct TestCounts {
-    passed: u64,
-    failed: u64,
-    ignored: u64,
+pub(crate) struct TestCounts {
+    pub(crate) passed: u64,
+    pub(crate) failed: u64,
+    pub(crate) ignored: u64,
 }
 
 impl TestCounts {
+    /// Adds another run's totals (a kernel of the matrix).
+    pub(crate) fn add(&mut self, other: &Self) {
+        self.passed += other.passed;
+        self.failed += other.failed;
+        self.ignored += other.ignored;
+    }
+
     /// Adds `line` if it is libtest's `test result: ok. 3 passed; 0 failed;
     /// 1 ignored; 0 measured; 0 filtered out; finished in 0.01s`.
-    fn add_line(&mut self, line: &str) {
+    pub(crate) fn add_line(&mut self, line: &str) {
         let Some(rest) = line.trim().strip_prefix("test result: ") else {
             return;
         };
@@ -160,7 +243,7 @@ impl TestCounts {
     }
 
     /// The closing line in the form test reports are read in.
-    fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         format!(
             "tests: {} passed, {} failed, {} skipped",
             self.passed, self.failed, self.ignored
@@ -206,6 +289,22 @@ mod tests {
             counts.add_line(line);
             assert_eq!(counts, want, "case {name}");
         }
+    }
+
+    #[test]
+    fn kernel_selection() {
+        let all = select(&[]).unwrap();
+        assert!(all.host);
+        assert_eq!(all.kernels.len(), kernels::KERNELS.len());
+        let one = select(&["6.1".to_string()]).unwrap();
+        assert!(!one.host);
+        assert_eq!(one.kernels, vec![kernels::by_line("6.1").unwrap()]);
+        let host = select(&["host".to_string()]).unwrap();
+        assert!(host.host && host.kernels.is_empty());
+        let twice = select(&["5.10".to_string(), "5.10".to_string()]).unwrap();
+        assert_eq!(twice.kernels.len(), 1);
+        let e = select(&["4.19".to_string()]).unwrap_err().to_string();
+        assert!(e.contains("4.19") && e.contains("6.12"), "{e}");
     }
 
     #[test]
