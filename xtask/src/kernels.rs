@@ -63,6 +63,20 @@ pub(crate) fn by_line(line: &str) -> Option<&'static Kernel> {
     KERNELS.iter().find(|k| k.line == line)
 }
 
+/// virtme-ng's `vng`: on PATH, else in the scripts directory of the
+/// `python3` that pip installed it with (a fresh pyenv shows a newly
+/// installed script on PATH only after `pyenv rehash`).
+pub(crate) fn vng() -> Option<PathBuf> {
+    util::find_program("vng").or_else(|| {
+        let dir = util::probe(util::command("python3").args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_path('scripts'))",
+        ]))?;
+        let path = Path::new(dir.trim()).join("vng");
+        path.is_file().then_some(path)
+    })
+}
+
 /// Where the kernels are unpacked, one directory per line (and the private
 /// apt state). Not under `/var/cache`: virtme-ng mounts a tmpfs there in
 /// the guest, which would hide the modules from it.

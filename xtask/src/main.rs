@@ -55,7 +55,8 @@ enum Command {
     Test {
         /// Only this kernel line of the matrix (`5.10`, `6.1`, `6.12`), or
         /// `host` for the tests on this machine's kernel alone; repeat it
-        /// for several. Without it: everything.
+        /// for several. Without it: everything, or the host alone when
+        /// arguments are passed on to `cargo test`.
         #[arg(long, value_name = "LINE")]
         kernel: Vec<String>,
         /// Passed on to `cargo test`: a test name filter, `--no-fail-fast`,

@@ -135,8 +135,9 @@ const KERNEL_TIMEOUT: Duration = Duration::from_secs(600);
 /// Runs the suite on each of `kernels`, one after another, printing the
 /// guests' output as it comes.
 pub(crate) fn run(kernels: &[&'static Kernel], bins: &Binaries) -> Result<Vec<Outcome>> {
-    let vng = util::find_program("vng")
-        .context("`vng` (virtme-ng) is not on PATH: run `cargo xtask setup`")?;
+    let vng = kernels::vng().context(
+        "`vng` (virtme-ng) is neither on PATH nor beside python3: run `cargo xtask setup`",
+    )?;
     let mut outcomes = Vec::new();
     for k in kernels {
         let u = kernels::unpacked(k).with_context(|| {

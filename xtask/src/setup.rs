@@ -131,7 +131,7 @@ fn wanted_virtme_ng(version_output: &str) -> bool {
 }
 
 fn ensure_virtme_ng() -> Result<()> {
-    let found = util::find_program("vng")
+    let found = crate::kernels::vng()
         .and_then(|p| util::probe(util::command(&p).arg("--version")))
         .map(|v| v.trim().to_owned());
     if let Some(v) = &found
@@ -156,13 +156,13 @@ fn ensure_virtme_ng() -> Result<()> {
     util::run(&mut install).with_context(|| {
         format!("virtme-ng (boots the kernel matrix in QEMU) could not be installed: run `{line}`")
     })?;
-    let now = util::find_program("vng")
+    let now = crate::kernels::vng()
         .and_then(|p| util::probe(util::command(&p).arg("--version")))
         .unwrap_or_default();
     if !wanted_virtme_ng(&now) {
         bail!(
-            "`{line}` succeeded but `vng --version` says {:?}: put the directory pip installs \
-             scripts in on PATH",
+            "`{line}` succeeded but `vng --version` says {:?}: check which python3 pip \
+             installed it for",
             now.trim()
         );
     }

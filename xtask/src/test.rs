@@ -24,14 +24,19 @@ struct Selection {
     kernels: Vec<&'static Kernel>,
 }
 
-/// `--kernel` values: none is everything; `host` is this machine's kernel
-/// (formatting, clippy and every test); a line is that kernel of the
-/// matrix.
-fn select(lines: &[String]) -> Result<Selection> {
+/// `--kernel` values: none is everything, or the host's kernel alone when
+/// `cargo test` is given arguments (a filter: one suite, not the matrix's
+/// seven minutes); `host` is this machine's kernel (formatting, clippy and
+/// the tests); a line is that kernel of the matrix.
+fn select(lines: &[String], passed_on: &[String]) -> Result<Selection> {
     if lines.is_empty() {
         return Ok(Selection {
             host: true,
-            kernels: kernels::KERNELS.iter().collect(),
+            kernels: if passed_on.is_empty() {
+                kernels::KERNELS.iter().collect()
+            } else {
+                Vec::new()
+            },
         });
     }
     let mut sel = Selection {
@@ -58,7 +63,7 @@ fn select(lines: &[String]) -> Result<Selection> {
 }
 
 pub(crate) fn run(kernel_lines: &[String], args: &[String]) -> Result<()> {
-    let sel = select(kernel_lines)?;
+    let sel = select(kernel_lines, args)?;
     setup::ensure()?;
     let t0 = Instant::now();
     if sel.host {
@@ -293,17 +298,23 @@ mod tests {
 
     #[test]
     fn kernel_selection() {
-        let all = select(&[]).unwrap();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let all = select(&[], &[]).unwrap();
         assert!(all.host);
         assert_eq!(all.kernels.len(), kernels::KERNELS.len());
-        let one = select(&["6.1".to_string()]).unwrap();
+        let filtered = select(&[], &s(&["--test", "fixtures"])).unwrap();
+        assert!(
+            filtered.host && filtered.kernels.is_empty(),
+            "a filter: the host alone"
+        );
+        let one = select(&s(&["6.1"]), &[]).unwrap();
         assert!(!one.host);
         assert_eq!(one.kernels, vec![kernels::by_line("6.1").unwrap()]);
-        let host = select(&["host".to_string()]).unwrap();
+        let host = select(&s(&["host"]), &[]).unwrap();
         assert!(host.host && host.kernels.is_empty());
-        let twice = select(&["5.10".to_string(), "5.10".to_string()]).unwrap();
+        let twice = select(&s(&["5.10", "5.10"]), &[]).unwrap();
         assert_eq!(twice.kernels.len(), 1);
-        let e = select(&["4.19".to_string()]).unwrap_err().to_string();
+        let e = select(&s(&["4.19"]), &[]).unwrap_err().to_string();
         assert!(e.contains("4.19") && e.contains("6.12"), "{e}");
     }
 
