@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn kernel_selection() {
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let s = |v: &[&str]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
         let all = select(&[], &[]).unwrap();
         assert!(all.host);
         assert_eq!(all.kernels.len(), kernels::KERNELS.len());
