@@ -186,15 +186,21 @@ fn mtu_paragraph_matches_the_fixtures() {
 
 /// README: wherever it says `xlb detach` removes what xlb attached, the
 /// same sentence says that the `xlb_hc` filter stays before Linux 6.6, as
-/// long as the daemon attaches `xlb_hc` as a legacy clsact filter there
-/// (`lb-user/src/daemon/links.rs`).
+/// long as the daemon attaches `xlb_hc` as a legacy clsact filter where
+/// the kernel refuses a tcx link (`lb-user/src/daemon/links.rs`, falling
+/// back with `kernel::TCX_FALLBACK`, whose text says the same).
 #[test]
 fn detach_caveat_matches_links_rs() {
     let links = read("lb-user/src/daemon/links.rs");
     assert!(
-        links.contains("KernelVersion::new(6, 6, 0)") && links.contains("qdisc_add_clsact"),
+        links.contains("TCX_FALLBACK") && links.contains("qdisc_add_clsact"),
         "links.rs no longer attaches xlb_hc as a clsact filter before 6.6: \
          update the README's detach caveat and this test"
+    );
+    let fallback = lb_user::kernel::TCX_FALLBACK;
+    assert!(
+        fallback.feature.contains("6.6") && fallback.instead.contains("`xlb detach` leaves it"),
+        "the logged tcx fallback no longer says what detach leaves: {fallback:?}"
     );
     let readme = read(README)
         .split_whitespace()
