@@ -9,6 +9,7 @@ mod bench;
 mod bench_notes;
 mod bench_summary;
 mod build_cmd;
+mod counts;
 mod demo;
 mod demo_cluster;
 mod dist;

@@ -25,8 +25,8 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
+    counts::TestCounts,
     kernels::{self, Kernel, Unpacked},
-    test::TestCounts,
     util,
 };
 
