@@ -1,7 +1,7 @@
 //! The kernel bits the loader wrote (`lb_common::kernel`): a constant to
 //! the verifier, which drops the branches a kernel does not need.
 
-/// Written by the loader (`EbpfLoader::set_global`) before the programs
+/// Written by the loader (`EbpfLoader::override_global`) before the programs
 /// load; 0 (nothing lacking) as built.
 #[unsafe(no_mangle)]
 static XLB_KERNEL: u32 = 0;

@@ -16,7 +16,7 @@ use aya::{
 
 /// The oldest kernel line xlb is tested on (`cargo xtask test` boots it),
 /// and the README's "Supported kernels" first row.
-pub const MINIMUM: (u32, u32) = (5, 10);
+pub const MINIMUM: (u8, u8) = (5, 10);
 
 /// Why nothing older runs: what the oldest tested kernel has that the
 /// data plane needs and older ones lack.
@@ -33,7 +33,7 @@ pub fn check_minimum() -> anyhow::Result<()> {
 
 fn check_version(v: KernelVersion) -> anyhow::Result<()> {
     let (major, minor) = MINIMUM;
-    if v < KernelVersion::new(major as u8, minor as u8, 0) {
+    if v < KernelVersion::new(major, minor, 0) {
         anyhow::bail!(
             "kernel {v} is older than {major}.{minor}, the oldest kernel xlb runs on: {MINIMUM_WHY}; \
              run xlb on Linux {major}.{minor} or later (see README, \"Supported kernels\")"

@@ -33,11 +33,8 @@ pub(crate) struct Scratch {
     /// The reply key tried last: the one held once [`search`] succeeds.
     pub key: FlowKey,
     /// The flow hash of `client`: where the candidates start (computed by
-    /// the first try, in the callback's frame).
+    /// the first try).
     pub hash: u64,
-    /// 1 once a candidate was claimed.
-    pub found: u32,
-    pub _pad: u32,
     /// What `nat::send` needs of the flow whose packet it sends.
     pub out: super::Out,
     /// The MTU `nat::too_big` leaves for the ICMP answer.
@@ -57,7 +54,6 @@ pub(crate) fn prepare(s: &mut Scratch, backend: &[u8; 16]) {
     s.key.proto = s.client.proto;
     s.key.family = s.client.family;
     s.key._pad = [0; 2];
-    s.found = 0;
 }
 
 /// Takes the reply key [`prepare`] left for a `preserve_client` flow: its
@@ -131,7 +127,6 @@ fn try_candidate(i: u32) -> Try {
     }
     s.flow.nat_addr = s.key.dst;
     s.flow.nat_port = s.key.dport;
-    s.found = 1;
     Try::Claimed
 }
 
