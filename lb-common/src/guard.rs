@@ -209,6 +209,15 @@ pub const CT_FLAG_ESTABLISHED: u32 = 2;
 
 /// Value of `XLB_CT_RATE` (per-CPU array of one): this CPU's conntrack
 /// inserts in the current one-second window.
+/// `XLB_CT_RATE` slot of conntrack inserts.
+pub const CT_RATE_CONNTRACK: u32 = 0;
+/// `XLB_CT_RATE` slot of new NAT flows: a budget of their own under the
+/// same cap, so a flood at a DSR VIP does not refuse a NAT VIP's clients,
+/// nor the reverse.
+pub const CT_RATE_NAT: u32 = 1;
+/// Slots of `XLB_CT_RATE`.
+pub const CT_RATE_SLOTS: u32 = 2;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtRate {

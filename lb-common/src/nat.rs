@@ -106,7 +106,10 @@ impl NatPool {
 }
 
 /// [`NatFlow::state`] values.
+/// The client's SYN passed; no SYN-ACK yet.
 pub const NAT_TCP_SYN_SENT: u8 = 1;
+/// The client's ACK of the backend's SYN-ACK passed: the handshake is
+/// complete.
 pub const NAT_TCP_ESTABLISHED: u8 = 2;
 /// A FIN seen in one direction.
 pub const NAT_TCP_FIN_WAIT: u8 = 3;
@@ -115,6 +118,26 @@ pub const NAT_TCP_CLOSING: u8 = 4;
 /// A RST seen in either direction.
 pub const NAT_TCP_CLOSED: u8 = 5;
 pub const NAT_UDP: u8 = 6;
+/// The backend's SYN-ACK passed; the client's ACK of it has not. Every
+/// backend answers a SYN (syncookies included), so a forged SYN from an
+/// address that will never answer ends here: it keeps the handshake's
+/// timeout (`tcp_syn_timeout`) and may be evicted by a new flow
+/// ([`NatFlow::embryonic`]). A value after [`NAT_UDP`]: the states before
+/// it keep their meaning for flows written by older binaries.
+pub const NAT_TCP_SYN_RECV: u8 = 7;
+
+/// How far past the backend's SYN-ACK (its ISN + 1) the client's ACK may
+/// acknowledge and still complete the handshake: what the backend may have
+/// sent with or right after its SYN-ACK (TCP Fast Open). A blind ACK from
+/// an address that never saw the SYN-ACK hits it once in 65,536.
+pub const NAT_HANDSHAKE_WINDOW: u32 = 1 << 16;
+
+/// How long a UDP flow that never got an answer keeps its port (at most
+/// the VIP's `udp_timeout`): a request/response protocol answers within a
+/// round trip, and a client that got none retries within seconds (DNS
+/// resolvers after 1–5 s). A flood of datagrams from forged sources then
+/// holds ports for this long, not for `udp_timeout`.
+pub const NAT_UDP_UNANSWERED_NS: u64 = 5_000_000_000;
 
 /// [`NatFlow::flags`]: the client sent FIN.
 pub const NAT_FLAG_CLIENT_FIN: u8 = 1;
@@ -128,6 +151,9 @@ pub const NAT_FLAG_CONNECT_TIMEOUT: u8 = 4;
 /// backend's packets are judged too. Clear: the flow pays for no evidence
 /// either way (`[vip.passive] enabled = false`).
 pub const NAT_FLAG_PASSIVE: u8 = 8;
+/// [`NatFlow::flags`]: the backend answered this UDP flow (a packet the
+/// other way). Clear: the flow is embryonic ([`NatFlow::embryonic`]).
+pub const NAT_FLAG_ANSWERED: u8 = 16;
 
 /// Bit of an `XLB_VIP_PORTS` count (see [`crate::port_index`]): some NAT
 /// VIP listens on this (protocol, port). The daemon keeps it beside the
@@ -182,7 +208,12 @@ pub struct NatFlow {
     pub nat_addr: Addr,
     /// The backend's port, network order.
     pub backend_port: u16,
-    pub _pad: [u8; 6],
+    pub _pad: [u8; 2],
+    /// TCP: the backend's initial sequence number (host order), from its
+    /// SYN-ACK; the client's ACK of it completes the handshake
+    /// ([`NAT_TCP_SYN_RECV`]). Was padding before (0 in older entries,
+    /// which are past their handshake).
+    pub backend_isn: u32,
     /// Coarse monotonic ns (`clock::now`) of the last packet either way,
     /// refreshed at most every [`crate::CT_TOUCH_INTERVAL_NS`] unless the
     /// state changes.
@@ -201,13 +232,37 @@ impl NatFlow {
     #[inline(always)]
     pub fn expires(&self, pool: &NatPool) -> u64 {
         let timeout = match self.state {
-            NAT_TCP_SYN_SENT => pool.tcp_syn_timeout_ns,
+            NAT_TCP_SYN_SENT | NAT_TCP_SYN_RECV => pool.tcp_syn_timeout_ns,
             NAT_TCP_ESTABLISHED => pool.tcp_established_timeout_ns,
             NAT_TCP_FIN_WAIT | NAT_TCP_CLOSING => pool.tcp_fin_timeout_ns,
             NAT_TCP_CLOSED => pool.tcp_close_timeout_ns,
+            _ if self.flags & NAT_FLAG_ANSWERED == 0 => {
+                if pool.udp_timeout_ns < NAT_UDP_UNANSWERED_NS {
+                    pool.udp_timeout_ns
+                } else {
+                    NAT_UDP_UNANSWERED_NS
+                }
+            }
             _ => pool.udp_timeout_ns,
         };
         self.last_seen_ns.saturating_add(timeout)
+    }
+
+    /// Whether the flow has not been shown to have a client at its
+    /// address yet: a TCP handshake the client has not completed, or a
+    /// UDP flow its backend never answered. Anyone can make such flows
+    /// from forged sources, as fast as they send, so they hold a port only
+    /// while no one else needs it: a new flow that finds no free port
+    /// among its candidates takes one of theirs (`nat_evict_embryonic`),
+    /// and the daemon's sweep removes them first when the map fills. A
+    /// flow past its handshake is never evicted.
+    #[inline(always)]
+    pub fn embryonic(&self) -> bool {
+        match self.state {
+            NAT_TCP_SYN_SENT | NAT_TCP_SYN_RECV => true,
+            NAT_UDP => self.flags & NAT_FLAG_ANSWERED == 0,
+            _ => false,
+        }
     }
 }
 
@@ -381,7 +436,9 @@ impl Evidence {
 
 impl NatFlow {
     /// A client packet (TCP `flags`, 0 for UDP; `payload` whether it
-    /// carries data, asked only when the answer counts) at `now`: the flow's new state, written only where a
+    /// carries data, asked only when the answer counts; `ack` its
+    /// acknowledgment number, host order, asked only while the handshake
+    /// waits for it) at `now`: the flow's new state, written only where a
     /// field changes (the entry is the map's own memory), and what it
     /// tells the passive counters.
     #[inline(always)]
@@ -390,6 +447,7 @@ impl NatFlow {
         pool: &NatPool,
         flags: u8,
         payload: impl FnOnce() -> bool,
+        ack: impl FnOnce() -> u32,
         now: u64,
     ) -> Evidence {
         let mut ev = Evidence::default();
@@ -419,7 +477,19 @@ impl NatFlow {
         }
         if flags & TCP_RST != 0 {
             changed |= self.set_state(NAT_TCP_CLOSED);
-        } else if flags & TCP_FIN != 0 && self.flags & NAT_FLAG_CLIENT_FIN == 0 {
+        } else if self.state == NAT_TCP_SYN_RECV {
+            // Only the ACK of the backend's SYN-ACK completes the
+            // handshake; a FIN before it changes nothing (a forged source
+            // must not reach the longer FIN timeout either).
+            if flags & (TCP_SYN | TCP_ACK) == TCP_ACK
+                && ack().wrapping_sub(self.backend_isn.wrapping_add(1)) < NAT_HANDSHAKE_WINDOW
+            {
+                changed |= self.set_state(NAT_TCP_ESTABLISHED);
+            }
+        } else if flags & TCP_FIN != 0
+            && self.state != NAT_TCP_SYN_SENT
+            && self.flags & NAT_FLAG_CLIENT_FIN == 0
+        {
             self.flags |= NAT_FLAG_CLIENT_FIN;
             changed |= self.set_state(self.fin_state());
         }
@@ -427,7 +497,8 @@ impl NatFlow {
         ev
     }
 
-    /// A backend packet (as [`Self::client_packet`]); evidence only while
+    /// A backend packet (as [`Self::client_packet`]; `seq` its sequence
+    /// number, host order, asked only of the SYN-ACK); evidence only while
     /// [`NAT_FLAG_PASSIVE`] is set. `payload` is asked only while a request
     /// is pending.
     #[inline(always)]
@@ -435,10 +506,15 @@ impl NatFlow {
         &mut self,
         flags: u8,
         payload: impl FnOnce() -> bool,
+        seq: impl FnOnce() -> u32,
         now: u64,
     ) -> Evidence {
         let mut ev = Evidence::default();
         let mut changed = false;
+        if self.state == NAT_UDP && self.flags & NAT_FLAG_ANSWERED == 0 {
+            self.flags |= NAT_FLAG_ANSWERED;
+            changed = true;
+        }
         if flags & TCP_RST != 0 {
             ev.events |= EV_RESET;
             self.request_ns = 0;
@@ -446,7 +522,8 @@ impl NatFlow {
         } else if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK && self.state == NAT_TCP_SYN_SENT
         {
             ev.events |= EV_CONNECTED;
-            changed |= self.set_state(NAT_TCP_ESTABLISHED);
+            self.backend_isn = seq();
+            changed |= self.set_state(NAT_TCP_SYN_RECV);
         }
         // `request_ns` is 0 whenever detection is off.
         if self.request_ns != 0 && payload() {
@@ -454,7 +531,7 @@ impl NatFlow {
             ev.response_ns = now.saturating_sub(self.request_ns);
             self.request_ns = 0;
         }
-        if flags & TCP_FIN != 0 && self.flags & NAT_FLAG_BACKEND_FIN == 0 {
+        if flags & TCP_FIN != 0 && !self.embryonic() && self.flags & NAT_FLAG_BACKEND_FIN == 0 {
             self.flags |= NAT_FLAG_BACKEND_FIN;
             changed |= self.set_state(self.fin_state());
         }
@@ -525,13 +602,16 @@ impl NatFlow {
     }
 
     /// Refreshes `last_seen_ns` at most every [`crate::CT_TOUCH_INTERVAL_NS`]
-    /// unless the state `changed`. A flow still in SYN_SENT keeps the time
-    /// of its first SYN: retransmits do not extend its handshake timeout,
-    /// and the connect timeout is measured from it.
+    /// unless the state `changed`. A flow in SYN_SENT keeps the time of
+    /// its first SYN, and one in SYN_RECV the time of the SYN-ACK:
+    /// retransmits (or a forged source's repeated SYNs) do not extend the
+    /// handshake's timeout, and the connect timeout is measured from the
+    /// SYN.
     #[inline(always)]
     fn touch(&mut self, now: u64, changed: bool) {
         if changed
             || (self.state != NAT_TCP_SYN_SENT
+                && self.state != NAT_TCP_SYN_RECV
                 && now.saturating_sub(self.last_seen_ns) > crate::CT_TOUCH_INTERVAL_NS)
         {
             self.last_seen_ns = now;
@@ -638,19 +718,25 @@ mod tests {
         let p = pool();
         let mut f = syn_sent(10);
         assert_eq!(
-            f.backend_packet(TCP_SYN | TCP_ACK, || false, 20).events,
+            f.backend_packet(TCP_SYN | TCP_ACK, || false, || 0, 20)
+                .events,
             EV_CONNECTED
         );
         assert_eq!(
             (f.state, f.last_seen_ns),
-            (NAT_TCP_ESTABLISHED, 20),
+            (NAT_TCP_SYN_RECV, 20),
             "state change touches"
         );
-        f.client_packet(&p, TCP_FIN | TCP_ACK, || false, 30);
+        f.client_packet(&p, TCP_ACK, || false, || 1, 25);
+        assert_eq!(f.state, NAT_TCP_ESTABLISHED, "the client's ACK of ISN 0");
+        f.client_packet(&p, TCP_FIN | TCP_ACK, || false, || 0, 30);
         assert_eq!(f.state, NAT_TCP_FIN_WAIT);
-        f.backend_packet(TCP_FIN | TCP_ACK, || false, 40);
+        f.backend_packet(TCP_FIN | TCP_ACK, || false, || 0, 40);
         assert_eq!((f.state, f.last_seen_ns), (NAT_TCP_CLOSING, 40));
-        assert_eq!(f.backend_packet(TCP_RST, || false, 50).events, EV_RESET);
+        assert_eq!(
+            f.backend_packet(TCP_RST, || false, || 0, 50).events,
+            EV_RESET
+        );
         assert_eq!(f.state, NAT_TCP_CLOSED);
         assert_eq!(
             f.expires(&NatPool {
@@ -661,6 +747,119 @@ mod tests {
         );
     }
 
+    /// A SYN-ACK with ISN `isn` on a fresh SYN_SENT flow.
+    fn syn_recv(isn: u32) -> NatFlow {
+        let mut f = syn_sent(S);
+        f.backend_packet(TCP_SYN | TCP_ACK, || false, || isn, 2 * S);
+        f
+    }
+
+    #[test]
+    fn only_the_clients_ack_of_the_syn_ack_completes_the_handshake() {
+        let p = pool();
+        let isn = u32::MAX - 10;
+        let f = syn_recv(isn);
+        assert_eq!(
+            (f.state, f.backend_isn, f.last_seen_ns),
+            (NAT_TCP_SYN_RECV, isn, 2 * S)
+        );
+        assert!(f.embryonic());
+        assert_eq!(
+            f.expires(&p),
+            2 * S + p.tcp_syn_timeout_ns,
+            "the handshake's timeout"
+        );
+        // In the window (ISN + 1 wraps past 0), with or without data.
+        for ack in [isn.wrapping_add(1), isn.wrapping_add(NAT_HANDSHAKE_WINDOW)] {
+            let mut g = f;
+            g.client_packet(&p, TCP_ACK, || true, || ack, 3 * S);
+            assert_eq!(g.state, NAT_TCP_ESTABLISHED, "ack {ack}");
+            assert!(!g.embryonic());
+            assert_eq!(g.last_seen_ns, 3 * S, "completing touches");
+        }
+        // A blind ACK, a retransmitted SYN, a FIN: still waiting, the
+        // handshake's time kept.
+        for (flags, ack) in [
+            (TCP_ACK, isn),
+            (TCP_ACK, isn.wrapping_add(NAT_HANDSHAKE_WINDOW + 1)),
+            (TCP_ACK, isn.wrapping_add(1 << 20)),
+            (TCP_SYN, isn.wrapping_add(1)),
+            (TCP_SYN | TCP_ACK, isn.wrapping_add(1)),
+            (TCP_FIN | TCP_ACK, isn),
+            (0, isn.wrapping_add(1)),
+        ] {
+            let mut g = f;
+            g.client_packet(&p, flags, || false, || ack, 9 * S);
+            assert_eq!(
+                (g.state, g.flags & NAT_FLAG_CLIENT_FIN, g.last_seen_ns),
+                (NAT_TCP_SYN_RECV, 0, 2 * S),
+                "flags {flags:#x} ack {ack:#x}"
+            );
+        }
+        // The ACK number is read only while the handshake waits for it.
+        let mut e = f;
+        e.client_packet(&p, TCP_ACK, || false, || isn + 1, 3 * S);
+        e.client_packet(&p, TCP_ACK, || false, || panic!("ack read"), 4 * S);
+        let mut s = syn_sent(S);
+        s.client_packet(&p, TCP_ACK, || false, || panic!("ack read"), 2 * S);
+        assert_eq!(
+            s.state, NAT_TCP_SYN_SENT,
+            "no ACK completes before the SYN-ACK"
+        );
+        // A RST ends it either way.
+        let mut r = f;
+        r.client_packet(&p, TCP_RST, || false, || 0, 3 * S);
+        assert_eq!(r.state, NAT_TCP_CLOSED);
+        // A backend FIN before the handshake completes changes nothing.
+        let mut b = f;
+        b.backend_packet(TCP_FIN | TCP_ACK, || false, || 0, 3 * S);
+        assert_eq!(
+            (b.state, b.flags & NAT_FLAG_BACKEND_FIN),
+            (NAT_TCP_SYN_RECV, 0)
+        );
+    }
+
+    #[test]
+    fn udp_flows_are_embryonic_until_answered() {
+        let p = NatPool {
+            udp_timeout_ns: 30 * S,
+            ..pool()
+        };
+        let mut f = NatFlow {
+            state: NAT_UDP,
+            last_seen_ns: S,
+            ..Default::default()
+        };
+        assert!(f.embryonic());
+        assert_eq!(f.expires(&p), S + NAT_UDP_UNANSWERED_NS, "unanswered");
+        let short = NatPool {
+            udp_timeout_ns: 2 * S,
+            ..p
+        };
+        assert_eq!(f.expires(&short), 3 * S, "never past udp_timeout");
+        f.client_packet(&p, 0, || true, || 0, 3 * S);
+        assert!(f.embryonic(), "the client's own packets prove nothing");
+        f.backend_packet(0, || true, || 0, 3 * S + 5);
+        assert!(!f.embryonic());
+        assert_eq!(f.flags & NAT_FLAG_ANSWERED, NAT_FLAG_ANSWERED);
+        assert_eq!((f.state, f.last_seen_ns), (NAT_UDP, 3 * S + 5));
+        assert_eq!(f.expires(&p), 33 * S + 5, "answered: udp_timeout");
+        for (state, embryonic) in [
+            (NAT_TCP_SYN_SENT, true),
+            (NAT_TCP_SYN_RECV, true),
+            (NAT_TCP_ESTABLISHED, false),
+            (NAT_TCP_FIN_WAIT, false),
+            (NAT_TCP_CLOSING, false),
+            (NAT_TCP_CLOSED, false),
+        ] {
+            let g = NatFlow {
+                state,
+                ..Default::default()
+            };
+            assert_eq!(g.embryonic(), embryonic, "state {state}");
+        }
+    }
+
     #[test]
     fn last_seen_refreshed_only_each_interval_or_on_change() {
         let p = pool();
@@ -669,16 +868,19 @@ mod tests {
             last_seen_ns: 10 * S,
             ..Default::default()
         };
-        f.client_packet(&p, TCP_ACK, || false, 10 * S + S / 2);
+        f.client_packet(&p, TCP_ACK, || false, || 0, 10 * S + S / 2);
         assert_eq!(f.last_seen_ns, 10 * S, "within the interval");
-        f.client_packet(&p, TCP_ACK, || false, 12 * S);
+        f.client_packet(&p, TCP_ACK, || false, || 0, 12 * S);
         assert_eq!(f.last_seen_ns, 12 * S, "past it");
         let mut s = syn_sent(S);
-        s.client_packet(&p, TCP_SYN, || false, 4 * S);
+        s.client_packet(&p, TCP_SYN, || false, || 0, 4 * S);
         assert_eq!(
             s.last_seen_ns, S,
             "a SYN retransmit keeps the first SYN's time"
         );
+        let mut r = syn_recv(7);
+        r.client_packet(&p, TCP_SYN, || false, || 0, 9 * S);
+        assert_eq!(r.last_seen_ns, 2 * S, "nor does one after the SYN-ACK");
     }
 
     #[test]
@@ -690,35 +892,43 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            f.client_packet(&p, TCP_ACK, || true, 2 * S).events,
+            f.client_packet(&p, TCP_ACK, || true, || 0, 2 * S).events,
             EV_REQUEST
         );
         assert_eq!(
-            f.client_packet(&p, TCP_ACK, || true, 2 * S + 5).events,
+            f.client_packet(&p, TCP_ACK, || true, || 0, 2 * S + 5)
+                .events,
             0,
             "one pending"
         );
-        let ev = f.backend_packet(TCP_ACK, || true, 2 * S + 30);
+        let ev = f.backend_packet(TCP_ACK, || true, || 0, 2 * S + 30);
         assert_eq!(
             (ev.events, ev.response_ns, f.request_ns),
             (EV_RESPONSE, 30, 0)
         );
-        f.client_packet(&p, TCP_ACK, || true, 3 * S);
-        let ev = f.client_packet(&p, TCP_FIN, || false, 3 * S + S / 2);
+        f.client_packet(&p, TCP_ACK, || true, || 0, 3 * S);
+        let ev = f.client_packet(&p, TCP_FIN, || false, || 0, 3 * S + S / 2);
         assert_eq!(ev.events, EV_ABANDONED, "younger than the response timeout");
         f.request_ns = 3 * S;
         assert_eq!(
-            f.client_packet(&p, TCP_RST, || false, 5 * S).events,
+            f.client_packet(&p, TCP_RST, || false, || 0, 5 * S).events,
             EV_UNANSWERED
         );
         // Connect timeout: once, on a SYN seen again, or at reclaim.
         let mut s = syn_sent(S);
-        assert_eq!(s.client_packet(&p, TCP_SYN, || false, S + S / 2).events, 0);
         assert_eq!(
-            s.client_packet(&p, TCP_SYN, || false, 3 * S).events,
+            s.client_packet(&p, TCP_SYN, || false, || 0, S + S / 2)
+                .events,
+            0
+        );
+        assert_eq!(
+            s.client_packet(&p, TCP_SYN, || false, || 0, 3 * S).events,
             EV_CONNECT_TIMEOUT
         );
-        assert_eq!(s.client_packet(&p, TCP_SYN, || false, 4 * S).events, 0);
+        assert_eq!(
+            s.client_packet(&p, TCP_SYN, || false, || 0, 4 * S).events,
+            0
+        );
         assert_eq!(s.reclaimed(&p, 9 * S).events, 0, "already counted");
         assert_eq!(syn_sent(S).reclaimed(&p, 9 * S).events, EV_CONNECT_TIMEOUT);
         let off = NatPool {
@@ -731,7 +941,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            g.client_packet(&off, TCP_RST, || false, 9 * S).events,
+            g.client_packet(&off, TCP_RST, || false, || 0, 9 * S).events,
             0,
             "detection off"
         );
@@ -766,15 +976,23 @@ mod tests {
             last_seen_ns: S,
             ..Default::default()
         };
-        assert_eq!(f.client_packet(&off, TCP_SYN, unread, S).events, 0);
+        assert_eq!(f.client_packet(&off, TCP_SYN, unread, || 0, S).events, 0);
         assert_eq!(f.flags & NAT_FLAG_PASSIVE, 0);
         // The handshake, a request and its answer, a reset: state follows,
         // evidence does not.
-        assert_eq!(f.backend_packet(TCP_SYN | TCP_ACK, unread, 2 * S).events, 0);
+        assert_eq!(
+            f.backend_packet(TCP_SYN | TCP_ACK, unread, || 0, 2 * S)
+                .events,
+            0
+        );
+        assert_eq!(f.state, NAT_TCP_SYN_RECV);
+        assert_eq!(
+            f.client_packet(&off, TCP_ACK, unread, || 1, 3 * S).events,
+            0
+        );
         assert_eq!(f.state, NAT_TCP_ESTABLISHED);
-        assert_eq!(f.client_packet(&off, TCP_ACK, unread, 3 * S).events, 0);
-        assert_eq!(f.backend_packet(TCP_ACK, unread, 4 * S).events, 0);
-        assert_eq!(f.backend_packet(TCP_RST, unread, 5 * S).events, 0);
+        assert_eq!(f.backend_packet(TCP_ACK, unread, || 0, 4 * S).events, 0);
+        assert_eq!(f.backend_packet(TCP_RST, unread, || 0, 5 * S).events, 0);
         assert_eq!((f.state, f.request_ns), (NAT_TCP_CLOSED, 0));
         // Turned on by a reload: the next client packet sets the flag and
         // opens a request; turned off again: the pending one is dropped
@@ -785,13 +1003,16 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            g.client_packet(&on, TCP_ACK, || true, 2 * S).events,
+            g.client_packet(&on, TCP_ACK, || true, || 0, 2 * S).events,
             EV_REQUEST
         );
         assert_ne!(g.flags & NAT_FLAG_PASSIVE, 0);
-        assert_eq!(g.client_packet(&off, TCP_ACK, unread, 3 * S).events, 0);
+        assert_eq!(
+            g.client_packet(&off, TCP_ACK, unread, || 0, 3 * S).events,
+            0
+        );
         assert_eq!((g.flags & NAT_FLAG_PASSIVE, g.request_ns), (0, 0));
-        assert_eq!(g.backend_packet(TCP_ACK, unread, 4 * S).events, 0);
+        assert_eq!(g.backend_packet(TCP_ACK, unread, || 0, 4 * S).events, 0);
     }
 
     #[test]
@@ -802,7 +1023,7 @@ mod tests {
             ..Default::default()
         };
         let unread = || -> bool { panic!("the payload was read with no request pending") };
-        assert_eq!(f.backend_packet(TCP_ACK, unread, S).events, 0);
+        assert_eq!(f.backend_packet(TCP_ACK, unread, || 0, S).events, 0);
     }
 
     #[test]

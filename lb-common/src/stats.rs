@@ -182,6 +182,16 @@ stats! {
     /// a data-path probe, `via = "vip"`): translated back to VIP → probe
     /// and passed to the host, where the probe's socket takes it.
     PassNatLocal = "pass_nat_local",
+    /// A new NAT flow that found every candidate (address, port) held took
+    /// the first held by an embryonic flow: a TCP handshake its client had
+    /// not completed, or a UDP flow its backend never answered
+    /// (`NatFlow::embryonic`). A flood from forged sources fills a pool
+    /// with those; they give way to real clients.
+    NatEvictEmbryonic = "nat_evict_embryonic",
+    /// A new NAT flow refused because this CPU already started
+    /// `guard.ct_insert_cap` NAT flows this second: dropped (a real
+    /// client's SYN is sent again; a forged source gets no RST).
+    DropNatInsertCapped = "drop_nat_insert_capped",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
 }

@@ -60,6 +60,11 @@ pub struct NatStatus {
     pub swept: u64,
     /// Reply keys left without their flow that the sweep deleted.
     pub orphans_swept: u64,
+    /// Embryonic flows (a handshake the client has not completed, a UDP
+    /// flow never answered) the sweep deleted while the map was over three
+    /// quarters full, since it started.
+    #[serde(default)]
+    pub embryonic_swept: u64,
     /// New flows refused because no source port was free
     /// (`drop_nat_exhausted` + `reset_nat_exhausted`), since the maps
     /// were created.
@@ -77,6 +82,11 @@ pub struct VipNatStatus {
     pub snat_ports: String,
     /// Unexpired NAT flows of the VIP; `null` before the first walk.
     pub flows: Option<u64>,
+    /// Those of `flows` still embryonic: a TCP handshake the client has not
+    /// completed, or a UDP flow never answered. They give their port up to
+    /// a new flow that finds none free. `null` before the first walk.
+    #[serde(default)]
+    pub embryonic: Option<u64>,
     /// Flows the pool can hold to one backend port at once: addresses ×
     /// ports (each backend has its own; 0 with `preserve_client`).
     pub ports_per_backend: u64,

@@ -120,7 +120,7 @@ fn use_entry(pkt: &Packet, e: &mut CtEntry, g: &Globals, now: u64) -> Option<Tar
 /// (counted), as Katran's `MAX_CONN_RATE` does.
 #[inline(always)]
 pub(crate) fn record(pkt: &Packet, vip_id: u32, t: &Target, now: u64, cap: u64) {
-    if cap != 0 && !under_cap(cap, now) {
+    if cap != 0 && !under_cap(lb_common::guard::CT_RATE_CONNTRACK, cap, now) {
         count(Stat::CtInsertCapped);
         return;
     }
@@ -139,11 +139,12 @@ pub(crate) fn record(pkt: &Packet, vip_id: u32, t: &Target, now: u64, cap: u64) 
     }
 }
 
-/// Whether this CPU may make one more conntrack insert in the current
-/// window of [`INSERT_WINDOW_NS`]; counts it if so.
+/// Whether this CPU may make one more insert of kind `slot`
+/// (`CT_RATE_CONNTRACK`, `CT_RATE_NAT`) in the current window of [`INSERT_WINDOW_NS`]; counts it
+/// if so.
 #[inline(always)]
-fn under_cap(cap: u64, now: u64) -> bool {
-    let Some(r) = XLB_CT_RATE.get_ptr_mut(0) else {
+pub(crate) fn under_cap(slot: u32, cap: u64, now: u64) -> bool {
+    let Some(r) = XLB_CT_RATE.get_ptr_mut(slot) else {
         return true;
     };
     // SAFETY: per-CPU slot, no concurrent writer on this CPU.

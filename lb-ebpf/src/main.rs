@@ -185,9 +185,11 @@ static XLB_SOURCES: LruHashMap<SourceKey, SourceState> =
 #[map(name = "XLB_CLOCK")]
 static XLB_CLOCK: PerCpuArray<clock::ClockCache> = PerCpuArray::with_max_entries(1, 0);
 
-/// This CPU's conntrack inserts in the current second (the insert cap).
+/// This CPU's conntrack inserts and new NAT flows in the current second
+/// (the insert cap), at `CT_RATE_CONNTRACK` and `CT_RATE_NAT`.
 #[map(name = "XLB_CT_RATE")]
-static XLB_CT_RATE: PerCpuArray<CtRate> = PerCpuArray::with_max_entries(1, 0);
+static XLB_CT_RATE: PerCpuArray<CtRate> =
+    PerCpuArray::with_max_entries(lb_common::guard::CT_RATE_SLOTS, 0);
 
 /// This CPU's budget of generated replies (`reply.rs`).
 #[map(name = "XLB_REPLY_RATE")]

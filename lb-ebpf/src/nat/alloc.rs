@@ -60,18 +60,26 @@ pub(crate) fn prepare(s: &mut Scratch, backend: &[u8; 16]) {
 /// one candidate, the client's own address and port.
 #[inline(always)]
 pub(crate) fn claim_own(s: &Scratch) -> bool {
-    claim(&s.key, &s.client, s.flow.last_seen_ns)
+    claim(&s.key, &s.client, s.flow.last_seen_ns, false)
 }
 
 /// Chooses the flow's `nat_addr` and `nat_port` (in `XLB_NAT_SCRATCH`,
 /// prepared) from its VIP's pool and inserts the reply key → client key:
-/// up to `NAT_ALLOC_TRIES` candidates, in a bounded loop. False when every
-/// candidate tried is held by a live flow.
+/// up to `NAT_ALLOC_TRIES` candidates, in a bounded loop, each taken if
+/// free or expired. Once the first half of them were all held (the pool
+/// is nearly full, or full), a candidate held by an embryonic flow (a
+/// handshake its client has not completed, a UDP flow never answered:
+/// `NatFlow::embryonic`) is taken from it too (`nat_evict_embryonic`): a
+/// flood from forged sources fills a pool with such flows, and they must
+/// not keep real clients out. False when every candidate is held by a
+/// flow past its handshake (or by an embryonic one among the first half).
 // verifier: a function of its own, so the loop is walked once per state
 // it is called in, not once per path through the caller; called from the
 // top frame, so its frame adds to the parser's alone. A bounded loop (5.3),
 // not `bpf_loop` (5.17): a callback is a subprogram older kernels do not
-// know, and they refuse the whole object for it.
+// know, and they refuse the whole object for it. Whether a candidate may
+// evict follows from the loop's index alone (which the verifier knows), so
+// it adds no paths: no second pass over the candidates.
 #[inline(never)]
 pub(crate) fn search() -> bool {
     let mut i = 0;
@@ -85,7 +93,11 @@ pub(crate) fn search() -> bool {
     false
 }
 
+/// Candidates tried before one held by an embryonic flow may be taken.
+pub(crate) const EVICT_AFTER: u32 = NAT_ALLOC_TRIES / 2;
+
 /// What one candidate gave.
+#[derive(PartialEq, Eq)]
 enum Try {
     /// Taken: the flow has its source.
     Claimed,
@@ -95,7 +107,8 @@ enum Try {
     Stop,
 }
 
-/// Tries candidate `i` of the flow in `XLB_NAT_SCRATCH`.
+/// Tries candidate `i` of the flow in `XLB_NAT_SCRATCH`, taking it from
+/// an embryonic flow from [`EVICT_AFTER`] on.
 #[inline(always)]
 fn try_candidate(i: u32) -> Try {
     let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
@@ -122,7 +135,7 @@ fn try_candidate(i: u32) -> Try {
     };
     copy_addr(&mut s.key.dst, addr);
     s.key.dport = port.to_be();
-    if !claim(&s.key, &s.client, s.flow.last_seen_ns) {
+    if !claim(&s.key, &s.client, s.flow.last_seen_ns, i >= EVICT_AFTER) {
         return Try::Held;
     }
     s.flow.nat_addr = s.key.dst;
@@ -131,9 +144,10 @@ fn try_candidate(i: u32) -> Try {
 }
 
 /// Takes reply key `key` for `client`: free, or held by a flow that may be
-/// reclaimed (counted `nat_reclaim`). False when a live flow holds it.
+/// reclaimed (counted `nat_reclaim`), or by an embryonic one if `evict`
+/// (counted `nat_evict_embryonic`). False when a live flow holds it.
 #[inline(always)]
-fn claim(key: &FlowKey, client: &FlowKey, now: u64) -> bool {
+fn claim(key: &FlowKey, client: &FlowKey, now: u64, evict: bool) -> bool {
     if XLB_NAT_REPLY
         .insert(key, client, u64::from(BPF_NOEXIST))
         .is_ok()
@@ -145,36 +159,44 @@ fn claim(key: &FlowKey, client: &FlowKey, now: u64) -> bool {
         // Removed since the insert failed: the next candidate is as good.
         return false;
     };
-    if !reclaim(key, &old, now) {
+    if !reclaim(key, &old, now, evict) {
         return false;
     }
-    count(Stat::NatReclaim);
     XLB_NAT_REPLY
         .insert(key, client, u64::from(BPF_ANY))
         .is_ok()
 }
 
 /// Whether the flow of `old` (the client key reply key `key` holds) may
-/// give its port up at `now`; if so its entry is removed and its pending
-/// evidence counted. An entry whose client flow is gone, or now holds
-/// another port, is an orphan and always reclaimed.
+/// give its port up at `now`: expired (counted `nat_reclaim`, its pending
+/// evidence counted), or embryonic and `evict` (counted
+/// `nat_evict_embryonic`); if so its entry is removed. An entry whose client flow
+/// is gone, or now holds another port, is an orphan and always reclaimed.
 #[inline(always)]
-fn reclaim(key: &FlowKey, old: &FlowKey, now: u64) -> bool {
+fn reclaim(key: &FlowKey, old: &FlowKey, now: u64, evict: bool) -> bool {
     // SAFETY: a map value valid for the program's run; read only.
     let Some(f) = (unsafe { XLB_NAT_FLOWS.get(old) }) else {
+        count(Stat::NatReclaim);
         return true;
     };
     if f.nat_port != key.dport || !addr_eq(&f.nat_addr, &key.dst) {
+        count(Stat::NatReclaim);
         return true;
     }
     let Some(pool) = XLB_NAT_POOL.get(f.vip_id) else {
         return false;
     };
     if now < f.expires(pool) {
-        return false;
+        if !evict || !f.embryonic() {
+            return false;
+        }
+        // No evidence from it: its client is most likely forged, and a
+        // forged client's flows must not judge the backend.
+        count(Stat::NatEvictEmbryonic);
+    } else {
+        count(Stat::NatReclaim);
+        super::passive(f.backend_id, &f.reclaimed(pool, now));
     }
-    let ev = f.reclaimed(pool, now);
-    super::passive(f.backend_id, &ev);
     let _ = XLB_NAT_FLOWS.remove(old);
     true
 }

@@ -41,7 +41,7 @@ mod rewrite;
 
 use aya_ebpf::programs::XdpContext;
 use lb_common::{
-    BACKEND_DOWN, BackendInfo, DOWN_POLICY_KEEP, FAMILY_V4, PROTO_TCP, Stat,
+    BACKEND_DOWN, BackendInfo, DOWN_POLICY_KEEP, FAMILY_V4, FlowKey, PROTO_TCP, Stat,
     nat::{
         Evidence, MODE_NAT_PRESERVE, NAT_TCP_CLOSED, NAT_TCP_CLOSING, NAT_TCP_SYN_SENT, NAT_UDP,
         NatFlow, NatPool, is_nat, reply_key,
@@ -54,7 +54,7 @@ use crate::{
     XLB_NAT_SCRATCH, XLB_PASSIVE, XLB_VIP_INFO, XLB_VIP_STATS,
     forward::{account, nexthop, send as send_out, sent, set_macs},
     guard,
-    key::copy_addr,
+    key::{addr_eq, copy_addr},
     packet::{IPV4_LEN, IPV6_LEN, TcpHdr, ptr_at},
     parse::Packet,
     reset, select,
@@ -199,10 +199,30 @@ fn usable(
     // The flow ends here: its port goes back to the pool.
     passive(f.backend_id, &f.reclaimed(pool, now));
     if let Some(be) = be {
-        let _ = XLB_NAT_REPLY.remove(&reply_key(&pkt.flow, f, &be.addr));
+        remove_reply(&reply_key(&pkt.flow, f, &be.addr), &pkt.flow);
     }
     let _ = XLB_NAT_FLOWS.remove(&pkt.flow);
     None
+}
+
+/// Removes reply key `key` if it is still `client`'s. A stale flow's
+/// backend id may now be another backend's (`be` above is the new holder),
+/// whose own live flow may hold the same pool port: its key would be the
+/// one computed here, and it is not this flow's to remove. A stale flow's
+/// own reply key (the old backend's address) is the daemon's orphan sweep's.
+#[inline(always)]
+fn remove_reply(key: &FlowKey, client: &FlowKey) {
+    // SAFETY: a map value read at once.
+    let ours = unsafe { XLB_NAT_REPLY.get(key) }.is_some_and(|c| {
+        c.sport == client.sport
+            && c.dport == client.dport
+            && c.proto == client.proto
+            && addr_eq(&c.src, &client.src)
+            && addr_eq(&c.dst, &client.dst)
+    });
+    if ours {
+        let _ = XLB_NAT_REPLY.remove(key);
+    }
 }
 
 /// For a packet of no flow, to the NAT VIP [`client`] found: a TCP packet
@@ -230,6 +250,13 @@ pub(crate) fn start(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
         if judged != guard::ADMITTED {
             return judged;
         }
+    }
+    // The daemon-wide insert cap, with a budget of its own: a NAT flow
+    // cannot go untracked as a DSR one does, so past it the packet is
+    // dropped (no RST: a flood's sources are forged).
+    let cap = gd.ct_insert_cap;
+    if cap != 0 && !crate::conntrack::under_cap(lb_common::guard::CT_RATE_NAT, cap, now) {
+        return drop_with(Stat::DropNatInsertCapped);
     }
     // The candidates are searched from this frame, not from under
     // `new_flow`'s: each of the three calls starts from the caller's frame,
@@ -290,7 +317,8 @@ pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
     } else {
         pkt.flow.dport
     };
-    f._pad = [0; 6];
+    f._pad = [0; 2];
+    f.backend_isn = 0;
     f.last_seen_ns = now;
     f.request_ns = 0;
     s.client = pkt.flow;
@@ -366,7 +394,13 @@ fn update(
     now: u64,
     out: &mut Out,
 ) {
-    let ev = f.client_packet(pool, pkt.tcp_flags, || payload(ctx, pkt), now);
+    let ev = f.client_packet(
+        pool,
+        pkt.tcp_flags,
+        || payload(ctx, pkt),
+        || tcp_number(ctx, pkt, true),
+        now,
+    );
     passive(f.backend_id, &ev);
     copy_addr(&mut out.nat_addr, &f.nat_addr);
     out.id = f.backend_id;
@@ -475,6 +509,23 @@ pub(crate) fn payload(ctx: &XdpContext, pkt: &Packet) -> bool {
         }
     };
     pkt.ip_len > ip_hdr + l4
+}
+
+/// The sequence number (`ack` false) or acknowledgment number of TCP
+/// packet `pkt`, host order (0 if unreadable: no handshake completes
+/// with it).
+#[inline(always)]
+pub(crate) fn tcp_number(ctx: &XdpContext, pkt: &Packet, ack: bool) -> u32 {
+    let ip_hdr = if pkt.flow.family == FAMILY_V4 {
+        IPV4_LEN
+    } else {
+        IPV6_LEN
+    };
+    match ptr_at::<TcpHdr>(ctx, pkt.l3off + ip_hdr) {
+        // SAFETY: bounds checked by ptr_at.
+        Some(t) => u32::from_be_bytes(unsafe { if ack { (*t).ack_seq } else { (*t).seq } }),
+        None => 0,
+    }
 }
 
 /// Adds `ev` to backend `id`'s passive counters (nothing to write for a

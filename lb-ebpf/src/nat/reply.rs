@@ -48,7 +48,12 @@ pub(crate) fn answer(ctx: &XdpContext, pkt: &Packet) -> Option<u32> {
     // it tells nothing of the backend's state.
     let now = clock::now();
     if !pkt.icmp {
-        let ev = f.backend_packet(pkt.tcp_flags, || super::payload(ctx, pkt), now);
+        let ev = f.backend_packet(
+            pkt.tcp_flags,
+            || super::payload(ctx, pkt),
+            || super::tcp_number(ctx, pkt, false),
+            now,
+        );
         super::passive(f.backend_id, &ev);
     }
     let (vip_id, id) = (f.vip_id, f.backend_id);

@@ -18,8 +18,16 @@ pub(super) fn daemon_line(report: &StatusReport) -> String {
         Some(e) => e.to_string(),
         None => format!("?/{} (not counted yet)", n.capacity),
     };
+    let embryonic = if n.embryonic_swept > 0 {
+        format!(
+            " (and {} unfinished handshakes, map over 3/4 full)",
+            n.embryonic_swept
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "nat flows {flows}  swept {}  refused (ports exhausted) {}\n",
+        "nat flows {flows}  swept {}{embryonic}  refused (ports exhausted) {}\n",
         n.swept, n.exhausted
     )
 }
@@ -38,7 +46,11 @@ pub(super) fn vip_line(vip: &VipStatus) -> Option<String> {
             n.ports_per_backend
         )
     };
-    let flows = n.flows.map_or("?".to_owned(), |f| f.to_string());
+    let flows = match (n.flows, n.embryonic) {
+        (None, _) => "?".to_owned(),
+        (Some(f), Some(e)) if e > 0 => format!("{f} ({e} unfinished handshakes or unanswered)"),
+        (Some(f), _) => f.to_string(),
+    };
     Some(format!("  nat: {pool}  flows {flows}"))
 }
 
@@ -56,11 +68,20 @@ mod tests {
             capacity: 262_144,
             swept: 54,
             orphans_swept: 0,
+            embryonic_swept: 0,
             exhausted: 3,
         }));
         assert_eq!(
             daemon_line(&report),
             "nat flows 1310/262144 (0.5%)  swept 54  refused (ports exhausted) 3\n"
+        );
+        if let Some(n) = report.nat.as_mut() {
+            n.embryonic_swept = 7;
+        }
+        assert_eq!(
+            daemon_line(&report),
+            "nat flows 1310/262144 (0.5%)  swept 54 (and 7 unfinished handshakes, map over 3/4 full)  \
+             refused (ports exhausted) 3\n"
         );
         let mut vip = VipStatus::default();
         assert_eq!(vip_line(&vip), None);
@@ -69,11 +90,22 @@ mod tests {
             snat: vec!["10.0.0.2".into(), "10.0.0.3".into()],
             snat_ports: "10000-32767".into(),
             flows: Some(12),
+            embryonic: Some(0),
             ports_per_backend: 45_536,
         });
         assert_eq!(
             vip_line(&vip).unwrap(),
             "  nat: snat 10.0.0.2, 10.0.0.3 ports 10000-32767 (45536 per backend port)  flows 12"
+        );
+        if let Some(n) = vip.nat.as_mut() {
+            n.embryonic = Some(5);
+        }
+        assert!(
+            vip_line(&vip)
+                .unwrap()
+                .ends_with("flows 12 (5 unfinished handshakes or unanswered)"),
+            "{:?}",
+            vip_line(&vip)
         );
         vip.nat = Some(VipNatStatus {
             preserve_client: true,

@@ -253,6 +253,7 @@ impl Daemon {
             capacity: u64::from(self.cfg.daemon.pinned.nat_size),
             swept: walk.as_ref().map_or(0, |w| w.swept),
             orphans_swept: walk.as_ref().map_or(0, |w| w.orphans),
+            embryonic_swept: walk.as_ref().map_or(0, |w| w.embryonic_swept),
             exhausted: self.nat_exhausted().unwrap_or(0),
         }))
     }
@@ -261,14 +262,17 @@ impl Daemon {
     pub(super) fn vip_nat_status(&self, v: &Vip) -> Option<ctl::VipNatStatus> {
         let nat = v.cfg.nat.as_ref()?;
         let ports = u64::from(nat.port_max - nat.port_min) + 1;
+        let walk = self.nat_flows.latest();
         Some(ctl::VipNatStatus {
             preserve_client: nat.preserve_client,
             snat: nat.snat.iter().map(ToString::to_string).collect(),
             snat_ports: format!("{}-{}", nat.port_min, nat.port_max),
-            flows: self
-                .nat_flows
-                .latest()
+            flows: walk
+                .as_ref()
                 .map(|w| w.per_vip.get(&v.id).copied().unwrap_or(0)),
+            embryonic: walk
+                .as_ref()
+                .map(|w| w.embryonic_per_vip.get(&v.id).copied().unwrap_or(0)),
             ports_per_backend: nat.snat.len() as u64 * ports,
         })
     }

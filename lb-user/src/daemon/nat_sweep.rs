@@ -42,6 +42,20 @@ pub(super) const ORPHAN_EVERY: u32 = 10;
 /// A walk older than this is not reported (the walk keeps failing).
 const STALE: Duration = Duration::from_secs(30);
 
+/// Share of `daemon.nat_size` (in quarters) from which the sweep also
+/// removes embryonic flows (`NatFlow::embryonic`: a handshake the client
+/// has not completed, a UDP flow never answered) older than
+/// [`EMBRYONIC_GRACE`]. The data plane evicts them itself from a full
+/// pool, but not from a full map: a `preserve_client` VIP's flows have no
+/// pool, and a flood from forged sources would otherwise fill the map for
+/// `tcp_syn_timeout`.
+pub(super) const PRESSURE_QUARTERS: u64 = 3;
+
+/// How old an embryonic flow must be before the sweep removes it under
+/// pressure: far beyond a real client's round trip, so a real handshake
+/// in progress completes first.
+pub(super) const EMBRYONIC_GRACE: Duration = Duration::from_secs(2);
+
 /// What one walk of `XLB_NAT_FLOWS` found, and the sweep's running totals.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct NatCounts {
@@ -49,10 +63,16 @@ pub(super) struct NatCounts {
     pub entries: u64,
     /// Unexpired flows per VIP id.
     pub per_vip: HashMap<u32, u64>,
+    /// Unexpired embryonic flows per VIP id (among `per_vip`).
+    pub embryonic_per_vip: HashMap<u32, u64>,
     /// Unexpired established TCP flows per (backend id, generation).
     pub per_backend: HashMap<(u32, u32), u64>,
     /// Expired flows found, to delete (at most the walk's bound).
     pub expired: Vec<(FlowKey, NatFlow)>,
+    /// Unexpired embryonic flows older than [`EMBRYONIC_GRACE`], oldest
+    /// first once sorted: what the sweep removes under pressure (at most
+    /// the walk's bound).
+    pub embryonic: Vec<(FlowKey, NatFlow)>,
     /// Expired flows found beyond the bound (left for the next walks).
     pub expired_left: u64,
 }
@@ -89,6 +109,13 @@ impl NatCounts {
             return;
         }
         *self.per_vip.entry(flow.vip_id).or_default() += 1;
+        if flow.embryonic() {
+            *self.embryonic_per_vip.entry(flow.vip_id).or_default() += 1;
+            let grace = EMBRYONIC_GRACE.as_nanos() as u64;
+            if now_ns.saturating_sub(flow.last_seen_ns) >= grace && self.embryonic.len() < max {
+                self.embryonic.push((key, flow));
+            }
+        }
         if flow.state == NAT_TCP_ESTABLISHED {
             *self
                 .per_backend
@@ -130,10 +157,14 @@ pub(super) struct NatWalk {
     pub entries: u64,
     /// Unexpired flows per VIP id.
     pub per_vip: HashMap<u32, u64>,
+    /// Unexpired embryonic flows per VIP id (among `per_vip`).
+    pub embryonic_per_vip: HashMap<u32, u64>,
     /// Unexpired established flows per (backend id, generation).
     pub per_backend: HashMap<(u32, u32), u64>,
     /// Expired flows deleted since the daemon started.
     pub swept: u64,
+    /// Embryonic flows deleted under pressure since the daemon started.
+    pub embryonic_swept: u64,
     /// Orphaned reply keys deleted since the daemon started.
     pub orphans: u64,
 }
@@ -184,13 +215,18 @@ struct Maps {
     reply: BpfHash<MapData, FlowKey, FlowKey>,
     pools: Array<MapData, NatPool>,
     backends: Array<MapData, BackendInfo>,
+    /// Entries `XLB_NAT_FLOWS` holds at most (`daemon.nat_size`).
+    capacity: u64,
 }
 
 impl Maps {
     fn open(dir: &Path) -> anyhow::Result<Self> {
         let data = |name: &str| MapData::from_pin(dir.join(name));
+        let flows_raw = data(MAP_NAT_FLOWS)?;
+        let capacity = u64::from(flows_raw.info()?.max_entries());
         Ok(Self {
-            flows_raw: data(MAP_NAT_FLOWS)?,
+            capacity,
+            flows_raw,
             flows: Map::HashMap(data(MAP_NAT_FLOWS)?).try_into()?,
             reply_raw: data(MAP_NAT_REPLY)?,
             reply: Map::HashMap(data(MAP_NAT_REPLY)?).try_into()?,
@@ -207,16 +243,25 @@ impl Maps {
         Ok(out)
     }
 
-    /// Deletes one expired flow if it is still expired: its reply key (if
-    /// it still names this flow), then the flow. Whether it was deleted.
-    fn reclaim(&mut self, key: &FlowKey, pools: &Pools) -> anyhow::Result<bool> {
-        // The data plane may have refreshed it, or reused its port for a
-        // new flow, since the walk read it.
+    /// Deletes one expired flow (or, if `embryonic`, one still embryonic
+    /// and older than [`EMBRYONIC_GRACE`]) if it still is: its reply key
+    /// (if it still names this flow), then the flow. Whether it was
+    /// deleted.
+    fn reclaim(&mut self, key: &FlowKey, pools: &Pools, embryonic: bool) -> anyhow::Result<bool> {
+        // The data plane may have refreshed it, completed its handshake,
+        // or reused its port for a new flow, since the walk read it.
         let Ok(flow) = self.flows.get(key, 0) else {
             return Ok(false);
         };
         let pool = pools.get(flow.vip_id as usize).copied().unwrap_or_default();
-        if flow.expires(&pool) > ktime_coarse_ns() {
+        let now = ktime_coarse_ns();
+        let gone = if embryonic {
+            flow.embryonic()
+                && now.saturating_sub(flow.last_seen_ns) >= EMBRYONIC_GRACE.as_nanos() as u64
+        } else {
+            flow.expires(&pool) <= now
+        };
+        if !gone {
             return Ok(false);
         }
         let backend = self.backends.get(&flow.backend_id, 0)?;
@@ -287,8 +332,13 @@ fn walk_once(
     };
     let counts = classify(entries, &pools, now, SWEEP_MAX);
     for (key, _) in &counts.expired {
-        if maps.reclaim(key, &pools)? {
+        if maps.reclaim(key, &pools, false)? {
             totals.swept += 1;
+        }
+    }
+    for (key, _) in under_pressure(&counts, maps.capacity) {
+        if maps.reclaim(key, &pools, true)? {
+            totals.embryonic_swept += 1;
         }
     }
     if orphan_round {
@@ -308,13 +358,36 @@ fn walk_once(
     }
     totals.entries = counts.entries;
     totals.per_vip = counts.per_vip;
+    totals.embryonic_per_vip = counts.embryonic_per_vip;
     totals.per_backend = counts.per_backend;
     Ok(())
 }
 
+/// The embryonic flows a walk that found `counts` removes: none while the
+/// unexpired flows fill less than [`PRESSURE_QUARTERS`] of `capacity`;
+/// above, the oldest, as many as bring it back under (at most those the
+/// walk listed).
+pub(super) fn under_pressure(counts: &NatCounts, capacity: u64) -> Vec<&(FlowKey, NatFlow)> {
+    let live = counts.entries - counts.expired.len() as u64 - counts.expired_left;
+    let threshold = capacity / 4 * PRESSURE_QUARTERS;
+    if live < threshold {
+        return Vec::new();
+    }
+    let mut oldest: Vec<_> = counts.embryonic.iter().collect();
+    oldest.sort_by_key(|(_, f)| f.last_seen_ns);
+    // Down to an eighth under the threshold, so a steady flood does not
+    // leave the map at its edge between walks.
+    let excess = (live - threshold + capacity / 8) as usize;
+    oldest.truncate(excess);
+    oldest
+}
+
 #[cfg(test)]
 mod tests {
-    use lb_common::nat::{NAT_TCP_CLOSED, NAT_TCP_FIN_WAIT, NAT_TCP_SYN_SENT, NAT_UDP};
+    use lb_common::nat::{
+        NAT_FLAG_ANSWERED, NAT_TCP_CLOSED, NAT_TCP_FIN_WAIT, NAT_TCP_SYN_RECV, NAT_TCP_SYN_SENT,
+        NAT_UDP,
+    };
     use lb_common::{PROTO_TCP, PROTO_UDP};
 
     use super::*;
@@ -354,6 +427,55 @@ mod tests {
         (key, f)
     }
 
+    fn answered((k, mut f): (FlowKey, NatFlow)) -> (FlowKey, NatFlow) {
+        f.flags |= NAT_FLAG_ANSWERED;
+        (k, f)
+    }
+
+    #[test]
+    fn embryonic_flows_are_swept_only_under_pressure_oldest_first() {
+        let now = 10_000;
+        // 8 established, 8 embryonic of which 6 past the grace period.
+        let mut entries: Vec<_> = (0..8)
+            .map(|p| flow(p, 1, NAT_TCP_ESTABLISHED, now - 1))
+            .collect();
+        for (p, age) in [
+            (10, 30),
+            (11, 3),
+            (12, 50),
+            (13, 1),
+            (14, 10),
+            (15, 0),
+            (16, 20),
+            (17, 40),
+        ] {
+            let state = if p % 2 == 0 {
+                NAT_TCP_SYN_RECV
+            } else {
+                NAT_TCP_SYN_SENT
+            };
+            entries.push(flow(p, 1, state, now - age));
+        }
+        let c = classify(entries, &pools(), now * S, 100);
+        assert_eq!(c.embryonic_per_vip, HashMap::from([(1, 8)]));
+        assert_eq!(c.embryonic.len(), 6, "two within the grace period");
+        // 16 live of 64: no pressure.
+        assert!(under_pressure(&c, 64).is_empty());
+        // 16 live of 20: the threshold is 15; down to 15 - 20/8 = 13: 3 go,
+        // the oldest.
+        let gone: Vec<u16> = under_pressure(&c, 20)
+            .iter()
+            .map(|(k, _)| k.sport)
+            .collect();
+        assert_eq!(
+            gone,
+            [12u16, 17, 10].map(u16::to_be),
+            "aged 50, 40 and 30 s"
+        );
+        // Far over: every listed one, never one in its grace period.
+        assert_eq!(under_pressure(&c, 8).len(), 6);
+    }
+
     #[test]
     fn each_state_expires_by_its_own_timeout() {
         let now = 10_000;
@@ -373,8 +495,15 @@ mod tests {
             ),
             ("fin 119 s", flow(5, 1, NAT_TCP_FIN_WAIT, now - 119), false),
             ("closed 10 s", flow(6, 1, NAT_TCP_CLOSED, now - 10), true),
-            ("udp 29 s", flow(7, 1, NAT_UDP, now - 29), false),
-            ("udp 31 s", flow(8, 1, NAT_UDP, now - 31), true),
+            ("udp 29 s", answered(flow(7, 1, NAT_UDP, now - 29)), false),
+            ("udp 31 s", answered(flow(8, 1, NAT_UDP, now - 31)), true),
+            ("unanswered udp 4 s", flow(11, 1, NAT_UDP, now - 4), false),
+            ("unanswered udp 5 s", flow(12, 1, NAT_UDP, now - 5), true),
+            (
+                "syn-recv 60 s",
+                flow(13, 1, NAT_TCP_SYN_RECV, now - 60),
+                true,
+            ),
             (
                 "a removed VIP's flow",
                 flow(9, 2, NAT_TCP_ESTABLISHED, now),

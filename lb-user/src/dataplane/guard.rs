@@ -182,19 +182,20 @@ impl Dataplane {
     }
 
     /// Sets every CPU's conntrack insert window (tests: a controlled window).
-    pub fn set_ct_rate(&mut self, rate: CtRate) -> Result<()> {
+    pub fn set_ct_rate(&mut self, slot: u32, rate: CtRate) -> Result<()> {
         let n = aya::util::nr_cpus().map_err(|(_, e)| DataplaneError::Cpus(e))?;
         let v = PerCpuValues::try_from(vec![rate; n]).map_err(DataplaneError::Cpus)?;
         self.ct_rate
-            .set(0, v, 0)
+            .set(slot, v, 0)
             .map_err(map_err(lb_common::MAP_CT_RATE))
     }
 
-    /// Each CPU's conntrack insert window.
-    pub fn ct_rate(&self) -> Result<Vec<CtRate>> {
+    /// Each CPU's insert window of `slot` (`CT_RATE_CONNTRACK`,
+    /// `CT_RATE_NAT`).
+    pub fn ct_rate(&self, slot: u32) -> Result<Vec<CtRate>> {
         let v = self
             .ct_rate
-            .get(&0, 0)
+            .get(&slot, 0)
             .map_err(map_err(lb_common::MAP_CT_RATE))?;
         Ok(v.iter().copied().collect())
     }

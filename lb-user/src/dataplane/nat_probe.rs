@@ -20,7 +20,10 @@ use std::{
 use aya::maps::{HashMap, Map, MapData, MapError};
 use lb_common::{
     FlowKey, PROTO_TCP, PROTO_UDP, addr16,
-    nat::{MAP_NAT_FLOWS, MAP_NAT_REPLY, NAT_TCP_ESTABLISHED, NAT_UDP, NatFlow, reply_key},
+    nat::{
+        MAP_NAT_FLOWS, MAP_NAT_REPLY, NAT_FLAG_ANSWERED, NAT_TCP_ESTABLISHED, NAT_UDP, NatFlow,
+        reply_key,
+    },
 };
 
 use crate::health::datapath::{NatFlows, ProbeFlow};
@@ -100,11 +103,14 @@ pub fn entries(p: &ProbeFlow, now_ns: u64) -> (FlowKey, NatFlow, FlowKey) {
         // made (`PassiveStats::connected` without its `connects`), which
         // would hide real clients' failed connects from passive detection.
         state: if p.udp { NAT_UDP } else { NAT_TCP_ESTABLISHED },
-        flags: 0,
+        // Answered from the start too: the daemon's own flow is no forged
+        // client's, and is never evicted as embryonic.
+        flags: if p.udp { NAT_FLAG_ANSWERED } else { 0 },
         nat_port: client.sport,
         nat_addr: client.src,
         backend_port: p.backend.port().to_be(),
-        _pad: [0; 6],
+        _pad: [0; 2],
+        backend_isn: 0,
         last_seen_ns: now_ns,
         request_ns: 0,
     };

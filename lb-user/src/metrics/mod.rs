@@ -400,6 +400,7 @@ mod tests {
             capacity: 262_144,
             swept: 40,
             orphans_swept: 1,
+            embryonic_swept: 0,
             exhausted: 0,
         }));
         report.vips[0].mode = "nat".to_owned();
@@ -408,6 +409,7 @@ mod tests {
             snat: vec!["10.0.0.2".to_owned()],
             snat_ports: "10000-32767".to_owned(),
             flows: Some(1100),
+            embryonic: Some(40),
             ports_per_backend: 22_768,
         });
         report

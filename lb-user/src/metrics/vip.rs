@@ -9,7 +9,7 @@ impl Subject for VipStatus {
     }
 }
 
-pub(super) const FAMILIES: [Family<VipStatus>; 14] = [
+pub(super) const FAMILIES: [Family<VipStatus>; 15] = [
     Family {
         name: "xlb_vip_info",
         kind: Kind::Gauge,
@@ -60,6 +60,18 @@ pub(super) const FAMILIES: [Family<VipStatus>; 14] = [
             v.nat
                 .as_ref()
                 .and_then(|n| n.flows)
+                .map_or(Value::Absent, Value::Int)
+        },
+    },
+    Family {
+        name: "xlb_vip_nat_embryonic_flows",
+        kind: Kind::Gauge,
+        help: "Those of xlb_vip_nat_flows whose TCP handshake the client has not completed, or UDP flows never \
+               answered: they give their port to a new flow when the pool is full; absent for DSR VIPs or before the first walk.",
+        value: |v| {
+            v.nat
+                .as_ref()
+                .and_then(|n| n.embryonic)
                 .map_or(Value::Absent, Value::Int)
         },
     },
