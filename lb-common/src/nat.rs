@@ -332,6 +332,16 @@ pub fn nat_candidate(pool: &NatPool, hash: u64, i: u32) -> Option<(u32, u16)> {
     Some((addr, pool.port_min + port as u16))
 }
 
+/// Entries of `XLB_NAT_SEEN` (kernel-only LRU hash: client key → the
+/// SYN's sequence number, 0 for UDP): new flows that found their pool's
+/// candidates held, some by embryonic flows, and were dropped on first
+/// sight. Only a flow seen again (a SYN sent again with the same ISN, a
+/// UDP client's next datagram) may take an embryonic flow's port: a flood
+/// from forged sources sends each source once, a real client sends again
+/// within a second. Enough for several seconds of a flood at tens of
+/// thousands of new sources a second (about 100 bytes each).
+pub const NAT_SEEN_SIZE: u32 = 65_536;
+
 /// Slots of `XLB_NAT_HOPS`, per CPU: a power of two.
 pub const CLIENT_HOPS: u32 = 4096;
 
@@ -476,7 +486,16 @@ impl NatFlow {
             ev.events |= EV_REQUEST;
         }
         if flags & TCP_RST != 0 {
-            changed |= self.set_state(NAT_TCP_CLOSED);
+            // Before the handshake completes, a client's RST is forwarded
+            // and changes nothing: the flow stays embryonic (evictable, the
+            // handshake's timeout). A client whose SYN reached a backend
+            // still holding state for the same addresses and ports (a port
+            // just taken from an embryonic flow) gets an ACK or SYN-ACK it
+            // did not ask for and answers it with a RST, which clears that
+            // state; its SYN, sent again, must then find the same flow.
+            if self.state != NAT_TCP_SYN_SENT && self.state != NAT_TCP_SYN_RECV {
+                changed |= self.set_state(NAT_TCP_CLOSED);
+            }
         } else if self.state == NAT_TCP_SYN_RECV {
             // Only the ACK of the backend's SYN-ACK completes the
             // handshake; a FIN before it changes nothing (a forged source
@@ -519,11 +538,16 @@ impl NatFlow {
             ev.events |= EV_RESET;
             self.request_ns = 0;
             changed |= self.set_state(NAT_TCP_CLOSED);
-        } else if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK && self.state == NAT_TCP_SYN_SENT
-        {
-            ev.events |= EV_CONNECTED;
-            self.backend_isn = seq();
-            changed |= self.set_state(NAT_TCP_SYN_RECV);
+        } else if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK {
+            // In SYN_RECV too: after the client's RST cleared the backend's
+            // old state (above), its SYN sent again gets a new ISN.
+            if self.state == NAT_TCP_SYN_SENT {
+                ev.events |= EV_CONNECTED;
+                self.backend_isn = seq();
+                changed |= self.set_state(NAT_TCP_SYN_RECV);
+            } else if self.state == NAT_TCP_SYN_RECV {
+                self.backend_isn = seq();
+            }
         }
         // `request_ns` is 0 whenever detection is off.
         if self.request_ns != 0 && payload() {
@@ -806,10 +830,23 @@ mod tests {
             s.state, NAT_TCP_SYN_SENT,
             "no ACK completes before the SYN-ACK"
         );
-        // A RST ends it either way.
+        // The client's RST before the handshake completes changes nothing
+        // (it answers a backend's stale state on a reused port); the
+        // backend's next SYN-ACK gives the ISN to acknowledge.
         let mut r = f;
         r.client_packet(&p, TCP_RST, || false, || 0, 3 * S);
-        assert_eq!(r.state, NAT_TCP_CLOSED);
+        assert_eq!((r.state, r.last_seen_ns), (NAT_TCP_SYN_RECV, 2 * S));
+        r.backend_packet(TCP_SYN | TCP_ACK, || false, || 77, 3 * S);
+        assert_eq!((r.state, r.backend_isn), (NAT_TCP_SYN_RECV, 77));
+        r.client_packet(&p, TCP_ACK, || false, || 78, 3 * S);
+        assert_eq!(r.state, NAT_TCP_ESTABLISHED);
+        r.client_packet(&p, TCP_RST, || false, || 0, 4 * S);
+        assert_eq!(r.state, NAT_TCP_CLOSED, "after it, a RST closes");
+        let mut s = syn_sent(S);
+        s.client_packet(&p, TCP_RST, || false, || 0, 2 * S);
+        assert_eq!(s.state, NAT_TCP_SYN_SENT);
+        s.backend_packet(TCP_RST, || false, || 0, 2 * S);
+        assert_eq!(s.state, NAT_TCP_CLOSED, "the backend's RST closes");
         // A backend FIN before the handshake completes changes nothing.
         let mut b = f;
         b.backend_packet(TCP_FIN | TCP_ACK, || false, || 0, 3 * S);

@@ -188,6 +188,12 @@ stats! {
     /// (`NatFlow::embryonic`). A flood from forged sources fills a pool
     /// with those; they give way to real clients.
     NatEvictEmbryonic = "nat_evict_embryonic",
+    /// A new NAT flow that found its pool's candidates held, some by
+    /// embryonic flows, seen for the first time: dropped and remembered
+    /// (`XLB_NAT_SEEN`); its client's next SYN (or datagram) may take an
+    /// embryonic flow's port. A flood from forged sources, each sent once,
+    /// ends here without reaching a backend.
+    DropNatUnproven = "drop_nat_unproven",
     /// A new NAT flow refused because this CPU already started
     /// `guard.ct_insert_cap` NAT flows this second: dropped (a real
     /// client's SYN is sent again; a forged source gets no RST).

@@ -219,6 +219,12 @@ static XLB_NAT_SPORTS: Array<u32> = Array::with_max_entries(lb_common::PORT_INDE
 #[map(name = "XLB_NAT_BEADDR")]
 static XLB_NAT_BEADDR: HashMap<VipAddrKey, u32> = HashMap::with_max_entries(BACKEND_IDS, 0);
 
+/// New NAT flows dropped on first sight while their pool was held
+/// (`lb_common::nat::NAT_SEEN_SIZE`). Not pinned, not read by userspace.
+#[map(name = "XLB_NAT_SEEN")]
+static XLB_NAT_SEEN: LruHashMap<FlowKey, u32> =
+    LruHashMap::with_max_entries(lb_common::nat::NAT_SEEN_SIZE, 0);
+
 /// This CPU's NAT flow being allocated (`nat::alloc::Scratch`): off the
 /// stack. Not pinned, not read by userspace.
 #[map(name = "XLB_NAT_SCRATCH")]

@@ -16,7 +16,7 @@ use lb_common::{
 };
 
 use crate::{
-    XLB_NAT_FLOWS, XLB_NAT_POOL, XLB_NAT_REPLY, XLB_NAT_SCRATCH,
+    XLB_NAT_FLOWS, XLB_NAT_POOL, XLB_NAT_REPLY, XLB_NAT_SCRATCH, XLB_NAT_SEEN,
     key::{addr_eq, copy_addr},
     stats::count,
 };
@@ -39,6 +39,13 @@ pub(crate) struct Scratch {
     pub out: super::Out,
     /// The MTU `nat::too_big` leaves for the ICMP answer.
     pub too_big_mtu: u32,
+    /// The new flow's SYN's sequence number (0 for UDP): what
+    /// `XLB_NAT_SEEN` remembers of it.
+    pub seq: u32,
+    /// Whether the flow was seen before ([`PROOF_SEEN`]), not
+    /// ([`PROOF_FIRST`]), or not asked yet (0): asked when it would take
+    /// an embryonic flow's port ([`proven`]).
+    pub proof: u32,
     pub _pad2: u32,
 }
 
@@ -95,6 +102,40 @@ pub(crate) fn search() -> bool {
 
 /// Candidates tried before one held by an embryonic flow may be taken.
 pub(crate) const EVICT_AFTER: u32 = NAT_ALLOC_TRIES / 2;
+/// [`Scratch::proof`]: the flow was seen before (`XLB_NAT_SEEN`).
+pub(crate) const PROOF_SEEN: u32 = 1;
+/// [`Scratch::proof`]: first sight.
+pub(crate) const PROOF_FIRST: u32 = 2;
+
+/// Whether the client of the flow in `s` sent this SYN (same ISN) or
+/// another datagram before, and was dropped for its pool ([`remember`]).
+#[inline(always)]
+fn seen(s: &Scratch) -> bool {
+    // SAFETY: a u32 read at once.
+    unsafe { XLB_NAT_SEEN.get(&s.client) }.is_some_and(|seq| *seq == s.seq)
+}
+
+/// Whether the flow being allocated may take an embryonic flow's port: it
+/// was seen before ([`seen`]). Asked once per flow, the answer kept in
+/// the scratch entry (where the verifier does not follow it).
+#[inline(always)]
+fn proven() -> bool {
+    let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+    let s = unsafe { &mut *s };
+    if s.proof == 0 {
+        s.proof = if seen(s) { PROOF_SEEN } else { PROOF_FIRST };
+    }
+    s.proof == PROOF_SEEN
+}
+
+/// Remembers the flow in `s`, dropped on first sight (`drop_nat_unproven`).
+#[inline(always)]
+pub(crate) fn remember(s: &Scratch) {
+    let _ = XLB_NAT_SEEN.insert(&s.client, &s.seq, 0);
+}
 
 /// What one candidate gave.
 #[derive(PartialEq, Eq)]
@@ -108,7 +149,8 @@ enum Try {
 }
 
 /// Tries candidate `i` of the flow in `XLB_NAT_SCRATCH`, taking it from
-/// an embryonic flow from [`EVICT_AFTER`] on.
+/// an embryonic flow from [`EVICT_AFTER`] on if the flow is proven
+/// ([`proven`]).
 #[inline(always)]
 fn try_candidate(i: u32) -> Try {
     let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
@@ -187,7 +229,8 @@ fn reclaim(key: &FlowKey, old: &FlowKey, now: u64, evict: bool) -> bool {
         return false;
     };
     if now < f.expires(pool) {
-        if !evict || !f.embryonic() {
+        // `proven` last: asked only when it decides.
+        if !evict || !f.embryonic() || !proven() {
             return false;
         }
         // No evidence from it: its client is most likely forged, and a

@@ -322,6 +322,8 @@ pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
     f.last_seen_ns = now;
     f.request_ns = 0;
     s.client = pkt.flow;
+    s.seq = if tcp { tcp_number(ctx, pkt, false) } else { 0 };
+    s.proof = 0;
     alloc::prepare(s, &be.addr);
     if !preserve {
         return SEARCH;
@@ -338,14 +340,21 @@ pub(crate) fn new_flow(ctx: &XdpContext, pkt: &Packet, now: u64) -> u32 {
 /// without, the pool is exhausted for it (a TCP client is reset).
 #[inline(never)]
 fn finish_flow(ctx: &XdpContext, pkt: &Packet, now: u64, claimed: bool) -> u32 {
-    if !claimed {
-        return exhausted(ctx, pkt);
-    }
     let Some(s) = XLB_NAT_SCRATCH.get_ptr_mut(0) else {
         return aborted();
     };
     // SAFETY: per-CPU slot, no concurrent writer on this CPU.
     let s = unsafe { &mut *s };
+    if !claimed {
+        // Held partly by embryonic flows, and this flow is new: dropped
+        // and remembered, so that only a client that sends again (a real
+        // one) takes an embryonic flow's port. No RST: a forged source.
+        if s.proof == alloc::PROOF_FIRST {
+            alloc::remember(s);
+            return drop_with(Stat::DropNatUnproven);
+        }
+        return exhausted(ctx, pkt);
+    }
     let Some(pool) = XLB_NAT_POOL.get(s.flow.vip_id) else {
         return aborted();
     };

@@ -27,6 +27,7 @@
     reason = "one dependency list serves the package's library and every target"
 )]
 
+mod flood;
 mod passive;
 mod pool;
 mod restart;
