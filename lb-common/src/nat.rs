@@ -154,6 +154,11 @@ pub const NAT_FLAG_PASSIVE: u8 = 8;
 /// [`NatFlow::flags`]: the backend answered this UDP flow (a packet the
 /// other way). Clear: the flow is embryonic ([`NatFlow::embryonic`]).
 pub const NAT_FLAG_ANSWERED: u8 = 16;
+/// [`NatFlow::flags`]: the UDP flow's client sent again after its backend
+/// answered: counted once as an established flow of its source (what
+/// `auto_block` judges). A TCP flow is counted when its handshake
+/// completes.
+pub const NAT_FLAG_CONFIRMED: u8 = 32;
 
 /// Bit of an `XLB_VIP_PORTS` count (see [`crate::port_index`]): some NAT
 /// VIP listens on this (protocol, port). The daemon keeps it beside the
@@ -400,6 +405,11 @@ pub const EV_RESPONSE: u32 = 8;
 pub const EV_UNANSWERED: u32 = 16;
 pub const EV_ABANDONED: u32 = 32;
 pub const EV_CONNECT_TIMEOUT: u32 = 64;
+/// Not a passive counter: the client's packet established the flow (the
+/// ACK completing the handshake; a UDP client's packet after an answer),
+/// once per flow. Its source counts one established flow (the guard's
+/// `auto_block`).
+pub const EV_ESTABLISHED: u32 = 128;
 
 /// The passive evidence of a packet: [`EV_CONNECTED`]… bits, and for
 /// [`EV_RESPONSE`] the response time.
@@ -478,6 +488,12 @@ impl NatFlow {
             ev.events |= EV_CONNECT_TIMEOUT;
         }
         let mut changed = false;
+        if self.state == NAT_UDP
+            && self.flags & (NAT_FLAG_ANSWERED | NAT_FLAG_CONFIRMED) == NAT_FLAG_ANSWERED
+        {
+            self.flags |= NAT_FLAG_CONFIRMED;
+            ev.events |= EV_ESTABLISHED;
+        }
         if flags & (TCP_RST | TCP_FIN) != 0 && self.request_ns != 0 {
             ev.events |= self.pending_verdict(pool, now);
             self.request_ns = 0;
@@ -504,6 +520,7 @@ impl NatFlow {
                 && ack().wrapping_sub(self.backend_isn.wrapping_add(1)) < NAT_HANDSHAKE_WINDOW
             {
                 changed |= self.set_state(NAT_TCP_ESTABLISHED);
+                ev.events |= EV_ESTABLISHED;
             }
         } else if flags & TCP_FIN != 0
             && self.state != NAT_TCP_SYN_SENT
@@ -751,8 +768,16 @@ mod tests {
             (NAT_TCP_SYN_RECV, 20),
             "state change touches"
         );
-        f.client_packet(&p, TCP_ACK, || false, || 1, 25);
+        assert_eq!(
+            f.client_packet(&p, TCP_ACK, || false, || 1, 25).events,
+            EV_ESTABLISHED
+        );
         assert_eq!(f.state, NAT_TCP_ESTABLISHED, "the client's ACK of ISN 0");
+        assert_eq!(
+            f.client_packet(&p, TCP_ACK, || false, || 1, 26).events,
+            0,
+            "established once"
+        );
         f.client_packet(&p, TCP_FIN | TCP_ACK, || false, || 0, 30);
         assert_eq!(f.state, NAT_TCP_FIN_WAIT);
         f.backend_packet(TCP_FIN | TCP_ACK, || false, || 0, 40);
@@ -874,9 +899,23 @@ mod tests {
             ..p
         };
         assert_eq!(f.expires(&short), 3 * S, "never past udp_timeout");
-        f.client_packet(&p, 0, || true, || 0, 3 * S);
+        assert_eq!(
+            f.client_packet(&p, 0, || true, || 0, 3 * S).events & EV_ESTABLISHED,
+            0
+        );
         assert!(f.embryonic(), "the client's own packets prove nothing");
         f.backend_packet(0, || true, || 0, 3 * S + 5);
+        let mut g = f;
+        assert_eq!(
+            g.client_packet(&p, 0, || false, || 0, 4 * S).events,
+            EV_ESTABLISHED,
+            "the client's next datagram after an answer"
+        );
+        assert_eq!(
+            g.client_packet(&p, 0, || false, || 0, 4 * S).events,
+            0,
+            "once"
+        );
         assert!(!f.embryonic());
         assert_eq!(f.flags & NAT_FLAG_ANSWERED, NAT_FLAG_ANSWERED);
         assert_eq!((f.state, f.last_seen_ns), (NAT_UDP, 3 * S + 5));
@@ -1025,7 +1064,8 @@ mod tests {
         assert_eq!(f.state, NAT_TCP_SYN_RECV);
         assert_eq!(
             f.client_packet(&off, TCP_ACK, unread, || 1, 3 * S).events,
-            0
+            EV_ESTABLISHED,
+            "the guard's count, not passive evidence"
         );
         assert_eq!(f.state, NAT_TCP_ESTABLISHED);
         assert_eq!(f.backend_packet(TCP_ACK, unread, || 0, 4 * S).events, 0);

@@ -138,7 +138,7 @@ pub(crate) fn confirm(pkt: &Packet, e: &mut CtEntry) {
 /// flood churns the map; a real client must still be counted).
 // verifier: as `judge`.
 #[inline(never)]
-fn established(pkt: &Packet, vip_id: u32) {
+pub(crate) fn established(pkt: &Packet, vip_id: u32) {
     let Some(g) = XLB_GUARD.get(vip_id) else {
         return;
     };

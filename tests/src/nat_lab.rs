@@ -84,6 +84,8 @@ pub struct NatVip {
     /// The body of `[vip.health_check]`, written as it is; `None`: not
     /// written.
     pub health_check: Option<String>,
+    /// The body of `[vip.guard]`, written as it is; `None`: not written.
+    pub guard: Option<String>,
 }
 
 impl NatVip {
@@ -103,6 +105,7 @@ impl NatVip {
             preserve_client: false,
             passive: None,
             health_check: None,
+            guard: None,
         }
     }
 
@@ -165,6 +168,9 @@ impl NatVip {
         }
         if let Some(h) = &self.health_check {
             out.push_str(&format!("\n[vip.health_check]\n{}\n", h.trim_end()));
+        }
+        if let Some(g) = &self.guard {
+            out.push_str(&format!("\n[vip.guard]\n{}\n", g.trim_end()));
         }
         for &i in &self.backends {
             out.push_str(&format!(

@@ -43,8 +43,8 @@ use aya_ebpf::programs::XdpContext;
 use lb_common::{
     BACKEND_DOWN, BackendInfo, DOWN_POLICY_KEEP, FAMILY_V4, FlowKey, PROTO_TCP, Stat,
     nat::{
-        Evidence, MODE_NAT_PRESERVE, NAT_TCP_CLOSED, NAT_TCP_CLOSING, NAT_TCP_SYN_SENT, NAT_UDP,
-        NatFlow, NatPool, is_nat, reply_key,
+        EV_ESTABLISHED, Evidence, MODE_NAT_PRESERVE, NAT_TCP_CLOSED, NAT_TCP_CLOSING,
+        NAT_TCP_SYN_SENT, NAT_UDP, NatFlow, NatPool, is_nat, reply_key,
     },
     trace::VERDICT_BACKEND_SHIFT,
 };
@@ -410,6 +410,9 @@ fn update(
         || tcp_number(ctx, pkt, true),
         now,
     );
+    if ev.events & EV_ESTABLISHED != 0 {
+        guard::established(pkt, f.vip_id);
+    }
     passive(f.backend_id, &ev);
     copy_addr(&mut out.nat_addr, &f.nat_addr);
     out.id = f.backend_id;
@@ -541,7 +544,7 @@ pub(crate) fn tcp_number(ctx: &XdpContext, pkt: &Packet, ack: bool) -> u32 {
 /// packet that tells nothing: the established path's common case).
 #[inline(always)]
 pub(crate) fn passive(id: u32, ev: &Evidence) {
-    if ev.events == 0 {
+    if ev.events & !EV_ESTABLISHED == 0 {
         return;
     }
     if let Some(s) = XLB_PASSIVE.get_ptr_mut(id) {

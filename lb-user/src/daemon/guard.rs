@@ -591,7 +591,7 @@ impl Daemon {
         if targets.is_empty() {
             return false;
         }
-        let pin = persist::pin_dir(&self.cfg.daemon.pinned.instance).join(lb_common::MAP_CT);
+        let pin = persist::pin_dir(&self.cfg.daemon.pinned.instance);
         // `get_next_key` restarts from the first key when the LRU evicted
         // the one it was given: under churn the walk could go round for
         // ever, so it reads at most twice the table.
@@ -690,14 +690,15 @@ impl TargetIndex {
         TargetIndex { shapes, by_key }
     }
 
-    /// The first target (in `targets` order) that flow `k` of entry `e` matches.
-    fn find(&self, k: &FlowKey, e: &CtEntry) -> Option<usize> {
+    /// The first target (in `targets` order) that flow `k` of VIP `vip_id`
+    /// matches.
+    fn find(&self, k: &FlowKey, vip_id: u32) -> Option<usize> {
         self.shapes
             .iter()
             .filter(|(family, _)| *family == k.family)
             .flat_map(|&(family, len)| {
                 let masked = lb_common::mask_addr(&k.src, len);
-                [Some(e.vip_id), None]
+                [Some(vip_id), None]
                     .map(|vip| self.by_key.get(&(family, len, masked, vip)).copied())
             })
             .flatten()
@@ -705,10 +706,28 @@ impl TargetIndex {
     }
 }
 
+/// Cuts the flows of each target among those pinned in `dir`: conntrack's
+/// (DSR VIPs) and the NAT flows' (`mode = "nat"` VIPs); the count cut per
+/// target.
+fn purge(dir: &std::path::Path, targets: &PurgeTargets, limit: usize) -> Vec<Result<u64, String>> {
+    let index = TargetIndex::new(targets);
+    let ct = purge_conntrack(&dir.join(lb_common::MAP_CT), targets, &index, limit);
+    let nat = super::nat_purge::purge(dir, targets.len(), |k, vip_id| index.find(k, vip_id));
+    ct.into_iter()
+        .zip(nat)
+        .map(|(ct, nat)| Ok(ct? + nat?))
+        .collect()
+}
+
 /// Walks the pinned conntrack at `pin` once (reading at most `limit`
 /// entries; batch lookups, key by key on kernels without them) and removes
 /// the entries of flows matching each target; the count cut per target.
-fn purge(pin: &std::path::Path, targets: &PurgeTargets, limit: usize) -> Vec<Result<u64, String>> {
+fn purge_conntrack(
+    pin: &std::path::Path,
+    targets: &PurgeTargets,
+    index: &TargetIndex,
+    limit: usize,
+) -> Vec<Result<u64, String>> {
     let fail = |e: String| targets.iter().map(|_| Err(e.clone())).collect();
     let data = match aya::maps::MapData::from_pin(pin) {
         Ok(m) => m,
@@ -717,9 +736,8 @@ fn purge(pin: &std::path::Path, targets: &PurgeTargets, limit: usize) -> Vec<Res
     let mut hit: Vec<Vec<FlowKey>> = vec![Vec::new(); targets.len()];
     let mut seen = HashSet::new();
     let mut read = 0usize;
-    let index = TargetIndex::new(targets);
     let mut visit = |k: &FlowKey, e: &CtEntry| {
-        if let Some(i) = index.find(k, e)
+        if let Some(i) = index.find(k, e.vip_id)
             && seen.insert(*k)
         {
             hit[i].push(*k);
@@ -844,7 +862,7 @@ mod tests {
                 let scan = targets
                     .iter()
                     .position(|(p, vip, _)| flow_matches(&k, &e, p, *vip));
-                assert_eq!(index.find(&k, &e), scan, "{src} at VIP {vip_id}");
+                assert_eq!(index.find(&k, e.vip_id), scan, "{src} at VIP {vip_id}");
             }
         }
     }

@@ -40,6 +40,7 @@ mod links;
 mod main_loop;
 pub mod model;
 pub mod nat;
+mod nat_purge;
 mod nat_sweep;
 mod notify;
 mod passive;

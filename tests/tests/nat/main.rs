@@ -11,6 +11,10 @@
 //!   second, fewer than 1 % of requests failing) and seed 003 (a fleet slow
 //!   together: nobody ejected, nothing failing).
 //! - `pool`: port exhaustion of a tiny pool, and configurations refused.
+//! - `flood`: a SYN flood from forged sources at a small pool (issue 38):
+//!   real clients still served, the pool's occupancy bounded and shown.
+//! - `block`: `xlb block` cuts a client's NAT flows, and `auto_block`
+//!   judges a NAT VIP's sources (issue 38).
 //! - `via`: data-path probes (`via = "vip"`) through the NAT path, and
 //!   what they catch that a direct probe does not (a backend's way back to
 //!   the pool address).
@@ -27,6 +31,7 @@
     reason = "one dependency list serves the package's library and every target"
 )]
 
+mod block;
 mod flood;
 mod passive;
 mod pool;
