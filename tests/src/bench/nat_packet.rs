@@ -208,10 +208,14 @@ fn establish(w: &mut World, f: &Flow) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
         v == XDP_TX,
         "NAT SYN-ACK of {f:?}: verdict {v}, want XDP_TX"
     );
+    // The client's ACK completes the handshake (`packet::tcp` acknowledges
+    // 2000, within the window past the SYN-ACK's sequence number 1000).
+    let (v, _) = w.run(lb_common::PROG_LB, &frame(f, ACK))?;
+    anyhow::ensure!(v == XDP_TX, "NAT ACK of {f:?}: verdict {v}, want XDP_TX");
     let state = flows(w)?.get(&f.key(), 0)?.state;
     anyhow::ensure!(
         state == NAT_TCP_ESTABLISHED,
-        "NAT flow {f:?}: state {state} after the SYN-ACK, want established ({NAT_TCP_ESTABLISHED})"
+        "NAT flow {f:?}: state {state} after the client's ACK, want established ({NAT_TCP_ESTABLISHED})"
     );
     Ok((frame(f, ACK), frame(&answer, ACK)))
 }
