@@ -34,6 +34,63 @@ pub(super) struct Tracked {
     /// As of the last sample.
     window: Window,
     verdict: Verdict,
+    /// Out of the table at the last sample.
+    out: bool,
+    /// When it came back into the table, while the evidence of its flows
+    /// may still be about the time it was out (see [`Tracked::observe`]).
+    back_at: Option<Instant>,
+}
+
+impl Tracked {
+    fn new(generation: u32, addr: SocketAddr) -> Self {
+        Tracked {
+            generation,
+            addr,
+            history: History::new(),
+            window: Window::default(),
+            verdict: Verdict::TooFew,
+            out: false,
+            back_at: None,
+        }
+    }
+
+    /// Takes the counters sampled at `now`; whether the backend is to be
+    /// judged on them (`window` then holds what they say). A backend out of
+    /// the table is not judged, and what its flows tell meanwhile
+    /// (requests it never answered while hung, flows ended when it went
+    /// down) is forgotten sample by sample. Back in the table, it is not
+    /// judged for `response_timeout` either, and what came in that time is
+    /// forgotten too: a request still pending from before its return is
+    /// judged (unanswered or abandoned) when its client gives up, right
+    /// after the return, and that is evidence about the time it was out.
+    fn observe(
+        &mut self,
+        now: Instant,
+        counts: PassiveStats,
+        keep: Duration,
+        th: &passive::Thresholds,
+        in_table: bool,
+    ) -> bool {
+        self.history.push(now, counts, keep);
+        if in_table && self.out {
+            self.back_at = Some(now);
+        }
+        self.out = !in_table;
+        let grace = self
+            .back_at
+            .is_some_and(|at| now.saturating_duration_since(at) < th.response_timeout);
+        if !grace {
+            self.back_at = None;
+        }
+        if !in_table || grace {
+            self.history.restart();
+            self.window = Window::default();
+            self.verdict = Verdict::TooFew;
+            return false;
+        }
+        self.window = self.history.window(now, th);
+        true
+    }
 }
 
 /// The daemon's passive detection state.
@@ -148,25 +205,18 @@ impl Daemon {
         for b in &v.backends {
             let counts = sums.get(b.id as usize).copied().unwrap_or_default();
             let addr = b.cfg.socket_addr();
-            let t = self.passive.tracked.entry(b.id).or_insert_with(|| Tracked {
-                generation: b.generation,
-                addr,
-                history: History::new(),
-                window: Window::default(),
-                verdict: Verdict::TooFew,
-            });
+            let t = self
+                .passive
+                .tracked
+                .entry(b.id)
+                .or_insert_with(|| Tracked::new(b.generation, addr));
             if (t.generation, t.addr) != (b.generation, addr) {
-                (t.generation, t.addr) = (b.generation, addr);
-                t.history.clear();
+                *t = Tracked::new(b.generation, addr);
             }
-            t.history.push(now, counts, keep);
-            t.window = t.history.window(now, &th);
             // Peers are the backends taking traffic: one out already has
             // nothing new to say, and its old failures are not the VIP's.
-            if b.in_table() {
+            if t.observe(now, counts, keep, &th, b.in_table()) {
                 windows.push((b.id, t.window));
-            } else {
-                t.verdict = Verdict::TooFew;
             }
         }
         let ws: Vec<Window> = windows.iter().map(|(_, w)| *w).collect();
@@ -251,6 +301,63 @@ mod tests {
     use aya::maps::{Map, PerCpuArray, PerCpuValues};
 
     use super::*;
+
+    /// Issue 38: a hung backend out by passive evidence, back by a probe,
+    /// was out again 60 ms later on "24 of 24 requests unanswered": the
+    /// requests of its hang, judged when their clients gave up.
+    #[test]
+    fn evidence_from_before_a_backends_return_is_not_judged() {
+        let th = passive::Thresholds {
+            window: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            min_requests: 5,
+            failure_threshold: 0.5,
+            peer_factor: 2.0,
+        };
+        let keep = Duration::from_secs(4);
+        let ms = Duration::from_millis;
+        let at = |n: u64| PassiveStats {
+            requests: n,
+            unanswered: n,
+            ..PassiveStats::default()
+        };
+        let t0 = Instant::now();
+        let mut t = Tracked::new(1, "10.0.0.1:80".parse().unwrap());
+        assert!(
+            t.observe(t0, at(0), keep, &th, true),
+            "in the table: judged"
+        );
+        // Out, its flows' requests going unanswered.
+        for i in 1..=10 {
+            assert!(!t.observe(t0 + ms(100 * i), at(2 * i), keep, &th, false));
+            assert_eq!(t.verdict, Verdict::TooFew);
+        }
+        // Back at 1.1 s; the hang's requests judged as their clients give
+        // up, within the response timeout: not judged, and forgotten.
+        let back = t0 + ms(1100);
+        assert!(!t.observe(back, at(30), keep, &th, true), "just back");
+        assert!(
+            !t.observe(back + ms(60), at(44), keep, &th, true),
+            "60 ms after"
+        );
+        assert!(!t.observe(back + ms(900), at(48), keep, &th, true));
+        assert!(
+            t.observe(back + ms(1000), at(48), keep, &th, true),
+            "past the grace"
+        );
+        assert_eq!(
+            t.window.unanswered, 0,
+            "the hang's evidence: {:?}",
+            t.window
+        );
+        // What goes unanswered after the grace counts.
+        assert!(t.observe(back + ms(3500), at(60), keep, &th, true));
+        assert!(t.window.unanswered > 0, "{:?}", t.window);
+        // An id that changes hands starts afresh, in the table.
+        let mut u = Tracked::new(2, "10.0.0.2:80".parse().unwrap());
+        assert!(u.observe(t0, at(5), keep, &th, true));
+    }
 
     #[test]
     fn a_missing_map_is_warned_once_and_tried_again_later() {
