@@ -198,6 +198,11 @@ stats! {
     /// `guard.ct_insert_cap` NAT flows this second: dropped (a real
     /// client's SYN is sent again; a forged source gets no RST).
     DropNatInsertCapped = "drop_nat_insert_capped",
+    /// An ICMP "fragmentation needed" / "packet too big" from a NAT flow's
+    /// client side whose MTU was below the least a path may have (IPv4 552,
+    /// Linux's `min_pmtu`; IPv6 1280): raised to it before it went to the
+    /// backend, whose route to the pool address every client shares.
+    NatIcmpMtuRaised = "nat_icmp_mtu_raised",
     /// A broken invariant (a map that must exist is missing): `XDP_ABORTED`.
     Aborted = "aborted",
 }

@@ -135,7 +135,12 @@ fn decide(ctx: &XdpContext, pkt: &mut Packet, ethertype: u16) -> u32 {
     if vips & VIP_PORT_NAT != 0 {
         let verdict = match nat::client(ctx, pkt, now) {
             nat::NOT_NAT => None,
-            nat::SEND => Some(nat::send(ctx, pkt, now)),
+            nat::SEND => {
+                if pkt.icmp {
+                    nat::raise_mtu(ctx, pkt);
+                }
+                Some(nat::send(ctx, pkt, now))
+            }
             nat::NEW => Some(nat::start(ctx, pkt, now)),
             verdict => return verdict,
         };

@@ -22,8 +22,9 @@
 //! pseudo-header's addresses) updated incrementally. The quoted TCP/UDP
 //! checksum is left as quoted: the quote may cut it off, and no stack
 //! checks it (RFC 1122, 3.2.2; Linux and the BSDs match on addresses and
-//! ports). An MTU in the message is passed on as is: the LB adds no
-//! header to a NAT packet.
+//! ports). An MTU in the message is passed on as is (the LB adds no
+//! header to a NAT packet), but one from the client's side is raised to
+//! the least a path may have ([`raise_mtu`]).
 
 use aya_ebpf::programs::XdpContext;
 use lb_common::{FAMILY_V4, Stat};
@@ -33,7 +34,7 @@ use crate::{
     key::{copy_addr, word},
     packet::{ICMP_LEN, IPV4_LEN, IPV6_LEN, IcmpHdr, Ipv4Hdr, Ipv6Hdr, ptr_at},
     parse::Packet,
-    stats::{aborted, pass},
+    stats::{aborted, count, pass},
 };
 
 /// Rewrites the quote of the ICMP error `pkt` (parsed: `pkt.flow` is the
@@ -67,6 +68,57 @@ pub(crate) fn rewrite(ctx: &XdpContext, pkt: &Packet, to: &To) -> u32 {
     let h = unsafe { &mut *h };
     h.check = apply(u16::from_ne_bytes(h.check), q + d).to_ne_bytes();
     OK
+}
+
+/// For the ICMP error `pkt` from a NAT flow's client side: an MTU below
+/// the least a path may have (IPv4 552, Linux's `min_pmtu`; IPv6 1280) is
+/// raised to it (`nat_icmp_mtu_raised`), with the checksum: the backend's
+/// route towards the pool address is every client's, and one client must
+/// not make it smaller for all.
+// verifier: inlined into the top frame, before `nat::send` (the frames
+// under it are at 6.1's limit; the top one has room within its rounding).
+#[inline(always)]
+pub(crate) fn raise_mtu(ctx: &XdpContext, pkt: &Packet) {
+    let v4 = pkt.flow.family == FAMILY_V4;
+    let l4off = pkt.l3off + if v4 { IPV4_LEN } else { IPV6_LEN };
+    let Some(h) = ptr_at::<IcmpHdr>(ctx, l4off) else {
+        return;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let h = unsafe { &mut *h };
+    let m = mtu_floor(h, v4);
+    if m != 0 {
+        h.check = apply(u16::from_ne_bytes(h.check), m).to_ne_bytes();
+    }
+}
+
+/// Least MTU a client's "fragmentation needed" (IPv4) or "packet too big"
+/// (IPv6) may pass on to a backend.
+const MIN_MTU4: u16 = 552;
+const MIN_MTU6: u32 = 1280;
+
+/// Raises the MTU of `h` (an error from the client's side) to the least a
+/// path may have, if it is lower; the checksum difference (0: unchanged).
+#[inline(always)]
+fn mtu_floor(h: &mut IcmpHdr, v4: bool) -> u64 {
+    let old = u32::from_ne_bytes(h.rest);
+    if v4 {
+        // Type 3 code 4: "fragmentation needed", the MTU in the low half.
+        if h.kind != 3 || h.code != 4 || u16::from_be_bytes([h.rest[2], h.rest[3]]) >= MIN_MTU4 {
+            return 0;
+        }
+        let m = MIN_MTU4.to_be_bytes();
+        h.rest[2] = m[0];
+        h.rest[3] = m[1];
+    } else {
+        // Type 2: "packet too big", the MTU in all four bytes.
+        if h.kind != 2 || u32::from_be(old) >= MIN_MTU6 {
+            return 0;
+        }
+        h.rest = MIN_MTU6.to_be_bytes();
+    }
+    count(Stat::NatIcmpMtuRaised);
+    diff32(old, u32::from_ne_bytes(h.rest))
 }
 
 /// `Some(0)` (ICMP sums no pseudo-header) if the outer IPv4 header's TTL

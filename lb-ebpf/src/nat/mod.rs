@@ -36,6 +36,7 @@
 
 pub(crate) mod alloc;
 mod icmp;
+pub(crate) use icmp::raise_mtu;
 pub(crate) mod reply;
 mod rewrite;
 
