@@ -45,6 +45,7 @@ mod nat_sweep;
 mod notify;
 mod passive;
 pub mod persist;
+mod purge;
 mod reload;
 mod sources;
 mod start;

@@ -25,8 +25,9 @@ use crate::{
     config::AutoBlock,
     ctl::{self, EventKind},
     daemon::{
-        guard::{PurgeTargets, describe_entry, entry_detail},
+        guard::{describe_entry, entry_detail},
         persist::{self, Saved, SavedListEntry},
+        purge::PurgeTargets,
     },
     guard::{
         Prefix,
