@@ -9,8 +9,11 @@ use super::{Member, MemberState, Placement, Policy};
 
 /// Takes out, within `max_ejected`, the members placed `Serving` that
 /// passive evidence stands against: those already out for it keep their
-/// place in the budget, then the others in VIP order. Returns how many
-/// places of the budget it used.
+/// place in the budget, then the others in VIP order. Members held down by
+/// flap damping take their places first (issue 38): evidence is made by
+/// clients, and one client that got a backend ejected until it was held
+/// down must not go on to the next with a budget that no longer counts
+/// the first. Returns how many places of the budget it used.
 pub(super) fn eject_passive(
     policy: &Policy,
     members: &[Member],
@@ -18,7 +21,11 @@ pub(super) fn eject_passive(
     next: &mut [(Placement, Option<String>)],
 ) -> usize {
     let eligible = members.iter().filter(|m| m.eligible()).count();
-    let budget = policy.max_ejected.max_of(eligible);
+    let held = next
+        .iter()
+        .filter(|(p, _)| *p == Placement::HeldDown)
+        .count();
+    let budget = policy.max_ejected.max_of(eligible).saturating_sub(held);
     let mut out: Vec<(bool, usize)> = (0..members.len())
         .filter(|&i| next[i].0 == Placement::Serving && members[i].passive.is_some())
         .map(|i| (states[i].placement.in_table(), i))
@@ -73,6 +80,32 @@ mod tests {
             &spec(),
             Some(&snap),
         )
+    }
+
+    /// Issue 38: one client got b1 ejected over and over until flap
+    /// damping held it down; the held-down backend still takes its place in
+    /// `max_ejected`, so the client cannot go on to b2 with the budget.
+    #[test]
+    fn a_held_down_backend_takes_its_place_in_the_passive_budget() {
+        let policy = Policy {
+            max_ejected: Limit::Count(1),
+            ..Policy::default()
+        };
+        let members: Vec<Member> = (0..4)
+            .map(|i| member(i, (i == 1).then_some("passive: 13 of 43 unanswered")))
+            .collect();
+        let t0 = Instant::now();
+        let states: Vec<MemberState> = (0..4)
+            .map(|_| MemberState::new(Placement::Serving, t0))
+            .collect();
+        let mut next: Vec<(Placement, Option<String>)> = vec![(Placement::Serving, None); 4];
+        next[0] = (Placement::HeldDown, Some("held down".to_owned()));
+        assert_eq!(eject_passive(&policy, &members, &states, &mut next), 0);
+        assert_eq!(next[1].0, Placement::Serving, "b2 ejected past the budget");
+        // Without the held-down one, b2 goes.
+        next[0] = (Placement::Serving, None);
+        assert_eq!(eject_passive(&policy, &members, &states, &mut next), 1);
+        assert_eq!(next[1].0, Placement::Down);
     }
 
     /// Counters of a backend taking 100 requests a second (one connection
