@@ -7,10 +7,10 @@
 
 use std::path::Path;
 
-use aya::maps::{Array, HashMap as BpfHash, Map, MapData};
-use lb_common::nat::{MAP_NAT_FLOWS, MAP_NAT_REPLY, NatFlow, reply_key};
-use lb_common::{BackendInfo, FlowKey};
+use lb_common::FlowKey;
+use lb_common::nat::{MAP_NAT_FLOWS, NatFlow};
 
+use super::nat_sweep::Maps;
 use crate::dataplane::batch::{batch_unsupported, lookup_batch};
 
 /// Removes the NAT flows pinned in `dir` whose client key and VIP id
@@ -22,30 +22,12 @@ pub(super) fn purge(
     target: impl Fn(&FlowKey, u32) -> Option<usize>,
 ) -> Vec<Result<u64, String>> {
     let fail = |e: String| (0..targets).map(|_| Err(e.clone())).collect();
-    let flows_pin = dir.join(MAP_NAT_FLOWS);
-    if !flows_pin.exists() {
+    if !dir.join(MAP_NAT_FLOWS).exists() {
         return (0..targets).map(|_| Ok(0)).collect();
     }
-    let open = |name: &str| {
-        MapData::from_pin(dir.join(name))
-            .map_err(|e| format!("opening {name} in {}: {e}", dir.display()))
-    };
-    let maps = (|| {
-        let raw = open(MAP_NAT_FLOWS)?;
-        let flows: BpfHash<MapData, FlowKey, NatFlow> = Map::HashMap(open(MAP_NAT_FLOWS)?)
-            .try_into()
-            .map_err(|e| format!("{MAP_NAT_FLOWS}: {e}"))?;
-        let reply: BpfHash<MapData, FlowKey, FlowKey> = Map::HashMap(open(MAP_NAT_REPLY)?)
-            .try_into()
-            .map_err(|e| format!("{MAP_NAT_REPLY}: {e}"))?;
-        let backends: Array<MapData, BackendInfo> = Map::Array(open(lb_common::MAP_BACKENDS)?)
-            .try_into()
-            .map_err(|e| format!("{}: {e}", lb_common::MAP_BACKENDS))?;
-        Ok::<_, String>((raw, flows, reply, backends))
-    })();
-    let (raw, mut flows, mut reply, backends) = match maps {
+    let mut maps = match Maps::open(dir) {
         Ok(m) => m,
-        Err(e) => return fail(e),
+        Err(e) => return fail(format!("opening the NAT maps in {}: {e:#}", dir.display())),
     };
     let mut hit: Vec<Vec<(FlowKey, NatFlow)>> = vec![Vec::new(); targets];
     let mut visit = |k: &FlowKey, f: &NatFlow| {
@@ -56,10 +38,10 @@ pub(super) fn purge(
         }
         true
     };
-    match lookup_batch(&raw, &mut visit) {
+    match lookup_batch(&maps.flows_raw, &mut visit) {
         Ok(()) => {}
         Err(e) if batch_unsupported(&e) => {
-            for item in flows.iter() {
+            for item in maps.flows.iter() {
                 let Ok((k, f)) = item else { break };
                 visit(&k, &f);
             }
@@ -69,16 +51,9 @@ pub(super) fn purge(
     hit.iter()
         .map(|cut| {
             for (k, f) in cut {
-                if let Ok(be) = backends.get(&f.backend_id, 0)
-                    && be.generation == f.generation
-                {
-                    let rk = reply_key(k, f, &be.addr);
-                    if reply.get(&rk, 0).ok() == Some(*k) {
-                        let _ = reply.remove(&rk);
-                    }
-                }
                 // A flow the data plane ended meanwhile is as good as cut.
-                let _ = flows.remove(k);
+                maps.remove(k, f)
+                    .map_err(|e| format!("cutting a NAT flow: {e:#}"))?;
             }
             Ok(cut.len() as u64)
         })

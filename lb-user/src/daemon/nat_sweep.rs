@@ -207,10 +207,11 @@ pub(super) fn spawn(
     }
 }
 
-/// The pinned maps the sweep reads and deletes from.
-struct Maps {
-    flows_raw: MapData,
-    flows: BpfHash<MapData, FlowKey, NatFlow>,
+/// The pinned maps the sweep (and a deny entry's purge, `nat_purge`)
+/// reads and deletes from.
+pub(super) struct Maps {
+    pub(super) flows_raw: MapData,
+    pub(super) flows: BpfHash<MapData, FlowKey, NatFlow>,
     reply_raw: MapData,
     reply: BpfHash<MapData, FlowKey, FlowKey>,
     pools: Array<MapData, NatPool>,
@@ -220,7 +221,7 @@ struct Maps {
 }
 
 impl Maps {
-    fn open(dir: &Path) -> anyhow::Result<Self> {
+    pub(super) fn open(dir: &Path) -> anyhow::Result<Self> {
         let data = |name: &str| MapData::from_pin(dir.join(name));
         let flows_raw = data(MAP_NAT_FLOWS)?;
         let capacity = u64::from(flows_raw.info()?.max_entries());
@@ -264,9 +265,16 @@ impl Maps {
         if !gone {
             return Ok(false);
         }
+        self.remove(key, &flow)
+    }
+
+    /// Deletes flow `flow` of client key `key`: its reply key, if it still
+    /// names this flow (a recycled backend id's is the orphan search's),
+    /// then the flow. Whether the flow was still there.
+    pub(super) fn remove(&mut self, key: &FlowKey, flow: &NatFlow) -> anyhow::Result<bool> {
         let backend = self.backends.get(&flow.backend_id, 0)?;
         if backend.generation == flow.generation {
-            let rk = reply_key(key, &flow, &backend.addr);
+            let rk = reply_key(key, flow, &backend.addr);
             if self.reply.get(&rk, 0).ok() == Some(*key) {
                 let _ = self.reply.remove(&rk);
             }
