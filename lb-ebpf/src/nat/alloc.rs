@@ -138,7 +138,6 @@ pub(crate) fn remember(s: &Scratch) {
 }
 
 /// What one candidate gave.
-#[derive(PartialEq, Eq)]
 enum Try {
     /// Taken: the flow has its source.
     Claimed,

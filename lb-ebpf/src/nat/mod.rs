@@ -503,14 +503,21 @@ pub(crate) fn too_big_mtu() -> u32 {
     XLB_NAT_SCRATCH.get(0).map_or(0, |s| s.too_big_mtu)
 }
 
-/// Whether `pkt` (TCP or UDP, parsed) carries payload.
+/// The length of `pkt`'s IP header (a NAT packet has no options or
+/// extension headers).
 #[inline(always)]
-pub(crate) fn payload(ctx: &XdpContext, pkt: &Packet) -> bool {
-    let ip_hdr = if pkt.flow.family == FAMILY_V4 {
+fn ip_hdr_len(pkt: &Packet) -> usize {
+    if pkt.flow.family == FAMILY_V4 {
         IPV4_LEN
     } else {
         IPV6_LEN
-    };
+    }
+}
+
+/// Whether `pkt` (TCP or UDP, parsed) carries payload.
+#[inline(always)]
+pub(crate) fn payload(ctx: &XdpContext, pkt: &Packet) -> bool {
+    let ip_hdr = ip_hdr_len(pkt);
     let l4 = if pkt.flow.proto != PROTO_TCP {
         // The parser checked the UDP length against the packet's.
         8
@@ -529,12 +536,7 @@ pub(crate) fn payload(ctx: &XdpContext, pkt: &Packet) -> bool {
 /// with it).
 #[inline(always)]
 pub(crate) fn tcp_number(ctx: &XdpContext, pkt: &Packet, ack: bool) -> u32 {
-    let ip_hdr = if pkt.flow.family == FAMILY_V4 {
-        IPV4_LEN
-    } else {
-        IPV6_LEN
-    };
-    match ptr_at::<TcpHdr>(ctx, pkt.l3off + ip_hdr) {
+    match ptr_at::<TcpHdr>(ctx, pkt.l3off + ip_hdr_len(pkt)) {
         // SAFETY: bounds checked by ptr_at.
         Some(t) => u32::from_be_bytes(unsafe { if ack { (*t).ack_seq } else { (*t).seq } }),
         None => 0,
