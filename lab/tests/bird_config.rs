@@ -9,7 +9,11 @@
     reason = "one dependency list serves the package's library and every target"
 )]
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::PathBuf,
+    process::Command,
+    sync::atomic::{AtomicUsize, Ordering},
+};
 
 use xlb_lab::{bird, topology::Node};
 
@@ -21,9 +25,13 @@ fn bird_binary() -> PathBuf {
         .expect("BIRD 2 is not installed: install the Debian package bird2 (`cargo xtask setup`)")
 }
 
-/// `bird -p -c FILE` on `text`: Ok, or BIRD's complaint.
+/// `bird -p -c FILE` on `text`: Ok, or BIRD's complaint. Each call has
+/// its own directory: the tests run in parallel, and one removing a shared
+/// directory while another creates it made `create_dir_all` fail.
 fn parse(name: &str, text: &str) -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("xlb-bird-conf-{}", std::process::id()));
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("xlb-bird-conf-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
