@@ -10,15 +10,18 @@
 use std::{
     collections::BTreeMap,
     io::{self, ErrorKind},
-    net::SocketAddr,
-    sync::{Arc, Mutex},
+    net::{IpAddr, SocketAddr},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
 use serde::{Deserialize, Serialize};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
+    net::{TcpSocket, TcpStream},
     sync::Semaphore,
     task::JoinSet,
     time::Instant,
@@ -185,6 +188,11 @@ pub struct LoadOptions {
     pub path: String,
     /// Width of one timeline slice.
     pub slice: Duration,
+    /// Source addresses the connections take in turn (each must be the
+    /// client's own); empty: the kernel picks. Several addresses are
+    /// several clients to the load balancer (its sources, passive
+    /// detection's client prefixes).
+    pub sources: Vec<IpAddr>,
 }
 
 impl LoadOptions {
@@ -203,6 +211,7 @@ impl LoadOptions {
             max_in_flight: 2000,
             path: "/api".to_string(),
             slice: Duration::from_millis(100),
+            sources: Vec::new(),
         }
     }
 
@@ -509,8 +518,21 @@ async fn exchange(stream: &mut TcpStream, req: &[u8]) -> io::Result<Answer> {
     })
 }
 
-async fn connect(target: SocketAddr) -> io::Result<TcpStream> {
-    let s = TcpStream::connect(target).await?;
+/// A connection to `opts.target`, from the next of `opts.sources` (if any).
+async fn connect(opts: &LoadOptions) -> io::Result<TcpStream> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let s = if opts.sources.is_empty() {
+        TcpStream::connect(opts.target).await?
+    } else {
+        let src = opts.sources[NEXT.fetch_add(1, Ordering::Relaxed) % opts.sources.len()];
+        let socket = if src.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.bind(SocketAddr::new(src, 0))?;
+        socket.connect(opts.target).await?
+    };
     let _ = s.set_nodelay(true);
     Ok(s)
 }
@@ -526,7 +548,7 @@ async fn short_request(opts: Arc<LoadOptions>, rec: SharedRecorder, start: Insta
     let req = request_bytes(&opts, &opts.path, false);
     let mut connected: Option<Duration> = None;
     let res = tokio::time::timeout(opts.timeout, async {
-        let s = connect(opts.target).await;
+        let s = connect(&opts).await;
         connected = Some(t0.elapsed());
         exchange(&mut s?, &req).await
     })
@@ -555,7 +577,7 @@ async fn keepalive_conn(
         let res = tokio::time::timeout(opts.timeout, async {
             if conn.is_none() {
                 connected = Some(None);
-                let s = connect(opts.target).await;
+                let s = connect(&opts).await;
                 connected = Some(Some(t0.elapsed()));
                 conn = Some(s?);
             }
@@ -630,7 +652,7 @@ async fn open_stream(
     );
     let req = request_bytes(opts, &path, false);
     let setup = tokio::time::timeout(opts.timeout, async {
-        let mut s = connect(opts.target).await?;
+        let mut s = connect(opts).await?;
         s.write_all(&req).await?;
         let mut buf = Vec::new();
         let head = http::read_response_head(&mut s, &mut buf).await?;

@@ -6,7 +6,8 @@
 //! ([`flood`]) and real connects as fast as the kernel opens them
 //! ([`connect_flood`]); and for UDP, an echo on every backend that names it
 //! ([`backend::serve_udp`]) and a client of many flows ([`udp_client`]).
-//! For several load-balancer nodes: connections held through a node's
+//! A client that makes passive evidence on purpose, from one address
+//! ([`evidence_attack`]). For several load-balancer nodes: connections held through a node's
 //! death, timing every exchange ([`held`]), and the router's routes as
 //! they change ([`route_watch`]).
 //!
@@ -24,6 +25,7 @@ pub mod backend;
 pub mod bird;
 pub mod client;
 pub mod connect_flood;
+pub mod evidence_attack;
 pub mod flood;
 pub mod grpc_health;
 pub mod held;

@@ -495,6 +495,35 @@ impl Lab {
         FLOOD_V4
     }
 
+    /// Adds the first `n` of [`client_source_v4`] to the client's eth0 and
+    /// returns them: one client namespace as `n` clients (sources) to the
+    /// load balancer. The LB host gets a permanent neighbour entry for
+    /// each, and for the client's own address (the client's MAC): the data
+    /// plane forwards only to resolved neighbours (`drop_no_route`
+    /// otherwise), and the LB learns a client's from its ARP request for
+    /// the LB, which the client sends once, from whichever address speaks
+    /// first. They go with the namespaces.
+    pub fn add_client_sources(&self, n: u8) -> Result<Vec<std::net::IpAddr>> {
+        let mac = format_mac(client_mac());
+        let neigh = |a: &str| {
+            let args = ["neigh", "replace", a, "lladdr", &mac, "dev", HOST_IFNAME];
+            ip_in(&self.ns_lb(), &[&args[..], &["nud", "permanent"]].concat())
+        };
+        neigh(&CLIENT_V4.to_string())?;
+        let mut out = Vec::new();
+        for i in 1..=n.min(CLIENT_SOURCES) {
+            let a = client_source_v4(i).to_string();
+            let with_len = format!("{a}/{NET_V4_PREFIX}");
+            ip_in(
+                &self.ns_client(),
+                &["addr", "add", &with_len, "dev", HOST_IFNAME],
+            )?;
+            neigh(&a)?;
+            out.push(client_source_v4(i).into());
+        }
+        Ok(out)
+    }
+
     /// The flood namespace's addresses of its own /64 ([`flood_v6_sources`]).
     pub fn flood_v6_sources(&self) -> Vec<Ipv6Addr> {
         flood_v6_sources()

@@ -28,8 +28,17 @@ pub struct PassiveStatus {
     pub mean_response_ms: Option<f64>,
     /// Against its peers: `too_few` (fewer than `min_requests`),
     /// `no_peers`, `healthy`, `failing_with_peers` (the VIP fails as a
-    /// whole: nobody is ejected), or `failing`.
+    /// whole: nobody is ejected), `counting_sources` (failing by the
+    /// counters; the client prefixes of its failing flows are being
+    /// counted), `few_sources` (failing by the counters, but its failing
+    /// flows come from fewer than `min_sources` client prefixes: nobody
+    /// is ejected), or `failing`.
     pub verdict: String,
+    /// For `few_sources`, why the verdict did not stand (`null` otherwise;
+    /// a standing verdict's evidence says from how many client prefixes
+    /// its failing flows came).
+    #[serde(default)]
+    pub sources: Option<String>,
     /// The evidence that stands against it until `rise` probes pass after
     /// it; `null` when none does.
     pub evidence: Option<String>,
@@ -74,11 +83,15 @@ impl PassiveStatus {
         if parts.is_empty() {
             return None;
         }
+        let verdict = self.verdict.replace('_', " ");
+        let verdict = match (&self.sources, self.verdict.as_str()) {
+            (Some(why), "few_sources") => format!("{verdict}: {why}"),
+            _ => verdict,
+        };
         Some(format!(
-            "passive {} in {}s ({})",
+            "passive {} in {}s ({verdict})",
             parts.join(", "),
             self.window_ms as f64 / 1000.0,
-            self.verdict.replace('_', " ")
         ))
     }
 }
@@ -108,6 +121,21 @@ mod tests {
             Some(
                 "passive 300/400 requests unanswered, 2/400 connections not accepted in 2s \
                  (failing with peers)"
+            )
+        );
+        let one_client = PassiveStatus {
+            unanswered: 13,
+            requests_due: 43,
+            connect_failures: 0,
+            verdict: "few_sources".into(),
+            sources: Some("13 failing flows from 1 client prefix (192.0.2.7: 13)".into()),
+            ..calm.clone()
+        };
+        assert_eq!(
+            one_client.note().as_deref(),
+            Some(
+                "passive 13/43 requests unanswered in 2s (few sources: 13 failing flows from 1 \
+                 client prefix (192.0.2.7: 13))"
             )
         );
         let out = PassiveStatus {

@@ -56,6 +56,10 @@ struct Args {
     /// Width of one timeline slice.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     slice: Duration,
+    /// Source address for the connections, one per flag; they are taken in
+    /// turn (each must be this host's own). Default: the kernel picks.
+    #[arg(long = "source", value_name = "ADDR")]
+    sources: Vec<std::net::IpAddr>,
     /// Also write the full report (summary and timeline) as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -77,6 +81,7 @@ async fn main() -> Result<()> {
         max_in_flight: a.max_in_flight,
         path: a.path,
         slice: a.slice,
+        sources: a.sources,
     };
     let report = run_load(opts).await.context("running the load")?;
     print!("{}", report.render_text());

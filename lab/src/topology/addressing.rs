@@ -14,6 +14,21 @@ pub const LB_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
 pub const LB_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x2);
 pub const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 pub const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, 0x10);
+/// More addresses of the client, added on demand
+/// ([`Lab::add_client_sources`](super::Lab::add_client_sources)): hosts
+/// 101 to 100 + [`CLIENT_SOURCES`] of the segment, so that one client
+/// namespace can be several clients to the load balancer.
+pub const CLIENT_SOURCES: u8 = 16;
+
+/// Client source `i` (1-based, up to [`CLIENT_SOURCES`]): 10.99.0.(100+i).
+pub fn client_source_v4(i: u8) -> Ipv4Addr {
+    assert!(
+        (1..=CLIENT_SOURCES).contains(&i),
+        "client source {i} out of range 1..={CLIENT_SOURCES}"
+    );
+    Ipv4Addr::new(10, 99, 0, 100 + i)
+}
+
 /// The flooding client (only in a lab built with
 /// [`LabConfig::flooder`](super::LabConfig::flooder)): host 9 of the segment.
 pub const FLOOD_V4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 9);

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Mode, Problems, parse_percent, ser_duration};
 use crate::health::passive::Thresholds;
+use crate::health::passive::sources::SourceRule;
 
 /// A `[passive]` or `[vip.passive]` table as written.
 #[derive(Clone, Default, Deserialize)]
@@ -28,6 +29,8 @@ pub(super) struct RawPassive {
     pub(super) min_requests: Option<i64>,
     pub(super) failure_threshold: Option<String>,
     pub(super) peer_factor: Option<f64>,
+    pub(super) min_sources: Option<i64>,
+    pub(super) source_cap: Option<i64>,
 }
 
 /// Defaults (documented in the README and `examples/xlb.toml`).
@@ -53,6 +56,13 @@ pub mod defaults {
     /// Five times its peers' failure share: peers at 2 % leave a backend
     /// at 10 % alone, peers at 50 % (the fleet is failing) eject nobody.
     pub const PEER_FACTOR: f64 = 5.0;
+    /// Client prefixes (IPv4 addresses, IPv6 /64s) a verdict needs among
+    /// the flows failing at the moment (issue 38): one client, or two,
+    /// cannot eject a backend; a hung backend fails for every client.
+    pub const MIN_SOURCES: u32 = 3;
+    /// Failing flows of one client prefix counted at most: beyond it one
+    /// client's flows weigh no more than a few of anyone's.
+    pub const SOURCE_CAP: u32 = 4;
 }
 
 /// Bounds of each setting.
@@ -62,6 +72,8 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 const MIN_WINDOW: Duration = Duration::from_millis(500);
 const MAX_WINDOW: Duration = Duration::from_secs(60);
 const MAX_MIN_REQUESTS: i64 = 1_000_000;
+const MAX_MIN_SOURCES: i64 = 64;
+const MAX_SOURCE_CAP: i64 = 1_000_000;
 
 /// A VIP's passive detection settings, merged.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -80,6 +92,10 @@ pub struct PassiveConfig {
     #[serde(serialize_with = "ser_share")]
     pub failure_threshold: f64,
     pub peer_factor: f64,
+    /// Client prefixes a verdict needs (`health::passive::sources`).
+    pub min_sources: u32,
+    /// Failing flows of one client prefix counted at most.
+    pub source_cap: u32,
 }
 
 impl Default for PassiveConfig {
@@ -92,6 +108,8 @@ impl Default for PassiveConfig {
             min_requests: defaults::MIN_REQUESTS,
             failure_threshold: defaults::FAILURE_THRESHOLD,
             peer_factor: defaults::PEER_FACTOR,
+            min_sources: defaults::MIN_SOURCES,
+            source_cap: defaults::SOURCE_CAP,
         }
     }
 }
@@ -106,6 +124,14 @@ impl PassiveConfig {
             min_requests: self.min_requests,
             failure_threshold: self.failure_threshold,
             peer_factor: self.peer_factor,
+        }
+    }
+
+    /// What a verdict needs of its failing flows' sources.
+    pub fn source_rule(&self) -> SourceRule {
+        SourceRule {
+            min_sources: self.min_sources,
+            cap: self.source_cap,
         }
     }
 
@@ -236,6 +262,50 @@ fn apply_layer(raw: &RawPassive, ctx: &str, cfg: &mut PassiveConfig, p: &mut Pro
             );
         }
     }
+    let meaning = "client prefixes a verdict needs among the failing flows";
+    if let Some(n) = bounded(
+        "min_sources",
+        raw.min_sources,
+        (1, MAX_MIN_SOURCES),
+        meaning,
+        ctx,
+        p,
+    ) {
+        cfg.min_sources = n;
+    }
+    let meaning = "failing flows of one client prefix counted at most";
+    if let Some(n) = bounded(
+        "source_cap",
+        raw.source_cap,
+        (1, MAX_SOURCE_CAP),
+        meaning,
+        ctx,
+        p,
+    ) {
+        cfg.source_cap = n;
+    }
+}
+
+/// An integer setting within `lo..=hi`, or an error saying what it means.
+fn bounded(
+    field: &str,
+    raw: Option<i64>,
+    (lo, hi): (i64, i64),
+    meaning: &str,
+    ctx: &str,
+    p: &mut Problems<'_>,
+) -> Option<u32> {
+    let n = raw?;
+    match u32::try_from(n) {
+        Ok(v) if (lo..=hi).contains(&n) => Some(v),
+        _ => {
+            p.error(
+                ctx,
+                format!("{field} {n} is out of range; use {lo} to {hi} ({meaning})"),
+            );
+            None
+        }
+    }
 }
 
 fn duration(
@@ -287,6 +357,14 @@ address = "10.0.0.11"
 
     /// Merging, as a NAT VIP would see it (the DSR VIP forces `enabled`
     /// off, which `a_dsr_vip_never_has_it` checks).
+    #[test]
+    fn the_source_rule_merges_like_the_rest() {
+        let d = merged("", "").source_rule();
+        assert_eq!((d.min_sources, d.cap), (3, 4));
+        let r = merged("min_sources = 2\nsource_cap = 10", "min_sources = 1").source_rule();
+        assert_eq!((r.min_sources, r.cap), (1, 10));
+    }
+
     fn merged(global: &str, local: &str) -> PassiveConfig {
         let mut p = Problems {
             origin: "xlb.toml",
@@ -377,6 +455,12 @@ address = "10.0.0.11"
         ];
         peer_factor_of_1: config("peer_factor = 1.0", "", "dsr-ipip") => [
             "xlb.toml: passive: peer_factor 1 is out of range; use a number above 1 and at most 100 (5 = failing five times as often as its peers)",
+        ];
+        min_sources_of_0: config("min_sources = 0", "", "dsr-ipip") => [
+            "xlb.toml: passive: min_sources 0 is out of range; use 1 to 64 (client prefixes a verdict needs among the failing flows)",
+        ];
+        source_cap_negative: config("source_cap = -1", "", "dsr-ipip") => [
+            "xlb.toml: passive: source_cap -1 is out of range; use 1 to 1000000 (failing flows of one client prefix counted at most)",
         ];
     }
 

@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use aya::maps::{Array, HashMap as BpfHash, Map, MapData};
@@ -25,6 +25,7 @@ use lb_common::{BackendInfo, FlowKey, MAX_VIPS};
 use tracing::{debug, warn};
 
 use crate::dataplane::{batch::lookup_batch, ktime_coarse_ns};
+use crate::health::passive::sources::{Failing, FlowEvidence};
 
 /// How often the flow map is walked and swept.
 pub(super) const PERIOD: Duration = Duration::from_secs(1);
@@ -75,6 +76,9 @@ pub(super) struct NatCounts {
     pub embryonic: Vec<(FlowKey, NatFlow)>,
     /// Expired flows found beyond the bound (left for the next walks).
     pub expired_left: u64,
+    /// The flows failing now, by backend and client prefix (passive
+    /// detection's sources).
+    pub evidence: FlowEvidence,
 }
 
 /// The pool of each VIP id, as the data plane reads it.
@@ -93,6 +97,7 @@ pub(super) fn classify(
     for (key, flow) in entries {
         c.add(key, flow, pools, now_ns, max_expired);
     }
+    c.evidence.finish();
     c
 }
 
@@ -109,6 +114,7 @@ impl NatCounts {
             return;
         }
         *self.per_vip.entry(flow.vip_id).or_default() += 1;
+        self.evidence.add(&key, &flow, &pool, now_ns);
         if flow.embryonic() {
             *self.embryonic_per_vip.entry(flow.vip_id).or_default() += 1;
             let grace = EMBRYONIC_GRACE.as_nanos() as u64;
@@ -147,11 +153,20 @@ pub(super) fn orphans(
 #[derive(Debug, Default)]
 pub(super) struct Shared {
     latest: Mutex<Option<NatWalk>>,
+    /// Set by [`Shared::walk_soon`]: the sweep walks again as soon as
+    /// [`MIN_GAP`] allows rather than at its period.
+    soon: Mutex<bool>,
+    wake: Condvar,
 }
+
+/// Least time between the starts of two walks asked for early.
+const MIN_GAP: Duration = Duration::from_millis(200);
 
 /// The latest walk as the main loop sees it.
 #[derive(Clone, Debug, Default)]
 pub(super) struct NatWalk {
+    /// When the walk began reading the flows, and when it ended.
+    pub started: Option<Instant>,
     pub at: Option<Instant>,
     /// Entries in `XLB_NAT_FLOWS`.
     pub entries: u64,
@@ -161,6 +176,9 @@ pub(super) struct NatWalk {
     pub embryonic_per_vip: HashMap<u32, u64>,
     /// Unexpired established flows per (backend id, generation).
     pub per_backend: HashMap<(u32, u32), u64>,
+    /// Flows failing as the walk read them, per (backend id, generation)
+    /// and client prefix ([`FlowEvidence::failing`]).
+    pub failing: HashMap<(u32, u32), Failing>,
     /// Expired flows deleted since the daemon started.
     pub swept: u64,
     /// Embryonic flows deleted under pressure since the daemon started.
@@ -184,6 +202,36 @@ impl Shared {
         if let Ok(mut l) = self.latest.lock() {
             *l = Some(walk);
         }
+    }
+
+    /// Asks for a walk now (passive detection waits for the sources of a
+    /// verdict): the sweep starts one within [`MIN_GAP`] of its last.
+    pub(super) fn walk_soon(&self) {
+        if let Ok(mut soon) = self.soon.lock() {
+            *soon = true;
+            self.wake.notify_one();
+        }
+    }
+
+    /// Waits until `deadline`, or until a walk is asked for (but not
+    /// before `earliest`).
+    fn wait(&self, earliest: Instant, deadline: Instant) {
+        let Ok(mut soon) = self.soon.lock() else {
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            return;
+        };
+        loop {
+            let now = Instant::now();
+            if now >= deadline || (*soon && now >= earliest) {
+                break;
+            }
+            let until = if *soon { earliest } else { deadline };
+            match self.wake.wait_timeout(soon, until - now) {
+                Ok((guard, _)) => soon = guard,
+                Err(_) => return,
+            }
+        }
+        *soon = false;
     }
 }
 
@@ -315,7 +363,7 @@ fn sweep_for_ever(mut maps: Maps, shared: &Shared, on_walk: &dyn Fn(&NatWalk)) {
                 }
             }
         }
-        std::thread::sleep(PERIOD.saturating_sub(started.elapsed()));
+        shared.wait(started + MIN_GAP, started + PERIOD);
     }
 }
 
@@ -327,6 +375,7 @@ fn walk_once(
     orphan_round: bool,
 ) -> anyhow::Result<()> {
     let pools = maps.pools()?;
+    totals.started = Some(Instant::now());
     let now = ktime_coarse_ns();
     let mut entries = Vec::new();
     lookup_batch::<FlowKey, NatFlow>(&maps.flows_raw, |k, v| {
@@ -368,6 +417,7 @@ fn walk_once(
     totals.per_vip = counts.per_vip;
     totals.embryonic_per_vip = counts.embryonic_per_vip;
     totals.per_backend = counts.per_backend;
+    totals.failing = counts.evidence.failing;
     Ok(())
 }
 
@@ -574,5 +624,29 @@ mod tests {
         let mut suspects = HashSet::from([rb]);
         let flows = HashSet::from([a, b]);
         assert!(orphans([(ra, a), (rb, b)], &flows, &mut suspects).is_empty());
+    }
+
+    /// Passive detection asks for a walk when a verdict waits for its
+    /// sources: the sweep starts one at the gap's end, not the period's.
+    #[test]
+    fn a_walk_asked_for_starts_after_the_gap_not_the_period() {
+        let shared = Arc::new(Shared::default());
+        let t0 = Instant::now();
+        let waiter = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || {
+                shared.wait(t0 + MIN_GAP, t0 + Duration::from_secs(10));
+                t0.elapsed()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        shared.walk_soon();
+        let waited = waiter.join().unwrap();
+        assert!(waited >= MIN_GAP, "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        // Nobody asks: the period's end.
+        let t1 = Instant::now();
+        shared.wait(t1, t1 + Duration::from_millis(100));
+        assert!(t1.elapsed() >= Duration::from_millis(100));
     }
 }

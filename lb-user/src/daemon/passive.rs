@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use super::{Daemon, persist};
 use crate::dataplane::batch;
-use crate::health::passive::{self, History, PassiveStats, Verdict, Window};
+use crate::health::passive::{self, History, PassiveStats, Verdict, Window, sources};
 
 /// Least time between two attempts to open the map, and between two
 /// warnings about reading it.
@@ -39,6 +39,9 @@ pub(super) struct Tracked {
     /// When it came back into the table, while the evidence of its flows
     /// may still be about the time it was out (see [`Tracked::observe`]).
     back_at: Option<Instant>,
+    /// Since when the counters say failing (unbroken): the sources are
+    /// counted from a walk of the flow table that began after it.
+    failing_since: Option<Instant>,
 }
 
 impl Tracked {
@@ -51,6 +54,7 @@ impl Tracked {
             verdict: Verdict::TooFew,
             out: false,
             back_at: None,
+            failing_since: None,
         }
     }
 
@@ -222,6 +226,7 @@ impl Daemon {
         let ws: Vec<Window> = windows.iter().map(|(_, w)| *w).collect();
         let mut fed = false;
         for ((id, _), verdict) in windows.iter().zip(passive::judge(&ws, &th)) {
+            let verdict = self.by_sources(vi, *id, verdict, now);
             if let Verdict::Failing(why) = &verdict {
                 fed |= self.feed_evidence(vi, *id, why.clone());
             }
@@ -230,6 +235,46 @@ impl Daemon {
             }
         }
         fed
+    }
+
+    /// A failing `verdict` of backend `id` of VIP `vi` stands only if its
+    /// failing flows come from enough client prefixes
+    /// (`health::passive::sources`), counted by a walk of the NAT flow
+    /// table that began after the counters first said failing (one is
+    /// asked for then); other verdicts pass as they are.
+    fn by_sources(&mut self, vi: usize, id: u32, verdict: Verdict, now: Instant) -> Verdict {
+        let Some(t) = self.passive.tracked.get_mut(&id) else {
+            return verdict;
+        };
+        let Verdict::Failing(why) = verdict else {
+            t.failing_since = None;
+            return verdict;
+        };
+        let since = match t.failing_since {
+            Some(since) => since,
+            None => {
+                t.failing_since = Some(now);
+                self.nat_flows.walk_soon();
+                now
+            }
+        };
+        let Some(walk) = self
+            .nat_flows
+            .latest()
+            .filter(|w| w.started.is_some_and(|s| s >= since))
+        else {
+            return Verdict::CountingSources;
+        };
+        let cfg = &self.vips[vi].cfg.passive;
+        let failing = walk
+            .failing
+            .get(&(id, t.generation))
+            .cloned()
+            .unwrap_or_default();
+        match sources::check(&failing, &t.window, &cfg.thresholds(), &cfg.source_rule()) {
+            Ok(from) => Verdict::Failing(format!("{why}; {from}")),
+            Err(not) => Verdict::FewSources(not),
+        }
     }
 
     /// Gives backend `id` of VIP `vi` the evidence `why`; its history
@@ -281,6 +326,10 @@ impl Daemon {
             responses: w.responses,
             mean_response_ms: w.mean_response.map(|d| d.as_secs_f64() * 1e3),
             verdict: t.map_or("too_few", |t| t.verdict.as_str()).to_owned(),
+            sources: t.and_then(|t| match &t.verdict {
+                Verdict::FewSources(why) => Some(why.clone()),
+                _ => None,
+            }),
             evidence: b.snapshot.as_ref().and_then(|s| s.passive.clone()),
             totals: crate::ctl::PassiveTotals {
                 connects: c.connects,

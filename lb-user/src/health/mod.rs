@@ -15,7 +15,7 @@ pub mod scheduler;
 pub mod spec;
 
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 use std::time::Duration;
 

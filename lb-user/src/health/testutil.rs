@@ -18,7 +18,7 @@ const REQUEST_WAIT: Duration = Duration::from_secs(5);
 /// A spec for the prober: `GET /health`, 2xx, the given timeout, and a
 /// `hang_timeout` equal to it (the strict behaviour: a late answer is a
 /// failure); see [`http_spec_hang`].
-pub(super) fn http_spec(port: u16, timeout: Duration) -> CheckSpec {
+pub(crate) fn http_spec(port: u16, timeout: Duration) -> CheckSpec {
     http_spec_hang(port, timeout, timeout)
 }
 

@@ -85,8 +85,14 @@ pub fn config() -> NatConfig {
 }
 
 /// Steady load on `vip`: new connections and keep-alive ones.
-fn load(vip: &NatVip) -> LoadOptions {
+/// Client addresses of the load: passive evidence stands only when the
+/// failing flows come from several client prefixes (`min_sources`, 3 by
+/// default), as a hung backend's do.
+const SOURCES: u8 = 8;
+
+fn load(vip: &NatVip, sources: &[std::net::IpAddr]) -> LoadOptions {
     LoadOptions {
+        sources: sources.to_vec(),
         duration: LOAD_FOR,
         rate: 50,
         keepalive: 4,
@@ -105,10 +111,11 @@ fn load(vip: &NatVip) -> LoadOptions {
 pub fn run(xlb: &Path, rounds: usize) -> anyhow::Result<Vec<Round>> {
     let cfg = config();
     let run = nat_lab::up_with_xlb(PREFIX, &cfg, NatLabOptions::default(), xlb)?;
+    let sources = run.lab().add_client_sources(SOURCES)?;
     let clients = cfg
         .vips
         .iter()
-        .map(|v| run.start_client(load(v)))
+        .map(|v| run.start_client(load(v, &sources)))
         .collect::<Result<Vec<_>, _>>()?;
     thread::sleep(Duration::from_secs(2));
     let mut out = Vec::new();

@@ -8,7 +8,9 @@ use std::{thread, time::Duration};
 use xlb_lab::{
     Fault,
     client::LoadOptions,
+    evidence_attack::{self, AttackOptions, AttackReport},
     scenario::{Health, LabRun, Status},
+    topology::in_netns,
 };
 use xlb_tests::{
     lab::{
@@ -79,7 +81,11 @@ fn seed_000_hung_backend_is_out_by_passive_evidence() {
     let vip: NatVip = cfg.vips[0].clone();
     let b2 = vip.backend_addr(2);
     let run = up(&p, &cfg, NatLabOptions::default());
+    // Many clients, as in seed 000: a verdict needs failing flows from
+    // `min_sources` (3) client prefixes.
+    let sources = run.lab().add_client_sources(8).unwrap();
     let load = LoadOptions {
+        sources,
         duration: Duration::from_secs(30),
         rate: 100,
         keepalive: 6,
@@ -209,5 +215,99 @@ fn seed_003_slow_fleet_is_not_ejected() {
         slow_latency.p50_ms
     );
     assert_stayed_up(&events, &vip, 1..=3);
+    teardown(run);
+}
+
+/// Issue 38: one client (one address) makes passive evidence against b1
+/// for 30 s, then b2 for 30 s, with the passive defaults: it learns which
+/// of 240 source ports reach each (one full request each), then sends 10
+/// half requests a second on them (headers never finished, held 3 s past
+/// the 1 s `response_timeout`, then reset). Before `min_sources`, b1 went
+/// down on its evidence again and again, then b2. Now the counters say
+/// failing (the test sees `few_sources`, so the attack did make its
+/// evidence), the verdict does not stand, nobody leaves, and a good
+/// client loses nothing.
+#[test]
+fn one_client_cannot_eject_backends_with_its_own_failures() {
+    let _serial = serial();
+    let p = prefix("p1c");
+    let mut cfg = NatConfig::for_prefix(&p);
+    cfg.base.health = slow_probes();
+    let vip: NatVip = cfg.vips[0].clone();
+    let run = up(&p, &cfg, NatLabOptions::default());
+    let attacker = run.lab().add_client_sources(1).unwrap()[0];
+    let opts = AttackOptions {
+        target: vip.target(),
+        source: attacker,
+        rate: 10,
+        hold: Duration::from_secs(3),
+    };
+    let ns = run.lab().ns_client();
+    let learnt = {
+        let opts = opts.clone();
+        in_netns(&ns, move || evidence_attack::learn(&opts, 40_000..40_240)).unwrap()
+    };
+    eprintln!(
+        "[{p}] source ports by backend: {:?}",
+        learnt.iter().map(|(b, v)| (b, v.len())).collect::<Vec<_>>()
+    );
+    let good = run
+        .start_client(LoadOptions {
+            duration: Duration::from_secs(62),
+            rate: 30,
+            keepalive: 0,
+            timeout: Duration::from_secs(2),
+            slice: Duration::from_secs(1),
+            ..LoadOptions::new(vip.target())
+        })
+        .unwrap();
+    let attack = thread::spawn(move || {
+        let mut total = AttackReport::default();
+        for b in ["b1", "b2"] {
+            let ports = learnt.get(b).cloned().unwrap_or_default();
+            assert!(ports.len() >= 40, "{b}: only {} source ports", ports.len());
+            let (opts, ports) = (opts.clone(), ports.clone());
+            let r = in_netns(&ns, move || {
+                evidence_attack::attack(&opts, &ports, Duration::from_secs(30))
+            })
+            .unwrap();
+            total.held += r.held;
+            total.failed += r.failed;
+        }
+        total
+    });
+    let mut few_sources = Vec::new();
+    while !attack.is_finished() {
+        let s = run.status().unwrap();
+        for v in s.vips.iter().filter(|v| v.name == vip.name) {
+            for b in &v.backends {
+                if let Some(ps) = b.passive.as_ref().filter(|ps| ps.verdict == "few_sources") {
+                    few_sources.push((b.address.clone(), ps.sources.clone()));
+                }
+            }
+        }
+        thread::sleep(cascade::POLL);
+    }
+    let attacked = attack.join().unwrap();
+    let report = good.join().unwrap();
+    eprintln!(
+        "[{p}] attack: {attacked:?}; few_sources seen {} times, e.g. {:?}",
+        few_sources.len(),
+        few_sources.first()
+    );
+    eprintln!("{}", report.render_text());
+    assert!(attacked.held >= 500, "the attack ran short: {attacked:?}");
+    assert!(
+        !few_sources.is_empty(),
+        "the counters never said failing: the attack made no evidence, so this proves nothing"
+    );
+    let events = run.events().unwrap();
+    assert_stayed_up(&events, &vip, [1, 2, 3]);
+    let (failures, requests) = (report.summary.failures, report.summary.requests);
+    assert!(requests > 1500, "too little load: {requests} requests");
+    assert!(
+        failures * 100 <= requests,
+        "the good client lost {failures} of {requests} requests"
+    );
     teardown(run);
 }

@@ -87,6 +87,10 @@ impl Backend {
     pub fn dp_state(&self) -> u8 {
         match self.policy.placement {
             Placement::Serving | Placement::Ramping | Placement::PanicRestored => BACKEND_UP,
+            // Out on passive evidence alone, its probes passing (issue
+            // 38): evidence is made by clients, so it moves new flows and
+            // keeps established ones until probes confirm (`fall`).
+            Placement::Down if self.passive_only() => BACKEND_DRAINING,
             // The application said so: as a failed check.
             Placement::Down | Placement::AgentDown => BACKEND_DOWN,
             // A drain whose deadline passed: its flows follow down_policy.
@@ -102,6 +106,13 @@ impl Backend {
         }
     }
 
+    /// Out of the table on passive evidence while its probes pass: its
+    /// hard state is up and evidence stands against it.
+    pub fn passive_only(&self) -> bool {
+        self.health == HealthState::Up
+            && self.snapshot.as_ref().is_some_and(|s| s.passive.is_some())
+    }
+
     /// Whether the Maglev table includes it.
     pub fn in_table(&self) -> bool {
         self.policy.placement.in_table() && self.cfg.weight > 0
@@ -114,6 +125,8 @@ impl Backend {
             BACKEND_UP => "up",
             BACKEND_DOWN => "down",
             _ if self.policy.placement == Placement::Unknown => "unknown",
+            // Out on passive evidence: down for new flows.
+            _ if self.policy.placement == Placement::Down => "down",
             _ => "draining",
         }
     }
@@ -728,4 +741,67 @@ pub fn backend_index(vips: &[Vip]) -> HashMap<u32, (usize, usize)> {
         }
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use lb_common::{BACKEND_DOWN, BACKEND_DRAINING, BACKEND_UP};
+
+    use super::*;
+    use crate::health::machine::HealthMachine;
+    use crate::health::testutil::http_spec;
+
+    fn backend(health: HealthState, placement: Placement, passive: Option<&str>) -> Backend {
+        let mut m = HealthMachine::adopted(health, 2, 3, Instant::now());
+        if let Some(why) = passive {
+            m.observe_passive(why.to_owned());
+        }
+        Backend {
+            cfg: BackendConfig {
+                addr: "10.0.0.11".parse().unwrap(),
+                port: 80,
+                weight: 1,
+                health: http_spec(80, Duration::from_secs(1)),
+                max_flows: None,
+            },
+            id: 1,
+            generation: 1,
+            health,
+            admin_drained: false,
+            drain_deadline: None,
+            drain_expired: false,
+            drained_at: None,
+            snapshot: Some(m.snapshot()),
+            since: Instant::now(),
+            policy: MemberState::new(placement, Instant::now()),
+            flows_alarm: Default::default(),
+        }
+    }
+
+    /// Issue 38: clients make passive evidence, so a backend out on it
+    /// alone takes no new flows but keeps its established ones (draining
+    /// in the data plane, `down` to the operator); once its probes fail
+    /// too, `down_policy` applies.
+    #[test]
+    fn a_passive_only_ejection_keeps_established_flows_until_probes_confirm() {
+        let out = backend(HealthState::Up, Placement::Down, Some("passive: 13 of 43"));
+        assert!(out.passive_only());
+        assert_eq!(out.dp_state(), BACKEND_DRAINING);
+        assert_eq!(out.state_name(), "down");
+        assert!(!out.in_table());
+        let confirmed = backend(
+            HealthState::Down,
+            Placement::Down,
+            Some("passive: 13 of 43"),
+        );
+        assert!(!confirmed.passive_only());
+        assert_eq!(confirmed.dp_state(), BACKEND_DOWN);
+        let probes_only = backend(HealthState::Down, Placement::Down, None);
+        assert_eq!(probes_only.dp_state(), BACKEND_DOWN);
+        let serving = backend(HealthState::Up, Placement::Serving, None);
+        assert_eq!(
+            (serving.dp_state(), serving.state_name()),
+            (BACKEND_UP, "up")
+        );
+    }
 }

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 pub use lb_common::nat::PassiveStats;
 
+pub mod sources;
 #[cfg(test)]
 mod tests;
 mod verdict;

@@ -25,6 +25,13 @@ pub enum Verdict {
     FailingWithPeers,
     /// Its traffic fails while its peers' succeeds: why, for the operator.
     Failing(String),
+    /// Failing by the counters; the flow table's walk that counts the
+    /// failing flows' client prefixes (`sources`) is awaited.
+    CountingSources,
+    /// Failing by the counters, but the flows failing come from too few
+    /// client prefixes (or weigh too little past the cap per prefix): no
+    /// verdict, and why.
+    FewSources(String),
 }
 
 impl Verdict {
@@ -36,6 +43,8 @@ impl Verdict {
             Self::Healthy => "healthy",
             Self::FailingWithPeers => "failing_with_peers",
             Self::Failing(_) => "failing",
+            Self::CountingSources => "counting_sources",
+            Self::FewSources(_) => "few_sources",
         }
     }
 }
@@ -43,7 +52,7 @@ impl Verdict {
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Failing(why) => f.write_str(why),
+            Self::Failing(why) | Self::FewSources(why) => f.write_str(why),
             other => f.write_str(other.as_str()),
         }
     }
@@ -103,7 +112,9 @@ fn rank(v: &Verdict) -> u8 {
         Verdict::Healthy => 1,
         Verdict::NoPeers => 2,
         Verdict::FailingWithPeers => 3,
-        Verdict::Failing(_) => 4,
+        // Not made by `judge`: the daemon's, after it (`sources`).
+        Verdict::CountingSources | Verdict::FewSources(_) => 4,
+        Verdict::Failing(_) => 5,
     }
 }
 
