@@ -36,6 +36,11 @@ pub struct StatusReport {
     /// `[cluster]`: this node's name and its peers.
     #[serde(default)]
     pub cluster: crate::ClusterStatus,
+    /// While frames the data plane forwarded are dropped on transmit (the
+    /// interfaces' TX drops grow with `fwd_tx`): the alarm's text; `null`
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_alarm: Option<String>,
     /// In configuration order.
     pub vips: Vec<VipStatus>,
     /// The hand-off to the BGP speaker; `null` without `[announce]`.

@@ -363,6 +363,100 @@ fn slow_but_healthy_backends_stay_in() {
 
 /// Draining a backend keeps its long-lived connections flowing and sends it
 /// no new connection; enabling it brings it back.
+/// Polls `status` every 250 ms until `tx_alarm` is as `raised` says, at
+/// most `bound`; how long it took.
+fn wait_tx_alarm(run: &scenario::LabRun, raised: bool, bound: Duration) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let s = run.status().unwrap();
+        if s.tx_alarm.is_some() == raised {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < bound,
+            "tx_alarm still {:?} after {bound:?}",
+            s.tx_alarm
+        );
+        thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Issue 39: the by-hand deployment's black hole. With `xlb xdp-pass` on
+/// the LB's veth peer, traffic flows and no alarm stands; without it, every
+/// frame the LB forwards (`XDP_TX`) is dropped by the veth while every
+/// backend stays `up` (the data-path probes leave through tc): the TX alarm
+/// is raised within seconds, in `status` and as an event, and it clears
+/// once xdp-pass is back.
+#[test]
+fn forwarded_frames_that_do_not_leave_raise_an_alarm() {
+    let _serial = serial();
+    let p = prefix("txal");
+    let vip = api();
+    let mut run = up(&p, &config(&p, Health::default(), vec![vip.clone()]));
+    let before = run
+        .run_client(steady(vip.target(), Duration::from_secs(3)))
+        .unwrap();
+    assert_eq!(before.summary.failures, 0, "{}", before.render_text());
+    assert_eq!(run.status().unwrap().tx_alarm, None);
+
+    run.stop_lb_xdp_pass().unwrap();
+    let lost = run
+        .start_client(steady(vip.target(), Duration::from_secs(8)))
+        .unwrap();
+    let raised_after = wait_tx_alarm(&run, true, Duration::from_secs(6));
+    let status = run.status().unwrap();
+    eprintln!(
+        "[{p}] raised {} ms after xdp-pass stopped: {:?}",
+        raised_after.as_millis(),
+        status.tx_alarm
+    );
+    for v in &status.vips {
+        assert!(
+            v.backends.iter().all(|b| b.state == "up"),
+            "the backends stay up (the probes do not take XDP_TX): {:?}",
+            v.backends
+        );
+    }
+    let lost = lost.join().unwrap();
+    assert!(
+        lost.summary.failures * 2 > lost.summary.requests,
+        "the clients were not cut off: {}",
+        lost.render_text()
+    );
+
+    run.start_lb_xdp_pass().unwrap();
+    let after = run
+        .start_client(steady(vip.target(), Duration::from_secs(10)))
+        .unwrap();
+    let cleared_after = wait_tx_alarm(&run, false, Duration::from_secs(10));
+    eprintln!(
+        "[{p}] cleared {} ms after xdp-pass started again",
+        cleared_after.as_millis()
+    );
+    let after = after.join().unwrap();
+    assert_eq!(after.summary.failures, 0, "{}", after.render_text());
+    let alarms: Vec<String> = run
+        .events()
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == scenario::EventKind::Alarm)
+        .map(|e| e.reason)
+        .collect();
+    assert!(
+        alarms
+            .iter()
+            .any(|r| r.starts_with("forwarded frames are not leaving")),
+        "{alarms:?}"
+    );
+    assert!(
+        alarms
+            .iter()
+            .any(|r| r.starts_with("forwarded frames leave again")),
+        "{alarms:?}"
+    );
+    teardown(run);
+}
+
 #[test]
 fn drain_keeps_established_connections() {
     let _serial = serial();

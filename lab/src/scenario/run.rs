@@ -456,6 +456,60 @@ impl LabRun {
         Ok(pid)
     }
 
+    /// Stops `xlb xdp-pass` on the LB's bridge port (role `xdp-pass`): the
+    /// veth then drops every frame the LB forwards with `XDP_TX`, the
+    /// by-hand deployment's mistake (issue 39). Waits until it is detached.
+    pub fn stop_lb_xdp_pass(&mut self) -> Result<()> {
+        let bridge = self.lab_ref().ns_bridge();
+        let peer = self.lab_ref().lb_peer_ifname().to_string();
+        let pids: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|p| p.role == "xdp-pass")
+            .map(|p| p.pid)
+            .collect();
+        for pid in pids {
+            self.lab_ref().kill(pid)?;
+        }
+        self.procs.retain(|p| p.role != "xdp-pass");
+        self.save_state()?;
+        let deadline = Instant::now() + HELPER_START_TIMEOUT;
+        while xdp_attached(&bridge, &peer) {
+            if Instant::now() >= deadline {
+                return Err(ScenarioError::Timeout {
+                    what: "xdp-pass to detach from the LB's bridge port".to_string(),
+                    after: HELPER_START_TIMEOUT,
+                    last: format!("{peer} in {bridge} still has an XDP program"),
+                });
+            }
+            thread::sleep(POLL);
+        }
+        Ok(())
+    }
+
+    /// Starts `xlb xdp-pass` on the LB's bridge port again (after
+    /// [`Self::stop_lb_xdp_pass`]) and waits until it is attached.
+    pub fn start_lb_xdp_pass(&mut self) -> Result<()> {
+        let bridge = self.lab_ref().ns_bridge();
+        let peer = self.lab_ref().lb_peer_ifname().to_string();
+        let started = self.start_xdp_pass(&bridge, std::slice::from_ref(&peer))?;
+        let deadline = Instant::now() + HELPER_START_TIMEOUT;
+        while !xdp_attached(&bridge, &peer) {
+            for (what, pid, log) in &started {
+                self.check_alive(what, *pid, log)?;
+            }
+            if Instant::now() >= deadline {
+                return Err(ScenarioError::Timeout {
+                    what: "xdp-pass to attach to the LB's bridge port".to_string(),
+                    after: HELPER_START_TIMEOUT,
+                    last: format!("no XDP program on {peer} in {bridge}"),
+                });
+            }
+            thread::sleep(POLL);
+        }
+        Ok(())
+    }
+
     /// Path of `xlb-backend` (also handy as a plain HTTP server).
     pub fn backend_bin(&self) -> &Path {
         &self.bins.backend

@@ -212,11 +212,14 @@ pub enum Command {
     /// balancer (--allow-source) and carry a packet to a VIP this backend
     /// serves (--vip); drops other tunnels to this host. Runs until stopped.
     Decap(decap::DecapArgs),
-    /// Attach an XDP program that passes every packet (for test labs).
+    /// Attach an XDP program that passes every packet (the peer of a veth).
     ///
-    /// veth delivers frames that the other end sent with XDP_TX or a
-    /// redirect only if this end runs an XDP program. Runs until stopped.
-    #[command(name = "xdp-pass", hide = true)]
+    /// A veth delivers frames that the other end sent with XDP_TX or a
+    /// redirect only if this end runs an XDP program: when `xlb run` is
+    /// attached to a veth, run this on its peer (in the peer's namespace),
+    /// or every forwarded frame is dropped (`xlb status` says so with an
+    /// alarm). Runs until stopped.
+    #[command(name = "xdp-pass")]
     XdpPass {
         /// Interface to attach to.
         #[arg(long, short, value_name = "IF")]
@@ -584,6 +587,9 @@ fn daemon_lines(report: &StatusReport, now_unix_ms: u64, color: bool) -> String 
     }
     out.push('\n');
     out.push_str(&nat::daemon_line(report));
+    if let Some(alarm) = &report.tx_alarm {
+        let _ = writeln!(out, "{} {alarm}", paint("ALARM:", Style::Red, color));
+    }
     out.push_str(&peers::node_line(report));
     let drops: Vec<String> = report
         .counters
@@ -1239,6 +1245,22 @@ mod tests {
         assert_eq!(
             drain_progress(&sample_report(), "web", "10.99.0.13:80", now),
             Gone("vip \"web\" is no longer configured (reloaded?); stopped waiting".to_owned())
+        );
+    }
+
+    /// Issue 39: forwarded frames dropped on transmit show under the
+    /// daemon's line while the alarm stands, and not otherwise.
+    #[test]
+    fn status_shows_the_tx_alarm() {
+        let mut report = sample_report();
+        let text = render_status(&report, SAMPLE_NOW_MS, false);
+        assert!(!text.contains("ALARM:"), "{text}");
+        report.tx_alarm = Some("forwarded frames are not leaving: 100 of the 100".into());
+        let text = render_status(&report, SAMPLE_NOW_MS, false);
+        let second = text.lines().nth(1).unwrap_or_default();
+        assert_eq!(
+            second,
+            "ALARM: forwarded frames are not leaving: 100 of the 100"
         );
     }
 

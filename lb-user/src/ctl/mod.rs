@@ -241,6 +241,7 @@ pub(crate) mod tests {
                 peers: vec!["192.0.2.2:9813".to_owned()],
                 timeout_ms: 1000,
             },
+            tx_alarm: None,
             vips: vec![VipStatus {
                 name: "api".to_owned(),
                 address: "10.100.0.1".to_owned(),

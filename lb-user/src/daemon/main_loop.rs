@@ -162,6 +162,7 @@ impl Daemon {
         self.guard_tick();
         self.check_alarms();
         self.check_nat_alarms();
+        self.check_tx();
         self.check_sources();
         self.expire_second_chance();
         for v in &self.vips {

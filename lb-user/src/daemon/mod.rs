@@ -50,6 +50,7 @@ mod reload;
 mod sources;
 mod start;
 mod status;
+mod tx_watch;
 pub mod weight;
 
 use std::{
@@ -121,6 +122,10 @@ pub struct Daemon {
     capped_alarm: alarms::CappedAlarm,
     /// Each VIP's alarm about data-path probes failing by this host's fault.
     path_alarms: alarms::PathAlarms,
+    /// Forwarded frames against the interfaces' TX drops, and the alarm's
+    /// text while it stands.
+    tx_watch: tx_watch::TxWatch,
+    tx_alarm: Option<String>,
     /// Heavy hitters: rates, alerts, auto_block (`sources`).
     sources: sources::Watch,
     histograms: HashMap<u32, LatencyHistogram>,
@@ -215,6 +220,8 @@ impl Daemon {
             fill_alarms: alarms::FillAlarms::default(),
             capped_alarm: alarms::CappedAlarm::default(),
             path_alarms: alarms::PathAlarms::default(),
+            tx_watch: tx_watch::TxWatch::default(),
+            tx_alarm: None,
             sources: sources::Watch::default(),
             histograms: HashMap::new(),
             passive: passive::Passive::default(),

@@ -161,6 +161,7 @@ impl Daemon {
             fingerprint: ctl::FingerprintStatus::default(),
             cluster: ctl::ClusterStatus::default(),
             nat: self.nat_status(),
+            tx_alarm: self.tx_alarm.clone(),
             vips,
             announce: self.announce_status(),
         };

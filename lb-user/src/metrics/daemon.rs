@@ -12,7 +12,7 @@ impl Subject for StatusReport {
     }
 }
 
-pub(super) const FAMILIES: [Family<StatusReport>; 11] = [
+pub(super) const FAMILIES: [Family<StatusReport>; 12] = [
     Family {
         name: "xlb_info",
         kind: Kind::Gauge,
@@ -74,6 +74,13 @@ pub(super) const FAMILIES: [Family<StatusReport>; 11] = [
         help: "Established flows in the connection tracking table (a packet in the last 30 s, UDP: within \
                udp_timeout): what the fill alarms at 80% and 95% of capacity watch; absent before the first walk.",
         value: |s| s.conntrack.established.map_or(Value::Absent, Value::Int),
+    },
+    Family {
+        name: "xlb_tx_alarm",
+        kind: Kind::Gauge,
+        help: "1 while frames the data plane forwarded are dropped on transmit (the interfaces' TX drops grow \
+               with fwd_tx: a veth peer without an XDP program, a driver without XDP_TX), else 0.",
+        value: |s| Value::Int(u64::from(s.tx_alarm.is_some())),
     },
     Family {
         name: "xlb_nat_flows",
