@@ -460,8 +460,6 @@ impl LabRun {
     /// veth then drops every frame the LB forwards with `XDP_TX`, the
     /// by-hand deployment's mistake (issue 39). Waits until it is detached.
     pub fn stop_lb_xdp_pass(&mut self) -> Result<()> {
-        let bridge = self.lab_ref().ns_bridge();
-        let peer = self.lab_ref().lb_peer_ifname().to_string();
         let pids: Vec<u32> = self
             .procs
             .iter()
@@ -473,18 +471,7 @@ impl LabRun {
         }
         self.procs.retain(|p| p.role != "xdp-pass");
         self.save_state()?;
-        let deadline = Instant::now() + HELPER_START_TIMEOUT;
-        while xdp_attached(&bridge, &peer) {
-            if Instant::now() >= deadline {
-                return Err(ScenarioError::Timeout {
-                    what: "xdp-pass to detach from the LB's bridge port".to_string(),
-                    after: HELPER_START_TIMEOUT,
-                    last: format!("{peer} in {bridge} still has an XDP program"),
-                });
-            }
-            thread::sleep(POLL);
-        }
-        Ok(())
+        self.wait_lb_xdp_pass(false, &[])
     }
 
     /// Starts `xlb xdp-pass` on the LB's bridge port again (after
@@ -493,16 +480,25 @@ impl LabRun {
         let bridge = self.lab_ref().ns_bridge();
         let peer = self.lab_ref().lb_peer_ifname().to_string();
         let started = self.start_xdp_pass(&bridge, std::slice::from_ref(&peer))?;
+        self.wait_lb_xdp_pass(true, &started)
+    }
+
+    /// Waits until the LB's bridge port has an XDP program (`attached`) or
+    /// none, checking that `started` stays alive meanwhile.
+    fn wait_lb_xdp_pass(&self, attached: bool, started: &[(String, u32, PathBuf)]) -> Result<()> {
+        let bridge = self.lab_ref().ns_bridge();
+        let peer = self.lab_ref().lb_peer_ifname();
         let deadline = Instant::now() + HELPER_START_TIMEOUT;
-        while !xdp_attached(&bridge, &peer) {
-            for (what, pid, log) in &started {
+        while xdp_attached(&bridge, peer) != attached {
+            for (what, pid, log) in started {
                 self.check_alive(what, *pid, log)?;
             }
             if Instant::now() >= deadline {
+                let what = if attached { "attach to" } else { "detach from" };
                 return Err(ScenarioError::Timeout {
-                    what: "xdp-pass to attach to the LB's bridge port".to_string(),
+                    what: format!("xdp-pass to {what} the LB's bridge port"),
                     after: HELPER_START_TIMEOUT,
-                    last: format!("no XDP program on {peer} in {bridge}"),
+                    last: format!("{peer} in {bridge}: XDP program attached {}", !attached),
                 });
             }
             thread::sleep(POLL);
