@@ -114,7 +114,9 @@ pub(crate) fn pack(root: &Path, bin_dir: &Path, out: &Path, fast: bool) -> Resul
 /// Lays out the package's files under `to`.
 fn stage_files(root: &Path, xlb: &Path, to: &Path) -> Result<()> {
     copy_binary(xlb, &to.join(BIN))?;
-    copy(&root.join("examples/xlb.toml"), &to.join(CONFIG), 0o644)?;
+    // 0640 root:root: the file may hold `hash_seed`, a secret; the daemon
+    // warns about a seed others may read.
+    copy(&root.join("examples/xlb.toml"), &to.join(CONFIG), 0o640)?;
     for unit in UNIT_FILES {
         copy(
             &root.join("packaging/systemd").join(unit),
