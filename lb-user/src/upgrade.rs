@@ -9,7 +9,8 @@
 //!
 //! A restart adopts the pinned maps only when they have this binary's
 //! layout version (`lb_common::LAYOUT_VERSION`) and were made for the same
-//! `conntrack_size` and `max_table_size`; otherwise `xlb run` refuses to
+//! `max_table_size` and the sizes in `daemon::pin_sizes` (`conntrack_size`,
+//! `nat_size`: the list `xlb run` checks); otherwise `xlb run` refuses to
 //! start until `xlb detach`, which drops every established flow.
 
 use std::{fmt::Write as _, path::Path};
@@ -18,7 +19,10 @@ use anyhow::Context as _;
 use aya::maps::{Array, Map, MapData};
 use lb_common::{Globals, LAYOUT_VERSION};
 
-use crate::{config::Config, daemon::persist};
+use crate::{
+    config::Config,
+    daemon::{persist, pin_sizes},
+};
 
 /// What the pin directory of the instance holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,8 +30,9 @@ pub struct Pinned {
     pub layout_version: u32,
     /// Slots per ring half (`max_table_size` of the run that made them).
     pub ring_stride: u32,
-    /// Conntrack capacity, if the conntrack map is pinned.
-    pub conntrack_size: Option<u32>,
+    /// The entries of each map whose size the configuration sets
+    /// ([`pin_sizes::SIZED`]), those pinned.
+    pub sizes: Vec<(&'static pin_sizes::SizedMap, u32)>,
     /// Whether the XDP link is pinned (the data plane is attached).
     pub attached: bool,
 }
@@ -86,16 +91,10 @@ fn read_pins(dir: &Path) -> anyhow::Result<Option<Pinned>> {
     let g = globals
         .get(&0, 0)
         .with_context(|| format!("reading {}", path.display()))?;
-    let ct = dir.join(lb_common::MAP_CT);
-    let conntrack_size = if ct.exists() {
-        Some(open(&ct)?.info()?.max_entries())
-    } else {
-        None
-    };
     Ok(Some(Pinned {
         layout_version: g.layout_version,
         ring_stride: g.ring_stride,
-        conntrack_size,
+        sizes: pin_sizes::read(dir)?,
         attached: dir.join(persist::LINK_PIN).exists(),
     }))
 }
@@ -162,14 +161,11 @@ fn flows(cfg: &Config, pinned: Option<&Pinned>, out: &mut String) -> bool {
         );
         ok = false;
     }
-    if let Some(ct) = p.conntrack_size
-        && ct != d.conntrack_size
-    {
+    for m in pin_sizes::mismatches(&p.sizes, d) {
         let _ = writeln!(
             out,
-            "flows lost: the pinned conntrack holds {ct} entries, the configuration says \
-             conntrack_size = {}: restore the old value, or: {detach}",
-            d.conntrack_size
+            "flows lost: the {}: restore the old value, or: {detach}",
+            m.text(&dir)
         );
         ok = false;
     }
@@ -249,7 +245,10 @@ address = "10.0.0.11"
             pinned: Some(Pinned {
                 layout_version: LAYOUT_VERSION,
                 ring_stride: 251,
-                conntrack_size: Some(4096),
+                sizes: vec![
+                    (&pin_sizes::SIZED[0], 4096),
+                    (&pin_sizes::SIZED[1], 262_144),
+                ],
                 attached: true,
             }),
             interface_exists: true,
@@ -289,8 +288,13 @@ address = "10.0.0.11"
             ("table size changed", with(|f| f.pinned.as_mut().unwrap().ring_stride = 65537), false, vec![
                 "made for max_table_size 65537, the configuration says 251".into(),
             ]),
-            ("conntrack size changed", with(|f| f.pinned.as_mut().unwrap().conntrack_size = Some(8192)), false, vec![
+            ("conntrack size changed", with(|f| f.pinned.as_mut().unwrap().sizes[0].1 = 8192), false, vec![
                 "holds 8192 entries, the configuration says conntrack_size = 4096".into(),
+            ]),
+            // Issue 39: `xlb run` refused it, check-upgrade said "ready".
+            ("NAT size changed", with(|f| f.pinned.as_mut().unwrap().sizes[1].1 = 65_536), false, vec![
+                "flows lost: the pinned NAT flow map in /sys/fs/bpf/xlb/edge holds 65536 entries, \
+                 the configuration says nat_size = 262144".into(),
             ]),
             ("no interface", with(|f| f.interface_exists = false), false, vec![
                 "a restart keeps every flow".into(),

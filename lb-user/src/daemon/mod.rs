@@ -45,6 +45,7 @@ mod nat_sweep;
 mod notify;
 mod passive;
 pub mod persist;
+pub mod pin_sizes;
 mod purge;
 mod reload;
 mod sources;

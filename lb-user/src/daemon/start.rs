@@ -13,7 +13,7 @@ use anyhow::{Context as _, bail};
 use lb_common::{Globals, LAYOUT_VERSION, addr16};
 use tracing::{info, warn};
 
-use super::{Daemon, persist};
+use super::{Daemon, persist, pin_sizes};
 use crate::{
     config::{Config, DaemonConfig, Mode, VipConfig},
     dataplane::{Dataplane, LoadOptions},
@@ -232,26 +232,16 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     fs::create_dir_all(&pin_dir).with_context(|| format!("creating {}", pin_dir.display()))?;
     let t0 = Instant::now();
     discard_unfinished_pins(&pin_dir)?;
-    // aya adopts a pinned map whatever its size: check the one size that a
-    // configuration can change.
-    let ct_pin = pin_dir.join(lb_common::MAP_CT);
-    if ct_pin.exists() {
-        let pinned = aya::maps::MapData::from_pin(&ct_pin)
-            .and_then(|m| m.info())
-            .with_context(|| format!("reading {}", ct_pin.display()))?
-            .max_entries();
-        if pinned != d.pinned.conntrack_size {
-            bail!(
-                "pinned conntrack in {} holds {pinned} entries, the configuration says \
-                 conntrack_size = {}: run `xlb detach --instance {}` first (this drops \
-                 established flows) or restore the old value",
-                pin_dir.display(),
-                d.pinned.conntrack_size,
-                d.pinned.instance
-            );
-        }
+    // aya adopts a pinned map whatever its size: the sizes a configuration
+    // sets are checked (the list `xlb check-upgrade` checks too).
+    if let Some(m) = pin_sizes::mismatches(&pin_sizes::read(&pin_dir)?, &d.pinned).first() {
+        bail!(
+            "{}: run `xlb detach --instance {}` first (this drops established flows) or \
+             restore the old value",
+            m.text(&pin_dir),
+            d.pinned.instance
+        );
     }
-    check_pinned_nat_size(&pin_dir, d)?;
     let dp = Dataplane::load(&LoadOptions {
         ct_size: d.pinned.conntrack_size,
         nat_size: d.pinned.nat_size,
@@ -292,30 +282,6 @@ pub fn start(config_path: PathBuf, cfg: Config) -> anyhow::Result<Daemon> {
     daemon.record_forwarding(recorded, changed);
     info!(took_ms = t0.elapsed().as_millis() as u64, "maps ready");
     Ok(daemon)
-}
-
-/// aya adopts a pinned map whatever its size: a NAT flow map pinned with
-/// another `nat_size` is refused, as conntrack's is.
-fn check_pinned_nat_size(pin_dir: &std::path::Path, d: &DaemonConfig) -> anyhow::Result<()> {
-    let pin = pin_dir.join(lb_common::nat::MAP_NAT_FLOWS);
-    if !pin.exists() {
-        return Ok(());
-    }
-    let pinned = aya::maps::MapData::from_pin(&pin)
-        .and_then(|m| m.info())
-        .with_context(|| format!("reading {}", pin.display()))?
-        .max_entries();
-    if pinned != d.pinned.nat_size {
-        bail!(
-            "pinned NAT flow map in {} holds {pinned} entries, the configuration says \
-             nat_size = {}: run `xlb detach --instance {}` first (this drops established \
-             flows) or restore the old value",
-            pin_dir.display(),
-            d.pinned.nat_size,
-            d.pinned.instance
-        );
-    }
-    Ok(())
 }
 
 impl Daemon {
