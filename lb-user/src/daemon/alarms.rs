@@ -30,6 +30,10 @@ use super::Daemon;
 use crate::ctl::EventKind;
 use crate::health::{probe::ProbeResult, spec::Via};
 
+/// The data plane's reason counters, summed over CPUs: read once a tick
+/// (`on_tick`) for every alarm that watches one.
+pub(super) type Counters = HashMap<lb_common::Stat, u64>;
+
 /// While data-path probes of a VIP keep failing by this host's fault, at
 /// most one event per this long (every probe of every backend sees it).
 pub(super) const PATH_REPEAT: Duration = Duration::from_secs(60);
@@ -246,10 +250,7 @@ impl CappedAlarm {
 
 impl Daemon {
     /// Checks the conntrack insert cap's counter (every tick).
-    pub(super) fn check_insert_cap(&mut self) {
-        let Ok(stats) = self.dp.stats() else {
-            return;
-        };
+    pub(super) fn check_insert_cap(&mut self, stats: &Counters) {
         let n = stats
             .get(&lb_common::Stat::CtInsertCapped)
             .copied()

@@ -161,9 +161,13 @@ impl Daemon {
         self.check_drains();
         self.guard_tick();
         self.check_alarms();
-        self.check_nat_alarms();
-        self.check_tx();
-        self.check_sources();
+        // The data plane's counters, read once for the alarms on them.
+        let counters = self.dp.stats().ok();
+        self.check_nat_alarms(counters.as_ref());
+        if let Some(c) = &counters {
+            self.check_tx(c);
+        }
+        self.check_sources(counters.as_ref());
         self.expire_second_chance();
         for v in &self.vips {
             v.update_auto_timeout();

@@ -214,18 +214,11 @@ impl Daemon {
 
     /// The sum of the exhaustion counters, by label.
     fn nat_exhausted(&self) -> Option<u64> {
-        let stats = self.dp.stats().ok()?;
-        Some(
-            stats
-                .iter()
-                .filter(|(s, _)| EXHAUSTED_LABELS.contains(&s.label()))
-                .map(|(_, n)| n)
-                .sum(),
-        )
+        Some(exhausted(&self.dp.stats().ok()?))
     }
 
     /// The NAT alarms (every tick), when the configuration has NAT VIPs.
-    pub(super) fn check_nat_alarms(&mut self) {
+    pub(super) fn check_nat_alarms(&mut self, counters: Option<&super::alarms::Counters>) {
         if !self.vips.iter().any(|v| v.cfg.nat.is_some()) {
             return;
         }
@@ -234,7 +227,7 @@ impl Daemon {
             let cap = u64::from(self.cfg.daemon.pinned.nat_size);
             edges.extend(fill_edge(&mut self.nat_alarms.fill, walk.entries, cap));
         }
-        if let Some(n) = self.nat_exhausted() {
+        if let Some(n) = counters.map(exhausted) {
             edges.extend(self.nat_alarms.exhausted.update(n, Instant::now()));
         }
         for (edge, text) in edges {
@@ -276,6 +269,15 @@ impl Daemon {
             ports_per_backend: nat.snat.len() as u64 * ports,
         })
     }
+}
+
+/// The sum of the exhaustion counters among `stats`.
+fn exhausted(stats: &super::alarms::Counters) -> u64 {
+    stats
+        .iter()
+        .filter(|(s, _)| EXHAUSTED_LABELS.contains(&s.label()))
+        .map(|(_, n)| n)
+        .sum()
 }
 
 #[cfg(test)]

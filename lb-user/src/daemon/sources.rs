@@ -101,8 +101,10 @@ fn pct(x: f64) -> String {
 impl Daemon {
     /// Every tick: the insert-cap alarm, then the latest walk of the
     /// sources map through rates, alerts and auto_block.
-    pub(super) fn check_sources(&mut self) {
-        self.check_insert_cap();
+    pub(super) fn check_sources(&mut self, counters: Option<&super::alarms::Counters>) {
+        if let Some(c) = counters {
+            self.check_insert_cap(c);
+        }
         let latest = self.sources.latest.get_or_insert_with(|| {
             let latest = Arc::new(Mutex::new(None));
             let pin = super::persist::pin_dir(&self.cfg.daemon.pinned.instance)

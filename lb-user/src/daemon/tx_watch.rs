@@ -14,7 +14,7 @@
 //! [`CLEAR_AFTER`] samples in a row without.
 
 use super::Daemon;
-use super::alarms::Edge;
+use super::alarms::{Counters, Edge};
 
 /// Fewest frames forwarded in a sample for it to be judged.
 pub(super) const MIN_FRAMES: u64 = 20;
@@ -121,10 +121,7 @@ pub(super) fn tx_dropped(proc_net_dev: &str) -> Option<u64> {
 impl Daemon {
     /// Every tick: the data plane's forwarded frames against the host's TX
     /// drops.
-    pub(super) fn check_tx(&mut self) {
-        let Ok(stats) = self.dp.stats() else {
-            return;
-        };
+    pub(super) fn check_tx(&mut self, stats: &Counters) {
         let Some(dropped) = std::fs::read_to_string("/proc/net/dev")
             .ok()
             .and_then(|t| tx_dropped(&t))
