@@ -94,10 +94,11 @@ pub(super) fn classify(
     max_expired: usize,
 ) -> NatCounts {
     let mut c = NatCounts::default();
-    for (key, flow) in entries {
+    let entries: Vec<(FlowKey, NatFlow)> = entries.into_iter().collect();
+    for &(key, flow) in &entries {
         c.add(key, flow, pools, now_ns, max_expired);
     }
-    c.evidence.finish();
+    c.evidence.finish(&entries);
     c
 }
 

@@ -23,16 +23,31 @@ use lb_common::nat::{
 };
 
 use super::{Thresholds, Window};
+use crate::config::guard_defaults;
 use crate::guard::Prefix;
 use crate::trace::render::addr_of;
 
-/// The prefix a client address is counted under: the address itself
-/// (IPv4), or its /64 (IPv6), where one host's addresses rotate.
+/// The prefix a client address is counted under, as the guard keys a
+/// source by default: the address itself (IPv4), or its /64 (IPv6),
+/// where one host's addresses rotate.
 pub fn client_prefix(addr: IpAddr) -> Prefix {
-    match addr {
-        IpAddr::V4(_) => Prefix::of(addr, 32),
-        IpAddr::V6(_) => Prefix::of(addr, 64),
-    }
+    let len = match addr {
+        IpAddr::V4(_) => guard_defaults::SOURCE_V4_PREFIX,
+        IpAddr::V6(_) => guard_defaults::SOURCE_V6_PREFIX,
+    };
+    Prefix::of(addr, len)
+}
+
+/// The client prefix of flow key `key`.
+fn prefix_of(key: &FlowKey) -> Prefix {
+    client_prefix(addr_of(&key.src, key.family))
+}
+
+/// Whether `flow`'s client has shown its address is its own: a completed
+/// handshake, or a UDP flow its backend answered.
+fn proven(flow: &NatFlow) -> bool {
+    flow.state == NAT_TCP_ESTABLISHED
+        || (flow.state == NAT_UDP && flow.flags & NAT_FLAG_ANSWERED != 0)
 }
 
 /// One backend's flows failing at the moment, by client prefix.
@@ -48,8 +63,6 @@ pub struct FlowEvidence {
     pub failing: HashMap<(u32, u32), Failing>,
     /// Connections without a SYN-ACK, until `finish` keeps the proven.
     waiting: HashMap<(u32, u32), Failing>,
-    /// Prefixes with a completed handshake (or an answered UDP flow).
-    proven: HashSet<Prefix>,
 }
 
 impl FlowEvidence {
@@ -60,42 +73,47 @@ impl FlowEvidence {
         if !pool.passive_on() {
             return;
         }
-        let prefix = client_prefix(addr_of(&key.src, key.family));
         let id = (flow.backend_id, flow.generation);
-        let proven = flow.state == NAT_TCP_ESTABLISHED
-            || (flow.state == NAT_UDP && flow.flags & NAT_FLAG_ANSWERED != 0);
-        if proven {
-            self.proven.insert(prefix);
+        let to = if proven(flow) {
             let overdue = flow.request_ns != 0
                 && now_ns.saturating_sub(flow.request_ns) >= pool.response_timeout_ns;
-            if overdue {
-                *self
-                    .failing
-                    .entry(id)
-                    .or_default()
-                    .entry(prefix)
-                    .or_default() += 1;
+            if !overdue {
+                return;
             }
+            &mut self.failing
         } else if flow.state == NAT_TCP_SYN_SENT
             && pool.connect_timeout_ns != 0
             && now_ns.saturating_sub(flow.last_seen_ns) >= pool.connect_timeout_ns
         {
-            *self
-                .waiting
-                .entry(id)
-                .or_default()
-                .entry(prefix)
-                .or_default() += 1;
-        }
+            &mut self.waiting
+        } else {
+            return;
+        };
+        *to.entry(id).or_default().entry(prefix_of(key)).or_default() += 1;
     }
 
-    /// Once every flow is added: connections waiting for a SYN-ACK count
-    /// for the prefixes that have proven themselves (a forged source has
-    /// no completed handshake).
-    pub fn finish(&mut self) {
+    /// Once every flow of the table is added (`flows`, read again only if
+    /// a connection waits): connections waiting for a SYN-ACK count for
+    /// the prefixes that have proven themselves among `flows` (a forged
+    /// source has no completed handshake).
+    pub fn finish<'a>(&mut self, flows: impl IntoIterator<Item = &'a (FlowKey, NatFlow)>) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let wanted: HashSet<Prefix> = self
+            .waiting
+            .values()
+            .flat_map(|w| w.keys().copied())
+            .collect();
+        let proven: HashSet<Prefix> = flows
+            .into_iter()
+            .filter(|(_, f)| proven(f))
+            .map(|(k, _)| prefix_of(k))
+            .filter(|p| wanted.contains(p))
+            .collect();
         for (id, waiting) in std::mem::take(&mut self.waiting) {
             for (prefix, n) in waiting {
-                if self.proven.contains(&prefix) {
+                if proven.contains(&prefix) {
                     *self
                         .failing
                         .entry(id)
@@ -105,7 +123,6 @@ impl FlowEvidence {
                 }
             }
         }
-        self.proven = HashSet::new();
     }
 }
 
@@ -357,7 +374,7 @@ mod tests {
             ..NatPool::default()
         };
         let mut e = FlowEvidence::default();
-        for (k, f) in [
+        let flows = [
             flow("192.0.2.1", NAT_TCP_ESTABLISHED, 10, 1500),
             flow("192.0.2.1", NAT_TCP_ESTABLISHED, 10, 1000),
             // Pending, but not for long enough.
@@ -370,17 +387,18 @@ mod tests {
             flow("198.51.100.10", NAT_UDP, 10, 1500),
             flow("2001:db8::1", NAT_TCP_ESTABLISHED, 10, 1200),
             flow("2001:db8::2", NAT_TCP_ESTABLISHED, 10, 1200),
-        ] {
-            e.add(&k, &f, &pool, NOW);
+        ];
+        for (k, f) in &flows {
+            e.add(k, f, &pool, NOW);
         }
-        e.finish();
+        e.finish(&flows);
         let want = failing(&[("192.0.2.1", 2), ("192.0.2.2", 1), ("2001:db8::9", 2)]);
         assert_eq!(e.failing, HashMap::from([((1, 7), want)]));
         // Passive detection off for the VIP: nothing counted.
         let mut off = FlowEvidence::default();
         let (k, f) = flow("192.0.2.1", NAT_TCP_ESTABLISHED, 10, 1500);
         off.add(&k, &f, &NatPool::default(), NOW);
-        off.finish();
+        off.finish(&[(k, f)]);
         assert!(off.failing.is_empty());
     }
 
